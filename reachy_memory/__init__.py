@@ -1,0 +1,71 @@
+"""reachy-memory: the long-term memory of the Reachy Mini robot.
+
+Public surface::
+
+    from reachy_memory import MemoryStore, MemoryType, load_config
+    with MemoryStore("~/.reachy/memory") as store:
+        store.remember_fact("User prefers to be called Alex")
+        hits = store.search("what is the user's name?")
+"""
+
+from .config import Config, load_config
+from .embedding import OnnxEmbedder, load_embedder
+from .errors import (
+    AlreadyRunningError,
+    BusyError,
+    ClosedError,
+    ConfigError,
+    CorruptionError,
+    DaemonUnavailableError,
+    FormatVersionError,
+    ModelError,
+    ModelMismatchError,
+    ModelUnavailableError,
+    NotFoundError,
+    ProtocolError,
+    ReachyMemoryError,
+    RemoteError,
+    RequestTimeoutError,
+    ServiceError,
+    StorageError,
+    StoreLockedError,
+    TooLargeError,
+    ValidationError,
+)
+from .model import Memory, MemoryType, SearchResult
+from .store import DEFAULT_EMBEDDER, Embedder, MemoryStore
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DEFAULT_EMBEDDER",
+    "AlreadyRunningError",
+    "BusyError",
+    "ClosedError",
+    "Config",
+    "ConfigError",
+    "CorruptionError",
+    "DaemonUnavailableError",
+    "Embedder",
+    "FormatVersionError",
+    "Memory",
+    "MemoryStore",
+    "MemoryType",
+    "ModelError",
+    "ModelMismatchError",
+    "ModelUnavailableError",
+    "NotFoundError",
+    "ProtocolError",
+    "ReachyMemoryError",
+    "RemoteError",
+    "RequestTimeoutError",
+    "SearchResult",
+    "ServiceError",
+    "StorageError",
+    "StoreLockedError",
+    "TooLargeError",
+    "ValidationError",
+    "load_config",
+    "load_embedder",
+    "OnnxEmbedder",
+]

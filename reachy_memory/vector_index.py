@@ -1,0 +1,228 @@
+"""Cosine k-NN over memory vectors: an hnswlib graph plus an exact numpy path.
+
+The vectors themselves (a float32 matrix indexed by slot) are the truth and
+are persisted in the msgpack snapshot; the hnswlib graph is only a cache that
+makes start-up fast.  It is saved next to a checksum and verified on load, and
+rebuilt from the vectors when missing, stale or corrupt.
+
+hnswlib traps designed around here (and never surfaced to callers):
+
+* ``knn_query`` raises when it finds fewer than k live elements: k is capped
+  at the live count and any RuntimeError falls back to the exact path;
+* its Python filter callback is slow: small filtered candidate sets are searched
+  exactly with numpy, large ones by over-fetching from the graph and
+  post-filtering;
+* it is not safe with concurrent writes: the store calls it from one thread;
+* ``save_index`` truncates in place: we save to a temp file and rename.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import zlib
+from pathlib import Path
+from typing import Any
+
+import hnswlib
+import numpy as np
+
+from .errors import StorageError
+from .journal import fsync_dir, pack, unpack
+
+log = logging.getLogger(__name__)
+
+
+class VectorIndex:
+    """Slots -> unit vectors with approximate and exact cosine search."""
+
+    def __init__(self, dim: int, *, m: int = 16, ef_construction: int = 200,
+                 ef_search: int = 96, exact_threshold: int = 2048) -> None:
+        self.dim = dim
+        self._m, self._efc, self._ef = m, ef_construction, ef_search
+        self.exact_threshold = exact_threshold
+        self.vectors = np.zeros((0, dim), np.float32)
+        self.alive = np.zeros(0, bool)
+        self.count = 0
+        self._graph = self._new_graph(1024)
+
+    def _new_graph(self, capacity: int) -> hnswlib.Index:
+        graph = hnswlib.Index(space="ip", dim=self.dim)
+        graph.init_index(max_elements=capacity, ef_construction=self._efc, M=self._m)
+        graph.set_ef(self._ef)
+        graph.set_num_threads(1)
+        return graph
+
+    def _grow(self, slot: int) -> None:
+        if slot < len(self.alive):
+            return
+        size = max(slot + 1, len(self.alive) * 2, 1024)
+        vectors = np.zeros((size, self.dim), np.float32)
+        vectors[: len(self.vectors)] = self.vectors
+        alive = np.zeros(size, bool)
+        alive[: len(self.alive)] = self.alive
+        self.vectors, self.alive = vectors, alive
+        if self._graph.get_max_elements() < size:
+            self._graph.resize_index(size)
+
+    def add(self, slot: int, vector: np.ndarray) -> None:
+        """Insert (or replace) the vector of ``slot``."""
+        self._grow(slot)
+        self.vectors[slot] = vector
+        if not self.alive[slot]:
+            self.count += 1
+        self.alive[slot] = True
+        # Re-adding a deleted label un-deletes it and updates it in place
+        # (allow_replace_deleted stays off: its label bookkeeping breaks reuse).
+        self._graph.add_items(vector.reshape(1, -1), np.array([slot]))
+
+    def remove(self, slot: int) -> None:
+        """Drop ``slot`` from results (its graph node stays, marked deleted)."""
+        if slot < len(self.alive) and self.alive[slot]:
+            self.alive[slot] = False
+            self.count -= 1
+            self._graph.mark_deleted(slot)
+
+    def search(self, query: np.ndarray, k: int, mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Top ``k`` (slots, cosine similarities), best first, within ``mask``."""
+        if self.count == 0 or k <= 0:
+            return np.zeros(0, np.int64), np.zeros(0, np.float32)
+        if mask is None:
+            return self._graph_search(query, min(k, self.count), None)
+        allowed = np.zeros(len(self.alive), bool)
+        n = min(len(mask), len(self.alive))
+        allowed[:n] = mask[:n] & self.alive[:n]
+        n_allowed = int(np.count_nonzero(allowed))
+        if n_allowed <= self.exact_threshold:
+            return self.exact(query, np.flatnonzero(allowed), k)
+        return self._graph_search(query, k, allowed, n_allowed)
+
+    def _graph_search(self, query: np.ndarray, k: int, allowed: np.ndarray | None,
+                      n_allowed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        fetch = k if allowed is None else min(self.count, int(k * self.count / n_allowed * 2) + 10)
+        try:
+            self._graph.set_ef(max(self._ef, fetch))
+            labels, dist = self._graph.knn_query(query.reshape(1, -1), k=fetch)
+        except RuntimeError:
+            candidates = np.flatnonzero(self.alive if allowed is None else allowed)
+            return self.exact(query, candidates, k)
+        labels, sims = labels[0].astype(np.int64), 1.0 - dist[0]
+        if allowed is not None:
+            keep = allowed[labels]
+            labels, sims = labels[keep], sims[keep]
+            if len(labels) < k:
+                return self.exact(query, np.flatnonzero(allowed), k)
+        return labels[:k], sims[:k].astype(np.float32)
+
+    def exact(self, query: np.ndarray, slots: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Exact top ``k`` among ``slots`` by dot product (cosine for unit vectors)."""
+        if len(slots) == 0:
+            return np.zeros(0, np.int64), np.zeros(0, np.float32)
+        sims = self.vectors[slots] @ query
+        if len(slots) > k:
+            top = np.argpartition(-sims, k - 1)[:k]
+            slots, sims = slots[top], sims[top]
+        order = np.argsort(-sims, kind="stable")
+        return slots[order], sims[order]
+
+    def similarity(self, query: np.ndarray, slots: np.ndarray) -> np.ndarray:
+        """Cosine similarity of ``query`` to each of ``slots`` (0 for vector-less slots)."""
+        inside = slots < len(self.alive)
+        out = np.zeros(len(slots), np.float32)
+        ok = slots[inside]
+        out[inside] = np.where(self.alive[ok], self.vectors[ok] @ query, 0.0)
+        return out
+
+    # -- persistence of the graph cache --------------------------------------------
+
+    def save_graph(self, path: Path, tag: str) -> None:
+        """Save the graph to ``path`` atomically with a checksum sidecar."""
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        try:
+            self._graph.save_index(str(tmp))
+            crc = zlib.crc32(tmp.read_bytes())
+            with open(tmp, "rb+") as fh:
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+            meta = {"tag": tag, "crc": crc, "count": self.count}
+            _write_meta(path, meta)
+            fsync_dir(path.parent)
+        except (OSError, RuntimeError) as exc:
+            tmp.unlink(missing_ok=True)
+            log.warning("could not save the vector graph cache %s: %s", path, exc)
+
+    def load_graph(self, path: Path, tag: str) -> bool:
+        """Load the cached graph if it matches ``tag`` and the vectors; else False."""
+        meta = _read_meta(path)
+        if meta is None or meta.get("tag") != tag or meta.get("count") != self.count:
+            return False
+        try:
+            data = path.read_bytes()
+            if zlib.crc32(data) != meta.get("crc"):
+                log.warning("vector graph cache %s fails its checksum; rebuilding", path)
+                return False
+            graph = hnswlib.Index(space="ip", dim=self.dim)
+            graph.load_index(str(path), max_elements=max(len(self.alive), 1024))
+        except (OSError, RuntimeError) as exc:
+            log.warning("vector graph cache %s unreadable (%s); rebuilding", path, exc)
+            return False
+        return self._adopt(graph)
+
+    def _adopt(self, graph: hnswlib.Index) -> bool:
+        """Take ``graph`` if it holds every live slot and a sample of vectors agrees."""
+        live = np.flatnonzero(self.alive)
+        labels = np.asarray(graph.get_ids_list(), np.int64)
+        if len(labels) < len(live) or not np.isin(live, labels).all():
+            return False
+        sample = live[:: max(1, len(live) // 32)][:32]
+        if len(sample) and not np.allclose(np.asarray(graph.get_items(sample), np.float32),
+                                           self.vectors[sample], atol=1e-6):
+            return False
+        graph.set_ef(self._ef)
+        graph.set_num_threads(1)
+        self._graph = graph
+        return True
+
+    def rebuild(self) -> None:
+        """Rebuild the graph from the vectors (slow: used when the cache is unusable)."""
+        self._graph = self._new_graph(max(len(self.alive), 1024))
+        live = np.flatnonzero(self.alive)
+        if len(live):
+            self._graph.set_num_threads(os.cpu_count() or 1)
+            self._graph.add_items(self.vectors[live], live)
+            self._graph.set_num_threads(1)
+
+    def load_vectors(self, data: bytes, alive: np.ndarray) -> None:
+        """Restore the vector matrix (from a snapshot) and the live mask."""
+        self.vectors = np.frombuffer(data, np.float32).reshape(-1, self.dim).copy()
+        self.alive = alive.copy()
+        self.count = int(np.count_nonzero(alive))
+
+    def vector_bytes(self) -> bytes:
+        """The vector matrix up to the highest used slot (for the snapshot)."""
+        live = np.flatnonzero(self.alive)
+        top = int(live.max()) + 1 if len(live) else 0
+        return self.vectors[:top].tobytes()
+
+    def stats(self) -> dict[str, Any]:
+        """Counts for health and stats replies."""
+        return {"vectors": self.count, "slots": len(self.alive), "graph_elements": self._graph.element_count}
+
+
+def _meta_path(path: Path) -> Path:
+    return path.with_name(path.name + ".meta")
+
+
+def _write_meta(path: Path, meta: dict[str, Any]) -> None:
+    try:
+        _meta_path(path).write_bytes(pack(meta))
+    except OSError as exc:
+        raise StorageError(f"cannot write {path}.meta: {exc.strerror}", path=str(path)) from exc
+
+
+def _read_meta(path: Path) -> dict[str, Any] | None:
+    try:
+        meta = unpack(_meta_path(path).read_bytes())
+    except Exception:  # missing or damaged sidecar: the cache is simply unusable
+        return None
+    return meta if isinstance(meta, dict) else None

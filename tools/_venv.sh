@@ -1,0 +1,11 @@
+# Sourced by tools/*.sh: creates .venv and installs the project into it once
+# per change of pyproject.toml.
+VENV="${REACHY_MEMORY_VENV:-$PWD/.venv}"
+if [ ! -x "$VENV/bin/python" ]; then
+  python3 -m venv "$VENV"
+fi
+stamp="$VENV/.installed-$(sha256sum pyproject.toml | cut -c1-16)"
+if [ ! -f "$stamp" ]; then
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e '.[test]'
+  touch "$stamp"
+fi
