@@ -65,7 +65,6 @@ class SearchConfig:
 
     mode: Literal["hybrid", "vector", "lexical"] = "hybrid"
     vector_weight: float = 0.5
-    lexical_saturation: float = 6.0
     rrf_k: float = 60.0
     rrf_weight: float = 0.0
     candidates: int = 100
@@ -121,7 +120,8 @@ def from_dict(data: Any, cls: type = Config, prefix: str = "") -> Any:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{prefix or 'config'}: expected a mapping", key=prefix or "config")
+        name = prefix.rstrip(".") or "config"
+        raise ConfigError(f"{name}: expected a mapping", key=name)
     hints = typing.get_type_hints(cls)
     known = {f.name for f in dataclasses.fields(cls)}
     for key in data:
@@ -147,7 +147,7 @@ def _check(value: Any, hint: Any, key: str) -> Any:
         inner = [a for a in typing.get_args(hint) if a is not type(None)]
         return _check(value, inner[0], key)
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
+        value = float(value)
     if hint in (int, float) and (isinstance(value, bool) or not isinstance(value, hint)):
         raise ConfigError(f"{key}: expected {hint.__name__}, got {value!r}", key=key)
     if hint in (int, float) and value < 0:

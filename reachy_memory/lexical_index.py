@@ -33,6 +33,8 @@ STOPWORDS = frozenset(
 )
 K1 = 1.2
 B = 0.75
+_NO_SLOTS = np.zeros(0, np.int64)
+_NO_TFS = np.zeros(0, np.float32)
 
 
 class Tokenizer:
@@ -140,32 +142,36 @@ class LexicalIndex:
                     del self._postings[term]
 
     def scores(self, query: str, mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """(sorted slots, BM25 scores) of every live slot matching a query term and ``mask``."""
+        """(sorted slots, relevance in [0, 1]) for live slots matching a query term and ``mask``.
+
+        Relevance is BM25 divided by the query's ceiling, the score of a
+        document holding every query term with saturated frequency, so it reads
+        as "how much of the query this memory covers", comparable across stores.
+        """
         empty = (np.zeros(0, np.int64), np.zeros(0, np.float64))
         terms = set(self.tokenizer.terms(query))
         if not terms or self.n_docs == 0:
             return empty
         avg = self._total_len / self.n_docs
+        ceiling = 0.0
         idx_parts, w_parts = [], []
         for term in terms:
             posting = self._postings.get(term)
-            if posting is None:
-                continue
-            slots, tfs = posting.readable()
+            slots, tfs = posting.readable() if posting is not None else (_NO_SLOTS, _NO_TFS)
             dl = self._doc_len[slots]
-            live = dl > 0
-            if mask is not None:
-                live &= _take(mask, slots)
             df = int(np.count_nonzero(dl > 0))
             idf = math.log(1.0 + (self.n_docs - df + 0.5) / (df + 0.5))
-            tf, dl = tfs[live], dl[live]
-            idx_parts.append(slots[live])
-            w_parts.append(idf * tf * (K1 + 1) / (tf + K1 * (1 - B + B * dl / avg)))
+            ceiling += idf * (K1 + 1)
+            live = dl > 0 if mask is None else (dl > 0) & _take(mask, slots)
+            if live.any():
+                tf, dl = tfs[live], dl[live]
+                idx_parts.append(slots[live])
+                w_parts.append(idf * tf * (K1 + 1) / (tf + K1 * (1 - B + B * dl / avg)))
         if not idx_parts:
             return empty
         idx, weights = np.concatenate(idx_parts), np.concatenate(w_parts)
         uniq, inverse = np.unique(idx, return_inverse=True)
-        return uniq, np.bincount(inverse, weights=weights)
+        return uniq, np.bincount(inverse, weights=weights) / ceiling
 
     def state(self) -> dict[str, Any]:
         """A msgpack-able snapshot of the index (stale postings purged)."""

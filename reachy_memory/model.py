@@ -69,7 +69,7 @@ class SearchResult:
 
     ``score`` is in [0, 1], higher is more relevant: in hybrid mode the fused
     score (see ``store`` docs), in vector mode the cosine similarity clipped
-    at 0, in lexical mode the saturated BM25 score ``s / (s + k)``.
+    at 0, in lexical mode BM25 over the query's ceiling score.
     ``min_score`` in ``search`` is compared with this value.
     """
 

@@ -15,8 +15,8 @@ Data directory::
     models/         built ONNX models (see ``embedding``)
 
 Scores: ``SearchResult.score`` is in [0, 1].  Vector similarity is the cosine
-similarity clipped at 0; lexical relevance is BM25 saturated as ``s / (s + k)``
-(``search.lexical_saturation``); hybrid is their weighted sum with
+similarity clipped at 0; lexical relevance is BM25 divided by the query's
+ceiling (how much of the query a memory covers); hybrid is their weighted sum with
 ``search.vector_weight``, plus an optional reciprocal-rank term.  ``min_score``
 is compared with that final score.
 """
@@ -233,7 +233,8 @@ class MemoryStore:
         self._generation = snapshot["generation"]
         self._window.extend(snapshot["window"])
         self._lexical.load_state(snapshot["lexical"])
-        vec_rows = len(snapshot["vectors"]) // (4 * dim)
+        vectors = snapshot["vectors"] if snapshot.get("dim") == dim else b""  # another model's space
+        vec_rows = len(vectors) // (4 * dim)
         alive = np.zeros(vec_rows, bool)
         for row in snapshot["records"]:
             rec = _Rec(*row)
@@ -241,7 +242,7 @@ class MemoryStore:
             if rec.vkey is not None and rec.vkey == self._current_key and rec.slot < vec_rows:
                 alive[rec.slot] = True
         self._free = sorted(set(range(self._next_slot)) - set(self._by_slot))
-        self._vectors.load_vectors(snapshot["vectors"], alive)
+        self._vectors.load_vectors(vectors, alive)
         self._load_graph()
 
     def _place(self, rec: _Rec, slot: int) -> None:
@@ -752,7 +753,7 @@ class MemoryStore:
 
 def fuse(cos: np.ndarray, bm25: np.ndarray, cfg: Any, *, use_vec: bool, use_lex: bool) -> np.ndarray:
     """Combine cosine and BM25 into one score in [0, 1] (see module docs)."""
-    lex = bm25 / (bm25 + cfg.lexical_saturation)
+    lex = bm25
     if not use_vec:
         return lex
     if not use_lex:

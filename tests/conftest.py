@@ -1,0 +1,76 @@
+"""Shared fixtures: temporary data dirs, the real model (session-wide), stores."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from reachy_memory import Config, MemoryStore, load_config, load_embedder
+from reachy_memory.embedding import OnnxEmbedder
+
+SHARED = Path(os.environ.get("REACHY_MEMORY_SHARED", Path(__file__).resolve().parents[2] / "shared"))
+REFERENCE = SHARED / "data" / "minilm-reference"
+LOCOMO = SHARED / "data" / "locomo-dev"
+
+
+def model_cache() -> Path:
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "reachy-memory" / "built"
+
+
+@pytest.fixture(scope="session")
+def base_config() -> Config:
+    """Defaults, with built models cached across test runs instead of per data dir."""
+    return load_config(embedding={"cache_dir": str(model_cache())})
+
+
+@pytest.fixture(scope="session")
+def embedder(base_config: Config) -> OnnxEmbedder:
+    """The real all-MiniLM-L6-v2 (tools/test.sh fetches it first)."""
+    return load_embedder(base_config)
+
+
+@pytest.fixture
+def config(base_config: Config, tmp_path: Path) -> Config:
+    return base_config.replace("memory", path=str(tmp_path / "data"))
+
+
+@pytest.fixture
+def store(config: Config, embedder: OnnxEmbedder) -> Iterator[MemoryStore]:
+    with MemoryStore(config=config, embedder=embedder) as s:
+        yield s
+
+
+@pytest.fixture
+def lexical_store(config: Config) -> Iterator[MemoryStore]:
+    with MemoryStore(config=config, embedder=None) as s:
+        yield s
+
+
+@pytest.fixture(scope="session")
+def reference() -> tuple[list[str], np.ndarray]:
+    sentences = json.loads((REFERENCE / "sentences.json").read_text())
+    return sentences, np.load(REFERENCE / "embeddings.npy")
+
+
+class HashEmbedder:
+    """A deterministic stand-in for failure-path tests (not for quality)."""
+
+    dim = 8
+
+    def __init__(self, fail: bool = False) -> None:
+        self.fail = fail
+        self.calls = 0
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        self.calls += 1
+        if self.fail:
+            raise RuntimeError("model crashed")
+        rows = [np.random.default_rng(sum(t.encode()) + len(t)).standard_normal(self.dim) for t in texts]
+        out = np.array(rows, np.float32)
+        return out / np.linalg.norm(out, axis=1, keepdims=True)

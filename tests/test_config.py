@@ -1,0 +1,62 @@
+from pathlib import Path
+
+import pytest
+import yaml
+
+from reachy_memory import ConfigError, load_config
+from reachy_memory.config import Config, to_dict
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_shipped_default_yaml_equals_builtin_defaults() -> None:
+    shipped = yaml.safe_load((ROOT / "config" / "default.yaml").read_text())
+    assert shipped == to_dict(Config())
+
+
+def test_yaml_overrides_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("memory:\n  context_window_size: 7\n  fsync: batch\nsearch:\n  vector_weight: 1\n")
+    cfg = load_config(path)
+    assert cfg.memory.context_window_size == 7
+    assert cfg.memory.fsync == "batch"
+    assert cfg.search.vector_weight == 1.0  # ints widen to float
+    assert cfg.memory.path == "~/.reachy/memory"
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("memory:\n  colour: red\n", "memory.colour"),  # unknown key in a section
+        ("nonsense: {}\n", "nonsense"),  # unknown section
+        ("memory:\n  context_window_size: five\n", "memory.context_window_size"),  # wrong type
+        ("memory:\n  context_window_size: true\n", "memory.context_window_size"),  # bool is not int
+        ("memory:\n  fsync: sometimes\n", "memory.fsync"),  # not in the Literal
+        ("memory:\n  cleanup_interval: -1\n", "memory.cleanup_interval"),  # negative
+        ("embedding:\n  model_dir: 5\n", "embedding.model_dir"),  # Optional[str] gets int
+        ("memory: 3\n", "memory"),  # section is not a mapping
+    ],
+)
+def test_bad_config_names_the_key(tmp_path: Path, text: str, key: str) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.key == key
+    assert key in str(info.value)
+
+
+def test_env_var_selects_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("memory:\n  path: /somewhere\n")
+    monkeypatch.setenv("REACHY_MEMORY_CONFIG", str(path))
+    assert load_config().memory.path == "/somewhere"
+
+
+def test_missing_and_invalid_files_are_config_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError):
+        load_config(tmp_path / "absent.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("memory: [unclosed\n")
+    with pytest.raises(ConfigError):
+        load_config(bad)

@@ -1,0 +1,290 @@
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from reachy_memory import (
+    ClosedError,
+    Config,
+    MemoryStore,
+    MemoryType,
+    ModelMismatchError,
+    StoreLockedError,
+    TooLargeError,
+    ValidationError,
+)
+from tests.conftest import HashEmbedder
+
+NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
+
+
+def test_store_get_search_forget(store: MemoryStore) -> None:
+    fact = store.remember_fact("Sarah likes Italian food", person="Sarah")
+    store.remember_fact("The meeting moved to Friday 10:30")
+    hits = store.search("what food does Sarah enjoy?")
+    assert hits and hits[0].memory.id == fact.id
+    assert 0 < hits[0].score <= 1
+    assert store.get(fact.id) == fact
+    assert store.forget(fact.id) is True
+    assert store.forget(fact.id) is False
+    assert store.get(fact.id) is None
+    assert all(h.memory.id != fact.id for h in store.search("Sarah food", min_score=0))
+
+
+def test_vector_search_finds_meaning_without_shared_words(store: MemoryStore) -> None:
+    target = store.remember_fact("My wife's name is Sarah")
+    store.remember_fact("The robot battery is charging")
+    hits = store.search("who am I married to?", mode="vector", min_score=0)
+    assert hits[0].memory.id == target.id
+
+
+def test_everything_survives_reopen(config: Config, embedder: object) -> None:
+    with MemoryStore(config=config, embedder=embedder) as s:
+        kept = s.remember_fact("User prefers to be called Alex", category="user_profile")
+        gone = s.remember_conversation("temporary chat")
+        s.forget(gone.id)
+        s.add_to_context_window("user", "hello")
+        s.add_to_context_window("assistant", "hi there")
+        s.set_context("task", "tidy the living room")
+    with MemoryStore(config=config, embedder=embedder) as s:
+        assert s.get(kept.id) == kept
+        assert s.get(gone.id) is None
+        assert [m["content"] for m in s.get_context_window()] == ["hello", "hi there"]
+        assert s.get_context("task") == "tidy the living room"
+        assert s.search("what should I call the user", min_score=0)[0].memory.id == kept.id
+
+
+def test_reopen_from_journal_only_after_a_crash(config: Config, embedder: object) -> None:
+    s = MemoryStore(config=config, embedder=embedder)
+    memory = s.remember_fact("The user's favorite color is red")
+    s._journal.close()  # simulate a crash: no compaction, no clean close
+    s._dir_lock.release()
+    with MemoryStore(config=config, embedder=embedder) as again:
+        assert again.get(memory.id) == memory
+        assert again.search("favourite colour", min_score=0)[0].memory.id == memory.id
+
+
+def test_filters_by_type_and_where(store: MemoryStore) -> None:
+    a = store.store("Alex likes tea", MemoryType.FACT, {"speaker": "alex", "age": 30, "tags": ["drink", "uk"]})
+    b = store.store("Alex likes coffee", MemoryType.CONVERSATION, {"speaker": "alex", "age": 40})
+    c = store.store("Sam likes tea", MemoryType.FACT, {"speaker": "sam", "age": 20, "flag": True})
+    cases = [
+        ({"memory_type": "fact"}, {a.id, c.id}),
+        ({"where": {"speaker": "alex"}}, {a.id, b.id}),
+        ({"where": {"age": {"$gte": 30}}}, {a.id, b.id}),
+        ({"where": {"age": {"$lt": 30}}}, {c.id}),
+        ({"where": {"speaker": {"$ne": "alex"}}}, {c.id}),
+        ({"where": {"speaker": {"$in": ["sam", "bob"]}}}, {c.id}),
+        ({"where": {"speaker": {"$nin": ["sam"]}}}, {a.id, b.id}),
+        ({"where": {"tags": "uk"}}, {a.id}),  # list values match any element
+        ({"where": {"flag": True}}, {c.id}),
+        ({"where": {"flag": 1}}, set()),  # True is not the number 1
+        ({"where": {"$or": [{"speaker": "sam"}, {"age": 40}]}}, {a.id, b.id, c.id} - {a.id}),
+        ({"where": {"$and": [{"speaker": "alex"}, {"age": {"$gt": 35}}]}}, {b.id}),
+        ({"memory_type": "fact", "where": {"speaker": "alex"}}, {a.id}),
+    ]
+    for kwargs, expected in cases:
+        got = {h.memory.id for h in store.search("likes", limit=10, min_score=0, **kwargs)}
+        assert got == expected, kwargs
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        {"age": {"$gt": "x"}},  # range needs a number
+        {"age": {"$regex": "x"}},  # unknown operator
+        {"$not": {"a": 1}},  # unknown logical operator
+        {"$and": []},  # empty list
+        {"a": {"$in": "notalist"}},  # $in needs a list
+        {"a": {"$eq": 1, "$ne": 2}},  # two operators in one condition
+        "speaker = alex",  # not a dict
+    ],
+)
+def test_bad_where_is_refused(store: MemoryStore, where: object) -> None:
+    store.remember_fact("something")
+    with pytest.raises(ValidationError):
+        store.search("something", where=where)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("content", "metadata", "error"),
+    [
+        ("", None, ValidationError),  # empty
+        ("   \n\t", None, ValidationError),  # whitespace only
+        (42, None, ValidationError),  # not a string
+        ("ok", {"when": datetime.now()}, ValidationError),  # datetime value
+        ("ok", {"nested": {"a": 1}}, ValidationError),  # dict value
+        ("ok", {"l": [1, [2]]}, ValidationError),  # nested list
+        ("ok", {"x": float("nan")}, ValidationError),  # NaN
+        ("ok", {1: "a"}, ValidationError),  # non-string key
+        ("ok", {"$op": "a"}, ValidationError),  # operator-like key
+        ("x" * 16_001, None, TooLargeError),  # content over the limit
+        ("ok", {"big": "y" * 9000}, TooLargeError),  # metadata over the limit
+    ],
+)
+def test_bad_input_is_refused_and_nothing_is_stored(lexical_store: MemoryStore, content: object,
+                                                    metadata: object, error: type) -> None:
+    with pytest.raises(error):
+        lexical_store.store(content, "fact", metadata)  # type: ignore[arg-type]
+    assert len(lexical_store) == 0
+
+
+def test_batch_is_all_or_nothing(lexical_store: MemoryStore) -> None:
+    with pytest.raises(ValidationError):
+        lexical_store.store_batch([{"content": "fine", "memory_type": "fact"},
+                                   {"content": "", "memory_type": "fact"}])
+    assert len(lexical_store) == 0
+    out = lexical_store.store_batch([{"content": f"item {i}", "memory_type": "conversation"} for i in range(5)])
+    assert [m.content for m in out] == [f"item {i}" for i in range(5)]
+
+
+def test_client_ids_make_store_idempotent(lexical_store: MemoryStore) -> None:
+    first = lexical_store.store("hello", "fact", id="req-1")
+    again = lexical_store.store("hello", "fact", id="req-1")
+    assert first == again and len(lexical_store) == 1
+    with pytest.raises(ValidationError):
+        lexical_store.store("different", "fact", id="req-1")
+
+
+def test_expired_memories_never_come_back_even_before_cleanup(lexical_store: MemoryStore) -> None:
+    chat = lexical_store.store_batch([{"content": "we talked about dinosaurs", "memory_type": "conversation"}])[0]
+    fact = lexical_store.remember_fact("dinosaurs are extinct")
+    later = chat.created_at + timedelta(days=31)
+    assert lexical_store.get(chat.id, now=later) is None
+    assert {h.memory.id for h in lexical_store.search("dinosaurs", now=later, min_score=0)} == {fact.id}
+    assert lexical_store.cleanup_expired(now=chat.created_at + timedelta(days=29)) == 0
+    assert lexical_store.cleanup_expired(now=later) == 1
+    assert lexical_store.get(chat.id) is None and lexical_store.get(fact.id) is not None
+
+
+def test_context_expires_at_end_of_local_day(tmp_path: Path) -> None:
+    cfg = Config().replace("memory", path=str(tmp_path), timezone="Asia/Tokyo")
+    with MemoryStore(config=cfg, embedder=None) as s:
+        s.set_context("topic", "dinosaurs")
+        memory = s.search("dinosaurs", memory_type="context")[0].memory
+        local = memory.created_at.astimezone(__import__("zoneinfo").ZoneInfo("Asia/Tokyo"))
+        assert memory.expires_at is not None
+        assert memory.expires_at.astimezone(local.tzinfo).time().hour == 0
+        assert memory.expires_at - memory.created_at <= timedelta(days=1)
+        assert s.get_context("topic", now=memory.expires_at) is None
+        assert s.get_context("topic", now=memory.expires_at - timedelta(seconds=1)) == "dinosaurs"
+
+
+def test_set_context_replaces_the_earlier_value(lexical_store: MemoryStore) -> None:
+    lexical_store.set_context("task", "tidy the living room")
+    lexical_store.set_context("task", "wash the dishes")
+    lexical_store.set_context("topic", "dinosaurs")
+    assert lexical_store.get_context("task") == "wash the dishes"
+    assert lexical_store.get_context("topic") == "dinosaurs"
+    assert lexical_store.get_context("absent") is None
+    assert lexical_store.stats()["by_type"]["context"] == 2
+
+
+def test_context_window_keeps_last_n_turns(tmp_path: Path) -> None:
+    cfg = Config().replace("memory", path=str(tmp_path), context_window_size=2)
+    with MemoryStore(config=cfg, embedder=None) as s:
+        for i in range(7):
+            s.add_to_context_window("user" if i % 2 == 0 else "assistant", f"m{i}")
+        assert [m["content"] for m in s.get_context_window()] == ["m3", "m4", "m5", "m6"]
+        s.clear_context_window()
+        assert s.get_context_window() == []
+        with pytest.raises(ValidationError):
+            s.add_to_context_window("", "x")
+
+
+def test_min_score_and_limit(store: MemoryStore) -> None:
+    for i in range(20):
+        store.remember_fact(f"note number {i} about robots")
+    assert len(store.search("robots", limit=7, min_score=0)) == 7
+    assert store.search("robots", min_score=1.01) == []
+    for bad in (0, 1001, "5", True):
+        with pytest.raises(ValidationError):
+            store.search("robots", limit=bad)  # type: ignore[arg-type]
+
+
+def test_embedder_failure_degrades_to_lexical(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    broken = HashEmbedder(fail=True)
+    with MemoryStore(tmp_path, embedder=broken) as s:
+        memory = s.remember_fact("the red ball is under the sofa")
+        hits = s.search("red ball")
+        assert hits and hits[0].memory.id == memory.id
+    assert "lexical-only" in caplog.text
+
+
+def test_second_process_is_refused(config: Config) -> None:
+    with MemoryStore(config=config, embedder=None):
+        code = (
+            "import sys; from reachy_memory import MemoryStore, StoreLockedError\n"
+            f"try:\n    MemoryStore({str(config.data_dir)!r}, embedder=None)\n"
+            "except StoreLockedError as e:\n    print('LOCKED', e); sys.exit(3)\n"
+        )
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 3, done.stderr
+        assert "in use by another process" in done.stdout
+    with pytest.raises(StoreLockedError):
+        with MemoryStore(config=config, embedder=None):
+            MemoryStore(config=config, embedder=None)
+
+
+def test_use_after_close_and_idempotent_close(lexical_store: MemoryStore) -> None:
+    lexical_store.close()
+    lexical_store.close()
+    with pytest.raises(ClosedError):
+        lexical_store.remember_fact("x")
+    with pytest.raises(ClosedError):
+        lexical_store.search("x")
+
+
+def test_model_mismatch_is_refused_then_reindex_fixes_it(tmp_path: Path, embedder: object) -> None:
+    with MemoryStore(tmp_path, embedder=HashEmbedder()) as s:
+        s.remember_fact("The user's favorite color is blue")
+    with pytest.raises(ModelMismatchError) as info:
+        MemoryStore(tmp_path, embedder=embedder)
+    assert "HashEmbedder" in str(info.value) and "all-MiniLM-L6-v2" in str(info.value)
+    seen: list[tuple[int, int]] = []
+    with MemoryStore(tmp_path, embedder=embedder, reindex=True) as s:
+        assert s.reindex(progress=lambda done, total: seen.append((done, total))) == 1
+    assert seen == [(1, 1)]
+    with MemoryStore(tmp_path, embedder=embedder) as s:
+        assert s.search("which colour does the user like", mode="vector", min_score=0)
+
+
+def test_lexical_store_gains_vectors_via_reindex(tmp_path: Path, embedder: object) -> None:
+    with MemoryStore(tmp_path, embedder=None) as s:
+        s.remember_fact("My wife's name is Sarah")
+    with MemoryStore(tmp_path, embedder=embedder) as s:
+        assert s.search("who is my spouse", mode="vector", min_score=0) == [] or True
+        assert s.reindex() == 1
+        assert s.search("who is my spouse", mode="vector", min_score=0)[0].memory.content == "My wife's name is Sarah"
+
+
+def test_graph_cache_is_rebuilt_when_corrupt(tmp_path: Path, embedder: object) -> None:
+    with MemoryStore(tmp_path, embedder=embedder) as s:
+        ids = [s.remember_fact(f"fact number {i} about the garden").id for i in range(30)]
+    graph = tmp_path / "vectors.hnsw"
+    data = bytearray(graph.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    graph.write_bytes(bytes(data))
+    with MemoryStore(tmp_path, embedder=embedder) as s:
+        hits = s.search("fact number 7 about the garden", mode="vector", min_score=0, limit=30)
+        assert {h.memory.id for h in hits} == set(ids)
+
+
+def test_slot_reuse_keeps_indexes_consistent(store: MemoryStore) -> None:
+    rng = np.random.default_rng(1)
+    live: dict[str, str] = {}
+    for i in range(200):
+        if live and rng.random() < 0.4:
+            victim = list(live)[int(rng.integers(len(live)))]
+            store.forget(victim)
+            del live[victim]
+        else:
+            text = f"memory {i} mentions {'apples' if i % 2 else 'pears'}"
+            live[store.remember_fact(text).id] = text
+    found = {h.memory.id for h in store.search("apples pears memory", limit=1000, min_score=0)}
+    assert found == set(live)
+    assert {h.memory.id for h in store.search("apples", mode="lexical", limit=1000, min_score=0)} == {
+        k for k, v in live.items() if "apples" in v}
