@@ -68,7 +68,8 @@ class SearchConfig:
     rrf_k: float = 60.0
     rrf_weight: float = 0.0
     candidates: int = 100
-    exact_threshold: int = 2048
+    exact_threshold: int = 2048  # filtered candidate sets up to this size: exact numpy search
+    exact_below: int = 20_000  # indexes up to this size: exact search (faster than the graph there)
     hnsw_m: int = 16
     hnsw_ef_construction: int = 200
     hnsw_ef_search: int = 96

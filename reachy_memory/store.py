@@ -227,7 +227,8 @@ class MemoryStore:
         dim = self._embedder.dim if self._embedder is not None else (snapshot or {}).get("dim") or 384
         cfg = self._config.search
         self._vectors = VectorIndex(dim, m=cfg.hnsw_m, ef_construction=cfg.hnsw_ef_construction,
-                                    ef_search=cfg.hnsw_ef_search, exact_threshold=cfg.exact_threshold)
+                                    ef_search=cfg.hnsw_ef_search, exact_threshold=cfg.exact_threshold,
+                                    exact_below=cfg.exact_below)
         if snapshot is None:
             return
         self._generation = snapshot["generation"]
@@ -548,18 +549,21 @@ class MemoryStore:
         at = to_epoch(now) if now is not None else time.time()
         with self._lock:
             mask = self._fields.mask(mtype, where)
-            scored = self._rank(query, qvec, mask, limit, mode)
+            slots, scores = self._rank(query, qvec, mask, limit, mode)
             results = []
-            for slot, score in scored:
-                rec = self._by_slot[slot]
-                if score >= min_score and not rec.expired(at):
-                    results.append(SearchResult(rec.memory(), score))
+            for i in np.argsort(-scores, kind="stable"):
+                if scores[i] < min_score:
+                    break
+                rec = self._by_slot[int(slots[i])]
+                if not rec.expired(at):
+                    results.append(SearchResult(rec.memory(), float(scores[i])))
                     if len(results) == limit:
                         break
             return results
 
     def _rank(self, query: str, qvec: np.ndarray | None, mask: np.ndarray | None,
-              limit: int, mode: str) -> list[tuple[int, float]]:
+              limit: int, mode: str) -> tuple[np.ndarray, np.ndarray]:
+        """Candidate slots and their fused scores (unordered)."""
         cfg = self._config.search
         n_cand = max(cfg.candidates, 4 * limit)
         use_vec = qvec is not None and mode != "lexical" and self._vectors.count > 0
@@ -569,12 +573,10 @@ class MemoryStore:
         lex_top = lex_slots[_top_k(lex_scores, n_cand)]
         slots = np.unique(np.concatenate([vec_slots, lex_top]))
         if len(slots) == 0:
-            return []
+            return _EMPTY
         cos = self._vectors.similarity(qvec, slots) if use_vec else np.zeros(len(slots), np.float32)
         bm25 = _lookup(lex_slots, lex_scores, slots)
-        scores = fuse(np.maximum(cos, 0.0), bm25, cfg, use_vec=use_vec, use_lex=use_lex)
-        order = np.argsort(-scores, kind="stable")
-        return [(int(slots[i]), float(scores[i])) for i in order]
+        return slots, fuse(np.maximum(cos, 0.0), bm25, cfg, use_vec=use_vec, use_lex=use_lex)
 
     # -- context window and named context ---------------------------------------------
 

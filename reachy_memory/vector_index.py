@@ -37,10 +37,11 @@ class VectorIndex:
     """Slots -> unit vectors with approximate and exact cosine search."""
 
     def __init__(self, dim: int, *, m: int = 16, ef_construction: int = 200,
-                 ef_search: int = 96, exact_threshold: int = 2048) -> None:
+                 ef_search: int = 96, exact_threshold: int = 2048, exact_below: int = 20_000) -> None:
         self.dim = dim
         self._m, self._efc, self._ef = m, ef_construction, ef_search
         self.exact_threshold = exact_threshold
+        self.exact_below = exact_below
         self.vectors = np.zeros((0, dim), np.float32)
         self.alive = np.zeros(0, bool)
         self.count = 0
@@ -88,6 +89,8 @@ class VectorIndex:
         if self.count == 0 or k <= 0:
             return np.zeros(0, np.int64), np.zeros(0, np.float32)
         if mask is None:
+            if self.count <= self.exact_below:
+                return self._scan(query, self.alive, k)
             return self._graph_search(query, min(k, self.count), None)
         allowed = np.zeros(len(self.alive), bool)
         n = min(len(mask), len(self.alive))
@@ -95,7 +98,20 @@ class VectorIndex:
         n_allowed = int(np.count_nonzero(allowed))
         if n_allowed <= self.exact_threshold:
             return self.exact(query, np.flatnonzero(allowed), k)
+        if self.count <= self.exact_below:
+            return self._scan(query, allowed, k)
         return self._graph_search(query, k, allowed, n_allowed)
+
+    def _scan(self, query: np.ndarray, allowed: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Exact search by one matrix-vector product over every slot (fast below ~20k)."""
+        top = len(allowed) if not allowed.any() else int(np.flatnonzero(allowed)[-1]) + 1
+        sims = self.vectors[:top] @ query
+        sims[~allowed[:top]] = -np.inf
+        k = min(k, int(np.count_nonzero(allowed[:top])))
+        best = np.argpartition(-sims, k - 1)[:k] if k < top else np.arange(top)
+        best = best[np.argsort(-sims[best], kind="stable")]
+        best = best[np.isfinite(sims[best])]
+        return best.astype(np.int64), sims[best].astype(np.float32)
 
     def _graph_search(self, query: np.ndarray, k: int, allowed: np.ndarray | None,
                       n_allowed: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,93 @@
+"""Parity with sentence-transformers (the shared ground truth) and loader behaviour."""
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from reachy_memory import Config, ModelUnavailableError, load_config, load_embedder
+from reachy_memory.embedding import OnnxEmbedder
+from tests.conftest import model_cache
+
+
+def test_fp32_parity_every_text(embedder: OnnxEmbedder, reference: tuple[list[str], np.ndarray]) -> None:
+    sentences, expected = reference
+    got = embedder.embed(sentences)
+    assert got.shape == expected.shape and got.dtype == np.float32
+    cos = (got * expected).sum(axis=1)
+    assert cos.min() >= 0.9999, (cos.argmin(), sentences[int(cos.argmin())][:40])
+
+
+def test_fp32_parity_one_at_a_time_matches_batch(embedder: OnnxEmbedder,
+                                                 reference: tuple[list[str], np.ndarray]) -> None:
+    sentences, expected = reference
+    for i in range(0, len(sentences), 23):  # padding must not change a vector
+        one = embedder.embed([sentences[i] + " "])[0]  # a new text: not served by the LRU
+        assert float(one @ expected[i]) >= 0.9999
+
+
+def test_int8_parity(base_config: Config, reference: tuple[list[str], np.ndarray]) -> None:
+    sentences, expected = reference
+    int8 = load_embedder(base_config.replace("embedding", precision="int8"))
+    assert int8.identity["precision"] == "int8"
+    cos = (int8.embed(sentences) * expected).sum(axis=1)
+    assert cos.mean() >= 0.99 and cos.min() >= 0.97
+
+
+def test_vectors_are_unit_length(embedder: OnnxEmbedder) -> None:
+    vecs = embedder.embed(["", " ", "a" * 5000, "東京は日本の首都です", "🤖"])
+    assert np.allclose(np.linalg.norm(vecs, axis=1), 1.0, atol=1e-5)
+
+
+def test_lru_serves_repeated_texts(embedder: OnnxEmbedder) -> None:
+    text = f"cache probe {time.time()}"
+    first = embedder.embed([text])
+    calls = []
+    real = embedder._run
+    embedder._run = lambda texts: calls.append(texts) or real(texts)  # type: ignore[method-assign]
+    try:
+        again = embedder.embed([text, text])
+    finally:
+        embedder._run = real  # type: ignore[method-assign]
+    assert calls == [] and np.array_equal(again[0], first[0]) and np.array_equal(again[1], first[0])
+
+
+def test_identity_names_model_and_weights(embedder: OnnxEmbedder) -> None:
+    assert embedder.identity == {
+        "name": "all-MiniLM-L6-v2",
+        "sha256": "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
+        "dim": 384, "precision": "fp32",
+    }
+
+
+def test_no_model_gives_the_fix(tmp_path: Path) -> None:
+    cfg = load_config(embedding={"download_dir": str(tmp_path / "empty"), "cache_dir": str(tmp_path / "c")})
+    with pytest.raises(ModelUnavailableError) as info:
+        load_embedder(cfg)
+    assert "reachy-memory model fetch" in str(info.value)
+
+
+def test_store_without_model_runs_lexical_and_says_so(tmp_path: Path) -> None:
+    from reachy_memory import MemoryStore
+
+    cfg = load_config(memory={"path": str(tmp_path / "d")},
+                      embedding={"download_dir": str(tmp_path / "empty"), "cache_dir": str(tmp_path / "c")})
+    with MemoryStore(config=cfg) as store:
+        store.remember_fact("the keys are in the kitchen drawer")
+        assert store.search("keys kitchen")[0].memory.content == "the keys are in the kitchen drawer"
+        stats = store.stats()
+        assert stats["embedder"] == "unavailable" and "model fetch" in stats["embedder_error"]
+
+
+def test_model_dir_with_safetensors_builds_into_cache(tmp_path: Path, base_config: Config) -> None:
+    source = Path(base_config.embedding.download_dir or Path.home() / ".cache/reachy-memory") / "all-MiniLM-L6-v2"
+    cfg = load_config(embedding={"model_dir": str(source), "cache_dir": str(model_cache())})
+    emb = load_embedder(cfg)
+    assert emb.identity["sha256"].startswith("53aa51172d14")
+
+
+def test_model_dir_missing_files_is_explained(tmp_path: Path) -> None:
+    cfg = load_config(embedding={"model_dir": str(tmp_path)})
+    with pytest.raises(ModelUnavailableError, match="tokenizer.json"):
+        load_embedder(cfg)

@@ -1,0 +1,69 @@
+"""Helpers shared by the benchmark scripts: timing, percentiles, RSS, corpora."""
+
+from __future__ import annotations
+
+import json
+import random
+import resource
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+
+
+def percentiles(samples: list[float]) -> dict[str, float]:
+    """p50/p90/p99/max in milliseconds of samples in seconds."""
+    arr = np.asarray(samples) * 1000.0
+    return {"p50": float(np.percentile(arr, 50)), "p90": float(np.percentile(arr, 90)),
+            "p99": float(np.percentile(arr, 99)), "max": float(arr.max()), "n": len(arr)}
+
+
+def timed(fn: Callable[[], Any], repeat: int) -> list[float]:
+    """Wall time of each of ``repeat`` calls."""
+    out = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - start)
+    return out
+
+
+def runs(fn: Callable[[], Any], repeat: int, n_runs: int = 3) -> dict[str, float]:
+    """Several runs; reports the median across runs of each percentile."""
+    per_run = [percentiles(timed(fn, repeat)) for _ in range(n_runs)]
+    return {k: float(np.median([r[k] for r in per_run])) for k in per_run[0]} | {"runs": n_runs}
+
+
+def rss_mb() -> float:
+    """Current resident set size in MB (from /proc)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def vocabulary() -> list[str]:
+    """Words of the LoCoMo dialogues, for realistic synthetic texts."""
+    words: list[str] = []
+    for path in sorted((SHARED / "data" / "locomo-dev").glob("*.json")):
+        for key, turns in json.loads(path.read_text()).items():
+            if key.startswith("session_") and isinstance(turns, list):
+                for turn in turns:
+                    words.extend(turn["text"].split())
+    return words or "robot memory tea coffee garden music dinosaur kitchen".split()
+
+
+def sentences(n: int, seed: int = 0) -> list[str]:
+    """``n`` synthetic dialogue-like lines."""
+    rng = random.Random(seed)
+    vocab = vocabulary()
+    return [" ".join(rng.choices(vocab, k=rng.randint(6, 18))) for _ in range(n)]
+
+
+def row(name: str, stats: dict[str, float], target: str = "") -> str:
+    return (f"{name:<46} p50 {stats['p50']:8.3f}  p90 {stats['p90']:8.3f}  p99 {stats['p99']:8.3f}  "
+            f"max {stats['max']:8.3f} ms  {target}")

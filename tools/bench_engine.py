@@ -1,0 +1,180 @@
+"""Engine benchmark (issue: core engine): embedding excluded, precomputed unit vectors.
+
+    python tools/bench_engine.py            # 10k and 100k
+    python tools/bench_engine.py --quick    # 10k only
+
+Prints store/search latency percentiles (median of 3 runs), open time,
+cleanup time, vector recall@10 against exact search and RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tools._bench import SHARED, rss_mb, row, runs, sentences  # noqa: E402
+
+from reachy_memory import Config, MemoryStore  # noqa: E402
+
+
+class Precomputed:
+    """An 'embedder' returning random unit vectors: the engine is measured alone."""
+
+    dim = 384
+
+    def __init__(self, seed: int = 0) -> None:
+        self._rng = np.random.default_rng(seed)
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        v = self._rng.standard_normal((len(texts), self.dim)).astype(np.float32)
+        return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+
+def config(path: Path, **memory: object) -> Config:
+    return Config().replace("memory", path=str(path), **memory).replace("embedding", neighbour_context=False)
+
+
+def fill(path: Path, n: int) -> None:
+    texts = sentences(n)
+    types = ["conversation", "fact", "context"]
+    with MemoryStore(config=config(path, fsync="never"), embedder=Precomputed()) as store:
+        for start in range(0, n, 1000):
+            store.store_batch([{"content": t, "memory_type": types[(start + i) % 3],
+                                "metadata": {"speaker": f"user{(start + i) % 5}", "n": start + i}}
+                               for i, t in enumerate(texts[start : start + 1000])])
+            print(f"\r  filling {min(start + 1000, n)}/{n}", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+
+
+def bench_search(store: MemoryStore, label: str, repeat: int) -> None:
+    emb = Precomputed(7)
+    queries = [(q, emb.embed([q])[0]) for q in sentences(200, seed=9)]
+    cursor = iter(range(10**9))
+
+    def one(**kw: object) -> None:
+        q, v = queries[next(cursor) % len(queries)]
+        store.search_vector(" ".join(q.split()[:5]), v, min_score=0, limit=5, **kw)
+
+    print(row(f"search {label} unfiltered (hybrid)", runs(one, repeat)))
+    print(row(f"search {label} memory_type=fact", runs(lambda: one(memory_type="fact"), repeat)))
+    print(row(f"search {label} where speaker=user1", runs(lambda: one(where={"speaker": "user1"}), repeat)))
+    print(row(f"search {label} where n<500 (small set, exact)", runs(lambda: one(where={"n": {"$lt": 500}}), repeat)))
+
+
+def bench_store(path: Path, repeat: int) -> None:
+    texts = sentences(repeat * 3, seed=3)
+    counter = iter(range(10**9))
+    it = (f"{texts[i % len(texts)]} {i}" for i in counter)
+    with MemoryStore(config=config(path, fsync="always"), embedder=Precomputed()) as store:
+        print(row("store fsync=always", runs(lambda: store.store(next(it), "conversation", {"speaker": "a"}), repeat)))
+    with MemoryStore(config=config(path, fsync="batch"), embedder=Precomputed()) as store:
+        print(row("store fsync=batch", runs(lambda: store.store(next(it), "conversation"), repeat)))
+
+
+def open_time(path: Path, n_runs: int = 3) -> list[float]:
+    out = []
+    for _ in range(n_runs):
+        code = ("import time,sys; t=time.perf_counter(); sys.path.insert(0, %r)\n"
+                "from tools.bench_engine import Precomputed, config; from reachy_memory import MemoryStore\n"
+                "t0=time.perf_counter(); s=MemoryStore(config=config(%r), embedder=Precomputed()); "
+                "t1=time.perf_counter(); print(t1-t0, len(s)); s._dir_lock.release()")
+        done = subprocess.run([sys.executable, "-c", code % (str(Path(__file__).resolve().parents[1]), str(path))],
+                              capture_output=True, text=True, check=True)
+        out.append(float(done.stdout.split()[0]))
+    return out
+
+
+def recall_random(store: MemoryStore, k: int = 10, n_queries: int = 200) -> float:
+    emb = Precomputed(11)
+    vi = store._vectors
+    hits = 0
+    for q in emb.embed(["q"] * n_queries):
+        approx = set(vi.search(q, k)[0].tolist())
+        exact = set(vi.exact(q, np.flatnonzero(vi.alive), k)[0].tolist())
+        hits += len(approx & exact)
+    return hits / (k * n_queries)
+
+
+def recall_real(k: int = 10) -> tuple[float, int]:
+    """Recall@10 of the graph vs exact on real MiniLM embeddings of LoCoMo turns."""
+    from reachy_memory import load_config, load_embedder
+
+    texts = []
+    for p in sorted((SHARED / "data" / "locomo-dev").glob("*.json")):
+        data = json.loads(p.read_text())
+        for key, turns in data.items():
+            if key.startswith("session_") and isinstance(turns, list):
+                texts += [t["text"] for t in turns]
+        queries = [q["question"] for q in data["qa"]]
+    emb = load_embedder(load_config())
+    from reachy_memory.vector_index import VectorIndex
+
+    texts += [s.strip() for t in list(texts) for s in t.split(". ") if len(s) > 20]
+    texts += [f"{a} {b}" for a, b in zip(texts, texts[1:])]
+    texts = list(dict.fromkeys(texts))
+    vi = VectorIndex(384, exact_below=0)  # force the hnswlib graph
+    for slot, v in enumerate(emb.embed(texts)):
+        vi.add(slot, v)
+    hits = 0
+    qv = emb.embed(queries)
+    for q in qv:
+        approx = set(vi.search(q, k)[0].tolist())
+        hits += len(approx & set(vi.exact(q, np.flatnonzero(vi.alive), k)[0].tolist()))
+    return hits / (k * len(qv)), len(texts)
+
+
+def bench_size(n: int, repeat: int, tmp: Path) -> None:
+    path = tmp / f"s{n}"
+    print(f"\n== {n} memories ==")
+    t0 = time.perf_counter()
+    fill(path, n)
+    print(f"fill (batches of 1000, fsync=never)              {time.perf_counter() - t0:8.1f} s")
+    times = open_time(path)
+    print(f"open from disk (3 runs)                          median {np.median(times):.3f} s  all {[round(t, 3) for t in times]}")
+    gc.collect()
+    before = rss_mb()
+    with MemoryStore(config=config(path), embedder=Precomputed()) as store:
+        print(f"RSS of this process with the store open         {rss_mb():8.1f} MB (was {before:.1f} MB before)")
+        bench_search(store, f"@{n // 1000}k", repeat)
+        store._vectors.exact_below = 0  # measure the graph itself
+        print(f"graph recall@10 vs exact (random unit vectors, worst case) {recall_random(store):8.4f}")
+        far = time.time() + 40 * 86400  # conversations (a third) and contexts expire
+        t0 = time.perf_counter()
+        store.cleanup_expired(now=time.time())  # nothing expired: the common hourly case
+        print(f"cleanup_expired, nothing expired                 {1000 * (time.perf_counter() - t0):8.1f} ms")
+        t0 = time.perf_counter()
+        deleted = store.cleanup_expired(now=far)
+        print(f"cleanup_expired, {deleted} expired                   {1000 * (time.perf_counter() - t0):8.1f} ms")
+    bench_store(tmp / f"w{n}", repeat)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="10k only")
+    parser.add_argument("--repeat", type=int, default=500)
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="rm-bench-"))
+    try:
+        for n in [10_000] if args.quick else [10_000, 100_000]:
+            bench_size(n, args.repeat, tmp)
+        try:
+            recall, size = recall_real()
+            print(f"\nvector recall@10 vs exact, real MiniLM embeddings of {size} LoCoMo turns: {recall:.4f}")
+        except Exception as exc:  # the model is optional for this script
+            print(f"\n(real-embedding recall skipped: {exc})")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
