@@ -108,6 +108,10 @@ class FieldIndex:
                     if not slots:
                         del values[_key(item)]
 
+    def string_values(self, key: str) -> dict[str, set[int]]:
+        """The string values of metadata ``key`` and the slots holding each."""
+        return {v: slots for (kind, v), slots in self._fields.get(key, {}).items() if kind == "s" and isinstance(v, str)}
+
     def slots_with(self, key: str, value: Scalar) -> set[int]:
         """Slots whose metadata ``key`` equals (or contains) ``value``."""
         return self._fields.get(key, {}).get(_key(value), set())

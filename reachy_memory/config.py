@@ -64,7 +64,9 @@ class SearchConfig:
     """Hybrid retrieval and hnswlib parameters (tuned with tools/eval_locomo.py)."""
 
     mode: Literal["hybrid", "vector", "lexical"] = "hybrid"
-    vector_weight: float = 0.5
+    vector_weight: float = 0.35
+    entity_fields: list[str] = field(default_factory=lambda: ["speaker", "person"])
+    entity_boost: float = 0.03  # added when the query names a memory's speaker/person
     rrf_k: float = 60.0
     rrf_weight: float = 0.0
     candidates: int = 100
@@ -138,6 +140,10 @@ def _check(value: Any, hint: Any, key: str) -> Any:
     if dataclasses.is_dataclass(hint):
         return from_dict(value, typing.cast(type, hint), key + ".")
     origin = typing.get_origin(hint)
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected a list, got {value!r}", key=key)
+        return [_check(v, typing.get_args(hint)[0], f"{key}[{i}]") for i, v in enumerate(value)]
     if origin is Literal:
         if value not in typing.get_args(hint):
             raise ConfigError(f"{key}: must be one of {list(typing.get_args(hint))}, got {value!r}", key=key)

@@ -17,8 +17,10 @@ Data directory::
 Scores: ``SearchResult.score`` is in [0, 1].  Vector similarity is the cosine
 similarity clipped at 0; lexical relevance is BM25 divided by the query's
 ceiling (how much of the query a memory covers); hybrid is their weighted sum with
-``search.vector_weight``, plus an optional reciprocal-rank term.  ``min_score``
-is compared with that final score.
+``search.vector_weight``, plus an optional reciprocal-rank term, plus
+``search.entity_boost`` when the query names the memory's speaker or person
+(``search.entity_fields``), capped at 1.  ``min_score`` is compared with that
+final score.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import heapq
 import logging
 import math
+import re
 import threading
 import time
 import uuid
@@ -257,8 +260,8 @@ class MemoryStore:
         return f"{self._generation}:{self._current_key}"
 
     def _load_graph(self) -> None:
-        if self._vectors.count == 0:
-            return
+        if self._vectors.count <= self._vectors.exact_below // 2:
+            return  # searched exactly at this size; vectors wait as pending
         if not self._vectors.load_graph(self.path / GRAPH_FILE, self._graph_tag()):
             started = time.monotonic()
             log.warning("rebuilding the vector graph for %d memories (cache missing or stale)", self._vectors.count)
@@ -576,7 +579,23 @@ class MemoryStore:
             return _EMPTY
         cos = self._vectors.similarity(qvec, slots) if use_vec else np.zeros(len(slots), np.float32)
         bm25 = _lookup(lex_slots, lex_scores, slots)
-        return slots, fuse(np.maximum(cos, 0.0), bm25, cfg, use_vec=use_vec, use_lex=use_lex)
+        scores = fuse(np.maximum(cos, 0.0), bm25, cfg, use_vec=use_vec, use_lex=use_lex)
+        if mode == "hybrid":
+            scores = np.minimum(scores + self._entity_bonus(query, slots), 1.0)
+        return slots, scores
+
+    def _entity_bonus(self, query: str, slots: np.ndarray) -> np.ndarray:
+        """``entity_boost`` for memories whose speaker/person the query names."""
+        cfg = self._config.search
+        bonus = np.zeros(len(slots))
+        if not cfg.entity_boost or not cfg.entity_fields:
+            return bonus
+        words = set(_WORDS.findall(query.lower()))
+        for key in cfg.entity_fields:
+            for value, holders in self._fields.string_values(key).items():
+                if value and set(_WORDS.findall(value.lower())) <= words:
+                    bonus[np.isin(slots, np.fromiter(holders, np.int64, len(holders)))] = cfg.entity_boost
+        return bonus
 
     # -- context window and named context ---------------------------------------------
 
@@ -624,6 +643,13 @@ class MemoryStore:
         return [r for r in recs if r.type == MemoryType.CONTEXT.value]
 
     # -- maintenance -------------------------------------------------------------------
+
+    def maintain(self, budget: int = 256) -> int:
+        """Idle-time upkeep (the daemon calls it between requests): inserts a
+        batch of pending vectors into the graph; returns how many."""
+        self._require_open()
+        with self._lock:
+            return self._vectors.maintain(budget)
 
     def compact(self) -> None:
         """Fold the journal into a fresh snapshot (atomic) and save the graph cache."""
@@ -775,6 +801,7 @@ def _rrf(cos: np.ndarray, bm25: np.ndarray, k: float) -> np.ndarray:
 
 
 _EMPTY = (np.zeros(0, np.int64), np.zeros(0, np.float64))
+_WORDS = re.compile(r"\w+")
 
 
 def _top_k(scores: np.ndarray, k: int) -> np.ndarray:

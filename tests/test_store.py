@@ -262,13 +262,14 @@ def test_lexical_store_gains_vectors_via_reindex(tmp_path: Path, embedder: objec
 
 
 def test_graph_cache_is_rebuilt_when_corrupt(tmp_path: Path, embedder: object) -> None:
-    with MemoryStore(tmp_path, embedder=embedder) as s:
+    cfg = Config().replace("memory", path=str(tmp_path)).replace("search", exact_below=10)
+    with MemoryStore(config=cfg, embedder=embedder) as s:
         ids = [s.remember_fact(f"fact number {i} about the garden").id for i in range(30)]
     graph = tmp_path / "vectors.hnsw"
     data = bytearray(graph.read_bytes())
     data[len(data) // 2] ^= 0xFF
     graph.write_bytes(bytes(data))
-    with MemoryStore(tmp_path, embedder=embedder) as s:
+    with MemoryStore(config=cfg, embedder=embedder) as s:
         hits = s.search("fact number 7 about the garden", mode="vector", min_score=0, limit=30)
         assert {h.memory.id for h in hits} == set(ids)
 
@@ -288,3 +289,25 @@ def test_slot_reuse_keeps_indexes_consistent(store: MemoryStore) -> None:
     assert found == set(live)
     assert {h.memory.id for h in store.search("apples", mode="lexical", limit=1000, min_score=0)} == {
         k for k, v in live.items() if "apples" in v}
+
+
+def test_graph_path_with_pending_vectors_matches_exact(tmp_path: Path) -> None:
+    """Above exact_below the graph (+ pending set) must agree with exact search."""
+    cfg = Config().replace("memory", path=str(tmp_path)).replace("search", exact_below=50, exact_threshold=5)
+    emb = HashEmbedder()
+    emb.dim = 8
+    with MemoryStore(config=cfg, embedder=emb) as s:
+        ids = [s.remember_fact(f"fact {i} " + "x" * (i % 7)).id for i in range(300)]
+        for victim in ids[::5]:
+            s.forget(victim)
+        s.maintain(budget=100)  # part in the graph, part still pending
+        assert 0 < s.stats()["index"]["pending"] < 300
+        vi = s._vectors
+        q = emb.embed(["query"])[0]
+        exact = vi.exact(q, np.flatnonzero(vi.alive), 10)[0]
+        assert set(vi.search(q, 10)[0].tolist()) == set(exact.tolist())
+    with MemoryStore(config=cfg, embedder=emb) as s:  # reopened from the saved graph cache
+        assert s.stats()["index"]["pending"] == 0
+        q = emb.embed(["query"])[0]
+        vi = s._vectors
+        assert set(vi.search(q, 10)[0].tolist()) == set(vi.exact(q, np.flatnonzero(vi.alive), 10)[0].tolist())

@@ -1,0 +1,157 @@
+"""Retrieval quality on LoCoMo (Maharana et al., ACL 2024; snap-research/locomo).
+
+For each conversation file: a fresh store, every turn stored as a CONVERSATION
+memory ("Speaker: text", plus the shared photo's caption), then every question
+searched (no type filter, min_score=0).  Reports recall@1/5/10 of the evidence
+dia_ids, per category and overall, for lexical-only, vector-only and hybrid.
+
+    python tools/eval_locomo.py                       # ../shared/data/locomo-dev/*.json
+    python tools/eval_locomo.py FILE.json ... [--json]
+    python tools/eval_locomo.py --grid                # sweep fusion weights (tuning)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from reachy_memory import Config, MemoryStore, load_config, load_embedder  # noqa: E402
+
+DEFAULT_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo-dev"
+KS = (1, 5, 10)
+MODES = ("lexical", "vector", "hybrid")
+
+
+def turns_of(conv: dict[str, Any]) -> list[dict[str, Any]]:
+    """Store items for every turn, in conversation order."""
+    items = []
+    session = 1
+    while f"session_{session}" in conv:
+        date = conv.get(f"session_{session}_date_time", "")
+        for turn in conv[f"session_{session}"]:
+            content = f"{turn['speaker']}: {turn['text']}"
+            if turn.get("blip_caption"):
+                content += f" [shares a photo: {turn['blip_caption']}]"
+            items.append({"content": content, "memory_type": "conversation",
+                          "metadata": {"dia_id": turn["dia_id"], "speaker": turn["speaker"],
+                                       "session": session, "session_date": date}})
+        session += 1
+    return items
+
+
+def evidence_of(question: dict[str, Any]) -> set[str]:
+    ids: set[str] = set()
+    for ev in question.get("evidence", []):
+        ids.update(part.strip() for part in str(ev).replace(",", ";").split(";") if part.strip())
+    return ids
+
+
+def recall(store: MemoryStore, qa: list[dict[str, Any]], mode: str) -> dict[str, dict[int, list[float]]]:
+    """category -> k -> per-question recall values."""
+    out: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for q in qa:
+        evidence = evidence_of(q)
+        if not evidence or not q.get("question"):
+            continue
+        hits = store.search(q["question"], limit=max(KS), min_score=0, mode=mode)
+        found = [h.memory.metadata.get("dia_id") for h in hits]
+        for k in KS:
+            value = len(evidence & set(found[:k])) / len(evidence)
+            out[str(q.get("category", "?"))][k].append(value)
+            out["overall"][k].append(value)
+    return out
+
+
+def merge(into: dict[str, dict[int, list[float]]], part: dict[str, dict[int, list[float]]]) -> None:
+    for cat, per_k in part.items():
+        for k, values in per_k.items():
+            into.setdefault(cat, {}).setdefault(k, []).extend(values)
+
+
+def summarise(results: dict[str, dict[int, list[float]]]) -> dict[str, dict[str, float]]:
+    return {cat: {f"R@{k}": sum(v) / len(v) for k, v in sorted(per_k.items())} | {"n": len(per_k[1])}
+            for cat, per_k in sorted(results.items())}
+
+
+def open_store(tmp: Path, name: str, embedder: Any, config: Config) -> MemoryStore:
+    return MemoryStore(config=config.replace("memory", path=str(tmp / name), fsync="never"), embedder=embedder)
+
+
+def evaluate(files: list[Path], config: Config, embedder: Any) -> dict[str, dict[str, dict[str, float]]]:
+    totals: dict[str, dict[str, dict[int, list[float]]]] = {m: {} for m in MODES}
+    with tempfile.TemporaryDirectory(prefix="rm-locomo-") as tmp:
+        for path in files:
+            conv = json.loads(path.read_text())
+            with open_store(Path(tmp), path.stem, embedder, config) as store:
+                store.store_batch(turns_of(conv))
+                for mode in MODES:
+                    merge(totals[mode], recall(store, conv["qa"], mode))
+    return {mode: summarise(res) for mode, res in totals.items()}
+
+
+def grid(files: list[Path], config: Config, embedder: Any) -> None:
+    """Sweep the fusion parameters on stores built once (tuning aid)."""
+    with tempfile.TemporaryDirectory(prefix="rm-locomo-") as tmp:
+        stores = []
+        for path in files:
+            conv = json.loads(path.read_text())
+            store = open_store(Path(tmp), path.stem, embedder, config)
+            store.store_batch(turns_of(conv))
+            stores.append((store, conv["qa"]))
+        for w in (0.3, 0.4, 0.5, 0.6, 0.7):
+            for rrf in (0.0, 0.3, 0.6):
+                res: dict[str, dict[int, list[float]]] = {}
+                for store, qa in stores:
+                    store._config = config.replace("search", vector_weight=w, rrf_weight=rrf)
+                    merge(res, recall(store, qa, "hybrid"))
+                o = summarise(res)["overall"]
+                print(f"vector_weight {w:.1f} rrf_weight {rrf:.1f}: R@1 {o['R@1']:.3f} R@5 {o['R@5']:.3f} R@10 {o['R@10']:.3f}")
+        for store, _ in stores:
+            store.close()
+
+
+def print_table(summary: dict[str, dict[str, dict[str, float]]]) -> None:
+    cats = list(next(iter(summary.values())).keys())
+    print(f"{'mode':<8} {'category':<9} {'n':>4}  {'R@1':>6} {'R@5':>6} {'R@10':>6}")
+    for mode, per_cat in summary.items():
+        for cat in cats:
+            r = per_cat[cat]
+            print(f"{mode:<8} {cat:<9} {int(r['n']):>4}  {r['R@1']:6.3f} {r['R@5']:6.3f} {r['R@10']:6.3f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("files", nargs="*", type=Path)
+    parser.add_argument("--config", type=Path, help="YAML config (search and embedding sections are used)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--grid", action="store_true", help="sweep fusion weights")
+    parser.add_argument("--no-neighbour", action="store_true", help="embed turns without the previous turn")
+    args = parser.parse_args()
+    files = args.files or sorted(DEFAULT_DIR.glob("*.json"))
+    config = load_config(args.config)
+    if args.no_neighbour:
+        config = config.replace("embedding", neighbour_context=False)
+    embedder = load_embedder(config)
+    started = time.perf_counter()
+    if args.grid:
+        grid(files, config, embedder)
+        return
+    summary = evaluate(files, config, embedder)
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(f"LoCoMo retrieval, {len(files)} conversation(s): {', '.join(f.name for f in files)}")
+        print_table(summary)
+        print(f"({time.perf_counter() - started:.1f} s)")
+
+
+if __name__ == "__main__":
+    main()
