@@ -1,13 +1,18 @@
 """reachy-memory: the long-term memory of the Reachy Mini robot.
 
-Public surface::
+In-process engine (``MemoryStore``), daemon (``reachy-memory serve``) and its
+clients (``MemoryClient``, ``AsyncMemoryClient``)::
 
     from reachy_memory import MemoryStore, MemoryType, load_config
     with MemoryStore("~/.reachy/memory") as store:
         store.remember_fact("User prefers to be called Alex")
         hits = store.search("what is the user's name?")
+
+    with MemoryClient() as client:  # talks to the running daemon
+        client.remember_fact("Sarah likes Italian food")
 """
 
+from .client import AsyncMemoryClient, MemoryClient
 from .config import Config, load_config
 from .embedding import OnnxEmbedder, load_embedder
 from .errors import (
@@ -38,6 +43,8 @@ from .store import DEFAULT_EMBEDDER, Embedder, MemoryStore
 __version__ = "0.1.0"
 
 __all__ = [
+    "AsyncMemoryClient",
+    "MemoryClient",
     "DEFAULT_EMBEDDER",
     "AlreadyRunningError",
     "BusyError",

@@ -64,11 +64,9 @@ class SearchConfig:
     """Hybrid retrieval and hnswlib parameters (tuned with tools/eval_locomo.py)."""
 
     mode: Literal["hybrid", "vector", "lexical"] = "hybrid"
-    vector_weight: float = 0.35
+    vector_weight: float = 0.3
     entity_fields: list[str] = field(default_factory=lambda: ["speaker", "person"])
     entity_boost: float = 0.03  # added when the query names a memory's speaker/person
-    rrf_k: float = 60.0
-    rrf_weight: float = 0.0
     candidates: int = 100
     exact_threshold: int = 2048  # filtered candidate sets up to this size: exact numpy search
     exact_below: int = 20_000  # indexes up to this size: exact search (faster than the graph there)
@@ -84,8 +82,11 @@ class ServerConfig:
     endpoint: str | None = None  # default: ipc socket in a private runtime directory
     max_message_bytes: int = 1024 * 1024
     queue_size: int = 256
-    curve_secret_key: str | None = None  # server's secret key file, for non-loopback tcp
-    curve_authorized_dir: str | None = None  # folder of allowed clients' public keys
+    curve_secret_key: str | None = None  # server's secret key file (zmq.auth), for non-loopback tcp
+    curve_authorized_dir: str | None = None  # folder of allowed clients' public key files
+    curve_server_public_key: str | None = None  # for clients: the server's public key file
+    curve_client_secret_key: str | None = None  # for clients: their own secret key file
+    drain_seconds: float = 10.0  # on SIGTERM, time allowed to finish in-flight requests
     watchdog: bool = True
     log_level: str = "INFO"
 

@@ -16,15 +16,17 @@ Data directory::
 
 Scores: ``SearchResult.score`` is in [0, 1].  Vector similarity is the cosine
 similarity clipped at 0; lexical relevance is BM25 divided by the query's
-ceiling (how much of the query a memory covers); hybrid is their weighted sum with
-``search.vector_weight``, plus an optional reciprocal-rank term, plus
-``search.entity_boost`` when the query names the memory's speaker or person
+ceiling (how much of the query a memory covers); hybrid is their weighted noisy-OR
+``1 - (1 - cos)^(2w) (1 - lex)^(2(1 - w))`` with ``w = search.vector_weight``
+(high when either signal is strong, so ``min_score`` means what it means for
+plain cosine similarity), plus ``search.entity_boost`` when the query names the memory's speaker or person
 (``search.entity_fields``), capped at 1.  ``min_score`` is compared with that
 final score.
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import logging
 import math
@@ -389,10 +391,10 @@ class MemoryStore:
             raise ValidationError(f"id {row[0]!r} is already used by another memory", field="id")
         return True
 
-    def _validate_item(self, item: Mapping[str, Any]) -> tuple[str, str, dict[str, Any], str | None]:
+    def _validate_item(self, item: Mapping[str, Any]) -> tuple[str, str, dict[str, Any], str | None, float | None]:
         if not isinstance(item, Mapping):
             raise ValidationError("each item must be a dict with content, memory_type, metadata", field="items")
-        unknown = set(item) - {"content", "memory_type", "metadata", "id"}
+        unknown = set(item) - {"content", "memory_type", "metadata", "id", "created_at"}
         if unknown:
             raise ValidationError(f"unknown item keys: {sorted(unknown)}", field="items")
         content = self._validate_text(item.get("content"), "content")
@@ -403,7 +405,8 @@ class MemoryStore:
         memory_id = item.get("id")
         if memory_id is not None and (not isinstance(memory_id, str) or not 0 < len(memory_id) <= 128):
             raise ValidationError("id must be a non-empty string of at most 128 characters", field="id")
-        return content, mtype.value, metadata, memory_id
+        created = item.get("created_at")
+        return content, mtype.value, metadata, memory_id, to_epoch(created) if created is not None else None
 
     def _validate_text(self, text: Any, field: str) -> str:
         if not isinstance(text, str):
@@ -416,11 +419,13 @@ class MemoryStore:
                                 field=field, size=len(text), limit=limit)
         return text
 
-    def _new_records(self, rows: list[tuple[str, str, dict[str, Any], str | None]],
-                     created: float) -> tuple[list[_Rec], list[str]]:
+    def _new_records(self, rows: list[tuple[str, str, dict[str, Any], str | None, float | None]],
+                     now: float) -> tuple[list[_Rec], list[str]]:
+        """Records for validated rows; ``created_at`` (imports) defaults to ``now``."""
         recs: list[_Rec] = []
         ids: list[str] = []
-        for content, mtype, metadata, memory_id in rows:
+        for content, mtype, metadata, memory_id, created_at in rows:
+            created = now if created_at is None else created_at
             memory_id = memory_id or uuid.uuid4().hex
             ids.append(memory_id)
             existing = self._records.get(memory_id)
@@ -482,6 +487,7 @@ class MemoryStore:
     def forget(self, memory_id: str) -> bool:
         """Delete a memory; False if there was none with that id."""
         self._require_open()
+        _check_str(memory_id, "id")
         with self._lock:
             if memory_id not in self._records:
                 return False
@@ -503,9 +509,23 @@ class MemoryStore:
     def get(self, memory_id: str, *, now: datetime_or_float = None) -> Memory | None:
         """The live memory with that id, or None (an expired memory is never returned)."""
         self._require_open()
+        _check_str(memory_id, "id")
         rec = self._records.get(memory_id)
         at = to_epoch(now) if now is not None else time.time()
         return rec.memory() if rec is not None and not rec.expired(at) else None
+
+    def export_page(self, after: str | None = None, limit: int = 500) -> tuple[list[Memory], str | None]:
+        """Live memories in id order after ``after``; returns (page, next cursor or None)."""
+        self._require_open()
+        with self._lock:
+            ids = sorted(self._records)
+            if after is not None:
+                _check_str(after, "after")
+            start = bisect.bisect_right(ids, after) if after is not None else 0
+            page = ids[start : start + limit]
+            now = time.time()
+            memories = [self._records[i].memory() for i in page if not self._records[i].expired(now)]
+        return memories, (page[-1] if start + limit < len(ids) and page else None)
 
     def __len__(self) -> int:
         return len(self._records)
@@ -619,11 +639,19 @@ class MemoryStore:
 
     def set_context(self, key: str, value: str) -> Memory:
         """Set named session context (a CONTEXT memory), replacing the key's earlier value."""
+        return self.commit_context(key, self.prepare_context(key, value))
+
+    def prepare_context(self, key: str, value: str) -> _Prepared:
+        """The validated, embedded write of :meth:`set_context` (thread-safe)."""
         self._require_open()
         if not isinstance(key, str) or not 0 < len(key) <= 256:
             raise ValidationError("context key must be a non-empty string of at most 256 characters", field="key")
-        prepared = self.prepare([{"content": value, "memory_type": MemoryType.CONTEXT,
-                                  "metadata": {"context_key": key}}])
+        return self.prepare([{"content": value, "memory_type": MemoryType.CONTEXT,
+                              "metadata": {"context_key": key}}])
+
+    def commit_context(self, key: str, prepared: _Prepared) -> Memory:
+        """Commit a :meth:`prepare_context` write, dropping the key's earlier values."""
+        self._require_open()
         with self._lock:
             old = [["del", r.id] for r in self._context_records(key)]
             self._commit(old + prepared.ops)
@@ -632,6 +660,7 @@ class MemoryStore:
     def get_context(self, key: str, *, now: datetime_or_float = None) -> str | None:
         """The live value of named context ``key``, or None."""
         self._require_open()
+        _check_str(key, "key")
         at = to_epoch(now) if now is not None else time.time()
         with self._lock:
             live = [r for r in self._context_records(key) if not r.expired(at)]
@@ -779,25 +808,21 @@ class MemoryStore:
         self.close()
 
 
-def fuse(cos: np.ndarray, bm25: np.ndarray, cfg: Any, *, use_vec: bool, use_lex: bool) -> np.ndarray:
-    """Combine cosine and BM25 into one score in [0, 1] (see module docs)."""
-    lex = bm25
+def fuse(cos: np.ndarray, lex: np.ndarray, cfg: Any, *, use_vec: bool, use_lex: bool) -> np.ndarray:
+    """One score in [0, 1] from cosine and lexical coverage (see module docs).
+
+    Hybrid is a weighted noisy-OR, ``1 - (1 - cos)^(2w) * (1 - lex)^(2(1 - w))``:
+    a memory strong on either signal scores high, so ``min_score`` keeps the
+    meaning it has for plain cosine similarity.
+    """
     if not use_vec:
         return lex
     if not use_lex:
         return cos.astype(np.float64)
     w = cfg.vector_weight
-    score = w * cos + (1.0 - w) * lex
-    if cfg.rrf_weight > 0:
-        score = (1 - cfg.rrf_weight) * score + cfg.rrf_weight * _rrf(cos, bm25, cfg.rrf_k)
-    return score
-
-
-def _rrf(cos: np.ndarray, bm25: np.ndarray, k: float) -> np.ndarray:
-    """Reciprocal rank fusion, scaled so rank 1 in both lists gives 1."""
-    rank_v = np.argsort(np.argsort(-cos)) + 1
-    rank_l = np.argsort(np.argsort(-bm25)) + 1
-    return (k + 1) / 2 * (1 / (k + rank_v) + np.where(bm25 > 0, 1 / (k + rank_l), 0))
+    miss_v = (1.0 - np.clip(cos, 0.0, 0.999)) ** (2 * w)
+    miss_l = (1.0 - np.clip(lex, 0.0, 0.999)) ** (2 * (1 - w))
+    return 1.0 - miss_v * miss_l
 
 
 _EMPTY = (np.zeros(0, np.int64), np.zeros(0, np.float64))
@@ -820,6 +845,11 @@ def _lookup(keys: np.ndarray, values: np.ndarray, wanted: np.ndarray) -> np.ndar
     hit = keys[pos] == wanted
     out[hit] = values[pos[hit]]
     return out
+
+
+def _check_str(value: Any, field: str) -> None:
+    if not isinstance(value, str):
+        raise ValidationError(f"{field} must be a string, got {type(value).__name__}", field=field)
 
 
 def _size(path: Path) -> int:

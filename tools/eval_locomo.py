@@ -106,14 +106,15 @@ def grid(files: list[Path], config: Config, embedder: Any) -> None:
             store = open_store(Path(tmp), path.stem, embedder, config)
             store.store_batch(turns_of(conv))
             stores.append((store, conv["qa"]))
-        for w in (0.3, 0.4, 0.5, 0.6, 0.7):
-            for rrf in (0.0, 0.3, 0.6):
+        for w in (0.2, 0.3, 0.4, 0.5, 0.6):
+            for boost in (0.0, 0.03, 0.06):
                 res: dict[str, dict[int, list[float]]] = {}
                 for store, qa in stores:
-                    store._config = config.replace("search", vector_weight=w, rrf_weight=rrf)
+                    store._config = config.replace("search", vector_weight=w, entity_boost=boost)
                     merge(res, recall(store, qa, "hybrid"))
                 o = summarise(res)["overall"]
-                print(f"vector_weight {w:.1f} rrf_weight {rrf:.1f}: R@1 {o['R@1']:.3f} R@5 {o['R@5']:.3f} R@10 {o['R@10']:.3f}")
+                print(f"vector_weight {w:.1f} entity_boost {boost:.2f}: "
+                      f"R@1 {o['R@1']:.3f} R@5 {o['R@5']:.3f} R@10 {o['R@10']:.3f}")
         for store, _ in stores:
             store.close()
 

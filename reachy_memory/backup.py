@@ -1,0 +1,197 @@
+"""Offline checks and copies: verify a data directory or backup file, restore
+a backup into a data directory, repair damaged files.
+
+A backup is a snapshot file (the same format as ``snapshot.rms``) written by
+the daemon while it runs (``MemoryStore.backup``), so it is consistent and can
+be copied off the robot as one file.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import journal as jr
+from .errors import ReachyMemoryError, StorageError, StoreLockedError
+from .store import JOURNAL_FILE, SNAPSHOT_FILE
+
+log = logging.getLogger(__name__)
+Progress = Callable[[int, int], None]
+
+
+@dataclass
+class VerifyReport:
+    """What :func:`verify` found. ``ok`` is False when ``problems`` is not empty."""
+
+    path: str
+    memories: int = 0
+    vectors: int = 0
+    journal_frames: int = 0
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "ok": self.ok, "memories": self.memories, "vectors": self.vectors,
+                "journal_frames": self.journal_frames, "problems": self.problems, "notes": self.notes}
+
+
+def verify(path: str | Path, progress: Progress | None = None) -> VerifyReport:
+    """Check a data directory or a backup file: checksums, counts, index consistency.
+
+    Never raises for damage: every finding goes into the report.
+    """
+    path = Path(path).expanduser()
+    report = VerifyReport(str(path))
+    if path.is_dir():
+        _verify_dir(path, report, progress)
+    elif path.is_file():
+        _verify_snapshot(path, report, progress)
+    else:
+        report.problems.append(f"{path} does not exist")
+    return report
+
+
+def _verify_dir(path: Path, report: VerifyReport, progress: Progress | None) -> None:
+    snapshot, journal = path / SNAPSHOT_FILE, path / JOURNAL_FILE
+    generation = _verify_snapshot(snapshot, report, progress) if snapshot.exists() else 0
+    if not snapshot.exists():
+        report.notes.append("no snapshot yet (a new store, or one never compacted)")
+    if journal.exists():
+        _verify_journal(journal, generation, report)
+    if jr.is_locked(path):
+        report.notes.append("the store is open in a running daemon; files were checked read-only")
+
+
+def _verify_snapshot(path: Path, report: VerifyReport, progress: Progress | None) -> int:
+    try:
+        frames = jr.read_file(path, jr.SNAPSHOT).frames
+    except ReachyMemoryError as exc:
+        report.problems.append(str(exc))
+        return -1
+    if len(frames) != 6 or not isinstance(frames[-1], dict) or "end" not in frames[-1]:
+        report.problems.append(f"{path}: incomplete snapshot ({len(frames)} of 6 sections)")
+        return -1
+    head, records = frames[0], frames[1].get("records", [])
+    report.memories = len(records)
+    if frames[-1]["end"] != len(records):
+        report.problems.append(f"{path}: end marker counts {frames[-1]['end']} memories, found {len(records)}")
+    _check_records(records, frames[2].get("vectors", b""), int(head.get("dim") or 384), report, progress)
+    lexical_n = frames[3].get("lexical", {}).get("n")
+    if lexical_n != len(records):
+        report.problems.append(f"lexical index holds {lexical_n} documents for {len(records)} memories")
+    return int(head.get("generation", 0))
+
+
+def _check_records(records: list[Any], vectors: bytes, dim: int, report: VerifyReport,
+                   progress: Progress | None) -> None:
+    matrix = np.frombuffer(vectors, np.float32)
+    if len(matrix) % dim:
+        report.problems.append(f"vector block of {len(vectors)} bytes is not a whole number of {dim}-d vectors")
+        return
+    matrix = matrix.reshape(-1, dim)
+    ids, slots = set(), set()
+    for n, row in enumerate(records):
+        if row[0] in ids:
+            report.problems.append(f"duplicate memory id {row[0]!r}")
+        ids.add(row[0])
+        if row[6] in slots:
+            report.problems.append(f"slot {row[6]} used twice")
+        slots.add(row[6])
+        if row[7] is not None:
+            _check_vector(row, matrix, report)
+        if progress and (n % 1000 == 0 or n == len(records) - 1):
+            progress(n + 1, len(records))
+
+
+def _check_vector(row: list[Any], matrix: np.ndarray, report: VerifyReport) -> None:
+    slot = row[6]
+    if slot >= len(matrix):
+        report.problems.append(f"memory {row[0]!r} has a vector slot {slot} beyond the vector block")
+        return
+    norm = float(np.linalg.norm(matrix[slot]))
+    if abs(norm - 1.0) > 1e-3:
+        report.problems.append(f"memory {row[0]!r}: vector norm {norm:.4f}, expected 1")
+    else:
+        report.vectors += 1
+
+
+def _verify_journal(path: Path, generation: int, report: VerifyReport) -> None:
+    try:
+        result = jr.read_file(path, jr.JOURNAL)
+    except ReachyMemoryError as exc:
+        report.problems.append(str(exc))
+        return
+    report.journal_frames = max(0, len(result.frames) - 1)
+    if result.torn_at is not None:
+        report.notes.append(f"{path}: torn last frame at offset {result.torn_at} (dropped on next open)")
+    head = result.frames[0] if result.frames else {}
+    if generation >= 0 and head.get("generation") not in (generation, None) and generation:
+        report.notes.append(f"journal generation {head.get('generation')} predates snapshot {generation}: "
+                            "already folded in, it will be discarded on open")
+
+
+def repair(path: str | Path) -> list[jr.RepairReport]:
+    """Keep the valid prefix of each damaged file in a data directory (the
+    damaged originals are moved aside, never deleted). Refuses a live store."""
+    path = Path(path).expanduser()
+    lock = jr.DirLock(path)
+    lock.acquire()
+    try:
+        reports = []
+        for name, kind in ((SNAPSHOT_FILE, jr.SNAPSHOT), (JOURNAL_FILE, jr.JOURNAL)):
+            if (path / name).exists():
+                reports.append(jr.repair_file(path / name, kind))
+        return reports
+    finally:
+        lock.release()
+
+
+def restore(backup_file: str | Path, data_dir: str | Path, *, force: bool = False) -> dict[str, Any]:
+    """Rebuild ``data_dir`` from a backup file.
+
+    Refuses a data directory in use by a running daemon (StoreLockedError), and
+    one holding data unless ``force`` (its files are then moved aside, not deleted).
+    Raises StorageError when the backup does not verify.
+    """
+    backup_file, data_dir = Path(backup_file).expanduser(), Path(data_dir).expanduser()
+    report = verify(backup_file)
+    if not report.ok:
+        raise StorageError(f"backup {backup_file} does not verify: {'; '.join(report.problems)}",
+                           path=str(backup_file))
+    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    lock = jr.DirLock(data_dir)
+    lock.acquire()  # StoreLockedError for a live store
+    try:
+        moved = _move_aside(data_dir, force)
+        head = jr.read_file(backup_file, jr.SNAPSHOT).frames[0]
+        jr.write_atomic(data_dir / SNAPSHOT_FILE, [backup_file.read_bytes()])
+        jr.write_atomic(data_dir / JOURNAL_FILE, [jr.header(jr.JOURNAL), jr.encode_frame(
+            {"kind": "journal", "generation": head.get("generation", 0)})])
+    finally:
+        lock.release()
+    return {"data_dir": str(data_dir), "memories": report.memories, "moved_aside": moved}
+
+
+def _move_aside(data_dir: Path, force: bool) -> list[str]:
+    existing = [p for p in data_dir.iterdir() if p.name in (SNAPSHOT_FILE, JOURNAL_FILE)
+                or p.name.startswith("vectors.hnsw")]
+    if existing and not force:
+        raise StoreLockedError(f"{data_dir} already holds a store; pass --force to move it aside and restore",
+                               path=str(data_dir), holder="")
+    stamp = int(time.time())
+    moved = []
+    for p in existing:
+        target = p.with_name(f"{p.name}.before-restore-{stamp}")
+        p.rename(target)
+        moved.append(str(target))
+    return moved

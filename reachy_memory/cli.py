@@ -1,0 +1,351 @@
+"""``reachy-memory``: the command line. It parses, calls the library or the
+daemon, and formats; the logic lives in the modules it calls.
+
+Exit codes: 0 success, 1 error, 2 bad usage or input, 3 not found,
+4 daemon unreachable or timed out, 5 verify found problems.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from . import backup as bk
+from .client import MemoryClient
+from .config import Config, load_config
+from .errors import (
+    ConfigError,
+    NotFoundError,
+    ReachyMemoryError,
+    RequestTimeoutError,
+    ServiceError,
+    ValidationError,
+)
+from .model import Memory, SearchResult
+
+EXIT = {ValidationError: 2, ConfigError: 2, NotFoundError: 3, RequestTimeoutError: 4, ServiceError: 4}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit code."""
+    args = _parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except ReachyMemoryError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return next((code for cls, code in EXIT.items() if isinstance(exc, cls)), 1)
+    except OSError as exc:
+        print(f"error: {exc.strerror or exc}: {exc.filename or ''}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+# -- plumbing ------------------------------------------------------------------------------
+
+
+def _config(args: argparse.Namespace) -> Config:
+    overrides: dict[str, dict[str, Any]] = {}
+    if getattr(args, "data_dir", None):
+        overrides["memory"] = {"path": str(args.data_dir)}
+    if getattr(args, "endpoint", None):
+        overrides["server"] = {"endpoint": args.endpoint}
+    return load_config(args.config, **overrides)
+
+
+def _client(args: argparse.Namespace) -> MemoryClient:
+    return MemoryClient(config=_config(args), timeout=args.timeout)
+
+
+def _out(args: argparse.Namespace, data: Any, human: Callable[[Any], str]) -> None:
+    print(json.dumps(data, indent=2, ensure_ascii=False, default=str) if args.json else human(data))
+
+
+def _progress(label: str) -> Callable[[int, int], None] | None:
+    if not sys.stderr.isatty():
+        return None
+
+    def show(done: int, total: int) -> None:
+        end = "\n" if done >= total else ""
+        print(f"\r{label}: {done}/{total} ({100 * done // max(total, 1)}%)", end=end, file=sys.stderr, flush=True)
+
+    return show
+
+
+def _memory_line(m: Memory) -> str:
+    meta = f"  {json.dumps(m.metadata, ensure_ascii=False)}" if m.metadata else ""
+    return f"{m.id}  [{m.memory_type.value}]  {m.created_at:%Y-%m-%d %H:%M}  {m.content}{meta}"
+
+
+def _metadata(pairs: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise ValidationError(f"--meta takes key=value, got {pair!r}", field="metadata")
+        try:
+            out[key] = json.loads(value)  # numbers, booleans, lists
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+# -- commands ------------------------------------------------------------------------------
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from ._systemd import setup_logging
+    from .server import serve
+
+    config = _config(args)
+    setup_logging(args.log_level or config.server.log_level)
+    serve(config)
+    return 0
+
+
+def cmd_store(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        m = c.store(args.content, args.type, _metadata(args.meta), id=args.id)
+    _out(args, m.to_dict(), lambda d: f"stored {d['id']}")
+    return 0
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    where = json.loads(args.where) if args.where else None
+    with _client(args) as c:
+        hits: list[SearchResult] = c.search(args.query, args.type, args.limit, args.min_score, where, mode=args.mode)
+    _out(args, [{"score": h.score, **h.memory.to_dict()} for h in hits],
+         lambda _: "\n".join(f"{h.score:.3f}  {_memory_line(h.memory)}" for h in hits) or "no match")
+    return 0
+
+
+def cmd_get(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        m = c.get(args.id)
+    if m is None:
+        raise NotFoundError(f"no memory {args.id!r}", memory_id=args.id)
+    _out(args, m.to_dict(), lambda _: _memory_line(m))
+    return 0
+
+
+def cmd_forget(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        deleted = c.forget(args.id)
+    if not deleted:
+        raise NotFoundError(f"no memory {args.id!r}", memory_id=args.id)
+    _out(args, {"deleted": True, "id": args.id}, lambda _: f"forgot {args.id}")
+    return 0
+
+
+def cmd_cleanup(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        n = c.cleanup_expired()
+    _out(args, {"deleted": n}, lambda _: f"deleted {n} expired memories")
+    return 0
+
+
+def cmd_context(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        if args.action == "add":
+            c.add_to_context_window(args.role, args.content)
+        elif args.action == "clear":
+            c.clear_context_window()
+        elif args.action == "set":
+            c.set_context(args.key, args.value)
+        elif args.action == "get":
+            value = c.get_context(args.key)
+            _out(args, {"key": args.key, "value": value}, lambda _: value if value is not None else "(not set)")
+            return 0 if value is not None else 3
+        window = c.get_context_window()
+    _out(args, window, lambda w: "\n".join(f"{m['role']}: {m['content']}" for m in w) or "(empty)")
+    return 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        data = {"health": c.health(), "stats": c.stats()}
+    _out(args, data, _stats_text)
+    return 0
+
+
+def _stats_text(d: dict[str, Any]) -> str:
+    h, s = d["health"], d["stats"]
+    lines = [f"status {h['status']}  memories {h['memories']}  uptime {h['uptime_s']:.0f} s  "
+             f"embedder {h['embedder'].get('state')}", f"by type {s['store']['by_type']}",
+             f"journal {s['store']['journal_bytes']} B  snapshot {s['store']['snapshot_bytes']} B",
+             f"last cleanup {h['last_cleanup']}"]
+    lines += [f"  {op:<24} n={v['count']:<8} err={v['errors']:<5} p50={v['p50_ms']} ms  p99={v['p99_ms']} ms"
+              for op, v in s["ops"].items()]
+    return "\n".join(lines)
+
+
+def cmd_backup(args: argparse.Namespace) -> int:
+    dest = str(Path(args.dest).expanduser().resolve())
+    with _client(args) as c:
+        info = c.backup(dest, timeout=max(args.timeout, 120))
+    _out(args, info, lambda i: f"backup of {i['memories']} memories written to {i['path']} ({i['bytes']} bytes)")
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    if args.repair:
+        reports = bk.repair(args.path)
+        _out(args, [r.__dict__ for r in reports], lambda rs: "\n".join(
+            f"{r.path}: kept {r.kept_frames} frames" + (f", damaged file moved to {r.moved_to}" if r.moved_to else
+                                                        ", no damage") for r in rs))
+    report = bk.verify(args.path, _progress("verifying"))
+    _out(args, report.to_dict(), lambda r: "\n".join(
+        [f"{r['path']}: {'OK' if r['ok'] else 'PROBLEMS'}  memories {r['memories']}  vectors {r['vectors']}  "
+         f"journal frames {r['journal_frames']}", *(f"  problem: {p}" for p in r["problems"]),
+         *(f"  note: {n}" for n in r["notes"])]))
+    return 0 if report.ok else 5
+
+
+def cmd_restore(args: argparse.Namespace) -> int:
+    info = bk.restore(args.backup, _config(args).data_dir, force=args.force)
+    _out(args, info, lambda i: f"restored {i['memories']} memories into {i['data_dir']}")
+    return 0
+
+
+def _export_pages(c: MemoryClient) -> Iterator[Memory]:
+    cursor = None
+    while True:
+        page, cursor = c.export_page(cursor, 1000)
+        yield from page
+        if cursor is None:
+            return
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    out = open(args.file, "w", encoding="utf-8") if args.file != "-" else sys.stdout  # noqa: SIM115
+    n = 0
+    try:
+        with _client(args) as c:
+            for memory in _export_pages(c):
+                out.write(json.dumps(memory.to_dict(), ensure_ascii=False) + "\n")
+                n += 1
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    print(f"exported {n} memories", file=sys.stderr)
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    lines = Path(args.file).read_text(encoding="utf-8").splitlines()
+    items = [_import_item(n, line) for n, line in enumerate(lines, 1) if line.strip()]
+    progress = _progress("importing")
+    with _client(args) as c:
+        for start in range(0, len(items), 200):
+            c.store_batch(items[start : start + 200], timeout=max(args.timeout, 60))
+            if progress:
+                progress(min(start + 200, len(items)), len(items))
+    print(f"imported {len(items)} memories (already present ids were kept as they were)", file=sys.stderr)
+    return 0
+
+
+def _import_item(n: int, line: str) -> dict[str, Any]:
+    from datetime import datetime
+
+    try:
+        data = json.loads(line)
+        return {"id": data["id"], "content": data["content"], "memory_type": data["type"],
+                "metadata": data.get("metadata") or {},
+                "created_at": datetime.fromisoformat(data["created_at"]).timestamp()}
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise ValidationError(f"line {n}: not an exported memory ({exc})", field="file") from exc
+
+
+def cmd_model(args: argparse.Namespace) -> int:
+    from .model_files import ensure_model, fetch
+
+    config = _config(args)
+    say = (lambda msg: print(msg, file=sys.stderr)) if not args.json else (lambda msg: None)
+    if args.action == "fetch":
+        fetch(config, say)
+    files = ensure_model(config, progress=say)
+    _out(args, {"onnx": str(files.onnx), "tokenizer": str(files.tokenizer), **files.identity},
+         lambda d: f"model ready: {d['name']} {d['precision']} sha256 {d['sha256'][:12]}… ({d['onnx']})")
+    return 0
+
+
+def cmd_reindex(args: argparse.Namespace) -> int:
+    from .store import MemoryStore
+
+    with MemoryStore(config=_config(args), reindex=True) as store:
+        if store.embedder is None:
+            raise ReachyMemoryError(f"no embedding model: {store.embedder_error}")
+        n = store.reindex(progress=_progress("re-embedding"))
+    _out(args, {"reindexed": n}, lambda _: f"re-embedded {n} memories")
+    return 0
+
+
+# -- parser --------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", type=Path, help="YAML config file (default: $REACHY_MEMORY_CONFIG)")
+    common.add_argument("--endpoint", help="daemon endpoint (default: the private ipc socket)")
+    common.add_argument("--data-dir", type=Path, help="data directory (overrides memory.path)")
+    common.add_argument("--json", action="store_true", help="machine-readable output")
+    common.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the daemon")
+    parser = argparse.ArgumentParser(prog="reachy-memory", description="Long-term memory for the Reachy Mini robot.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def add(name: str, func: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, parents=[common], help=help, description=help)
+        p.set_defaults(func=func)
+        return p
+
+    p = add("serve", cmd_serve, "run the daemon in the foreground")
+    p.add_argument("--log-level", help="DEBUG, INFO, WARNING, ERROR")
+    p = add("store", cmd_store, "store a memory")
+    p.add_argument("content")
+    p.add_argument("--type", default="fact", choices=["fact", "conversation", "context"])
+    p.add_argument("--meta", action="append", default=[], metavar="KEY=VALUE", help="metadata (repeatable)")
+    p.add_argument("--id", help="client-chosen id (makes retries idempotent)")
+    p = add("search", cmd_search, "search memories by meaning and words")
+    p.add_argument("query")
+    p.add_argument("--type", choices=["fact", "conversation", "context"])
+    p.add_argument("--limit", type=int, default=5)
+    p.add_argument("--min-score", type=float, default=0.3)
+    p.add_argument("--where", help='metadata filter as JSON, e.g. \'{"speaker": "alex"}\'')
+    p.add_argument("--mode", choices=["hybrid", "vector", "lexical"])
+    add("get", cmd_get, "show one memory").add_argument("id")
+    add("forget", cmd_forget, "delete one memory").add_argument("id")
+    add("cleanup", cmd_cleanup, "delete expired memories now")
+    p = add("context", cmd_context, "the conversation window and named context")
+    csub = p.add_subparsers(dest="action", required=True)
+    csub.add_parser("show", parents=[common])
+    a = csub.add_parser("add", parents=[common])
+    a.add_argument("role")
+    a.add_argument("content")
+    csub.add_parser("clear", parents=[common])
+    s = csub.add_parser("set", parents=[common])
+    s.add_argument("key")
+    s.add_argument("value")
+    csub.add_parser("get", parents=[common]).add_argument("key")
+    add("stats", cmd_stats, "daemon health and statistics")
+    add("backup", cmd_backup, "write a consistent backup file (taken by the running daemon)").add_argument("dest")
+    p = add("verify", cmd_verify, "check a data directory or backup file")
+    p.add_argument("path")
+    p.add_argument("--repair", action="store_true", help="keep the valid prefix of damaged files (data dir only)")
+    p = add("restore", cmd_restore, "rebuild a data directory (--data-dir) from a backup file")
+    p.add_argument("backup")
+    p.add_argument("--force", action="store_true", help="move an existing (stopped) store aside")
+    add("export", cmd_export, "export memories as JSON Lines").add_argument("file", nargs="?", default="-")
+    add("import", cmd_import, "import JSON Lines (idempotent: ids already present are kept)").add_argument("file")
+    p = add("model", cmd_model, "fetch and build the embedding model")
+    p.add_argument("action", choices=["fetch", "build", "info"])
+    add("reindex", cmd_reindex, "re-embed every memory with the configured model (daemon stopped)")
+    return parser
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,310 @@
+"""Clients of the daemon: :class:`MemoryClient` (blocking) and
+:class:`AsyncMemoryClient` (asyncio), both over a ZeroMQ DEALER socket.
+
+Both expose the same API, defined once in :class:`_Api`: the spec's memory
+operations (``store``, ``search``, ``forget``, ``cleanup_expired``, the context
+window, ``set_context``/``get_context``, ``remember_fact``/``remember_conversation``)
+plus ``get``, ``store_batch``, ``ping``, ``health``, ``stats``, ``backup``.
+
+* Every call has a timeout (``timeout=`` per call, default from the client);
+  a timeout raises :class:`RequestTimeoutError` and the client stays usable:
+  its socket is replaced, so a late reply can never be mistaken for another.
+* ``store`` sends a client-made memory id, so retrying it (``retries=``) after
+  a timeout or a daemon restart cannot create a duplicate.
+* Sockets use linger 0: a dead daemon never blocks the caller's exit.
+* The daemon's errors come back as the same :class:`ReachyMemoryError` subclasses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from . import protocol as proto
+from .config import Config, load_config
+from .endpoint import default_endpoint
+from .errors import ClosedError, ProtocolError, RequestTimeoutError
+from .model import Memory, MemoryType, SearchResult
+
+_IDEMPOTENT = frozenset({"ping", "health", "stats", "get", "get_context", "get_context_window", "search",
+                         "store", "store_batch", "remember_fact", "remember_conversation", "export"})
+
+
+def _wire_type(memory_type: MemoryType | str) -> str:
+    return MemoryType.parse(memory_type).value
+
+
+def _with_ids(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for item in items:
+        item = dict(item)
+        if isinstance(item.get("memory_type"), MemoryType):
+            item["memory_type"] = item["memory_type"].value
+        item.setdefault("id", uuid.uuid4().hex)
+        out.append(item)
+    return out
+
+
+def _memories(data: list[dict[str, Any]]) -> list[Memory]:
+    return [proto.memory_from_wire(m) for m in data]  # type: ignore[misc]
+
+
+class _Api:
+    """The operations, written once; ``_call`` is sync or async in subclasses."""
+
+    def _call(self, op: str, args: dict[str, Any], convert: Callable[[Any], Any] = lambda r: r,
+              timeout: float | None = None) -> Any:
+        raise NotImplementedError
+
+    def ping(self, *, timeout: float | None = None) -> Any:
+        """Round trip to the daemon; returns {"pong": True, "time": ...}."""
+        return self._call("ping", {}, timeout=timeout)
+
+    def health(self, *, timeout: float | None = None) -> Any:
+        """Embedder state, counts, last cleanup, uptime."""
+        return self._call("health", {}, timeout=timeout)
+
+    def stats(self, *, timeout: float | None = None) -> Any:
+        """Per-op counts and latency percentiles, store sizes."""
+        return self._call("stats", {}, timeout=timeout)
+
+    def store(self, content: str, memory_type: MemoryType | str = MemoryType.FACT,
+              metadata: dict[str, Any] | None = None, *, id: str | None = None, timeout: float | None = None) -> Any:
+        """Store a memory; the id is made here so a retry cannot duplicate it."""
+        args = {"content": content, "memory_type": _wire_type(memory_type), "metadata": metadata or {},
+                "id": id or uuid.uuid4().hex}
+        return self._call("store", args, proto.memory_from_wire, timeout)
+
+    def store_batch(self, items: list[dict[str, Any]], *, timeout: float | None = None) -> Any:
+        """Store several memories atomically."""
+        return self._call("store_batch", {"items": _with_ids(items)}, _memories, timeout)
+
+    def remember_fact(self, content: str, **metadata: Any) -> Any:
+        """Store a permanent FACT."""
+        return self.store(content, MemoryType.FACT, metadata)
+
+    def remember_conversation(self, content: str, **metadata: Any) -> Any:
+        """Store a CONVERSATION memory."""
+        return self.store(content, MemoryType.CONVERSATION, metadata)
+
+    def get(self, memory_id: str, *, timeout: float | None = None) -> Any:
+        """The memory with that id, or None."""
+        return self._call("get", {"id": memory_id}, proto.memory_from_wire, timeout)
+
+    def search(self, query: str, memory_type: MemoryType | str | None = None, limit: int = 5,
+               min_score: float = 0.3, where: dict[str, Any] | None = None, *, mode: str | None = None,
+               timeout: float | None = None) -> Any:
+        """Hybrid search; returns a list of SearchResult."""
+        args: dict[str, Any] = {"query": query, "limit": limit, "min_score": min_score}
+        if memory_type is not None:
+            args["memory_type"] = _wire_type(memory_type)
+        if where is not None:
+            args["where"] = where
+        if mode is not None:
+            args["mode"] = mode
+        return self._call("search", args, proto.results_from_wire, timeout)
+
+    def forget(self, memory_id: str, *, timeout: float | None = None) -> Any:
+        """Delete a memory; True if it existed."""
+        return self._call("forget", {"id": memory_id}, lambda r: bool(r["deleted"]), timeout)
+
+    def cleanup_expired(self, *, timeout: float | None = None) -> Any:
+        """Delete expired memories now; returns the count."""
+        return self._call("cleanup_expired", {}, lambda r: int(r["deleted"]), timeout)
+
+    def add_to_context_window(self, role: str, content: str, *, timeout: float | None = None) -> Any:
+        """Append a turn to the daemon's context window."""
+        return self._call("add_to_context_window", {"role": role, "content": content}, timeout=timeout)
+
+    def get_context_window(self, *, timeout: float | None = None) -> Any:
+        """Recent messages, oldest first."""
+        return self._call("get_context_window", {}, timeout=timeout)
+
+    def clear_context_window(self, *, timeout: float | None = None) -> Any:
+        """Empty the context window."""
+        return self._call("clear_context_window", {}, timeout=timeout)
+
+    def set_context(self, key: str, value: str, *, timeout: float | None = None) -> Any:
+        """Set named session context (expires at the end of the day)."""
+        return self._call("set_context", {"key": key, "value": value}, proto.memory_from_wire, timeout)
+
+    def get_context(self, key: str, *, timeout: float | None = None) -> Any:
+        """The value of named context, or None."""
+        return self._call("get_context", {"key": key}, timeout=timeout)
+
+    def export_page(self, after: str | None = None, limit: int = 500, *, timeout: float | None = None) -> Any:
+        """One page of memories in id order: (memories, next cursor or None)."""
+        args = {"limit": limit} | ({"after": after} if after else {})
+        return self._call("export", args, lambda r: (_memories(r["memories"]), r["next"]), timeout)
+
+    def backup(self, path: str, *, timeout: float | None = None) -> Any:
+        """Ask the daemon for a consistent snapshot file at ``path`` (on the daemon's machine)."""
+        return self._call("backup", {"path": path}, timeout=timeout)
+
+    def compact(self, *, timeout: float | None = None) -> Any:
+        """Fold the journal into a snapshot now."""
+        return self._call("compact", {}, timeout=timeout)
+
+
+class _Base(_Api):
+    def __init__(self, endpoint: str | None, config: Config | None, timeout: float, retries: int) -> None:
+        self.config = config or load_config()
+        self.endpoint = endpoint or default_endpoint(self.config)
+        self.timeout = timeout
+        self.retries = retries
+        self._closed = False
+
+    def _socket(self, ctx: zmq.Context) -> zmq.Socket:
+        sock = ctx.socket(zmq.DEALER)
+        sock.linger = 0
+        server = self.config.server
+        if server.curve_server_public_key and server.curve_client_secret_key:
+            from zmq import auth
+
+            public, secret = auth.load_certificate(server.curve_client_secret_key)
+            sock.curve_secretkey, sock.curve_publickey = secret, public
+            sock.curve_serverkey, _ = auth.load_certificate(server.curve_server_public_key)
+        sock.connect(self.endpoint)
+        return sock
+
+    def _encode(self, op: str, args: dict[str, Any], timeout: float) -> tuple[str, bytes]:
+        if self._closed:
+            raise ClosedError(f"{type(self).__name__} is closed")
+        request_id = uuid.uuid4().hex
+        return request_id, proto.request(request_id, op, args, timeout_ms=timeout * 1000)
+
+    def _attempts(self, op: str) -> int:
+        return 1 + (self.retries if op in _IDEMPOTENT else 0)
+
+
+class MemoryClient(_Base):
+    """Blocking client. Use as a context manager or call :meth:`close`."""
+
+    def __init__(self, endpoint: str | None = None, *, config: Config | None = None, timeout: float = 5.0,
+                 retries: int = 0) -> None:
+        super().__init__(endpoint, config, timeout, retries)
+        self._ctx = zmq.Context()
+        self._sock = self._socket(self._ctx)
+
+    def _call(self, op: str, args: dict[str, Any], convert: Callable[[Any], Any] = lambda r: r,
+              timeout: float | None = None) -> Any:
+        timeout = self.timeout if timeout is None else timeout
+        for attempt in range(self._attempts(op)):
+            try:
+                return convert(proto.raise_for(self._roundtrip(op, args, timeout)))
+            except RequestTimeoutError:
+                if attempt + 1 == self._attempts(op):
+                    raise
+        raise AssertionError("unreachable")
+
+    def _roundtrip(self, op: str, args: dict[str, Any], timeout: float) -> dict[str, Any]:
+        request_id, frame = self._encode(op, args, timeout)
+        self._sock.send(frame)
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            if not self._sock.poll(int(left * 1000) + 1, zmq.POLLIN):
+                break
+            reply = proto.decode(self._sock.recv())
+            if reply.get("id") == request_id:
+                return reply
+            if reply.get("id") is None and not reply.get("ok"):
+                proto.raise_for(reply)  # an error the daemon could not tie to a request
+        self._reset()
+        raise RequestTimeoutError(f"no reply to {op!r} from {self.endpoint} within {timeout:.3g} s",
+                                  op=op, endpoint=self.endpoint)
+
+    def _reset(self) -> None:
+        """A fresh socket: queued requests and late replies of the old one are dropped."""
+        self._sock.close(linger=0)
+        self._sock = self._socket(self._ctx)
+
+    def close(self) -> None:
+        """Close the socket (linger 0); idempotent."""
+        if not self._closed:
+            self._closed = True
+            self._sock.close(linger=0)
+            self._ctx.term()
+
+    def __enter__(self) -> MemoryClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncMemoryClient(_Base):
+    """asyncio client; concurrent calls are matched to replies by request id.
+
+    Every method returns an awaitable, mirroring the spec's async MemoryManager.
+    """
+
+    def __init__(self, endpoint: str | None = None, *, config: Config | None = None, timeout: float = 5.0,
+                 retries: int = 0) -> None:
+        super().__init__(endpoint, config, timeout, retries)
+        self._ctx = zmq.asyncio.Context()
+        self._sock = self._socket(self._ctx)
+        self._pending: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self._reader: asyncio.Task[None] | None = None
+
+    def _call(self, op: str, args: dict[str, Any], convert: Callable[[Any], Any] = lambda r: r,
+              timeout: float | None = None) -> Awaitable[Any]:
+        return self._acall(op, args, convert, self.timeout if timeout is None else timeout)
+
+    async def _acall(self, op: str, args: dict[str, Any], convert: Callable[[Any], Any], timeout: float) -> Any:
+        for attempt in range(self._attempts(op)):
+            try:
+                return convert(proto.raise_for(await self._roundtrip(op, args, timeout)))
+            except RequestTimeoutError:
+                if attempt + 1 == self._attempts(op):
+                    raise
+        raise AssertionError("unreachable")
+
+    async def _roundtrip(self, op: str, args: dict[str, Any], timeout: float) -> dict[str, Any]:
+        request_id, frame = self._encode(op, args, timeout)
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = future
+        if self._reader is None or self._reader.done():
+            self._reader = asyncio.create_task(self._read())
+        await self._sock.send(frame)
+        try:
+            return await asyncio.wait_for(future, timeout)
+        except TimeoutError:
+            raise RequestTimeoutError(f"no reply to {op!r} from {self.endpoint} within {timeout:.3g} s",
+                                      op=op, endpoint=self.endpoint) from None
+        finally:
+            self._pending.pop(request_id, None)
+
+    async def _read(self) -> None:
+        while self._pending:
+            try:
+                reply = proto.decode(await self._sock.recv())
+            except ProtocolError:
+                continue
+            future = self._pending.get(reply.get("id"))  # type: ignore[arg-type]
+            if future is not None and not future.done():
+                future.set_result(reply)
+
+    async def close(self) -> None:
+        """Close the socket (linger 0); idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._reader is not None:
+            self._reader.cancel()
+        self._sock.close(linger=0)
+        self._ctx.term()
+
+    async def __aenter__(self) -> AsyncMemoryClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+__all__ = ["AsyncMemoryClient", "MemoryClient", "SearchResult"]

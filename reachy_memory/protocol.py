@@ -1,0 +1,145 @@
+"""The wire protocol between the daemon and its clients (version 1).
+
+Transport: ZeroMQ.  The daemon binds a ROUTER socket; clients connect a DEALER
+(or REQ) socket.  Every message is ONE frame holding one msgpack map (a REQ
+socket's empty delimiter frame is accepted and echoed).  Strings are UTF-8
+(msgpack str), binary is msgpack bin, timestamps are float seconds since the
+Unix epoch (UTC).
+
+Request::
+
+    {"v": 1, "id": <str|int, echoed>, "op": <str>, "args": {...},
+     "timeout_ms": <number, optional: the daemon drops work not started in time>}
+
+Reply::
+
+    {"v": 1, "id": <same>, "ok": true,  "result": <op-specific>}
+    {"v": 1, "id": <same>, "ok": false, "error": {"code": <str>, "message": <str>, "fields": {...}}}
+
+Error codes: ``bad_request`` (malformed message, unknown op, bad arguments),
+``too_large`` (message or value over a limit), ``not_found``, ``busy`` (queues
+full: retry later), ``unavailable`` (no model, stopping), ``timeout`` (the
+deadline passed before the work started), ``internal``.
+
+A message larger than ``server.max_message_bytes`` (default 1 MiB) is answered
+``too_large`` without being decoded.  Replies may arrive out of order: match
+them by ``id``.
+
+A memory on the wire::
+
+    {"id": str, "content": str, "type": "conversation"|"fact"|"context",
+     "created_at": float, "expires_at": float|null, "metadata": {str: scalar|[scalar]}}
+
+Ops and their ``args`` (``result`` after the arrow):
+
+    ping {}                                              -> {"pong": true, "time": float}
+    health {}                                            -> {"status", "embedder", "memories", "last_cleanup", "uptime_s"}
+    stats {}                                             -> {"ops": {op: {count, errors, p50_ms, p99_ms}}, "store": {...}, "uptime_s"}
+    store {content, memory_type="fact", metadata={}, id?}  -> memory     (same id again: no duplicate)
+    store_batch {items: [{content, memory_type, metadata, id?}]} -> [memory]
+    remember_fact {content, metadata={}}                 -> memory
+    remember_conversation {content, metadata={}}         -> memory
+    get {id}                                             -> memory | null
+    search {query, memory_type?, limit=5, min_score=0.3, where?, mode?} -> [{"memory": memory, "score": float}]
+    forget {id}                                          -> {"deleted": bool}
+    cleanup_expired {now?}                               -> {"deleted": int}
+    add_to_context_window {role, content}                -> null
+    get_context_window {}                                -> [{"role", "content", "timestamp"}]
+    clear_context_window {}                              -> null
+    set_context {key, value}                             -> memory
+    get_context {key}                                    -> str | null
+    export {after?: str, limit=500}                      -> {"memories": [memory], "next": str|null}
+    backup {path}                                        -> {"path", "bytes", "memories"}
+    compact {}                                           -> null
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+
+from .errors import ERROR_BY_CODE, ProtocolError, ReachyMemoryError, RemoteError
+from .model import Memory, MemoryType, SearchResult, to_datetime
+
+VERSION = 1
+CODES = frozenset({"bad_request", "too_large", "not_found", "busy", "unavailable", "timeout", "internal"})
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    """msgpack-encode a message."""
+    return msgpack.packb(message, use_bin_type=True)
+
+
+def decode(frame: bytes) -> dict[str, Any]:
+    """Decode one frame into a message map; ProtocolError if it is not one."""
+    try:
+        message = msgpack.unpackb(frame, raw=False, strict_map_key=False)
+    except Exception as exc:  # msgpack raises many types for bad input
+        raise ProtocolError(f"undecodable message: {exc.__class__.__name__}") from exc
+    if not isinstance(message, dict):
+        raise ProtocolError("a message must be a msgpack map")
+    return message
+
+
+def request(request_id: str, op: str, args: dict[str, Any], timeout_ms: float | None = None) -> bytes:
+    """Encode a request."""
+    message: dict[str, Any] = {"v": VERSION, "id": request_id, "op": op, "args": args}
+    if timeout_ms is not None:
+        message["timeout_ms"] = timeout_ms
+    return encode(message)
+
+
+def ok(request_id: Any, result: Any) -> bytes:
+    """Encode a success reply."""
+    return encode({"v": VERSION, "id": request_id, "ok": True, "result": result})
+
+
+def error(request_id: Any, code: str, message: str, fields: dict[str, Any] | None = None) -> bytes:
+    """Encode an error reply."""
+    return encode({"v": VERSION, "id": request_id, "ok": False,
+                   "error": {"code": code if code in CODES else "internal", "message": message,
+                             "fields": _plain(fields or {})}})
+
+
+def error_from(request_id: Any, exc: ReachyMemoryError) -> bytes:
+    """Encode our exception as an error reply."""
+    return error(request_id, exc.code, exc.message, exc.fields)
+
+
+def _plain(fields: dict[str, Any]) -> dict[str, Any]:
+    return {k: v if isinstance(v, str | int | float | bool | type(None)) else str(v) for k, v in fields.items()}
+
+
+def raise_for(reply: dict[str, Any]) -> Any:
+    """The result of a reply, or the matching ReachyMemoryError raised."""
+    if reply.get("ok"):
+        return reply.get("result")
+    err = reply.get("error") or {}
+    code = err.get("code", "internal")
+    cls = ERROR_BY_CODE.get(code, RemoteError)
+    exc = cls(str(err.get("message", "unknown error")), **(err.get("fields") or {}))
+    exc.remote_code = code  # type: ignore[attr-defined]
+    raise exc
+
+
+def memory_to_wire(memory: Memory) -> dict[str, Any]:
+    """A Memory as its wire map."""
+    return {"id": memory.id, "content": memory.content, "type": memory.memory_type.value,
+            "created_at": memory.created_at.timestamp(),
+            "expires_at": memory.expires_at.timestamp() if memory.expires_at else None,
+            "metadata": memory.metadata}
+
+
+def memory_from_wire(data: dict[str, Any] | None) -> Memory | None:
+    """The Memory of a wire map (None stays None)."""
+    if data is None:
+        return None
+    expires = data.get("expires_at")
+    return Memory(data["id"], data["content"], MemoryType(data["type"]), to_datetime(data["created_at"]),
+                  dict(data.get("metadata") or {}), to_datetime(expires) if expires is not None else None)
+
+
+def results_from_wire(data: list[dict[str, Any]]) -> list[SearchResult]:
+    """Search results from their wire form."""
+    return [SearchResult(memory_from_wire(r["memory"]), float(r["score"])) for r in data]  # type: ignore[arg-type]

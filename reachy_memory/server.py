@@ -1,0 +1,522 @@
+"""The daemon: serves a MemoryStore over ZeroMQ (see ``protocol`` for the wire format).
+
+Threads, so that the robot's control loop never waits behind slow work::
+
+    I/O thread (main)   ROUTER socket: decode, validate, answer cheap ops inline
+                        (ping, health, stats, get, get_context, get_context_window),
+                        forward replies, run the scheduler and the watchdog
+    embed thread        embeds queries and new memories (onnxruntime releases the GIL)
+    engine thread       the only thread that mutates the store or searches its indexes;
+                        idle time inserts pending vectors into the graph
+
+Queues between them are bounded: when one is full the request is answered
+``busy`` at once.  A request's ``timeout_ms`` is checked before work starts.
+SIGTERM/SIGINT stop intake, finish what is queued (up to
+``server.drain_seconds``), flush and close the store.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import signal
+import threading
+import time
+from collections import defaultdict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zmq
+
+from . import protocol as proto
+from ._systemd import notify, watchdog_interval
+from .config import Config
+from .embedding import describe
+from .endpoint import EndpointLock, check_endpoint, default_endpoint, ipc_path, prepare_ipc_dir
+from .errors import (
+    AlreadyRunningError,
+    BusyError,
+    ProtocolError,
+    ReachyMemoryError,
+    RequestTimeoutError,
+    ValidationError,
+)
+from .store import MemoryStore
+
+log = logging.getLogger(__name__)
+REPLIES = "inproc://reachy-memory-replies"
+INLINE = frozenset({"ping", "health", "stats", "get", "get_context", "get_context_window"})
+EMBEDDED = frozenset({"store", "store_batch", "remember_fact", "remember_conversation", "set_context", "search"})
+
+
+@dataclass
+class _Job:
+    """One request on its way through the queues."""
+
+    envelope: list[bytes]
+    request_id: Any
+    op: str
+    args: dict[str, Any]
+    deadline: float | None
+    received: float
+    prepared: Any = None
+
+
+@dataclass
+class _OpStats:
+    count: int = 0
+    errors: int = 0
+    latencies: deque[float] = field(default_factory=lambda: deque(maxlen=2048))
+
+
+class Daemon:
+    """A running reachy-memory service. ``serve()`` blocks until stopped."""
+
+    def __init__(self, config: Config, *, store: MemoryStore | None = None, endpoint: str | None = None) -> None:
+        self.config = config
+        self.endpoint = endpoint or default_endpoint(config)
+        check_endpoint(self.endpoint, config)
+        self._endpoint_lock = EndpointLock(self.endpoint)
+        self._endpoint_lock.acquire()
+        try:
+            self.store = store or MemoryStore(config=config)
+        except BaseException:
+            self._endpoint_lock.release()
+            raise
+        self._ctx = zmq.Context()
+        self._embed_q: queue.Queue[_Job | None] = queue.Queue(config.server.queue_size)
+        self._engine_q: queue.Queue[_Job | Callable[[], None] | None] = queue.Queue(config.server.queue_size)
+        self._stats: dict[str, _OpStats] = defaultdict(_OpStats)
+        self._stopping = threading.Event()
+        self._started = time.time()
+        self._engine_beat = time.monotonic()
+        self.last_cleanup: dict[str, Any] | None = None
+        self._inflight = 0
+        self._auth: Any = None
+
+    # -- sockets -----------------------------------------------------------------------
+
+    def _bind(self) -> zmq.Socket:
+        router = self._ctx.socket(zmq.ROUTER)
+        router.linger = 0
+        # A hard cap far above the soft limit: bigger frames drop the peer before
+        # they are buffered whole; the soft limit is answered ``too_large``.
+        router.setsockopt(zmq.MAXMSGSIZE, self.config.server.max_message_bytes * 16 + 65536)
+        router.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        self._setup_curve(router)
+        path = ipc_path(self.endpoint)
+        if path is not None:
+            prepare_ipc_dir(path)
+            path.unlink(missing_ok=True)  # stale socket of a dead daemon (the endpoint lock is ours)
+        try:
+            router.bind(self.endpoint)
+        except zmq.ZMQError as exc:
+            router.close()
+            raise AlreadyRunningError(f"cannot bind {self.endpoint}: {exc}", where=self.endpoint) from exc
+        if path is not None:
+            path.chmod(0o600)
+        return router
+
+    def _setup_curve(self, router: zmq.Socket) -> None:
+        server = self.config.server
+        if not server.curve_secret_key:
+            return
+        from zmq import auth
+        from zmq.auth.thread import ThreadAuthenticator
+
+        public, secret = auth.load_certificate(server.curve_secret_key)
+        self._auth = ThreadAuthenticator(self._ctx)
+        self._auth.start()
+        self._auth.configure_curve(domain="*", location=server.curve_authorized_dir or "")
+        router.curve_secretkey, router.curve_publickey, router.curve_server = secret, public, True
+
+    # -- main loop ---------------------------------------------------------------------
+
+    def serve(self) -> None:
+        """Serve until SIGTERM/SIGINT or :meth:`stop`; closes everything on return."""
+        router = self._bind()
+        replies = self._ctx.socket(zmq.PULL)
+        replies.bind(REPLIES)
+        workers = [threading.Thread(target=self._embed_loop, name="embed", daemon=True),
+                   threading.Thread(target=self._engine_loop, name="engine", daemon=True)]
+        for w in workers:
+            w.start()
+        self._install_signals()
+        self._engine_q.put(self._cleanup)  # at start-up, then every cleanup_interval
+        log.info("serving %s (%d memories, embedder %s)", self.endpoint, len(self.store),
+                 describe(self.store.embedder)["state"])
+        notify(f"READY=1\nSTATUS=serving {self.endpoint}")
+        try:
+            self._loop(router, replies)
+        finally:
+            notify("STOPPING=1")
+            self._shutdown(workers, router, replies)
+
+    def _loop(self, router: zmq.Socket, replies: zmq.Socket) -> None:
+        poller = zmq.Poller()
+        poller.register(router, zmq.POLLIN)
+        poller.register(replies, zmq.POLLIN)
+        next_cleanup = time.monotonic() + self.config.memory.cleanup_interval
+        beat, next_beat = watchdog_interval(), time.monotonic()
+        drain_until: float | None = None
+        while True:
+            events = dict(poller.poll(50))
+            if replies in events:
+                self._forward(replies, router)
+            if router in events and not self._stopping.is_set():
+                self._receive(router)
+            now = time.monotonic()
+            if now >= next_cleanup:
+                next_cleanup = now + self.config.memory.cleanup_interval
+                self._enqueue_internal(self._cleanup)
+            if beat and self.config.server.watchdog and now >= next_beat and now - self._engine_beat < 2 * beat:
+                notify("WATCHDOG=1")
+                next_beat = now + beat
+            if self._stopping.is_set():
+                drain_until = drain_until or now + self.config.server.drain_seconds
+                if self._inflight <= 0 or now > drain_until:
+                    return
+
+    def _forward(self, replies: zmq.Socket, router: zmq.Socket) -> None:
+        while True:
+            try:
+                frames = replies.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._inflight -= 1
+            try:
+                router.send_multipart(frames, zmq.NOBLOCK)
+            except zmq.ZMQError as exc:  # the client went away: nothing to deliver to
+                log.debug("reply dropped: %s", exc)
+
+    def _receive(self, router: zmq.Socket) -> None:
+        for _ in range(256):  # bounded, so replies and the scheduler keep flowing
+            try:
+                frames = router.recv_multipart(zmq.NOBLOCK, copy=True)
+            except zmq.Again:
+                return
+            self._handle(router, frames)
+
+    def _handle(self, router: zmq.Socket, frames: list[bytes]) -> None:
+        envelope, body = frames[:-1], frames[-1]
+        if len(frames) < 2:
+            return
+        if len(body) > self.config.server.max_message_bytes:
+            log.warning("refused a %d-byte message (limit %d)", len(body), self.config.server.max_message_bytes)
+            router.send_multipart([*envelope, proto.error(None, "too_large", f"message of {len(body)} bytes exceeds "
+                                                                 f"{self.config.server.max_message_bytes}")])
+            return
+        try:
+            job = self._parse(envelope, body)
+        except ReachyMemoryError as exc:
+            log.info("bad request: %s", exc)
+            router.send_multipart([*envelope, proto.error_from(getattr(exc, "request_id", None), exc)])
+            return
+        if job.op in INLINE:
+            router.send_multipart([*envelope, self._run(job, self._ops_inline)])
+        else:
+            self._enqueue(router, job)
+
+    def _parse(self, envelope: list[bytes], body: bytes) -> _Job:
+        message = proto.decode(body)
+        request_id = message.get("id")
+        if not isinstance(request_id, str | int) or isinstance(request_id, bool):
+            raise ProtocolError("request 'id' must be a string or an integer")
+        op, args = message.get("op"), message.get("args", {})
+        if message.get("v") != proto.VERSION:
+            raise _with_id(ProtocolError(f"unsupported protocol version {message.get('v')!r}; this daemon speaks 1"),
+                           request_id)
+        if not isinstance(op, str) or op not in _OPS:
+            raise _with_id(ProtocolError(f"unknown op {op!r}"), request_id)
+        if not isinstance(args, dict):
+            raise _with_id(ProtocolError("'args' must be a map"), request_id)
+        timeout_ms = message.get("timeout_ms")
+        if timeout_ms is not None and (isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int | float)):
+            raise _with_id(ProtocolError("'timeout_ms' must be a number"), request_id)
+        now = time.monotonic()
+        deadline = now + timeout_ms / 1000.0 if timeout_ms is not None else None
+        return _Job(envelope, request_id, op, args, deadline, now)
+
+    def _enqueue(self, router: zmq.Socket, job: _Job) -> None:
+        target = self._embed_q if job.op in EMBEDDED else self._engine_q
+        try:
+            target.put_nowait(job)
+        except queue.Full:
+            self._record(job.op, time.monotonic() - job.received, failed=True)
+            router.send_multipart([*job.envelope, proto.error_from(job.request_id, BusyError("daemon queues are full"))])
+            return
+        self._inflight += 1
+
+    def _enqueue_internal(self, task: Callable[[], None]) -> None:
+        try:
+            self._engine_q.put_nowait(task)
+        except queue.Full:
+            log.warning("engine queue full; scheduled maintenance postponed")
+
+    # -- workers -----------------------------------------------------------------------
+
+    def _embed_loop(self) -> None:
+        push = self._push_socket()
+        while (job := self._embed_q.get()) is not None:
+            try:
+                self._check_deadline(job)
+                job.prepared = self._prepare(job)
+                self._engine_q.put(job, timeout=1.0)
+            except queue.Full:
+                push.send_multipart([*job.envelope, proto.error_from(job.request_id, BusyError("engine queue full"))])
+            except Exception as exc:
+                push.send_multipart([*job.envelope, self._failure(job, exc)])
+        push.close()
+
+    def _engine_loop(self) -> None:
+        push = self._push_socket()
+        while True:
+            self._engine_beat = time.monotonic()
+            try:
+                item = self._engine_q.get(timeout=0.05)
+            except queue.Empty:
+                self._idle()
+                continue
+            if item is None:
+                break
+            if isinstance(item, _Job):
+                push.send_multipart([*item.envelope, self._run(item, self._ops_engine)])
+            else:
+                self._internal(item)
+        push.close()
+
+    def _internal(self, task: Callable[[], None]) -> None:
+        try:
+            task()
+        except Exception:  # maintenance must never take the daemon down
+            log.exception("maintenance task failed")
+
+    def _idle(self) -> None:
+        try:
+            self.store.maintain()
+        except ReachyMemoryError as exc:
+            log.warning("index maintenance failed: %s", exc)
+
+    def _push_socket(self) -> zmq.Socket:
+        push = self._ctx.socket(zmq.PUSH)
+        push.linger = 1000
+        push.connect(REPLIES)
+        return push
+
+    def _run(self, job: _Job, table: dict[str, Callable[[Daemon, _Job], Any]]) -> bytes:
+        try:
+            self._check_deadline(job)
+            result = table[job.op](self, job)
+        except Exception as exc:
+            return self._failure(job, exc)
+        self._record(job.op, time.monotonic() - job.received, failed=False)
+        return proto.ok(job.request_id, result)
+
+    def _failure(self, job: _Job, exc: Exception) -> bytes:
+        self._record(job.op, time.monotonic() - job.received, failed=True)
+        if isinstance(exc, ReachyMemoryError):
+            return proto.error_from(job.request_id, exc)
+        log.exception("internal error in %s", job.op)
+        return proto.error(job.request_id, "internal", f"{type(exc).__name__}: {exc}")
+
+    @staticmethod
+    def _check_deadline(job: _Job) -> None:
+        if job.deadline is not None and time.monotonic() > job.deadline:
+            raise RequestTimeoutError(f"{job.op}: deadline passed before the work started")
+
+    def _record(self, op: str, seconds: float, *, failed: bool) -> None:
+        stats = self._stats[op]
+        stats.count += 1
+        stats.errors += failed
+        stats.latencies.append(seconds)
+
+    # -- op implementations ------------------------------------------------------------
+
+    def _prepare(self, job: _Job) -> Any:
+        a, store = job.args, self.store
+        if job.op == "search":
+            _allowed(a, {"query", "memory_type", "limit", "min_score", "where", "mode"})
+            mode = store._check_search_args(a.get("query"), a.get("limit", 5), a.get("min_score", 0.3), a.get("mode"))
+            return store.embed_query(a["query"]) if mode != "lexical" else None
+        if job.op == "set_context":
+            _allowed(a, {"key", "value"})
+            return store.prepare_context(a.get("key"), a.get("value"))  # type: ignore[arg-type]
+        return store.prepare(_store_items(job.op, a))
+
+    def _cleanup(self) -> None:
+        started = time.monotonic()
+        deleted = self.store.cleanup_expired()
+        took = (time.monotonic() - started) * 1000
+        self.last_cleanup = {"time": time.time(), "deleted": deleted, "duration_ms": round(took, 3)}
+        log.info("cleanup_expired: deleted %d expired memories in %.1f ms (%d remain)", deleted, took, len(self.store))
+
+    def health(self) -> dict[str, Any]:
+        """Liveness summary: embedder state, counts, last cleanup, uptime."""
+        return {"status": "stopping" if self._stopping.is_set() else "ok",
+                "embedder": describe(self.store.embedder) | {"error": self.store.embedder_error},
+                "memories": len(self.store), "last_cleanup": self.last_cleanup,
+                "uptime_s": round(time.time() - self._started, 3), "endpoint": self.endpoint}
+
+    def stats(self) -> dict[str, Any]:
+        """Per-op counts and latency percentiles, store sizes, queue depths, uptime."""
+        ops = {}
+        for op, s in sorted(self._stats.items()):
+            lat = np.asarray(s.latencies) * 1000 if s.latencies else np.zeros(1)
+            ops[op] = {"count": s.count, "errors": s.errors, "p50_ms": round(float(np.percentile(lat, 50)), 3),
+                       "p99_ms": round(float(np.percentile(lat, 99)), 3)}
+        return {"ops": ops, "store": self.store.stats(), "uptime_s": round(time.time() - self._started, 3),
+                "queues": {"embed": self._embed_q.qsize(), "engine": self._engine_q.qsize()}}
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def _install_signals(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self.stop())
+
+    def stop(self) -> None:
+        """Ask the daemon to stop: intake ends, queued work finishes, the store closes."""
+        if not self._stopping.is_set():
+            log.info("stopping: finishing %d in-flight requests", self._inflight)
+        self._stopping.set()
+
+    def _shutdown(self, workers: list[threading.Thread], router: zmq.Socket, replies: zmq.Socket) -> None:
+        self._embed_q.put(None)
+        workers[0].join(timeout=5)
+        try:
+            self._engine_q.put(None, timeout=30)
+        except queue.Full:
+            log.error("engine queue did not drain; stopping anyway")
+        workers[1].join(timeout=30)
+        self._forward(replies, router)
+        router.close(linger=0)
+        replies.close(linger=0)
+        if self._auth is not None:
+            self._auth.stop()
+        self.store.close()
+        self._ctx.term()
+        path = ipc_path(self.endpoint)
+        if path is not None:
+            path.unlink(missing_ok=True)
+        self._endpoint_lock.release()
+        log.info("stopped")
+
+
+def _with_id(exc: ReachyMemoryError, request_id: Any) -> ReachyMemoryError:
+    exc.request_id = request_id  # type: ignore[attr-defined]
+    return exc
+
+
+def _allowed(args: dict[str, Any], names: set[str]) -> None:
+    unknown = set(args) - names
+    if unknown:
+        raise ValidationError(f"unknown arguments: {sorted(unknown)}", field="args")
+
+
+def _need(args: dict[str, Any], name: str) -> Any:
+    if name not in args:
+        raise ValidationError(f"missing argument {name!r}", field=name)
+    return args[name]
+
+
+def _store_items(op: str, a: dict[str, Any]) -> list[dict[str, Any]]:
+    if op == "store_batch":
+        _allowed(a, {"items"})
+        items = _need(a, "items")
+        if not isinstance(items, list):
+            raise ValidationError("items must be a list", field="items")
+        return items
+    if op == "store":
+        _allowed(a, {"content", "memory_type", "metadata", "id"})
+        return [{"content": _need(a, "content"), "memory_type": a.get("memory_type", "fact"),
+                 "metadata": a.get("metadata"), "id": a.get("id")}]
+    _allowed(a, {"content", "metadata", "id"})
+    kind = "fact" if op == "remember_fact" else "conversation"
+    return [{"content": _need(a, "content"), "memory_type": kind, "metadata": a.get("metadata"), "id": a.get("id")}]
+
+
+def _memory(m: Any) -> dict[str, Any] | None:
+    return proto.memory_to_wire(m) if m is not None else None
+
+
+def _search(d: Daemon, job: _Job) -> list[dict[str, Any]]:
+    a = job.args
+    hits = d.store.search_vector(a["query"], job.prepared, a.get("memory_type"), a.get("limit", 5),
+                                 a.get("min_score", 0.3), a.get("where"), mode=a.get("mode") or d.config.search.mode)
+    return [{"memory": proto.memory_to_wire(h.memory), "score": h.score} for h in hits]
+
+
+def _commit(d: Daemon, job: _Job) -> Any:
+    memories = d.store.commit(job.prepared)
+    return [proto.memory_to_wire(m) for m in memories] if job.op == "store_batch" else _memory(memories[0])
+
+
+def _args(job: _Job, *names: str) -> list[Any]:
+    _allowed(job.args, set(names))
+    return [_need(job.args, n) for n in names]
+
+
+def _export(d: Daemon, job: _Job) -> dict[str, Any]:
+    _allowed(job.args, {"after", "limit"})
+    limit = job.args.get("limit", 500)
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 5000:
+        raise ValidationError("limit must be an integer from 1 to 5000", field="limit")
+    page, cursor = d.store.export_page(job.args.get("after"), limit)
+    return {"memories": [proto.memory_to_wire(m) for m in page], "next": cursor}
+
+
+def _backup(d: Daemon, job: _Job) -> dict[str, Any]:
+    (path,) = _args(job, "path")
+    if not isinstance(path, str) or not path:
+        raise ValidationError("path must be a non-empty string", field="path")
+    return d.store.backup(Path(path).expanduser())
+
+
+def _cleanup_op(d: Daemon, job: _Job) -> dict[str, int]:
+    _allowed(job.args, {"now"})
+    deleted = d.store.cleanup_expired(job.args.get("now"))
+    d.last_cleanup = {"time": time.time(), "deleted": deleted, "duration_ms": None}
+    return {"deleted": deleted}
+
+
+def _context_window_add(d: Daemon, job: _Job) -> None:
+    role, content = _args(job, "role", "content")
+    d.store.add_to_context_window(role, content)
+
+
+def _no_args(job: _Job) -> None:
+    _allowed(job.args, set())
+
+
+_inline: dict[str, Callable[[Daemon, _Job], Any]] = {
+    "ping": lambda d, j: {"pong": True, "time": time.time()},
+    "health": lambda d, j: d.health(),
+    "stats": lambda d, j: d.stats(),
+    "get": lambda d, j: _memory(d.store.get(*_args(j, "id"))),
+    "get_context": lambda d, j: d.store.get_context(*_args(j, "key")),
+    "get_context_window": lambda d, j: (_no_args(j), d.store.get_context_window())[1],
+}
+_engine: dict[str, Callable[[Daemon, _Job], Any]] = {
+    "search": _search,
+    "store": _commit, "store_batch": _commit, "remember_fact": _commit, "remember_conversation": _commit,
+    "set_context": lambda d, j: _memory(d.store.commit_context(j.args["key"], j.prepared)),
+    "forget": lambda d, j: {"deleted": d.store.forget(*_args(j, "id"))},
+    "cleanup_expired": _cleanup_op,
+    "add_to_context_window": _context_window_add,
+    "clear_context_window": lambda d, j: (_no_args(j), d.store.clear_context_window())[1],
+    "export": _export,
+    "backup": _backup,
+    "compact": lambda d, j: (_no_args(j), d.store.compact())[1],
+}
+Daemon._ops_inline = _inline  # type: ignore[attr-defined]
+Daemon._ops_engine = _engine  # type: ignore[attr-defined]
+_OPS = frozenset(_inline) | frozenset(_engine)
+
+
+def serve(config: Config, endpoint: str | None = None) -> None:
+    """Run a daemon in this thread until it is stopped (the CLI's ``serve``)."""
+    Daemon(config, endpoint=endpoint).serve()

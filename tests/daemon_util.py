@@ -1,0 +1,80 @@
+"""Start and stop real daemon processes for the integration tests (loopback ipc only)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from reachy_memory import MemoryClient, load_config
+from reachy_memory.errors import ReachyMemoryError
+from tests.conftest import model_cache
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class DaemonProcess:
+    """A ``reachy-memory serve`` child process on a private ipc endpoint."""
+
+    def __init__(self, tmp: Path, **sections: dict) -> None:
+        self.tmp = tmp
+        self.data = tmp / "data"
+        self.endpoint = f"ipc://{tmp}/run/memory.sock"
+        settings = {"memory": {"path": str(self.data)}, "embedding": {"cache_dir": str(model_cache())},
+                    "server": {"endpoint": self.endpoint}}
+        for name, values in sections.items():
+            settings.setdefault(name, {}).update(values)
+        self.config_path = tmp / "config.yaml"
+        self.config_path.write_text(yaml.safe_dump(settings))
+        self.config = load_config(self.config_path)
+        self.proc: subprocess.Popen[str] | None = None
+        self.log = tmp / "daemon.log"
+
+    def start(self, env: dict[str, str] | None = None, wait: bool = True) -> DaemonProcess:
+        full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+        full_env.pop("REACHY_MEMORY_ENDPOINT", None)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "reachy_memory.cli", "serve", "--config", str(self.config_path)],
+            stdout=subprocess.DEVNULL, stderr=open(self.log, "a"), env=full_env, text=True,  # noqa: SIM115
+        )
+        if wait:
+            self.wait_ready()
+        return self
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        with self.client(timeout=0.5) as c:
+            while time.monotonic() < deadline:
+                assert self.proc is not None
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"daemon exited {self.proc.returncode}: {self.log.read_text()[-2000:]}")
+                try:
+                    c.ping()
+                    return
+                except ReachyMemoryError:
+                    time.sleep(0.05)
+        raise RuntimeError(f"daemon not ready: {self.log.read_text()[-2000:]}")
+
+    def client(self, timeout: float = 10.0, retries: int = 0) -> MemoryClient:
+        return MemoryClient(self.endpoint, config=self.config, timeout=timeout, retries=retries)
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def stop(self, timeout: float = 30.0) -> int:
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return self.proc.returncode

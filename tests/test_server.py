@@ -1,0 +1,345 @@
+"""The daemon as a real process: ops, bad input, timeouts, restarts, crashes, backups."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgpack
+import pytest
+import zmq
+
+from reachy_memory import (
+    AsyncMemoryClient,
+    BusyError,
+    MemoryClient,
+    MemoryStore,
+    RequestTimeoutError,
+    TooLargeError,
+    ValidationError,
+)
+from reachy_memory import backup as bk
+from tests.daemon_util import ROOT, DaemonProcess
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[DaemonProcess]:
+    d = DaemonProcess(tmp_path).start()
+    yield d
+    assert d.stop() == 0, d.log.read_text()[-2000:]
+
+
+@pytest.fixture
+def raw(daemon: DaemonProcess) -> Iterator[zmq.Socket]:
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.linger = 0
+    sock.rcvtimeo = 5000
+    sock.connect(daemon.endpoint)
+    yield sock
+    sock.close(linger=0)
+    ctx.term()
+
+
+def test_every_op_round_trips(daemon: DaemonProcess) -> None:
+    with daemon.client() as c:
+        assert c.ping()["pong"] is True
+        fact = c.store("Sarah likes Italian food", "fact", {"person": "Sarah"})
+        assert c.get(fact.id) == fact
+        batch = c.store_batch([{"content": f"turn {i} about robots", "memory_type": "conversation"} for i in range(3)])
+        assert len(batch) == 3
+        assert c.search("what food does Sarah enjoy")[0].memory.id == fact.id
+        assert [h.memory.id for h in c.search("robots", memory_type="conversation", limit=10, min_score=0)]
+        assert c.search("Sarah", where={"person": "Sarah"}, min_score=0)[0].memory.id == fact.id
+        c.add_to_context_window("user", "hello")
+        assert [m["content"] for m in c.get_context_window()] == ["hello"]
+        c.clear_context_window()
+        assert c.get_context_window() == []
+        c.set_context("task", "tidy the living room")
+        assert c.get_context("task") == "tidy the living room"
+        assert c.forget(fact.id) is True and c.get(fact.id) is None
+        assert c.cleanup_expired() == 0
+        page, cursor = c.export_page(limit=2)
+        assert len(page) == 2 and cursor is not None
+        health, stats = c.health(), c.stats()
+        assert health["status"] == "ok" and health["embedder"]["state"] == "ready"
+        assert health["last_cleanup"] is not None  # the start-up sweep ran
+        assert stats["ops"]["store"]["count"] == 1 and stats["store"]["memories"] == 4
+
+
+def test_socket_is_private(daemon: DaemonProcess) -> None:
+    sock = Path(daemon.endpoint[len("ipc://"):])
+    assert stat.S_IMODE(sock.stat().st_mode) == 0o600
+    assert stat.S_IMODE(sock.parent.stat().st_mode) == 0o700
+
+
+def test_async_client_mirrors_the_spec_api(daemon: DaemonProcess) -> None:
+    async def scenario() -> None:
+        async with AsyncMemoryClient(daemon.endpoint, config=daemon.config) as c:
+            fact = await c.remember_fact("User prefers to be called Alex", category="user_profile")
+            await c.remember_conversation("we talked about dinosaurs")
+            hits, window = await asyncio.gather(c.search("what is the user's name"), c.get_context_window())
+            assert hits[0].memory.id == fact.id and window == []
+            await c.add_to_context_window("user", "hi")
+            await c.set_context("topic", "dinosaurs")
+            assert await c.get_context("topic") == "dinosaurs"
+            assert await c.cleanup_expired() == 0
+            assert await c.forget(fact.id) is True
+            many = await asyncio.gather(*(c.ping() for _ in range(20)))  # concurrent, matched by id
+            assert all(p["pong"] for p in many)
+            with pytest.raises(ValidationError):
+                await c.store("", "fact")
+
+    asyncio.run(scenario())
+
+
+def _send(raw: zmq.Socket, payload: bytes) -> dict:
+    raw.send(payload)
+    return msgpack.unpackb(raw.recv(), raw=False)
+
+
+@pytest.mark.parametrize(
+    ("payload", "code"),
+    [
+        (b"\xc1\xc1\xc1", "bad_request"),  # undecodable msgpack
+        (msgpack.packb([1, 2, 3]), "bad_request"),  # not a map
+        (msgpack.packb({"v": 1, "op": "ping"}), "bad_request"),  # no id
+        (msgpack.packb({"v": 2, "id": "a", "op": "ping"}), "bad_request"),  # future version
+        (msgpack.packb({"v": 1, "id": "a", "op": "explode"}), "bad_request"),  # unknown op
+        (msgpack.packb({"v": 1, "id": "a", "op": "get", "args": []}), "bad_request"),  # args not a map
+        (msgpack.packb({"v": 1, "id": "a", "op": "get", "args": {}}), "bad_request"),  # missing argument
+        (msgpack.packb({"v": 1, "id": "a", "op": "get", "args": {"id": 5}}), "bad_request"),  # wrong type
+        (msgpack.packb({"v": 1, "id": "a", "op": "store", "args": {"content": "x", "bogus": 1}}), "bad_request"),
+        (msgpack.packb({"v": 1, "id": "a", "op": "search", "args": {"query": "x", "limit": "9"}}), "bad_request"),
+        (msgpack.packb({"v": 1, "id": "a", "op": "store", "args": {"content": "x" * 20000}}), "too_large"),
+        (b"\x00" * (1024 * 1024 + 1), "too_large"),  # over max_message_bytes: refused before decoding
+        (msgpack.packb({"v": 1, "id": "a", "op": "ping", "timeout_ms": "soon"}), "bad_request"),
+    ],
+)
+def test_bad_input_gets_an_error_reply(raw: zmq.Socket, payload: bytes, code: str) -> None:
+    reply = _send(raw, payload)
+    assert reply["ok"] is False and reply["error"]["code"] == code, reply
+    assert _send(raw, msgpack.packb({"v": 1, "id": "p", "op": "ping", "args": {}}))["ok"] is True
+
+
+def test_fuzzed_frames_never_take_the_daemon_down(daemon: DaemonProcess, raw: zmq.Socket) -> None:
+    rng = random.Random(7)
+    valid = msgpack.packb({"v": 1, "id": "x", "op": "search", "args": {"query": "robots", "limit": 3}})
+    raw.rcvtimeo = 0
+    for i in range(10_000):
+        if i % 3 == 0:
+            frame = bytes(rng.getrandbits(8) for _ in range(rng.randint(0, 64)))
+        else:  # mutate a valid request: flip, insert, truncate
+            data = bytearray(valid)
+            for _ in range(rng.randint(1, 4)):
+                pos = rng.randrange(len(data))
+                data[pos] = rng.getrandbits(8)
+            frame = bytes(data[: rng.randint(1, len(data))])
+        raw.send_multipart([frame] if i % 5 else [b"", frame])
+        if i % 200 == 0:
+            while True:  # drain replies so nothing piles up
+                try:
+                    raw.recv_multipart()
+                except zmq.Again:
+                    break
+    with daemon.client() as c:
+        memory = c.store("still alive after the fuzzing", "fact")
+        assert c.get(memory.id) == memory
+        assert c.ping()["pong"]
+
+
+def test_client_timeout_leaves_client_usable_and_reconnects(tmp_path: Path) -> None:
+    d = DaemonProcess(tmp_path)
+    with d.client(timeout=0.3) as c:
+        started = time.monotonic()
+        with pytest.raises(RequestTimeoutError):
+            c.ping()  # no daemon yet
+        assert time.monotonic() - started < 2.0
+        d.start()
+        try:
+            assert c.ping(timeout=5)["pong"]  # same client, now connected
+            memory = c.store("before restart", "fact", timeout=10)
+            assert d.stop() == 0
+            d.start()
+            assert c.get(memory.id, timeout=10) == memory  # reconnected to the new daemon
+        finally:
+            d.stop()
+
+
+def test_second_daemon_is_refused(daemon: DaemonProcess, tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    same_endpoint = subprocess.run([sys.executable, "-m", "reachy_memory.cli", "serve", "--config",
+                                    str(daemon.config_path)], capture_output=True, text=True, timeout=60, env=env)
+    assert same_endpoint.returncode != 0 and "already serves" in same_endpoint.stderr
+    other = f"ipc://{tmp_path}/other/memory.sock"
+    same_data = subprocess.run([sys.executable, "-m", "reachy_memory.cli", "serve", "--config",
+                                str(daemon.config_path), "--endpoint", other],
+                               capture_output=True, text=True, timeout=60, env=env)
+    assert same_data.returncode != 0 and "in use by another process" in same_data.stderr
+    with daemon.client() as c:
+        assert c.ping()["pong"]  # the first one is untouched
+
+
+def test_non_loopback_tcp_needs_curve(tmp_path: Path) -> None:
+    d = DaemonProcess(tmp_path, server={"endpoint": "tcp://0.0.0.0:45811"})
+    d.start(wait=False)
+    assert d.proc is not None
+    assert d.proc.wait(timeout=60) == 2
+    assert "CURVE" in d.log.read_text()
+
+
+def _storm(d: DaemonProcess, n_clients: int, acked: list[str], stop: threading.Event) -> list[threading.Thread]:
+    def worker(k: int) -> None:
+        with d.client(timeout=2.0) as c:
+            i = 0
+            while not stop.is_set():
+                memory_id = f"c{k}-{i}"
+                try:
+                    c.store(f"client {k} note {i}", "conversation", {"k": k}, id=memory_id)
+                    acked.append(memory_id)
+                except Exception:
+                    time.sleep(0.05)  # daemon down: keep trying
+                i += 1
+
+    threads = [threading.Thread(target=worker, args=(k,), daemon=True) for k in range(n_clients)]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def test_sigkill_during_store_storm_loses_nothing_and_retries_do_not_duplicate(tmp_path: Path) -> None:
+    d = DaemonProcess(tmp_path).start()
+    acked: list[str] = []
+    stop = threading.Event()
+    threads = _storm(d, 4, acked, stop)
+    time.sleep(1.5)
+    d.kill()
+    stop.set()
+    for t in threads:
+        t.join(timeout=10)
+    assert len(acked) > 20
+    d.start()
+    try:
+        with d.client() as c:
+            assert all(c.get(i) is not None for i in acked)
+            # Retrying every store with the same ids creates nothing new.
+            before = c.stats()["store"]["memories"]
+            for memory_id in acked[:50]:
+                k, i = memory_id[1:].split("-")
+                c.store(f"client {k} note {i}", "conversation", {"k": int(k)}, id=memory_id)
+            assert c.stats()["store"]["memories"] == before
+    finally:
+        assert d.stop() == 0
+
+
+def test_backup_during_write_storm_verifies_and_restores(tmp_path: Path) -> None:
+    d = DaemonProcess(tmp_path).start()
+    acked: list[str] = []
+    stop = threading.Event()
+    threads = _storm(d, 3, acked, stop)
+    time.sleep(0.7)
+    dest = tmp_path / "backup.rms"
+    try:
+        with d.client(timeout=60) as c:
+            info = c.backup(str(dest))
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=10)
+        assert d.stop() == 0
+    report = bk.verify(dest)
+    assert report.ok, report.problems
+    assert report.memories == info["memories"] > 0
+    restored = tmp_path / "restored"
+    bk.restore(dest, restored)
+    assert bk.verify(restored).ok
+    with MemoryStore(restored, config=d.config, embedder=None) as store:
+        assert len(store) == info["memories"]
+    with pytest.raises(Exception, match="already holds a store"):
+        bk.restore(dest, restored)  # refuses to overwrite without --force
+
+
+def test_cheap_ops_answer_while_searches_run(daemon: DaemonProcess) -> None:
+    with daemon.client() as c:
+        c.store_batch([{"content": f"memory {i} about gardens and robots", "memory_type": "fact"}
+                       for i in range(300)])
+    stop = threading.Event()
+
+    def searcher() -> None:
+        with daemon.client() as s:
+            while not stop.is_set():
+                s.search("gardens robots", limit=5, min_score=0)
+
+    threads = [threading.Thread(target=searcher, daemon=True) for _ in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        with daemon.client(timeout=2.0) as c:
+            for _ in range(200):
+                assert c.ping()["pong"]
+                c.get_context_window()
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=10)
+
+
+def test_full_queue_answers_busy(tmp_path: Path) -> None:
+    d = DaemonProcess(tmp_path, server={"queue_size": 1}).start()
+    try:
+        ctx = zmq.Context()
+        sock = ctx.socket(zmq.DEALER)
+        sock.linger = 0
+        sock.connect(d.endpoint)
+        for i in range(200):
+            sock.send(msgpack.packb({"v": 1, "id": i, "op": "search", "args": {"query": f"garden {i}"}}))
+        codes = []
+        sock.rcvtimeo = 10_000
+        for _ in range(200):
+            reply = msgpack.unpackb(sock.recv(), raw=False)
+            codes.append("ok" if reply["ok"] else reply["error"]["code"])
+        sock.close()
+        ctx.term()
+        assert "busy" in codes and "ok" in codes and set(codes) <= {"ok", "busy"}
+        with d.client() as c:
+            assert c.ping()["pong"]
+    finally:
+        d.stop()
+    assert BusyError.code == "busy"
+
+
+def test_systemd_notify_ready_and_watchdog(tmp_path: Path) -> None:
+    path = str(tmp_path / "notify.sock")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(path)
+    sock.settimeout(30)
+    d = DaemonProcess(tmp_path)
+    d.start(env={"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "200000"}, wait=False)
+    try:
+        messages = set()
+        deadline = time.monotonic() + 60
+        while not {"READY=1", "WATCHDOG=1"} <= messages and time.monotonic() < deadline:
+            for line in sock.recv(4096).decode().splitlines():
+                messages.add(line)
+        assert {"READY=1", "WATCHDOG=1"} <= messages
+        d.wait_ready()
+    finally:
+        assert d.stop() == 0
+        sock.close()
+
+
+def test_oversized_value_errors_are_structured(daemon: DaemonProcess) -> None:
+    with daemon.client() as c, pytest.raises(TooLargeError) as info:
+        c.store("x" * 20_000, "fact")
+    assert info.value.limit == 16_000 and info.value.field == "content"
