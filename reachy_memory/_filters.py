@@ -29,9 +29,12 @@ _RANGE: dict[str, Callable[[Any, Any], bool]] = {
 _OPS = {"$eq", "$ne", "$in", "$nin", *_RANGE}
 
 
+_KIND = {str: "s", int: "n", float: "n", bool: "b", type(None): "z"}
+
+
 def _key(value: Scalar) -> tuple[str, Scalar]:
     """Index key: keeps True apart from 1 while 1 and 1.0 stay equal."""
-    return ("b" if isinstance(value, bool) else "n" if isinstance(value, int | float) else "s", value)
+    return (_KIND.get(type(value), "s"), value)
 
 
 def _is_scalar(value: Any) -> bool:

@@ -74,7 +74,7 @@ def _verify_dir(path: Path, report: VerifyReport, progress: Progress | None) -> 
 
 def _verify_snapshot(path: Path, report: VerifyReport, progress: Progress | None) -> int:
     try:
-        frames = jr.read_file(path, jr.SNAPSHOT).frames
+        frames = jr.read_file(path, jr.SNAPSHOT, raw=frozenset({2})).frames
     except ReachyMemoryError as exc:
         report.problems.append(str(exc))
         return -1
@@ -85,14 +85,19 @@ def _verify_snapshot(path: Path, report: VerifyReport, progress: Progress | None
     report.memories = len(records)
     if frames[-1]["end"] != len(records):
         report.problems.append(f"{path}: end marker counts {frames[-1]['end']} memories, found {len(records)}")
-    _check_records(records, frames[2].get("vectors", b""), int(head.get("dim") or 384), report, progress)
+    try:
+        vectors = jr.raw_bin(frames[2])
+    except ValueError:
+        report.problems.append(f"{path}: the vector block is not a bin32 frame")
+        return -1
+    _check_records(records, vectors, int(head.get("dim") or 384), report, progress)
     lexical_n = frames[3].get("lexical", {}).get("n")
     if lexical_n != len(records):
         report.problems.append(f"lexical index holds {lexical_n} documents for {len(records)} memories")
     return int(head.get("generation", 0))
 
 
-def _check_records(records: list[Any], vectors: bytes, dim: int, report: VerifyReport,
+def _check_records(records: list[Any], vectors: memoryview, dim: int, report: VerifyReport,
                    progress: Progress | None) -> None:
     matrix = np.frombuffer(vectors, np.float32)
     if len(matrix) % dim:

@@ -71,6 +71,26 @@ def encode_frame(obj: Any) -> bytes:
     return _FRAME.pack(len(payload), zlib.crc32(payload)) + payload
 
 
+class RawBin:
+    """A large binary frame written without copying (a msgpack bin32 object)."""
+
+    def __init__(self, data: memoryview | bytes) -> None:
+        self.data = memoryview(data)
+
+    def chunks(self) -> list[bytes | memoryview]:
+        head = b"\xc6" + struct.pack(">I", len(self.data))  # msgpack bin32
+        crc = zlib.crc32(self.data, zlib.crc32(head))
+        return [_FRAME.pack(len(head) + len(self.data), crc) + head, self.data]
+
+
+def raw_bin(payload: memoryview) -> memoryview:
+    """The bytes of a frame written by :class:`RawBin` (a view, no copy)."""
+    if len(payload) < 5 or payload[0] != 0xC6:
+        raise ValueError("not a bin32 frame")
+    (length,) = struct.unpack_from(">I", payload, 1)
+    return payload[5 : 5 + length]
+
+
 @dataclass
 class ReadResult:
     """What a file held: the decoded frames and where a torn tail began."""
@@ -81,9 +101,11 @@ class ReadResult:
     torn_at: int | None = None
 
 
-def read_file(path: Path, kind: bytes) -> ReadResult:
+def read_file(path: Path, kind: bytes, raw: frozenset[int] = frozenset()) -> ReadResult:
     """Read and check every frame of ``path``.
 
+    Frames whose index is in ``raw`` are returned undecoded, as writable views
+    into one buffer (so a large vector block is never copied).
     Raises :class:`FormatVersionError` for a foreign header and
     :class:`CorruptionError` for damage that is not a torn tail.
     """
@@ -91,7 +113,8 @@ def read_file(path: Path, kind: bytes) -> ReadResult:
     _check_header(path, data, kind)
     result = ReadResult()
     for offset, payload in _scan(path, data):
-        result.frames.append(_decode(path, offset, payload))
+        index = len(result.frames)
+        result.frames.append(payload if index in raw else _decode(path, offset, payload))
         result.offsets.append(offset)
         result.end = offset + _FRAME.size + len(payload)
     if result.end < len(data):
@@ -99,18 +122,22 @@ def read_file(path: Path, kind: bytes) -> ReadResult:
     return result
 
 
-def _read_bytes(path: Path) -> bytes:
+def _read_bytes(path: Path) -> memoryview:
+    """The whole file in one writable buffer (each fresh large buffer costs page faults)."""
     try:
-        return path.read_bytes()
+        with open(path, "rb") as fh:
+            buf = bytearray(os.fstat(fh.fileno()).st_size)
+            fh.readinto(buf)
+        return memoryview(buf)
     except OSError as exc:
         raise StorageError(f"cannot read {path}: {exc.strerror}", path=str(path)) from exc
 
 
-def _check_header(path: Path, data: bytes, kind: bytes) -> None:
+def _check_header(path: Path, data: memoryview, kind: bytes) -> None:
     if len(data) < HEADER_SIZE or data[:4] != MAGIC or data[4:5] != kind:
         raise FormatVersionError(
             f"{path} is not a reachy-memory {'journal' if kind == JOURNAL else 'snapshot'} file",
-            path=str(path), found=data[:6], expected=header(kind)[:6],
+            path=str(path), found=bytes(data[:6]), expected=header(kind)[:6],
         )
     if data[5] != VERSION:
         raise FormatVersionError(
@@ -119,7 +146,7 @@ def _check_header(path: Path, data: bytes, kind: bytes) -> None:
         )
 
 
-def _scan(path: Path, data: bytes) -> Iterator[tuple[int, bytes]]:
+def _scan(path: Path, data: memoryview) -> Iterator[tuple[int, memoryview]]:
     """Yield (offset, payload) of each good frame; stop at a torn tail."""
     offset, size = HEADER_SIZE, len(data)
     while offset < size:
@@ -142,7 +169,7 @@ def _scan(path: Path, data: bytes) -> Iterator[tuple[int, bytes]]:
         offset = end
 
 
-def _decode(path: Path, offset: int, payload: bytes) -> Any:
+def _decode(path: Path, offset: int, payload: memoryview) -> Any:
     try:
         return unpack(payload)
     except Exception as exc:  # msgpack raises several unrelated types
@@ -160,7 +187,7 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Path, chunks: Iterable[bytes], *, durable: bool = True) -> int:
+def write_atomic(path: Path, chunks: Iterable[bytes | memoryview], *, durable: bool = True) -> int:
     """Write ``chunks`` to ``path`` through a temp file, fsync and rename.
 
     Returns the byte count. Raises :class:`StorageError` on I/O failure; the old
@@ -190,10 +217,13 @@ def write_snapshot(path: Path, frames: Iterable[Any]) -> int:
     return write_atomic(path, _snapshot_chunks(frames))
 
 
-def _snapshot_chunks(frames: Iterable[Any]) -> Iterator[bytes]:
+def _snapshot_chunks(frames: Iterable[Any]) -> Iterator[bytes | memoryview]:
     yield header(SNAPSHOT)
     for frame in frames:
-        yield encode_frame(frame)
+        if isinstance(frame, RawBin):
+            yield from frame.chunks()
+        else:
+            yield encode_frame(frame)
 
 
 class Journal:
@@ -342,7 +372,7 @@ def repair_file(path: Path, kind: bytes) -> RepairReport:
     """
     data = _read_bytes(path)
     _check_header(path, data, kind)
-    good: list[bytes] = []
+    good: list[memoryview] = []
     damaged_at: int | None = None
     try:
         for _offset, payload in _scan(path, data):

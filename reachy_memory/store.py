@@ -208,11 +208,15 @@ class MemoryStore:
         path = self.path / SNAPSHOT_FILE
         if not path.exists():
             return None
-        frames = jr.read_file(path, jr.SNAPSHOT).frames
+        frames = jr.read_file(path, jr.SNAPSHOT, raw=frozenset({2})).frames
         if len(frames) != 6 or frames[-1].get("end") != len(frames[1]["records"]):
             raise CorruptionError(f"{path}: incomplete snapshot", path=str(path), offset=0)
-        head, recs, vecs, lexical, window = frames[0], frames[1], frames[2], frames[3], frames[4]
-        return {**head, "records": recs["records"], "vectors": vecs["vectors"],
+        head, recs, lexical, window = frames[0], frames[1], frames[3], frames[4]
+        try:
+            vectors = jr.raw_bin(frames[2])
+        except ValueError as exc:
+            raise CorruptionError(f"{path}: bad vector block", path=str(path), offset=0) from exc
+        return {**head, "records": recs["records"], "vectors": vectors,
                 "lexical": lexical["lexical"], "window": window["window"]}
 
     def _check_model(self, reindex: bool) -> None:
@@ -264,12 +268,7 @@ class MemoryStore:
     def _load_graph(self) -> None:
         if self._vectors.count <= self._vectors.exact_below // 2:
             return  # searched exactly at this size; vectors wait as pending
-        if not self._vectors.load_graph(self.path / GRAPH_FILE, self._graph_tag()):
-            started = time.monotonic()
-            log.warning("rebuilding the vector graph for %d memories (cache missing or stale)", self._vectors.count)
-            self._vectors.rebuild()
-            log.info("vector graph rebuilt in %.1f s", time.monotonic() - started)
-            self._vectors.save_graph(self.path / GRAPH_FILE, self._graph_tag())
+        self._vectors.load_graph(self.path / GRAPH_FILE, self._graph_tag())
 
     def _replay(self, result: jr.ReadResult) -> None:
         head = result.frames[0] if result.frames else {}
@@ -706,7 +705,7 @@ class MemoryStore:
                 "dim": self._vectors.dim, "created": time.time()}
         yield head
         yield {"records": rows}
-        yield {"vectors": self._vectors.vector_bytes()}
+        yield jr.RawBin(self._vectors.vector_bytes())
         yield {"lexical": self._lexical.state()}
         yield {"window": list(self._window)}
         yield {"end": len(rows)}

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import zlib
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,9 @@ class VectorIndex:
         self.pending: set[int] = set()
         self.count = 0
         self._graph = self._new_graph(1024)
+        self._loader: threading.Thread | None = None
+        self._loaded: hnswlib.Index | None = None
+        self._touched: set[int] = set()  # slots changed while a cached graph loads
 
     def _new_graph(self, capacity: int) -> hnswlib.Index:
         graph = hnswlib.Index(space="ip", dim=self.dim)
@@ -79,6 +83,8 @@ class VectorIndex:
         if not self.alive[slot]:
             self.count += 1
         self.alive[slot] = True
+        if self._loader is not None:
+            self._touched.add(slot)
         if self.in_graph[slot]:  # a changed vector: the graph node must not stay stale
             self._graph.mark_deleted(slot)
             self.in_graph[slot] = False
@@ -90,12 +96,15 @@ class VectorIndex:
             self.alive[slot] = False
             self.count -= 1
             self.pending.discard(slot)
+            if self._loader is not None:
+                self._touched.add(slot)
             if self.in_graph[slot]:
                 self._graph.mark_deleted(slot)
                 self.in_graph[slot] = False
 
     def flush(self, limit: int | None = None) -> int:
         """Insert up to ``limit`` pending vectors into the graph; returns how many."""
+        self._adopt_loaded(wait=limit is None)
         if not self.pending:
             return 0
         batch = np.fromiter(self.pending, np.int64, len(self.pending))
@@ -111,16 +120,19 @@ class VectorIndex:
 
     def maintain(self, budget: int = 256) -> int:
         """Idle-time work: insert a batch of pending vectors once the graph is needed."""
-        if self.count + len(self.pending) <= self.exact_below // 2:
+        if self.count <= self.exact_below // 2:
             return 0
+        if not self._adopt_loaded(wait=False):
+            return 0  # a cached graph is still loading: inserting now would be wasted
         return self.flush(budget)
 
     def search(self, query: np.ndarray, k: int, mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Top ``k`` (slots, cosine similarities), best first, within ``mask``."""
         if self.count == 0 or k <= 0:
             return np.zeros(0, np.int64), np.zeros(0, np.float32)
+        graph_ready = self._adopt_loaded(wait=False) and len(self.pending) <= self.exact_threshold
         if mask is None:
-            if self.count <= self.exact_below:
+            if self.count <= self.exact_below or not graph_ready:
                 return self._scan(query, self.alive, k)
             return self._graph_search(query, min(k, self.count), None)
         allowed = np.zeros(len(self.alive), bool)
@@ -129,7 +141,9 @@ class VectorIndex:
         n_allowed = int(np.count_nonzero(allowed))
         if n_allowed <= self.exact_threshold:
             return self.exact(query, np.flatnonzero(allowed), k)
-        if self.count <= self.exact_below:
+        # One matrix-vector product beats over-fetching from the graph unless
+        # the filter keeps most of the index.
+        if self.count <= self.exact_below or not graph_ready or n_allowed < self.count // 2:
             return self._scan(query, allowed, k)
         return self._graph_search(query, k, allowed, n_allowed)
 
@@ -146,8 +160,6 @@ class VectorIndex:
 
     def _graph_search(self, query: np.ndarray, k: int, allowed: np.ndarray | None,
                       n_allowed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-        if len(self.pending) > 1024:
-            self.flush()
         labels, sims = self._graph_only(query, k, allowed, n_allowed)
         if not self.pending:
             return labels, sims
@@ -205,7 +217,10 @@ class VectorIndex:
         """Save the graph to ``path`` atomically with a checksum sidecar."""
         if self.count <= self.exact_below // 2:
             return  # the graph is not used at this size: nothing worth caching
+        self._adopt_loaded(wait=True)
+        self._graph.set_num_threads(os.cpu_count() or 1)
         self.flush()
+        self._graph.set_num_threads(1)
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         try:
             self._graph.save_index(str(tmp))
@@ -220,62 +235,95 @@ class VectorIndex:
             tmp.unlink(missing_ok=True)
             log.warning("could not save the vector graph cache %s: %s", path, exc)
 
-    def load_graph(self, path: Path, tag: str) -> bool:
-        """Load the cached graph if it matches ``tag`` and the vectors; else False."""
+    def load_graph(self, path: Path, tag: str) -> None:
+        """Start loading the cached graph in the background if it matches ``tag``.
+
+        Until it is adopted (see :meth:`_adopt_loaded`) searches are exact; a
+        missing, stale or corrupt cache leaves every vector pending, and the
+        graph is rebuilt in idle-time batches instead of blocking start-up.
+        """
         meta = _read_meta(path)
         if meta is None or meta.get("tag") != tag or meta.get("count") != self.count:
-            return False
+            log.warning("vector graph cache %s missing or stale; it will be rebuilt in the background", path)
+            return
+        self._touched = set()
+        self._loader = threading.Thread(target=self._load_file, args=(path, meta), name="graph-load", daemon=True)
+        self._loader.start()
+
+    def _load_file(self, path: Path, meta: dict[str, Any]) -> None:
         try:
-            data = path.read_bytes()
-            if zlib.crc32(data) != meta.get("crc"):
-                log.warning("vector graph cache %s fails its checksum; rebuilding", path)
-                return False
+            if zlib.crc32(path.read_bytes()) != meta.get("crc"):
+                log.warning("vector graph cache %s fails its checksum; rebuilding in the background", path)
+                return
             graph = hnswlib.Index(space="ip", dim=self.dim)
             graph.load_index(str(path), max_elements=max(len(self.alive), 1024))
-        except (OSError, RuntimeError) as exc:
-            log.warning("vector graph cache %s unreadable (%s); rebuilding", path, exc)
-            return False
-        return self._adopt(graph)
+            self._loaded = graph
+        except (OSError, RuntimeError, MemoryError) as exc:
+            log.warning("vector graph cache %s unreadable (%s); rebuilding in the background", path, exc)
 
-    def _adopt(self, graph: hnswlib.Index) -> bool:
-        """Take ``graph`` if it holds every live slot and a sample of vectors agrees."""
-        live = np.flatnonzero(self.alive)
-        labels = np.asarray(graph.get_ids_list(), np.int64)
-        if len(labels) < len(live) or not np.isin(live, labels).all():
-            return False
-        sample = live[:: max(1, len(live) // 32)][:32]
-        if len(sample) and not np.allclose(np.asarray(graph.get_items(sample), np.float32),
-                                           self.vectors[sample], atol=1e-6):
-            return False
-        graph.set_ef(self._ef)
-        graph.set_num_threads(1)
-        self._graph = graph
-        self.in_graph = self.alive.copy()
-        self.pending.clear()
+    def _adopt_loaded(self, *, wait: bool) -> bool:
+        """Take a background-loaded graph once it is ready; True when no load is pending."""
+        loader = self._loader
+        if loader is None:
+            return True
+        if loader.is_alive():
+            if not wait:
+                return False
+            loader.join()
+        self._loader = None
+        graph, self._loaded = self._loaded, None
+        if graph is not None and self._verify(graph):
+            self._install(graph)
+        self._touched = set()
         return True
 
-    def rebuild(self) -> None:
-        """Rebuild the graph from the vectors (slow: used when the cache is unusable)."""
-        self._graph = self._new_graph(max(len(self.alive), 1024))
-        self.in_graph = np.zeros(len(self.alive), bool)
-        self.pending = set(np.flatnonzero(self.alive).tolist())
-        self._graph.set_num_threads(os.cpu_count() or 1)
-        self.flush()
-        self._graph.set_num_threads(1)
+    def _verify(self, graph: hnswlib.Index) -> bool:
+        """The graph must hold every untouched live slot with our vector."""
+        live = np.flatnonzero(self.alive)
+        labels = np.asarray(graph.get_ids_list(), np.int64)
+        stable = np.setdiff1d(live, np.fromiter(self._touched, np.int64, len(self._touched)))
+        if len(labels) < len(stable) or not np.isin(stable, labels).all():
+            return False
+        sample = stable[:: max(1, len(stable) // 32)][:32]
+        return not len(sample) or np.allclose(np.asarray(graph.get_items(sample), np.float32),
+                                              self.vectors[sample], atol=1e-6)
 
-    def load_vectors(self, data: bytes, alive: np.ndarray) -> None:
-        """Restore the vector matrix (from a snapshot) and the live mask."""
-        self.vectors = np.frombuffer(data, np.float32).reshape(-1, self.dim).copy()
+    def _install(self, graph: hnswlib.Index) -> None:
+        """Adopt ``graph``; slots changed during the load are re-inserted from pending."""
+        graph.set_ef(self._ef)
+        graph.set_num_threads(1)
+        if graph.get_max_elements() < len(self.alive):
+            graph.resize_index(len(self.alive))
+        labels = set(graph.get_ids_list())
+        for slot in self._touched & labels:
+            try:
+                graph.mark_deleted(slot)
+            except RuntimeError:
+                pass  # already marked deleted in the cached graph
+        self._graph = graph
+        self.in_graph = np.zeros(len(self.alive), bool)
+        stable = [s for s in np.flatnonzero(self.alive).tolist() if s not in self._touched and s in labels]
+        self.in_graph[stable] = True
+        self.pending.difference_update(stable)
+
+    def load_vectors(self, data: memoryview | bytes, alive: np.ndarray) -> None:
+        """Restore the vector matrix (from a snapshot) and the live mask.
+
+        ``data`` is used in place when writable (a view into the snapshot
+        buffer): copying 150 MB would cost more than the rest of opening.
+        """
+        matrix = np.frombuffer(data, np.float32).reshape(-1, self.dim)
+        self.vectors = matrix if matrix.flags.writeable else matrix.copy()
         self.alive = alive.copy()
         self.in_graph = np.zeros(len(alive), bool)
         self.pending = set(np.flatnonzero(alive).tolist())
         self.count = int(np.count_nonzero(alive))
 
-    def vector_bytes(self) -> bytes:
-        """The vector matrix up to the highest used slot (for the snapshot)."""
+    def vector_bytes(self) -> memoryview:
+        """The vector matrix up to the highest used slot (a view, for the snapshot)."""
         live = np.flatnonzero(self.alive)
         top = int(live.max()) + 1 if len(live) else 0
-        return self.vectors[:top].tobytes()
+        return memoryview(np.ascontiguousarray(self.vectors[:top]).reshape(-1).view(np.uint8))
 
     def stats(self) -> dict[str, Any]:
         """Counts for health and stats replies."""

@@ -307,6 +307,7 @@ def test_graph_path_with_pending_vectors_matches_exact(tmp_path: Path) -> None:
         exact = vi.exact(q, np.flatnonzero(vi.alive), 10)[0]
         assert set(vi.search(q, 10)[0].tolist()) == set(exact.tolist())
     with MemoryStore(config=cfg, embedder=emb) as s:  # reopened from the saved graph cache
+        assert s._vectors._adopt_loaded(wait=True)  # it loads in the background
         assert s.stats()["index"]["pending"] == 0
         q = emb.embed(["query"])[0]
         vi = s._vectors
