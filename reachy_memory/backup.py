@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from . import journal as jr
-from .errors import ReachyMemoryError, StorageError, StoreLockedError
+from .errors import ReachyMemoryError, StorageError, StoreLockedError, ValidationError
 from .store import JOURNAL_FILE, SNAPSHOT_FILE
 
 log = logging.getLogger(__name__)
@@ -143,6 +143,25 @@ def _verify_journal(path: Path, generation: int, report: VerifyReport) -> None:
     if generation >= 0 and head.get("generation") not in (generation, None) and generation:
         report.notes.append(f"journal generation {head.get('generation')} predates snapshot {generation}: "
                             "already folded in, it will be discarded on open")
+
+
+def backup_target(dest: str | Path) -> Path:
+    """``dest`` itself, or a timestamped file name inside it when it is a directory."""
+    dest = Path(dest).expanduser().resolve()
+    if dest.is_dir():
+        return dest / time.strftime("memory-%Y%m%dT%H%M%SZ.rms", time.gmtime())
+    return dest
+
+
+def prune(directory: str | Path, keep: int) -> list[str]:
+    """Delete all but the newest ``keep`` timestamped backups in ``directory``."""
+    if keep < 1:
+        raise ValidationError("--keep must be at least 1", field="keep")
+    backups = sorted(Path(directory).expanduser().glob("memory-*.rms"))
+    old = backups[:-keep]
+    for path in old:
+        path.unlink()
+    return [str(p) for p in old]
 
 
 def repair(path: str | Path) -> list[jr.RepairReport]:

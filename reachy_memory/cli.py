@@ -2,7 +2,8 @@
 daemon, and formats; the logic lives in the modules it calls.
 
 Exit codes: 0 success, 1 error, 2 bad usage or input, 3 not found,
-4 daemon unreachable or timed out, 5 verify found problems.
+4 daemon unreachable, timed out or the store in use by a daemon, 5 verify
+found problems.
 """
 
 from __future__ import annotations
@@ -23,11 +24,13 @@ from .errors import (
     ReachyMemoryError,
     RequestTimeoutError,
     ServiceError,
+    StoreLockedError,
     ValidationError,
 )
 from .model import Memory, SearchResult
 
-EXIT = {ValidationError: 2, ConfigError: 2, NotFoundError: 3, RequestTimeoutError: 4, ServiceError: 4}
+EXIT = {ValidationError: 2, ConfigError: 2, NotFoundError: 3, RequestTimeoutError: 4, ServiceError: 4,
+        StoreLockedError: 4}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -185,9 +188,11 @@ def _stats_text(d: dict[str, Any]) -> str:
 
 
 def cmd_backup(args: argparse.Namespace) -> int:
-    dest = str(Path(args.dest).expanduser().resolve())
+    dest = bk.backup_target(args.dest)
     with _client(args) as c:
-        info = c.backup(dest, timeout=max(args.timeout, 120))
+        info = c.backup(str(dest), timeout=max(args.timeout, 120))
+    if args.keep:
+        info["pruned"] = bk.prune(dest.parent, args.keep)
     _out(args, info, lambda i: f"backup of {i['memories']} memories written to {i['path']} ({i['bytes']} bytes)")
     return 0
 
@@ -332,7 +337,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("value")
     csub.add_parser("get", parents=[common]).add_argument("key")
     add("stats", cmd_stats, "daemon health and statistics")
-    add("backup", cmd_backup, "write a consistent backup file (taken by the running daemon)").add_argument("dest")
+    p = add("backup", cmd_backup, "write a consistent backup file (taken by the running daemon)")
+    p.add_argument("dest", help="a file, or a directory for a timestamped file")
+    p.add_argument("--keep", type=int, help="with a directory: keep only the newest N backups")
     p = add("verify", cmd_verify, "check a data directory or backup file")
     p.add_argument("path")
     p.add_argument("--repair", action="store_true", help="keep the valid prefix of damaged files (data dir only)")

@@ -1,0 +1,140 @@
+"""The command line against a real daemon: output, --json, exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.daemon_util import ROOT, DaemonProcess
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+    d = DaemonProcess(tmp_path_factory.mktemp("cli")).start()
+    yield d
+    d.stop()
+
+
+def cli(d: DaemonProcess, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("REACHY_MEMORY_ENDPOINT", None)
+    return subprocess.run([sys.executable, "-m", "reachy_memory.cli", *args, "--config", str(d.config_path)],
+                          capture_output=True, text=True, timeout=120, env=env)
+
+
+def test_store_search_get_forget(daemon: DaemonProcess) -> None:
+    out = cli(daemon, "store", "The robot's charger is in the hallway", "--meta", "room=hallway", "--json")
+    assert out.returncode == 0, out.stderr
+    memory = json.loads(out.stdout)
+    found = json.loads(cli(daemon, "search", "where is the charger", "--json").stdout)
+    assert found[0]["id"] == memory["id"] and found[0]["metadata"] == {"room": "hallway"}
+    assert "charger" in cli(daemon, "get", memory["id"]).stdout
+    assert cli(daemon, "forget", memory["id"]).returncode == 0
+    assert cli(daemon, "get", memory["id"]).returncode == 3  # not found
+    assert cli(daemon, "forget", memory["id"]).returncode == 3
+
+
+@pytest.mark.parametrize(
+    ("args", "code"),
+    [
+        (["store", "   "], 2),  # empty content: bad input
+        (["store", "x", "--meta", "novalue"], 2),  # malformed --meta
+        (["search", "x", "--where", '{"a": {"$regex": "b"}}'], 2),  # unknown operator
+        (["get", "no-such-id"], 3),  # not found
+        (["stats", "--endpoint", "ipc:///nonexistent/dir/sock", "--timeout", "0.3"], 4),  # no daemon
+    ],
+)
+def test_exit_codes(daemon: DaemonProcess, args: list[str], code: int) -> None:
+    out = cli(daemon, *args)
+    assert out.returncode == code, (out.stdout, out.stderr)
+    assert out.stderr.startswith("error:") and "Traceback" not in out.stderr
+
+
+def test_context_commands(daemon: DaemonProcess) -> None:
+    assert cli(daemon, "context", "add", "user", "hello robot").returncode == 0
+    assert "user: hello robot" in cli(daemon, "context", "show").stdout
+    assert cli(daemon, "context", "set", "task", "tidy up").returncode == 0
+    assert cli(daemon, "context", "get", "task").stdout.strip() == "tidy up"
+    assert cli(daemon, "context", "get", "absent").returncode == 3
+    assert cli(daemon, "context", "clear").returncode == 0
+    assert "(empty)" in cli(daemon, "context", "show").stdout
+
+
+def test_export_import_is_idempotent(daemon: DaemonProcess, tmp_path: Path) -> None:
+    for i in range(5):
+        cli(daemon, "store", f"exported note {i}", "--type", "conversation")
+    dump = tmp_path / "dump.jsonl"
+    assert cli(daemon, "export", str(dump)).returncode == 0
+    lines = [json.loads(line) for line in dump.read_text().splitlines()]
+    assert len(lines) >= 5 and {"id", "content", "type", "created_at", "metadata"} <= set(lines[0])
+    before = json.loads(cli(daemon, "stats", "--json").stdout)["health"]["memories"]
+    assert cli(daemon, "import", str(dump)).returncode == 0
+    assert json.loads(cli(daemon, "stats", "--json").stdout)["health"]["memories"] == before
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"content": "no id"}\n')
+    assert cli(daemon, "import", str(bad)).returncode == 2
+
+
+def test_import_into_a_fresh_daemon_keeps_ids_and_timestamps(daemon: DaemonProcess, tmp_path: Path) -> None:
+    cli(daemon, "store", "a fact worth keeping", "--meta", "n=1")
+    dump = tmp_path / "dump.jsonl"
+    cli(daemon, "export", str(dump))
+    (tmp_path / "other").mkdir()
+    other = DaemonProcess(tmp_path / "other").start()
+    try:
+        assert cli(other, "import", str(dump)).returncode == 0
+        again = tmp_path / "again.jsonl"
+        cli(other, "export", str(again))
+        assert sorted(dump.read_text().splitlines()) == sorted(again.read_text().splitlines())
+    finally:
+        other.stop()
+
+
+def test_backup_keep_verify_restore(daemon: DaemonProcess, tmp_path: Path) -> None:
+    folder = tmp_path / "backups"
+    folder.mkdir()
+    for name in ("memory-20000101T000000Z.rms", "memory-20000102T000000Z.rms"):
+        (folder / name).write_bytes(b"old")
+    out = cli(daemon, "backup", str(folder), "--keep", "2", "--json")
+    assert out.returncode == 0, out.stderr
+    info = json.loads(out.stdout)
+    kept = sorted(p.name for p in folder.iterdir())
+    assert len(kept) == 2 and Path(info["path"]).name in kept and "memory-20000101T000000Z.rms" not in kept
+    assert cli(daemon, "verify", info["path"]).returncode == 0
+    assert cli(daemon, "verify", str(folder / "memory-20000102T000000Z.rms")).returncode == 5  # junk file
+    # restore refuses the live store, works into a new directory
+    assert cli(daemon, "restore", info["path"]).returncode == 4
+    target = tmp_path / "restored"
+    out = cli(daemon, "restore", info["path"], "--data-dir", str(target))
+    assert out.returncode == 0, out.stderr
+    assert cli(daemon, "verify", str(target)).returncode == 0
+
+
+def test_verify_repair_keeps_valid_prefix(tmp_path: Path) -> None:
+    from reachy_memory import Config, MemoryStore
+
+    data = tmp_path / "data"
+    store = MemoryStore(config=Config().replace("memory", path=str(data)), embedder=None)
+    for i in range(3):
+        store.remember_fact(f"fact {i}")
+    store._journal.close()
+    store._dir_lock.release()  # a crash: everything is in the journal
+    journal = data / "journal.rmj"
+    raw = bytearray(journal.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    journal.write_bytes(bytes(raw))
+    d = DaemonProcess(tmp_path)
+    assert cli(d, "verify", str(data)).returncode == 5
+    out = cli(d, "verify", str(data), "--repair")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "moved to" in out.stdout and list(data.glob("journal.rmj.damaged-*"))
+    with MemoryStore(config=Config().replace("memory", path=str(data)), embedder=None) as again:
+        assert 0 < len(again) < 3
