@@ -201,8 +201,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if args.repair:
         reports = bk.repair(args.path)
         _out(args, [r.__dict__ for r in reports], lambda rs: "\n".join(
-            f"{r.path}: kept {r.kept_frames} frames" + (f", damaged file moved to {r.moved_to}" if r.moved_to else
-                                                        ", no damage") for r in rs))
+            f"{r['path']}: kept {r['kept_frames']} frames"
+            + (f", damaged file moved to {r['moved_to']}" if r["moved_to"] else ", no damage") for r in rs))
     report = bk.verify(args.path, _progress("verifying"))
     _out(args, report.to_dict(), lambda r: "\n".join(
         [f"{r['path']}: {'OK' if r['ok'] else 'PROBLEMS'}  memories {r['memories']}  vectors {r['vectors']}  "
