@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import msgpack
+import numpy as np
 
 from .errors import CorruptionError, FormatVersionError, StorageError, StoreLockedError
 
@@ -71,24 +72,35 @@ def encode_frame(obj: Any) -> bytes:
     return _FRAME.pack(len(payload), zlib.crc32(payload)) + payload
 
 
+ALIGN = 64
+
+
 class RawBin:
-    """A large binary frame written without copying (a msgpack bin32 object)."""
+    """A large binary frame written without copying, its data 64-byte aligned
+    in the file so it can be used in place.  On disk it is the msgpack array
+    ``[pad: bin8, data: bin32]``."""
 
     def __init__(self, data: memoryview | bytes) -> None:
         self.data = memoryview(data)
 
-    def chunks(self) -> list[bytes | memoryview]:
-        head = b"\xc6" + struct.pack(">I", len(self.data))  # msgpack bin32
+    def chunks(self, offset: int) -> list[bytes | memoryview]:
+        """The frame's bytes when it starts at file ``offset``."""
+        fixed = _FRAME.size + 1 + 2 + 5  # frame header, array, bin8 header, bin32 header
+        pad = -(offset + fixed) % ALIGN
+        head = b"\x92\xc4" + bytes([pad]) + bytes(pad) + b"\xc6" + struct.pack(">I", len(self.data))
         crc = zlib.crc32(self.data, zlib.crc32(head))
         return [_FRAME.pack(len(head) + len(self.data), crc) + head, self.data]
 
 
 def raw_bin(payload: memoryview) -> memoryview:
-    """The bytes of a frame written by :class:`RawBin` (a view, no copy)."""
-    if len(payload) < 5 or payload[0] != 0xC6:
-        raise ValueError("not a bin32 frame")
-    (length,) = struct.unpack_from(">I", payload, 1)
-    return payload[5 : 5 + length]
+    """The data of a frame written by :class:`RawBin` (a view, no copy)."""
+    if len(payload) < 8 or payload[0] != 0x92 or payload[1] != 0xC4:
+        raise ValueError("not a raw binary frame")
+    start = 3 + payload[2]
+    if payload[start] != 0xC6:
+        raise ValueError("not a raw binary frame")
+    (length,) = struct.unpack_from(">I", payload, start + 1)
+    return payload[start + 5 : start + 5 + length]
 
 
 @dataclass
@@ -126,9 +138,12 @@ def _read_bytes(path: Path) -> memoryview:
     """The whole file in one writable buffer (each fresh large buffer costs page faults)."""
     try:
         with open(path, "rb") as fh:
-            buf = bytearray(os.fstat(fh.fileno()).st_size)
+            size = os.fstat(fh.fileno()).st_size
+            raw = np.empty(size + ALIGN, np.uint8)  # aligned like the file: data frames stay aligned
+            start = -raw.ctypes.data % ALIGN
+            buf = memoryview(raw)[start : start + size]
             fh.readinto(buf)
-        return memoryview(buf)
+        return buf
     except OSError as exc:
         raise StorageError(f"cannot read {path}: {exc.strerror}", path=str(path)) from exc
 
@@ -218,12 +233,13 @@ def write_snapshot(path: Path, frames: Iterable[Any]) -> int:
 
 
 def _snapshot_chunks(frames: Iterable[Any]) -> Iterator[bytes | memoryview]:
+    offset = HEADER_SIZE
     yield header(SNAPSHOT)
     for frame in frames:
-        if isinstance(frame, RawBin):
-            yield from frame.chunks()
-        else:
-            yield encode_frame(frame)
+        chunks = frame.chunks(offset) if isinstance(frame, RawBin) else [encode_frame(frame)]
+        for chunk in chunks:
+            offset += len(chunk)
+            yield chunk
 
 
 class Journal:

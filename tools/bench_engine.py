@@ -94,17 +94,6 @@ def open_time(path: Path, n_runs: int = 3) -> list[float]:
     return out
 
 
-def recall_random(store: MemoryStore, k: int = 10, n_queries: int = 200) -> float:
-    emb = Precomputed(11)
-    vi = store._vectors
-    hits = 0
-    for q in emb.embed(["q"] * n_queries):
-        approx = set(vi.search(q, k)[0].tolist())
-        exact = set(vi.exact(q, np.flatnonzero(vi.alive), k)[0].tolist())
-        hits += len(approx & exact)
-    return hits / (k * n_queries)
-
-
 def recall_real(k: int = 10) -> tuple[float, int]:
     """Recall@10 of the graph vs exact on real MiniLM embeddings of LoCoMo turns."""
     from reachy_memory import load_config, load_embedder
@@ -146,8 +135,6 @@ def bench_size(n: int, repeat: int, tmp: Path) -> None:
     with MemoryStore(config=config(path), embedder=Precomputed()) as store:
         print(f"RSS of this process with the store open         {rss_mb():8.1f} MB (was {before:.1f} MB before)")
         bench_search(store, f"@{n // 1000}k", repeat)
-        store._vectors.exact_below = 0  # measure the graph itself
-        print(f"graph recall@10 vs exact (random unit vectors, worst case) {recall_random(store):8.4f}")
         far = time.time() + 40 * 86400  # conversations (a third) and contexts expire
         t0 = time.perf_counter()
         store.cleanup_expired(now=time.time())  # nothing expired: the common hourly case
