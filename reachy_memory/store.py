@@ -63,6 +63,7 @@ log = logging.getLogger(__name__)
 SNAPSHOT_FILE = "snapshot.rms"
 JOURNAL_FILE = "journal.rmj"
 GRAPH_FILE = "vectors.hnsw"
+_GROUP = {t.value: i for i, t in enumerate(MemoryType)}  # one vector graph per memory type
 NEIGHBOUR_SECONDS = 600.0  # a previous turn older than this is not context any more
 datetime_or_float = Any  # a datetime (aware, or naive meaning UTC), epoch seconds, or None
 
@@ -246,13 +247,15 @@ class MemoryStore:
         vectors = snapshot["vectors"] if snapshot.get("dim") == dim else b""  # another model's space
         vec_rows = len(vectors) // (4 * dim)
         alive = np.zeros(vec_rows, bool)
+        group = np.zeros(vec_rows, np.int8)
         for row in snapshot["records"]:
             rec = _Rec(*row)
             self._place(rec, rec.slot)
             if rec.vkey is not None and rec.vkey == self._current_key and rec.slot < vec_rows:
                 alive[rec.slot] = True
+                group[rec.slot] = _GROUP[rec.type]
         self._free = sorted(set(range(self._next_slot)) - set(self._by_slot))
-        self._vectors.load_vectors(vectors, alive)
+        self._vectors.load_vectors(vectors, alive, group)
         self._load_graph()
 
     def _place(self, rec: _Rec, slot: int) -> None:
@@ -330,7 +333,7 @@ class MemoryStore:
         if vector is None:
             rec.vkey = None
         elif rec.vkey == self._current_key:
-            self._vectors.add(slot, np.frombuffer(vector, np.float32))
+            self._vectors.add(slot, np.frombuffer(vector, np.float32), _GROUP[rec.type])
         if rec.type == MemoryType.CONVERSATION.value:
             self._last_turn = rec
 
@@ -571,7 +574,7 @@ class MemoryStore:
         at = to_epoch(now) if now is not None else time.time()
         with self._lock:
             mask = self._fields.mask(mtype, where)
-            slots, scores = self._rank(query, qvec, mask, limit, mode)
+            slots, scores = self._rank(query, qvec, mask, limit, mode, mtype)
             results = []
             for i in np.argsort(-scores, kind="stable"):
                 if scores[i] < min_score:
@@ -584,13 +587,14 @@ class MemoryStore:
             return results
 
     def _rank(self, query: str, qvec: np.ndarray | None, mask: np.ndarray | None,
-              limit: int, mode: str) -> tuple[np.ndarray, np.ndarray]:
+              limit: int, mode: str, mtype: str | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Candidate slots and their fused scores (unordered)."""
         cfg = self._config.search
         n_cand = max(cfg.candidates, 4 * limit)
         use_vec = qvec is not None and mode != "lexical" and self._vectors.count > 0
         use_lex = mode != "vector" or not use_vec
-        vec_slots = self._vectors.search(qvec, n_cand, mask)[0] if use_vec else np.zeros(0, np.int64)
+        groups = [_GROUP[mtype]] if mtype is not None else None
+        vec_slots = self._vectors.search(qvec, n_cand, mask, groups)[0] if use_vec else np.zeros(0, np.int64)
         lex_slots, lex_scores = self._lexical.scores(query, mask) if use_lex else _EMPTY
         lex_top = lex_slots[_top_k(lex_scores, n_cand)]
         slots = np.unique(np.concatenate([vec_slots, lex_top]))

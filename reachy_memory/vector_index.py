@@ -1,23 +1,28 @@
-"""Cosine k-NN over memory vectors: an hnswlib graph plus an exact numpy path.
+"""Cosine k-NN over memory vectors: hnswlib graphs plus an exact numpy path.
 
-The vectors themselves (a float32 matrix indexed by slot) are the truth and
-are persisted in the msgpack snapshot; the hnswlib graph is only a cache that
-makes start-up fast.  It is saved next to a checksum and verified on load, and
-rebuilt from the vectors when missing, stale or corrupt.
+The vectors (a float32 matrix indexed by slot) are the truth and are persisted
+in the msgpack snapshot; the hnswlib graphs are only a cache that makes search
+at scale fast.  Each *group* (the store uses one per memory type) has its own
+graph, so a search restricted to a type walks only that type's graph instead
+of over-fetching from a shared one.
 
 hnswlib traps designed around here (and never surfaced to callers):
 
 * ``knn_query`` raises when it finds fewer than k live elements: k is capped
-  at the live count and any RuntimeError falls back to the exact path;
-* its Python filter callback is slow: small filtered candidate sets are searched
-  exactly with numpy, large ones by over-fetching from the graph and
-  post-filtering;
+  and any RuntimeError falls back to the exact path;
+* its Python filter callback is slow: small filtered candidate sets are
+  searched exactly with numpy, larger ones by over-fetching and post-filtering;
 * it is not safe with concurrent writes: the store calls it from one thread;
 * ``save_index`` truncates in place: we save to a temp file and rename;
 * insertion costs ~0.2 ms a vector: new vectors wait in a *pending* set that is
-  searched exactly and inserted in batches (:meth:`flush`, or
-  :meth:`maintain` at idle time), and below ``exact_below`` vectors the graph
-  is not used at all, because one matrix-vector product is faster there.
+  searched exactly and inserted in batches (:meth:`maintain` at idle time);
+  below ``exact_below`` vectors no graph is used at all, because one
+  matrix-vector product is faster there.
+
+Cached graphs are verified (tag, checksum, sampled vectors) and loaded in a
+background thread; until then search is exact.  A missing, stale or corrupt
+cache leaves every vector pending, so the graphs are rebuilt in idle-time
+batches instead of blocking start-up.
 """
 
 from __future__ import annotations
@@ -36,13 +41,14 @@ from .errors import StorageError
 from .journal import fsync_dir, pack, unpack
 
 log = logging.getLogger(__name__)
+_NONE = (np.zeros(0, np.int64), np.zeros(0, np.float32))
 
 
 class VectorIndex:
-    """Slots -> unit vectors with approximate and exact cosine search."""
+    """Slots -> unit vectors, grouped, with approximate and exact cosine search."""
 
-    def __init__(self, dim: int, *, m: int = 16, ef_construction: int = 200,
-                 ef_search: int = 96, exact_threshold: int = 2048, exact_below: int = 20_000) -> None:
+    def __init__(self, dim: int, *, m: int = 16, ef_construction: int = 200, ef_search: int = 96,
+                 exact_threshold: int = 2048, exact_below: int = 20_000) -> None:
         self.dim = dim
         self._m, self._efc, self._ef = m, ef_construction, ef_search
         self.exact_threshold = exact_threshold
@@ -50,12 +56,13 @@ class VectorIndex:
         self.vectors = np.zeros((0, dim), np.float32)
         self.alive = np.zeros(0, bool)
         self.in_graph = np.zeros(0, bool)
+        self.group = np.zeros(0, np.int8)
         self.pending: set[int] = set()
         self.count = 0
-        self._graph = self._new_graph(1024)
+        self._graphs: dict[int, hnswlib.Index] = {}
         self._loader: threading.Thread | None = None
-        self._loaded: hnswlib.Index | None = None
-        self._touched: set[int] = set()  # slots changed while a cached graph loads
+        self._loaded: dict[int, hnswlib.Index] = {}
+        self._touched: set[int] = set()  # slots changed while cached graphs load
 
     def _new_graph(self, capacity: int) -> hnswlib.Index:
         graph = hnswlib.Index(space="ip", dim=self.dim)
@@ -70,132 +77,143 @@ class VectorIndex:
         size = max(slot + 1, len(self.alive) * 2, 1024)
         vectors = np.zeros((size, self.dim), np.float32)
         vectors[: len(self.vectors)] = self.vectors
-        alive = np.zeros(size, bool)
-        alive[: len(self.alive)] = self.alive
-        in_graph = np.zeros(size, bool)
-        in_graph[: len(self.in_graph)] = self.in_graph
-        self.vectors, self.alive, self.in_graph = vectors, alive, in_graph
+        self.vectors = vectors
+        self.alive, self.in_graph, self.group = (_extend(a, size) for a in (self.alive, self.in_graph, self.group))
 
-    def add(self, slot: int, vector: np.ndarray) -> None:
-        """Insert (or replace) the vector of ``slot``."""
+    # -- changes -----------------------------------------------------------------------
+
+    def add(self, slot: int, vector: np.ndarray, group: int = 0) -> None:
+        """Insert (or replace) the vector of ``slot`` in ``group``."""
         self._grow(slot)
+        self._unlink(slot)
         self.vectors[slot] = vector
         if not self.alive[slot]:
             self.count += 1
         self.alive[slot] = True
-        if self._loader is not None:
-            self._touched.add(slot)
-        if self.in_graph[slot]:  # a changed vector: the graph node must not stay stale
-            self._graph.mark_deleted(slot)
-            self.in_graph[slot] = False
+        self.group[slot] = group
         self.pending.add(slot)
 
     def remove(self, slot: int) -> None:
         """Drop ``slot`` from results (a graph node stays, marked deleted)."""
         if slot < len(self.alive) and self.alive[slot]:
+            self._unlink(slot)
             self.alive[slot] = False
             self.count -= 1
             self.pending.discard(slot)
-            if self._loader is not None:
-                self._touched.add(slot)
-            if self.in_graph[slot]:
-                self._graph.mark_deleted(slot)
-                self.in_graph[slot] = False
+
+    def _unlink(self, slot: int) -> None:
+        """Take ``slot`` out of its graph (the node must not keep a stale vector)."""
+        if self._loader is not None:
+            self._touched.add(slot)
+        if self.in_graph[slot]:
+            self._graphs[int(self.group[slot])].mark_deleted(slot)
+            self.in_graph[slot] = False
 
     def flush(self, limit: int | None = None) -> int:
-        """Insert up to ``limit`` pending vectors into the graph; returns how many."""
+        """Insert up to ``limit`` pending vectors into their graphs; returns how many."""
         self._adopt_loaded(wait=limit is None)
         if not self.pending:
             return 0
-        batch = np.fromiter(self.pending, np.int64, len(self.pending))
-        batch = np.sort(batch)[:limit]
-        if self._graph.get_max_elements() < len(self.alive):
-            self._graph.resize_index(len(self.alive))
-        # Re-adding a deleted label un-deletes it and updates it in place
-        # (allow_replace_deleted stays off: its label bookkeeping breaks reuse).
-        self._graph.add_items(self.vectors[batch], batch)
+        batch = np.sort(np.fromiter(self.pending, np.int64, len(self.pending)))[:limit]
+        for group in np.unique(self.group[batch]).tolist():
+            slots = batch[self.group[batch] == group]
+            graph = self._graphs.get(group) or self._graphs.setdefault(group, self._new_graph(len(self.alive)))
+            if graph.get_max_elements() < len(self.alive):
+                graph.resize_index(len(self.alive))
+            # Re-adding a deleted label un-deletes it and updates it in place
+            # (allow_replace_deleted stays off: its label bookkeeping breaks reuse).
+            graph.add_items(self.vectors[slots], slots)
         self.in_graph[batch] = True
         self.pending.difference_update(batch.tolist())
         return len(batch)
 
     def maintain(self, budget: int = 256) -> int:
-        """Idle-time work: insert a batch of pending vectors once the graph is needed."""
-        if self.count <= self.exact_below // 2:
+        """Idle-time work: insert a batch of pending vectors once graphs are needed."""
+        if self.count <= self.exact_below // 2 or not self._adopt_loaded(wait=False):
             return 0
-        if not self._adopt_loaded(wait=False):
-            return 0  # a cached graph is still loading: inserting now would be wasted
         return self.flush(budget)
 
-    def search(self, query: np.ndarray, k: int, mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Top ``k`` (slots, cosine similarities), best first, within ``mask``."""
+    # -- search ------------------------------------------------------------------------
+
+    def search(self, query: np.ndarray, k: int, mask: np.ndarray | None = None,
+               groups: list[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Top ``k`` (slots, cosine similarities), best first, within ``mask``.
+
+        ``groups`` names the groups ``mask`` can match (None: any), so the
+        search walks only their graphs.
+        """
         if self.count == 0 or k <= 0:
-            return np.zeros(0, np.int64), np.zeros(0, np.float32)
-        graph_ready = self._adopt_loaded(wait=False) and len(self.pending) <= self.exact_threshold
-        if mask is None:
-            if self.count <= self.exact_below or not graph_ready:
-                return self._scan(query, self.alive, k)
-            return self._graph_search(query, min(k, self.count), None)
-        allowed = np.zeros(len(self.alive), bool)
-        n = min(len(mask), len(self.alive))
-        allowed[:n] = mask[:n] & self.alive[:n]
-        n_allowed = int(np.count_nonzero(allowed))
+            return _NONE
+        allowed = self.alive
+        if mask is not None:
+            allowed = np.zeros(len(self.alive), bool)
+            n = min(len(mask), len(self.alive))
+            allowed[:n] = mask[:n] & self.alive[:n]
+        n_allowed = self.count if mask is None else int(np.count_nonzero(allowed))
         if n_allowed <= self.exact_threshold:
             return self.exact(query, np.flatnonzero(allowed), k)
-        # One matrix-vector product beats over-fetching from the graph unless
-        # the filter keeps most of the index.
-        if self.count <= self.exact_below or not graph_ready or n_allowed < self.count // 2:
+        ready = self._adopt_loaded(wait=False) and len(self.pending) <= self.exact_threshold
+        if self.count <= self.exact_below or not ready:
             return self._scan(query, allowed, k)
-        return self._graph_search(query, k, allowed, n_allowed)
+        return self._graph_search(query, k, None if mask is None else allowed, groups)
 
     def _scan(self, query: np.ndarray, allowed: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Exact search by one matrix-vector product over every slot (fast below ~20k)."""
-        top = len(allowed) if not allowed.any() else int(np.flatnonzero(allowed)[-1]) + 1
+        live = np.flatnonzero(allowed)
+        if len(live) == 0:
+            return _NONE
+        top = int(live[-1]) + 1
         sims = self.vectors[:top] @ query
         sims[~allowed[:top]] = -np.inf
-        k = min(k, int(np.count_nonzero(allowed[:top])))
+        k = min(k, len(live))
         best = np.argpartition(-sims, k - 1)[:k] if k < top else np.arange(top)
         best = best[np.argsort(-sims[best], kind="stable")]
         best = best[np.isfinite(sims[best])]
         return best.astype(np.int64), sims[best].astype(np.float32)
 
     def _graph_search(self, query: np.ndarray, k: int, allowed: np.ndarray | None,
-                      n_allowed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-        labels, sims = self._graph_only(query, k, allowed, n_allowed)
-        if not self.pending:
-            return labels, sims
-        extra = np.fromiter(self.pending, np.int64, len(self.pending))
-        if allowed is not None:
-            extra = extra[allowed[extra]]
-        more_l, more_s = self.exact(query, extra, k)
-        labels, sims = np.concatenate([labels, more_l]), np.concatenate([sims, more_s])
+                      groups: list[int] | None) -> tuple[np.ndarray, np.ndarray]:
+        parts = [self._graph_only(query, k, g, allowed) for g in (groups or list(self._graphs)) if g in self._graphs]
+        if self.pending:
+            extra = np.fromiter(self.pending, np.int64, len(self.pending))
+            if allowed is not None:
+                extra = extra[allowed[extra]]
+            parts.append(self.exact(query, extra, k))
+        if not parts:
+            return _NONE
+        labels, sims = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
         order = np.argsort(-sims, kind="stable")[:k]
         return labels[order], sims[order]
 
-    def _graph_only(self, query: np.ndarray, k: int, allowed: np.ndarray | None,
-                    n_allowed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-        graph_count = int(np.count_nonzero(self.in_graph))
-        if graph_count == 0:
-            return np.zeros(0, np.int64), np.zeros(0, np.float32)
-        k = min(k, graph_count)
-        fetch = k if allowed is None else min(self.count, int(k * self.count / n_allowed * 2) + 10)
+    def _graph_only(self, query: np.ndarray, k: int, group: int,
+                    allowed: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """Top ``k`` of one group's graph, over-fetching when a filter drops results."""
+        members = self.in_graph & (self.group == group)
+        n_members = int(np.count_nonzero(members))
+        n_allowed = n_members if allowed is None else int(np.count_nonzero(allowed & members))
+        if n_allowed == 0:
+            return _NONE
+        if n_allowed <= self.exact_threshold:
+            return self.exact(query, np.flatnonzero(members if allowed is None else allowed & members), k)
+        fetch = min(n_members, k if allowed is None else int(k * n_members / n_allowed * 1.5) + 10)
+        graph = self._graphs[group]
         try:
-            self._graph.set_ef(max(self._ef, fetch))
-            labels, dist = self._graph.knn_query(query.reshape(1, -1), k=fetch)
+            graph.set_ef(max(self._ef, fetch))
+            labels, dist = graph.knn_query(query.reshape(1, -1), k=fetch)
         except RuntimeError:
-            candidates = np.flatnonzero(self.in_graph if allowed is None else allowed & self.in_graph)
-            return self.exact(query, candidates, k)
-        labels, sims = labels[0].astype(np.int64), 1.0 - dist[0]
+            return self.exact(query, np.flatnonzero(members if allowed is None else allowed & members), k)
+        labels, sims = labels[0].astype(np.int64), (1.0 - dist[0]).astype(np.float32)
         if allowed is not None:
             keep = allowed[labels]
             labels, sims = labels[keep], sims[keep]
-            if len(labels) < k:
-                return self.exact(query, np.flatnonzero(allowed & self.in_graph), k)
-        return labels[:k], sims[:k].astype(np.float32)
+            if len(labels) < min(k, n_allowed):
+                return self.exact(query, np.flatnonzero(allowed & members), k)
+        return labels[:k], sims[:k]
 
     def exact(self, query: np.ndarray, slots: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Exact top ``k`` among ``slots`` by dot product (cosine for unit vectors)."""
         if len(slots) == 0:
-            return np.zeros(0, np.int64), np.zeros(0, np.float32)
+            return _NONE
         sims = self.vectors[slots] @ query
         if len(slots) > k:
             top = np.argpartition(-sims, k - 1)[:k]
@@ -214,55 +232,56 @@ class VectorIndex:
     # -- persistence of the graph cache --------------------------------------------
 
     def save_graph(self, path: Path, tag: str) -> None:
-        """Save the graph to ``path`` atomically with a checksum sidecar."""
+        """Save every group's graph next to ``path`` atomically, with checksums."""
         if self.count <= self.exact_below // 2:
-            return  # the graph is not used at this size: nothing worth caching
+            return  # no graph is used at this size: nothing worth caching
         self._adopt_loaded(wait=True)
-        self._graph.set_num_threads(os.cpu_count() or 1)
+        for graph in self._graphs.values():
+            graph.set_num_threads(os.cpu_count() or 1)
         self.flush()
-        self._graph.set_num_threads(1)
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        meta: dict[str, Any] = {"tag": tag, "count": self.count, "groups": {}}
         try:
-            self._graph.save_index(str(tmp))
-            crc = zlib.crc32(tmp.read_bytes())
-            with open(tmp, "rb+") as fh:
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-            meta = {"tag": tag, "crc": crc, "count": self.count}
+            for group, graph in self._graphs.items():
+                graph.set_num_threads(1)
+                meta["groups"][group] = _save_one(graph, _group_path(path, group))
             _write_meta(path, meta)
             fsync_dir(path.parent)
-        except (OSError, RuntimeError) as exc:
-            tmp.unlink(missing_ok=True)
+        except (OSError, RuntimeError, StorageError) as exc:
             log.warning("could not save the vector graph cache %s: %s", path, exc)
 
     def load_graph(self, path: Path, tag: str) -> None:
-        """Start loading the cached graph in the background if it matches ``tag``.
-
-        Until it is adopted (see :meth:`_adopt_loaded`) searches are exact; a
-        missing, stale or corrupt cache leaves every vector pending, and the
-        graph is rebuilt in idle-time batches instead of blocking start-up.
-        """
+        """Start loading cached graphs in the background if they match ``tag``."""
         meta = _read_meta(path)
         if meta is None or meta.get("tag") != tag or meta.get("count") != self.count:
             log.warning("vector graph cache %s missing or stale; it will be rebuilt in the background", path)
             return
         self._touched = set()
-        self._loader = threading.Thread(target=self._load_file, args=(path, meta), name="graph-load", daemon=True)
+        self._loader = threading.Thread(target=self._load_files, args=(path, meta), name="graph-load", daemon=True)
         self._loader.start()
 
-    def _load_file(self, path: Path, meta: dict[str, Any]) -> None:
-        try:
-            if zlib.crc32(path.read_bytes()) != meta.get("crc"):
-                log.warning("vector graph cache %s fails its checksum; rebuilding in the background", path)
+    def _load_files(self, path: Path, meta: dict[str, Any]) -> None:
+        loaded = {}
+        for group, crc in meta.get("groups", {}).items():
+            graph = self._load_one(_group_path(path, int(group)), crc)
+            if graph is None:
                 return
+            loaded[int(group)] = graph
+        self._loaded = loaded
+
+    def _load_one(self, path: Path, crc: int) -> hnswlib.Index | None:
+        try:
+            if zlib.crc32(path.read_bytes()) != crc:
+                log.warning("vector graph cache %s fails its checksum; rebuilding in the background", path)
+                return None
             graph = hnswlib.Index(space="ip", dim=self.dim)
             graph.load_index(str(path), max_elements=max(len(self.alive), 1024))
-            self._loaded = graph
+            return graph
         except (OSError, RuntimeError, MemoryError) as exc:
             log.warning("vector graph cache %s unreadable (%s); rebuilding in the background", path, exc)
+            return None
 
     def _adopt_loaded(self, *, wait: bool) -> bool:
-        """Take a background-loaded graph once it is ready; True when no load is pending."""
+        """Take background-loaded graphs once ready; True when no load is pending."""
         loader = self._loader
         if loader is None:
             return True
@@ -271,24 +290,29 @@ class VectorIndex:
                 return False
             loader.join()
         self._loader = None
-        graph, self._loaded = self._loaded, None
-        if graph is not None and self._verify(graph):
-            self._install(graph)
+        loaded, self._loaded = self._loaded, {}
+        if loaded and all(self._verify(g, graph) for g, graph in loaded.items()):
+            for group, graph in loaded.items():
+                self._install(group, graph)
         self._touched = set()
         return True
 
-    def _verify(self, graph: hnswlib.Index) -> bool:
-        """The graph must hold every untouched live slot with our vector."""
-        live = np.flatnonzero(self.alive)
+    def _stable(self, group: int) -> np.ndarray:
+        """Live slots of ``group`` not changed since the snapshot the graphs match."""
+        live = np.flatnonzero(self.alive & (self.group == group))
+        return np.setdiff1d(live, np.fromiter(self._touched, np.int64, len(self._touched)))
+
+    def _verify(self, group: int, graph: hnswlib.Index) -> bool:
+        """The graph must hold every untouched live slot of its group, with our vector."""
+        stable = self._stable(group)
         labels = np.asarray(graph.get_ids_list(), np.int64)
-        stable = np.setdiff1d(live, np.fromiter(self._touched, np.int64, len(self._touched)))
         if len(labels) < len(stable) or not np.isin(stable, labels).all():
             return False
         sample = stable[:: max(1, len(stable) // 32)][:32]
         return not len(sample) or np.allclose(np.asarray(graph.get_items(sample), np.float32),
                                               self.vectors[sample], atol=1e-6)
 
-    def _install(self, graph: hnswlib.Index) -> None:
+    def _install(self, group: int, graph: hnswlib.Index) -> None:
         """Adopt ``graph``; slots changed during the load are re-inserted from pending."""
         graph.set_ef(self._ef)
         graph.set_num_threads(1)
@@ -300,21 +324,20 @@ class VectorIndex:
                 graph.mark_deleted(slot)
             except RuntimeError:
                 pass  # already marked deleted in the cached graph
-        self._graph = graph
-        self.in_graph = np.zeros(len(self.alive), bool)
-        stable = [s for s in np.flatnonzero(self.alive).tolist() if s not in self._touched and s in labels]
+        stable = self._stable(group)
+        self._graphs[group] = graph
         self.in_graph[stable] = True
-        self.pending.difference_update(stable)
+        self.pending.difference_update(stable.tolist())
 
-    def load_vectors(self, data: memoryview | bytes, alive: np.ndarray) -> None:
-        """Restore the vector matrix (from a snapshot) and the live mask.
+    def load_vectors(self, data: memoryview | bytes, alive: np.ndarray, group: np.ndarray) -> None:
+        """Restore the vector matrix (from a snapshot), live mask and groups.
 
         ``data`` is used in place when writable (a view into the snapshot
         buffer): copying 150 MB would cost more than the rest of opening.
         """
         matrix = np.frombuffer(data, np.float32).reshape(-1, self.dim)
         self.vectors = matrix if matrix.flags.writeable else matrix.copy()
-        self.alive = alive.copy()
+        self.alive, self.group = alive.copy(), group.copy()
         self.in_graph = np.zeros(len(alive), bool)
         self.pending = set(np.flatnonzero(alive).tolist())
         self.count = int(np.count_nonzero(alive))
@@ -327,8 +350,32 @@ class VectorIndex:
 
     def stats(self) -> dict[str, Any]:
         """Counts for health and stats replies."""
-        return {"vectors": self.count, "slots": len(self.alive), "graph_elements": self._graph.element_count,
-                "pending": len(self.pending)}
+        return {"vectors": self.count, "slots": len(self.alive), "pending": len(self.pending),
+                "graph_elements": sum(g.element_count for g in self._graphs.values())}
+
+
+def _extend(array: np.ndarray, size: int) -> np.ndarray:
+    grown = np.zeros(size, array.dtype)
+    grown[: len(array)] = array
+    return grown
+
+
+def _group_path(path: Path, group: int) -> Path:
+    return path.with_name(f"{path.name}.{group}")
+
+
+def _save_one(graph: hnswlib.Index, path: Path) -> int:
+    """Save one graph atomically; returns its checksum."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        graph.save_index(str(tmp))
+        crc = zlib.crc32(tmp.read_bytes())
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        return crc
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _meta_path(path: Path) -> Path:

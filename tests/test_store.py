@@ -265,7 +265,7 @@ def test_graph_cache_is_rebuilt_when_corrupt(tmp_path: Path, embedder: object) -
     cfg = Config().replace("memory", path=str(tmp_path)).replace("search", exact_below=10)
     with MemoryStore(config=cfg, embedder=embedder) as s:
         ids = [s.remember_fact(f"fact number {i} about the garden").id for i in range(30)]
-    graph = tmp_path / "vectors.hnsw"
+    graph = tmp_path / "vectors.hnsw.1"  # the FACT graph
     data = bytearray(graph.read_bytes())
     data[len(data) // 2] ^= 0xFF
     graph.write_bytes(bytes(data))

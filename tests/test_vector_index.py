@@ -1,0 +1,101 @@
+"""VectorIndex: exact and graph paths agree, filters, groups, pending, the cache."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from reachy_memory.vector_index import VectorIndex
+
+
+def unit(rng: np.random.Generator, n: int, dim: int = 16) -> np.ndarray:
+    v = rng.standard_normal((n, dim)).astype(np.float32)
+    return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+
+def filled(n: int = 600, **kw: int) -> tuple[VectorIndex, np.ndarray]:
+    rng = np.random.default_rng(0)
+    vi = VectorIndex(16, exact_below=kw.pop("exact_below", 50), exact_threshold=kw.pop("exact_threshold", 20), **kw)
+    vectors = unit(rng, n)
+    for slot, v in enumerate(vectors):
+        vi.add(slot, v, group=slot % 3)
+    return vi, vectors
+
+
+def brute(vectors: np.ndarray, q: np.ndarray, allowed: np.ndarray, k: int) -> set[int]:
+    sims = vectors @ q
+    sims[~allowed] = -np.inf
+    return set(np.argsort(-sims)[:k].tolist())
+
+
+@pytest.mark.parametrize(
+    ("flush", "selector"),
+    [
+        (False, None),  # everything pending: exact over pending
+        (True, None),  # everything in the graphs
+        (True, "group1"),  # filter on one group, searched in that group's graph only
+        (True, "half"),  # a filter keeping half of the slots, across groups
+        (True, "few"),  # a small filter: exact path
+    ],
+)
+def test_search_matches_brute_force(flush: bool, selector: str | None) -> None:
+    vi, vectors = filled()
+    if flush:
+        vi.flush()
+    slots = np.arange(len(vectors))
+    allowed = {None: np.ones(len(vectors), bool), "group1": slots % 3 == 1,
+               "half": slots % 2 == 0, "few": slots < 15}[selector]
+    mask = None if selector is None else allowed
+    groups = [1] if selector == "group1" else None
+    hits = recall = 0
+    for q in unit(np.random.default_rng(1), 30):
+        got = set(vi.search(q, 10, mask, groups)[0].tolist())
+        want = brute(vectors, q, allowed, 10)
+        hits += len(got & want)
+        recall += len(want)
+        assert got <= set(np.flatnonzero(allowed).tolist())
+    assert hits / recall >= 0.95
+
+
+def test_removed_and_replaced_slots() -> None:
+    vi, vectors = filled()
+    vi.flush()
+    q = vectors[5]
+    assert vi.search(q, 1)[0][0] == 5
+    vi.remove(5)
+    assert 5 not in vi.search(q, 10)[0]
+    vi.add(5, -q, group=2)  # slot reuse with a different vector and group
+    vi.flush()
+    assert 5 not in vi.search(q, 10)[0] and vi.search(-q, 1)[0][0] == 5
+
+
+def test_k_larger_than_population_does_not_raise() -> None:
+    vi, vectors = filled(n=60)
+    vi.flush()
+    slots, sims = vi.search(vectors[0], 500)
+    assert len(slots) == 60 and np.all(np.diff(sims) <= 1e-6)
+
+
+def test_graph_cache_round_trip_and_touched_slots(tmp_path: Path) -> None:
+    vi, vectors = filled()
+    path = tmp_path / "g.hnsw"
+    vi.save_graph(path, "t1")
+    again = VectorIndex(16, exact_below=50, exact_threshold=20)
+    again.load_vectors(vectors.tobytes(), vi.alive[: len(vectors)], vi.group[: len(vectors)])
+    again.load_graph(path, "t1")
+    again.remove(7)  # changes while the cache loads must win over the cache
+    again.add(8, -vectors[8], group=2)
+    assert again._adopt_loaded(wait=True)
+    assert again.pending == {8}
+    assert 7 not in again.search(vectors[7], 10)[0]
+    assert again.search(-vectors[8], 1)[0][0] == 8
+
+
+def test_stale_cache_is_ignored(tmp_path: Path) -> None:
+    vi, vectors = filled()
+    path = tmp_path / "g.hnsw"
+    vi.save_graph(path, "old")
+    again = VectorIndex(16, exact_below=50, exact_threshold=20)
+    again.load_vectors(vectors.tobytes(), vi.alive[: len(vectors)], vi.group[: len(vectors)])
+    again.load_graph(path, "new")  # another snapshot generation
+    assert again._loader is None and len(again.pending) == len(vectors)

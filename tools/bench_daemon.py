@@ -1,0 +1,241 @@
+"""Daemon benchmark and load test (issue: the daemon). Loopback ipc only.
+
+    python tools/bench_daemon.py                 # 10k memories, 3-minute load test
+    python tools/bench_daemon.py --minutes 1     # shorter load test
+    python tools/bench_daemon.py --minutes 0     # latency figures only
+
+Prints: cold start (launch to READY=1 and to the first answered search) with
+10k memories, daemon RSS, end-to-end latencies through MemoryClient (search
+and store include embedding with the fp32 model), cheap-op round trips alone
+and while 4 other clients search flat out, then a load test of 8 clients with
+mixed ops: errors, throughput and the RSS trend.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from tools._bench import SHARED, percentiles, row, sentences  # noqa: E402
+
+from reachy_memory import MemoryClient, MemoryStore, load_config  # noqa: E402
+
+
+def questions() -> list[str]:
+    out = []
+    for path in sorted((SHARED / "data" / "locomo-dev").glob("*.json")):
+        out += [q["question"] for q in json.loads(path.read_text())["qa"]]
+    return out or sentences(500, seed=5)
+
+
+def prepare(tmp: Path, n: int) -> Path:
+    config_path = tmp / "config.yaml"
+    settings = {"memory": {"path": str(tmp / "data")}, "server": {"endpoint": f"ipc://{tmp}/run/memory.sock"}}
+    config_path.write_text(yaml.safe_dump(settings))
+    config = load_config(config_path)
+    texts = sentences(n, seed=1)
+    with MemoryStore(config=config) as store:
+        for i in range(0, n, 500):
+            store.store_batch([{"content": t, "memory_type": ("conversation", "fact")[j % 2],
+                                "metadata": {"speaker": f"user{j % 4}"}} for j, t in enumerate(texts[i : i + 500])])
+            print(f"\r  storing {min(i + 500, n)}/{n}", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    return config_path
+
+
+def start(config_path: Path, notify: str | None = None) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    if notify:
+        env["NOTIFY_SOCKET"] = notify
+    return subprocess.Popen([sys.executable, "-m", "reachy_memory.cli", "serve", "--config", str(config_path)],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+
+
+def cold_start(config_path: Path, tmp: Path) -> None:
+    ready, first = [], []
+    for i in range(3):
+        path = str(tmp / f"notify{i}.sock")
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        sock.bind(path)
+        sock.settimeout(120)
+        t0 = time.perf_counter()
+        proc = start(config_path, path)
+        while b"READY=1" not in sock.recv(4096):
+            pass
+        ready.append(time.perf_counter() - t0)
+        with MemoryClient(config=load_config(config_path), timeout=30) as c:
+            c.search("what did we talk about yesterday", where={"speaker": "user1"})
+        first.append(time.perf_counter() - t0)
+        stop(proc)
+        sock.close()
+    print(f"cold start, launch to READY=1 (3 runs)          median {np.median(ready):.3f} s  {[round(x, 3) for x in ready]}")
+    print(f"cold start, launch to first filtered search      median {np.median(first):.3f} s  {[round(x, 3) for x in first]}")
+
+
+def rss_of(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def latency(c: MemoryClient, repeat: int) -> None:
+    qs = questions()
+    counter = iter(range(10**9))
+    memory = c.store("a memory to fetch", "fact")
+    cases = {
+        "search e2e (incl. embedding, unique queries)": lambda: c.search(f"{qs[next(counter) % len(qs)]} {next(counter)}"),
+        "search e2e, memory_type=fact": lambda: c.search(f"{qs[next(counter) % len(qs)]} {next(counter)}", "fact"),
+        "store e2e (incl. embedding, fsync=always)": lambda: c.store(f"note {next(counter)} about the garden", "conversation"),
+        "ping": c.ping,
+        "get_context_window": c.get_context_window,
+        "get": lambda: c.get(memory.id),
+    }
+    for name, fn in cases.items():
+        per_run = []
+        for _ in range(3):
+            samples = []
+            for _ in range(repeat):
+                t = time.perf_counter()
+                fn()
+                samples.append(time.perf_counter() - t)
+            per_run.append(percentiles(samples))
+        print(row(name, {k: float(np.median([r[k] for r in per_run])) for k in per_run[0]}))
+
+
+def _searcher(config_path: str, stop_at: float, out: mp.Queue) -> None:
+    qs = questions()
+    n = errors = 0
+    with MemoryClient(config=load_config(config_path), timeout=10) as c:
+        while time.time() < stop_at:
+            try:
+                c.search(f"{random.choice(qs)} {n}")
+            except Exception:
+                errors += 1
+            n += 1
+    out.put((n, errors))
+
+
+def cheap_under_load(config_path: Path, repeat: int) -> None:
+    out: mp.Queue = mp.Queue()
+    stop_at = time.time() + 60
+    procs = [mp.Process(target=_searcher, args=(str(config_path), stop_at, out)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    time.sleep(2)
+    with MemoryClient(config=load_config(config_path), timeout=10) as c:
+        for name, fn in (("ping while 4 clients search flat out", c.ping),
+                         ("get_context_window while 4 clients search", c.get_context_window)):
+            per_run = []
+            for _ in range(3):
+                samples = []
+                for _ in range(repeat):
+                    t = time.perf_counter()
+                    fn()
+                    samples.append(time.perf_counter() - t)
+                per_run.append(percentiles(samples))
+            print(row(name, {k: float(np.median([r[k] for r in per_run])) for k in per_run[0]}))
+    for p in procs:
+        p.terminate()
+        p.join()
+
+
+def _mixed(config_path: str, k: int, stop_at: float, out: mp.Queue) -> None:
+    rng = random.Random(k)
+    qs = questions()
+    counts = {"ops": 0, "errors": 0}
+    ids: list[str] = []
+    with MemoryClient(config=load_config(config_path), timeout=10) as c:
+        while time.time() < stop_at:
+            roll = rng.random()
+            try:
+                if roll < 0.45:
+                    c.search(rng.choice(qs), limit=5)
+                elif roll < 0.65:
+                    ids.append(c.store(f"client {k} says {rng.choice(qs)}", "conversation", {"k": k}).id)
+                elif roll < 0.75 and ids:
+                    c.forget(ids.pop(rng.randrange(len(ids))))
+                elif roll < 0.85:
+                    c.add_to_context_window("user", f"turn {counts['ops']}")
+                elif roll < 0.9:
+                    c.set_context(f"topic{k}", f"topic {counts['ops']}")
+                else:
+                    c.ping()
+            except Exception:
+                counts["errors"] += 1
+            counts["ops"] += 1
+    out.put(counts)
+
+
+def load_test(config_path: Path, pid: int, minutes: float) -> None:
+    out: mp.Queue = mp.Queue()
+    stop_at = time.time() + minutes * 60
+    procs = [mp.Process(target=_mixed, args=(str(config_path), k, stop_at, out)) for k in range(8)]
+    for p in procs:
+        p.start()
+    samples = []
+    while time.time() < stop_at:
+        samples.append((time.time(), rss_of(pid)))
+        time.sleep(5)
+    results = [out.get(timeout=60) for _ in procs]
+    for p in procs:
+        p.join()
+    ops, errors = sum(r["ops"] for r in results), sum(r["errors"] for r in results)
+    half = samples[len(samples) // 2 :]
+    slope = np.polyfit([t - half[0][0] for t, _ in half], [m for _, m in half], 1)[0] * 60 if len(half) > 2 else 0.0
+    print(f"load test: 8 clients, mixed ops, {minutes:g} min: {ops} ops ({ops / (minutes * 60):.0f}/s), "
+          f"{errors} errors")
+    print(f"daemon RSS during the load test: start {samples[0][1]:.0f} MB, max {max(m for _, m in samples):.0f} MB, "
+          f"end {samples[-1][1]:.0f} MB, trend over the second half {slope:+.2f} MB/min")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--memories", type=int, default=10_000)
+    parser.add_argument("--minutes", type=float, default=3.0)
+    parser.add_argument("--repeat", type=int, default=300)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="rm-daemon-bench-") as tmp_name:
+        tmp = Path(tmp_name)
+        config_path = prepare(tmp, args.memories)
+        cold_start(config_path, tmp)
+        proc = start(config_path)
+        try:
+            with MemoryClient(config=load_config(config_path), timeout=60) as c:
+                while True:
+                    try:
+                        c.ping(timeout=1)
+                        break
+                    except Exception:
+                        time.sleep(0.1)
+                latency(c, args.repeat)
+            print(f"daemon RSS with the fp32 model and {args.memories} memories: {rss_of(proc.pid):.0f} MB")
+            cheap_under_load(config_path, args.repeat)
+            if args.minutes > 0:
+                load_test(config_path, proc.pid, args.minutes)
+        finally:
+            stop(proc)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""Embedder benchmark (issue: on-device embeddings).
+
+    python tools/bench_embed.py [--repeat 300]
+
+Prints, for fp32 and int8 at 1 and 2 threads: embed() latency for one short
+query (tokenise + run + pool; fresh texts, so the LRU cache is not hit),
+batch throughput on dialogue-length lines, model load time from the built
+cache, and the RSS the loaded embedder adds. Each figure is the median of 3 runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tools._bench import SHARED, row, runs  # noqa: E402
+
+from reachy_memory import load_config, load_embedder  # noqa: E402
+
+PROBE = """
+import sys, time, json
+sys.path.insert(0, {root!r})
+from tools._bench import rss_mb
+import numpy, onnxruntime, tokenizers
+base = rss_mb()
+from reachy_memory import load_config, load_embedder
+cfg = load_config(embedding={{"precision": {precision!r}, "threads": 1}})
+t = time.perf_counter(); emb = load_embedder(cfg); load = time.perf_counter() - t
+emb.embed(["warm up the session"])
+print(json.dumps({{"load_s": load, "rss_mb": rss_mb(), "delta_mb": rss_mb() - base}}))
+"""
+
+
+def dialogue_lines() -> list[str]:
+    lines = []
+    for path in sorted((SHARED / "data" / "locomo-dev").glob("*.json")):
+        for key, turns in json.loads(path.read_text()).items():
+            if key.startswith("session_") and isinstance(turns, list):
+                lines += [t["text"] for t in turns]
+    return lines
+
+
+def load_and_rss(precision: str) -> dict[str, float]:
+    root = str(Path(__file__).resolve().parents[1])
+    results = []
+    for _ in range(3):
+        out = subprocess.run([sys.executable, "-c", PROBE.format(root=root, precision=precision)],
+                             capture_output=True, text=True, check=True)
+        results.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    return {k: float(np.median([r[k] for r in results])) for k in results[0]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeat", type=int, default=300)
+    args = parser.parse_args()
+    lines = dialogue_lines()
+    for precision in ("fp32", "int8"):
+        for threads in (1, 2):
+            emb = load_embedder(load_config(embedding={"precision": precision, "threads": threads, "lru_size": 0}))
+            emb.embed(["warm up"] * 4)
+            counter = iter(range(10**9))
+            stats = runs(lambda: emb.embed([f"What does my wife like? {next(counter)}"]), args.repeat)
+            print(row(f"embed() one short query {precision} threads={threads}", stats))
+            rates = []
+            for _ in range(3):
+                import time
+
+                start = time.perf_counter()
+                for i in range(0, 1024, 64):
+                    emb.embed([f"{t} {i}" for t in lines[i : i + 64]])
+                rates.append(1024 / (time.perf_counter() - start))
+            print(f"{'batch throughput (64 dialogue lines/call)':<46} {np.median(rates):8.0f} texts/s  "
+                  f"({precision}, threads={threads})")
+        info = load_and_rss(precision)
+        print(f"{'load from cache ' + precision:<46} {info['load_s']:8.3f} s   RSS added by the embedder "
+              f"{info['delta_mb']:.0f} MB (process {info['rss_mb']:.0f} MB)")
+    emb = load_embedder(load_config())
+    emb.embed(["a repeated text"])
+    print(row("embed() LRU hit (repeated text)", runs(lambda: emb.embed(["a repeated text"]), args.repeat)))
+
+
+if __name__ == "__main__":
+    main()
