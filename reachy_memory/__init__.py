@@ -43,10 +43,9 @@ from .store import DEFAULT_EMBEDDER, Embedder, MemoryStore
 __version__ = "0.1.0"
 
 __all__ = [
-    "AsyncMemoryClient",
-    "MemoryClient",
     "DEFAULT_EMBEDDER",
     "AlreadyRunningError",
+    "AsyncMemoryClient",
     "BusyError",
     "ClosedError",
     "Config",
@@ -56,12 +55,14 @@ __all__ = [
     "Embedder",
     "FormatVersionError",
     "Memory",
+    "MemoryClient",
     "MemoryStore",
     "MemoryType",
     "ModelError",
     "ModelMismatchError",
     "ModelUnavailableError",
     "NotFoundError",
+    "OnnxEmbedder",
     "ProtocolError",
     "ReachyMemoryError",
     "RemoteError",
@@ -74,5 +75,4 @@ __all__ = [
     "ValidationError",
     "load_config",
     "load_embedder",
-    "OnnxEmbedder",
 ]

@@ -113,7 +113,8 @@ class FieldIndex:
 
     def string_values(self, key: str) -> dict[str, set[int]]:
         """The string values of metadata ``key`` and the slots holding each."""
-        return {v: slots for (kind, v), slots in self._fields.get(key, {}).items() if kind == "s" and isinstance(v, str)}
+        values = self._fields.get(key, {})
+        return {v: slots for (kind, v), slots in values.items() if kind == "s" and isinstance(v, str)}
 
     def slots_with(self, key: str, value: Scalar) -> set[int]:
         """Slots whose metadata ``key`` equals (or contains) ``value``."""

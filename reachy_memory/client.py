@@ -21,7 +21,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 import zmq
 import zmq.asyncio
@@ -271,7 +271,7 @@ class AsyncMemoryClient(_Base):
         self._pending[request_id] = future
         if self._reader is None or self._reader.done():
             self._reader = asyncio.create_task(self._read())
-        await self._sock.send(frame)
+        await cast(Awaitable[Any], self._sock.send(frame))
         try:
             return await asyncio.wait_for(future, timeout)
         except TimeoutError:
@@ -283,7 +283,7 @@ class AsyncMemoryClient(_Base):
     async def _read(self) -> None:
         while self._pending:
             try:
-                reply = proto.decode(await self._sock.recv())
+                reply = proto.decode(await cast(Awaitable[bytes], self._sock.recv()))
             except ProtocolError:
                 continue
             future = self._pending.get(reply.get("id"))  # type: ignore[arg-type]

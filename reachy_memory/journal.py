@@ -61,7 +61,7 @@ def pack(obj: Any) -> bytes:
     return msgpack.packb(obj, use_bin_type=True)
 
 
-def unpack(data: bytes) -> Any:
+def unpack(data: bytes | memoryview) -> Any:
     """Decode msgpack; raises ValueError-family errors on bad data."""
     return msgpack.unpackb(data, raw=False, strict_map_key=False)
 
@@ -141,7 +141,7 @@ def _read_bytes(path: Path) -> memoryview:
             size = os.fstat(fh.fileno()).st_size
             raw = np.empty(size + ALIGN, np.uint8)  # aligned like the file: data frames stay aligned
             start = -raw.ctypes.data % ALIGN
-            buf = memoryview(raw)[start : start + size]
+            buf = raw.data[start : start + size]
             fh.readinto(buf)
         return buf
     except OSError as exc:
@@ -395,7 +395,7 @@ def repair_file(path: Path, kind: bytes) -> RepairReport:
             unpack(payload)
             good.append(payload)
     except CorruptionError as exc:
-        damaged_at = exc.offset
+        damaged_at = exc.fields.get("offset")
     except Exception:
         damaged_at = HEADER_SIZE + sum(_FRAME.size + len(p) for p in good)
     if damaged_at is None:

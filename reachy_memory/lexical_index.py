@@ -22,14 +22,16 @@ import snowballstemmer
 _WORD = re.compile(r"\w+", re.UNICODE)
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")
 STOPWORDS = frozenset(
-    """a about above after again against all am an and any are as at be because been before being
-    below between both but by can could did do does doing down during each few for from further had
-    has have having he her here hers herself him himself his how i if in into is it its itself just
-    me more most my myself no nor not now of off on once only or other our ours ourselves out over own
+    """
+    a about above after again against all am an and any are as at be because been before being below
+    between both but by can could did do does doing down during each few for from further had has
+    have having he her here hers herself him himself his how i if in into is it its itself just me
+    more most my myself no nor not now of off on once only or other our ours ourselves out over own
     same she should so some such than that the their theirs them themselves then there these they
     this those through to too under until up very was we were what when where which while who whom
     why will with would you your yours yourself yourselves s t d ll m re ve y don didn doesn isn
-    wasn aren weren hasn haven hadn won wouldn shouldn couldn mustn let us also""".split()
+    wasn aren weren hasn haven hadn won wouldn shouldn couldn mustn let us also
+    """.split()
 )
 K1 = 1.2
 B = 0.75
@@ -67,7 +69,7 @@ class Tokenizer:
 class _Posting:
     """Slots holding a term and their term frequencies (arrays or a dict)."""
 
-    __slots__ = ("docs", "arrays")
+    __slots__ = ("arrays", "docs")
 
     def __init__(self, arrays: tuple[np.ndarray, np.ndarray] | None = None) -> None:
         self.docs: dict[int, int] | None = None if arrays is not None else {}
@@ -190,7 +192,8 @@ class LexicalIndex:
         self.n_docs = int(state["n"])
         self._total_len = float(self._doc_len.sum())
         self._postings = {
-            term: _Posting((np.frombuffer(s, np.int32).astype(np.int64), np.frombuffer(t, np.uint16).astype(np.float32)))
+            term: _Posting((np.frombuffer(s, np.int32).astype(np.int64),
+                             np.frombuffer(t, np.uint16).astype(np.float32)))
             for term, (s, t) in state["terms"].items()
         }
 

@@ -18,6 +18,7 @@ quantisation of the weight MatMuls) into ``embedding.cache_dir`` (default
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -86,7 +87,8 @@ def find_weights(config: Config) -> Path | None:
     """The first source folder that holds usable files, or None."""
     if config.embedding.model_dir:
         folder = Path(config.embedding.model_dir).expanduser()
-        if (folder / "tokenizer.json").exists() and any((folder / f).exists() for f in ("model.onnx", "model.safetensors")):
+        has_model = any((folder / f).exists() for f in ("model.onnx", "model.safetensors"))
+        if (folder / "tokenizer.json").exists() and has_model:
             return folder
         raise ModelUnavailableError(f"embedding.model_dir {folder} lacks tokenizer.json and model.onnx/.safetensors")
     cached = download_dir(config) / MODEL_NAME
@@ -192,10 +194,8 @@ def _weights_digest(weights: Path) -> str:
     except (OSError, ValueError, KeyError):
         pass
     digest = sha256_of(weights)
-    try:
+    with contextlib.suppress(OSError):  # a read-only model folder: hash again next time
         memo.write_text(json.dumps({"stamp": stamp, "sha256": digest}))
-    except OSError:
-        pass  # a read-only model folder: hash again next time
     return digest
 
 

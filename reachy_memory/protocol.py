@@ -33,8 +33,8 @@ A memory on the wire::
 Ops and their ``args`` (``result`` after the arrow):
 
     ping {}                                              -> {"pong": true, "time": float}
-    health {}                                            -> {"status", "embedder", "memories", "last_cleanup", "uptime_s"}
-    stats {}                                             -> {"ops": {op: {count, errors, p50_ms, p99_ms}}, "store": {...}, "uptime_s"}
+    health {}            -> {"status", "embedder", "memories", "last_cleanup", "uptime_s"}
+    stats {}             -> {"ops": {op: {count, errors, p50_ms, p99_ms}}, "store": {...}, "uptime_s"}
     store {content, memory_type="fact", metadata={}, id?}  -> memory     (same id again: no duplicate)
     store_batch {items: [{content, memory_type, metadata, id?}]} -> [memory]
     remember_fact {content, metadata={}}                 -> memory

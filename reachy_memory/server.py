@@ -26,7 +26,7 @@ from collections import defaultdict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import zmq
@@ -74,6 +74,9 @@ class _OpStats:
 
 class Daemon:
     """A running reachy-memory service. ``serve()`` blocks until stopped."""
+
+    _ops_inline: ClassVar[dict[str, Callable[[Daemon, _Job], Any]]]
+    _ops_engine: ClassVar[dict[str, Callable[[Daemon, _Job], Any]]]
 
     def __init__(self, config: Config, *, store: MemoryStore | None = None, endpoint: str | None = None) -> None:
         self.config = config
@@ -246,7 +249,8 @@ class Daemon:
             target.put_nowait(job)
         except queue.Full:
             self._record(job.op, time.monotonic() - job.received, failed=True)
-            router.send_multipart([*job.envelope, proto.error_from(job.request_id, BusyError("daemon queues are full"))])
+            busy = BusyError("daemon queues are full")
+            router.send_multipart([*job.envelope, proto.error_from(job.request_id, busy)])
             return
         self._inflight += 1
 
@@ -488,8 +492,19 @@ def _context_window_add(d: Daemon, job: _Job) -> None:
     d.store.add_to_context_window(role, content)
 
 
-def _no_args(job: _Job) -> None:
+def _window(d: Daemon, job: _Job) -> list[dict[str, Any]]:
     _allowed(job.args, set())
+    return d.store.get_context_window()
+
+
+def _clear_window(d: Daemon, job: _Job) -> None:
+    _allowed(job.args, set())
+    d.store.clear_context_window()
+
+
+def _compact(d: Daemon, job: _Job) -> None:
+    _allowed(job.args, set())
+    d.store.compact()
 
 
 _inline: dict[str, Callable[[Daemon, _Job], Any]] = {
@@ -498,7 +513,7 @@ _inline: dict[str, Callable[[Daemon, _Job], Any]] = {
     "stats": lambda d, j: d.stats(),
     "get": lambda d, j: _memory(d.store.get(*_args(j, "id"))),
     "get_context": lambda d, j: d.store.get_context(*_args(j, "key")),
-    "get_context_window": lambda d, j: (_no_args(j), d.store.get_context_window())[1],
+    "get_context_window": _window,
 }
 _engine: dict[str, Callable[[Daemon, _Job], Any]] = {
     "search": _search,
@@ -507,13 +522,13 @@ _engine: dict[str, Callable[[Daemon, _Job], Any]] = {
     "forget": lambda d, j: {"deleted": d.store.forget(*_args(j, "id"))},
     "cleanup_expired": _cleanup_op,
     "add_to_context_window": _context_window_add,
-    "clear_context_window": lambda d, j: (_no_args(j), d.store.clear_context_window())[1],
+    "clear_context_window": _clear_window,
     "export": _export,
     "backup": _backup,
-    "compact": lambda d, j: (_no_args(j), d.store.compact())[1],
+    "compact": _compact,
 }
-Daemon._ops_inline = _inline  # type: ignore[attr-defined]
-Daemon._ops_engine = _engine  # type: ignore[attr-defined]
+Daemon._ops_inline = _inline
+Daemon._ops_engine = _engine
 _OPS = frozenset(_inline) | frozenset(_engine)
 
 

@@ -97,7 +97,7 @@ def embedder_key(embedder: Any) -> str:
 class _Rec:
     """A stored memory, in the compact form kept in RAM and on disk."""
 
-    __slots__ = ("id", "content", "type", "created", "expires", "metadata", "slot", "vkey")
+    __slots__ = ("content", "created", "expires", "id", "metadata", "slot", "type", "vkey")
 
     def __init__(self, id: str, content: str, type: str, created: float, expires: float | None,
                  metadata: dict[str, Any], slot: int = -1, vkey: str | None = None) -> None:
@@ -499,7 +499,7 @@ class MemoryStore:
     def cleanup_expired(self, now: datetime_or_float = None) -> int:
         """Delete every memory expired at ``now`` (default: now); returns the count."""
         self._require_open()
-        at = to_epoch(now) if now is not None else time.time()
+        at = _epoch(now)
         with self._lock:
             expired = [r.id for r in self._records.values() if r.expires is not None and r.expires <= at]
             for start in range(0, len(expired), 5000):
@@ -513,7 +513,7 @@ class MemoryStore:
         self._require_open()
         _check_str(memory_id, "id")
         rec = self._records.get(memory_id)
-        at = to_epoch(now) if now is not None else time.time()
+        at = _epoch(now)
         return rec.memory() if rec is not None and not rec.expired(at) else None
 
     def export_page(self, after: str | None = None, limit: int = 500) -> tuple[list[Memory], str | None]:
@@ -571,7 +571,7 @@ class MemoryStore:
         """:meth:`search` with the query already embedded (``qvec`` may be None)."""
         self._require_open()
         mtype = MemoryType.parse(memory_type).value if memory_type is not None else None
-        at = to_epoch(now) if now is not None else time.time()
+        at = _epoch(now)
         with self._lock:
             mask = self._fields.mask(mtype, where)
             slots, scores = self._rank(query, qvec, mask, limit, mode, mtype)
@@ -591,16 +591,17 @@ class MemoryStore:
         """Candidate slots and their fused scores (unordered)."""
         cfg = self._config.search
         n_cand = max(cfg.candidates, 4 * limit)
-        use_vec = qvec is not None and mode != "lexical" and self._vectors.count > 0
+        vec_q = qvec if mode != "lexical" and self._vectors.count > 0 else None
+        use_vec = vec_q is not None
         use_lex = mode != "vector" or not use_vec
         groups = [_GROUP[mtype]] if mtype is not None else None
-        vec_slots = self._vectors.search(qvec, n_cand, mask, groups)[0] if use_vec else np.zeros(0, np.int64)
+        vec_slots = self._vectors.search(vec_q, n_cand, mask, groups)[0] if vec_q is not None else _EMPTY[0]
         lex_slots, lex_scores = self._lexical.scores(query, mask) if use_lex else _EMPTY
         lex_top = lex_slots[_top_k(lex_scores, n_cand)]
         slots = np.unique(np.concatenate([vec_slots, lex_top]))
         if len(slots) == 0:
             return _EMPTY
-        cos = self._vectors.similarity(qvec, slots) if use_vec else np.zeros(len(slots), np.float32)
+        cos = self._vectors.similarity(vec_q, slots) if vec_q is not None else np.zeros(len(slots), np.float32)
         bm25 = _lookup(lex_slots, lex_scores, slots)
         scores = fuse(np.maximum(cos, 0.0), bm25, cfg, use_vec=use_vec, use_lex=use_lex)
         if mode == "hybrid":
@@ -664,7 +665,7 @@ class MemoryStore:
         """The live value of named context ``key``, or None."""
         self._require_open()
         _check_str(key, "key")
-        at = to_epoch(now) if now is not None else time.time()
+        at = _epoch(now)
         with self._lock:
             live = [r for r in self._context_records(key) if not r.expired(at)]
         return max(live, key=lambda r: r.created).content if live else None
@@ -695,7 +696,8 @@ class MemoryStore:
 
     def _reset_journal(self) -> None:
         path = self.path / JOURNAL_FILE
-        jr.write_atomic(path, [jr.header(jr.JOURNAL), jr.encode_frame({"kind": "journal", "generation": self._generation})])
+        head = {"kind": "journal", "generation": self._generation}
+        jr.write_atomic(path, [jr.header(jr.JOURNAL), jr.encode_frame(head)])
         self._journal = jr.Journal(path, self._config.memory.fsync, self._config.memory.fsync_batch_window_ms)
         self._journal.open({})
 
@@ -703,7 +705,8 @@ class MemoryStore:
         rows = []
         for rec in self._records.values():
             row = rec.row()
-            row[7] = rec.vkey if rec.vkey == self._current_key and self._vectors.alive[rec.slot:rec.slot + 1].any() else None
+            indexed = rec.vkey == self._current_key and bool(self._vectors.alive[rec.slot : rec.slot + 1].any())
+            row[7] = rec.vkey if indexed else None
             rows.append(row)
         head = {"kind": "snapshot", "generation": self._generation, "model": self._current_key or self._model_key,
                 "dim": self._vectors.dim, "created": time.time()}
@@ -848,6 +851,12 @@ def _lookup(keys: np.ndarray, values: np.ndarray, wanted: np.ndarray) -> np.ndar
     hit = keys[pos] == wanted
     out[hit] = values[pos[hit]]
     return out
+
+
+def _epoch(now: Any) -> float:
+    """``now`` (datetime, epoch or None for the current time) as epoch seconds."""
+    at = to_epoch(now) if now is not None else None
+    return time.time() if at is None else at
 
 
 def _check_str(value: Any, field: str) -> None:

@@ -89,5 +89,5 @@ def test_model_dir_with_safetensors_builds_into_cache(tmp_path: Path, base_confi
 
 def test_model_dir_missing_files_is_explained(tmp_path: Path) -> None:
     cfg = load_config(embedding={"model_dir": str(tmp_path)})
-    with pytest.raises(ModelUnavailableError, match="tokenizer.json"):
+    with pytest.raises(ModelUnavailableError, match=r"tokenizer\.json"):
         load_embedder(cfg)

@@ -21,7 +21,6 @@ import zmq
 from reachy_memory import (
     AsyncMemoryClient,
     BusyError,
-    MemoryClient,
     MemoryStore,
     RequestTimeoutError,
     TooLargeError,

@@ -224,9 +224,8 @@ def test_second_process_is_refused(config: Config) -> None:
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
         assert done.returncode == 3, done.stderr
         assert "in use by another process" in done.stdout
-    with pytest.raises(StoreLockedError):
-        with MemoryStore(config=config, embedder=None):
-            MemoryStore(config=config, embedder=None)
+    with pytest.raises(StoreLockedError), MemoryStore(config=config, embedder=None):
+        MemoryStore(config=config, embedder=None)
 
 
 def test_use_after_close_and_idempotent_close(lexical_store: MemoryStore) -> None:

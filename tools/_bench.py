@@ -54,7 +54,7 @@ def vocabulary() -> list[str]:
             if key.startswith("session_") and isinstance(turns, list):
                 for turn in turns:
                     words.extend(turn["text"].split())
-    return words or "robot memory tea coffee garden music dinosaur kitchen".split()
+    return words or ["robot", "memory", "tea", "coffee", "garden", "music", "dinosaur", "kitchen"]
 
 
 def sentences(n: int, seed: int = 0) -> list[str]:

@@ -31,9 +31,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from tools._bench import SHARED, percentiles, row, sentences  # noqa: E402
-
 from reachy_memory import MemoryClient, MemoryStore, load_config  # noqa: E402
+from tools._bench import SHARED, percentiles, row, sentences  # noqa: E402
 
 
 def questions() -> list[str]:
@@ -88,8 +87,8 @@ def cold_start(config_path: Path, tmp: Path) -> None:
         first.append(time.perf_counter() - t0)
         stop(proc)
         sock.close()
-    print(f"cold start, launch to READY=1 (3 runs)          median {np.median(ready):.3f} s  {[round(x, 3) for x in ready]}")
-    print(f"cold start, launch to first filtered search      median {np.median(first):.3f} s  {[round(x, 3) for x in first]}")
+    for name, values in (("launch to READY=1", ready), ("launch to first filtered search", first)):
+        print(f"cold start, {name:<36} median {np.median(values):.3f} s  {[round(x, 3) for x in values]}")
 
 
 def rss_of(pid: int) -> float:
@@ -102,11 +101,16 @@ def rss_of(pid: int) -> float:
 def latency(c: MemoryClient, repeat: int) -> None:
     qs = questions()
     counter = iter(range(10**9))
+
+    def query() -> str:
+        n = next(counter)
+        return f"{qs[n % len(qs)]} {n}"
+
     memory = c.store("a memory to fetch", "fact")
     cases = {
-        "search e2e (incl. embedding, unique queries)": lambda: c.search(f"{qs[next(counter) % len(qs)]} {next(counter)}"),
-        "search e2e, memory_type=fact": lambda: c.search(f"{qs[next(counter) % len(qs)]} {next(counter)}", "fact"),
-        "store e2e (incl. embedding, fsync=always)": lambda: c.store(f"note {next(counter)} about the garden", "conversation"),
+        "search e2e (incl. embedding, unique queries)": lambda: c.search(query()),
+        "search e2e, memory_type=fact": lambda: c.search(query(), "fact"),
+        "store e2e (incl. embedding, fsync=always)": lambda: c.store(f"note {next(counter)}", "conversation"),
         "ping": c.ping,
         "get_context_window": c.get_context_window,
         "get": lambda: c.get(memory.id),

@@ -14,14 +14,15 @@ import argparse
 import json
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tools._bench import SHARED, row, runs  # noqa: E402
-
-from reachy_memory import load_config, load_embedder  # noqa: E402
+from reachy_memory import OnnxEmbedder, load_config, load_embedder
+from tools._bench import SHARED, row, runs
 
 PROBE = """
 import sys, time, json
@@ -66,12 +67,14 @@ def main() -> None:
             emb = load_embedder(load_config(embedding={"precision": precision, "threads": threads, "lru_size": 0}))
             emb.embed(["warm up"] * 4)
             counter = iter(range(10**9))
-            stats = runs(lambda: emb.embed([f"What does my wife like? {next(counter)}"]), args.repeat)
+
+            def one(emb: OnnxEmbedder = emb, counter: Iterator[int] = counter) -> None:
+                emb.embed([f"What does my wife like? {next(counter)}"])
+
+            stats = runs(one, args.repeat)
             print(row(f"embed() one short query {precision} threads={threads}", stats))
             rates = []
             for _ in range(3):
-                import time
-
                 start = time.perf_counter()
                 for i in range(0, 1024, 64):
                     emb.embed([f"{t} {i}" for t in lines[i : i + 64]])

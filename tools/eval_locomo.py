@@ -23,7 +23,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from reachy_memory import Config, MemoryStore, load_config, load_embedder  # noqa: E402
+from reachy_memory import Config, MemoryStore, load_config, load_embedder
 
 DEFAULT_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo-dev"
 KS = (1, 5, 10)
