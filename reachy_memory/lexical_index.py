@@ -171,9 +171,10 @@ class LexicalIndex:
                 w_parts.append(idf * tf * (K1 + 1) / (tf + K1 * (1 - B + B * dl / avg)))
         if not idx_parts:
             return empty
-        idx, weights = np.concatenate(idx_parts), np.concatenate(w_parts)
-        uniq, inverse = np.unique(idx, return_inverse=True)
-        return uniq, np.bincount(inverse, weights=weights) / ceiling
+        # A dense accumulator is linear; np.unique would sort every posting.
+        sums = np.bincount(np.concatenate(idx_parts), weights=np.concatenate(w_parts), minlength=len(self._doc_len))
+        slots = np.flatnonzero(sums)
+        return slots, sums[slots] / ceiling
 
     def state(self) -> dict[str, Any]:
         """A msgpack-able snapshot of the index (stale postings purged)."""

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import msgpack
@@ -217,16 +217,25 @@ def _storm(d: DaemonProcess, n_clients: int, acked: list[str], stop: threading.E
     return threads
 
 
-def test_sigkill_during_store_storm_loses_nothing_and_retries_do_not_duplicate(tmp_path: Path) -> None:
-    d = DaemonProcess(tmp_path).start()
+def _storm_for(d: DaemonProcess, clients: int, seconds: float,
+               during: Callable[[], object]) -> tuple[list[str], object]:
+    """Store from ``clients`` threads for ``seconds``, then call ``during`` and stop the storm."""
     acked: list[str] = []
     stop = threading.Event()
-    threads = _storm(d, 4, acked, stop)
-    time.sleep(1.5)
-    d.kill()
-    stop.set()
-    for t in threads:
-        t.join(timeout=10)
+    threads = _storm(d, clients, acked, stop)
+    time.sleep(seconds)
+    try:
+        result = during()
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=10)
+    return acked, result
+
+
+def test_sigkill_during_store_storm_loses_nothing_and_retries_do_not_duplicate(tmp_path: Path) -> None:
+    d = DaemonProcess(tmp_path).start()
+    acked, _ = _storm_for(d, 4, 1.5, d.kill)
     assert len(acked) > 20
     d.start()
     try:
@@ -244,19 +253,17 @@ def test_sigkill_during_store_storm_loses_nothing_and_retries_do_not_duplicate(t
 
 def test_backup_during_write_storm_verifies_and_restores(tmp_path: Path) -> None:
     d = DaemonProcess(tmp_path).start()
-    acked: list[str] = []
-    stop = threading.Event()
-    threads = _storm(d, 3, acked, stop)
-    time.sleep(0.7)
     dest = tmp_path / "backup.rms"
-    try:
+
+    def take_backup() -> dict:
         with d.client(timeout=60) as c:
-            info = c.backup(str(dest))
+            return c.backup(str(dest))
+
+    try:
+        _, info = _storm_for(d, 3, 0.7, take_backup)
     finally:
-        stop.set()
-        for t in threads:
-            t.join(timeout=10)
         assert d.stop() == 0
+    assert isinstance(info, dict)
     report = bk.verify(dest)
     assert report.ok, report.problems
     assert report.memories == info["memories"] > 0

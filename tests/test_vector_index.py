@@ -76,13 +76,19 @@ def test_k_larger_than_population_does_not_raise() -> None:
     assert len(slots) == 60 and np.all(np.diff(sims) <= 1e-6)
 
 
-def test_graph_cache_round_trip_and_touched_slots(tmp_path: Path) -> None:
+def reopened(tmp_path: Path, saved_tag: str, wanted_tag: str) -> tuple[VectorIndex, np.ndarray]:
+    """A fresh index over the same vectors, loading a graph cache saved under ``saved_tag``."""
     vi, vectors = filled()
     path = tmp_path / "g.hnsw"
-    vi.save_graph(path, "t1")
+    vi.save_graph(path, saved_tag)
     again = VectorIndex(16, exact_below=50, exact_threshold=20)
     again.load_vectors(vectors.tobytes(), vi.alive[: len(vectors)], vi.group[: len(vectors)])
-    again.load_graph(path, "t1")
+    again.load_graph(path, wanted_tag)
+    return again, vectors
+
+
+def test_graph_cache_round_trip_and_touched_slots(tmp_path: Path) -> None:
+    again, vectors = reopened(tmp_path, "t1", "t1")
     again.remove(7)  # changes while the cache loads must win over the cache
     again.add(8, -vectors[8], group=2)
     assert again._adopt_loaded(wait=True)
@@ -92,10 +98,5 @@ def test_graph_cache_round_trip_and_touched_slots(tmp_path: Path) -> None:
 
 
 def test_stale_cache_is_ignored(tmp_path: Path) -> None:
-    vi, vectors = filled()
-    path = tmp_path / "g.hnsw"
-    vi.save_graph(path, "old")
-    again = VectorIndex(16, exact_below=50, exact_threshold=20)
-    again.load_vectors(vectors.tobytes(), vi.alive[: len(vectors)], vi.group[: len(vectors)])
-    again.load_graph(path, "new")  # another snapshot generation
+    again, vectors = reopened(tmp_path, "old", "new")  # another snapshot generation
     assert again._loader is None and len(again.pending) == len(vectors)

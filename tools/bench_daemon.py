@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -116,15 +117,20 @@ def latency(c: MemoryClient, repeat: int) -> None:
         "get": lambda: c.get(memory.id),
     }
     for name, fn in cases.items():
-        per_run = []
-        for _ in range(3):
-            samples = []
-            for _ in range(repeat):
-                t = time.perf_counter()
-                fn()
-                samples.append(time.perf_counter() - t)
-            per_run.append(percentiles(samples))
-        print(row(name, {k: float(np.median([r[k] for r in per_run])) for k in per_run[0]}))
+        print(row(name, measure(fn, repeat)))
+
+
+def measure(fn: Callable[[], object], repeat: int) -> dict[str, float]:
+    """Percentiles of ``repeat`` calls, median over 3 runs."""
+    per_run = []
+    for _ in range(3):
+        samples = []
+        for _ in range(repeat):
+            t = time.perf_counter()
+            fn()
+            samples.append(time.perf_counter() - t)
+        per_run.append(percentiles(samples))
+    return {k: float(np.median([r[k] for r in per_run])) for k in per_run[0]}
 
 
 def _searcher(config_path: str, stop_at: float, out: mp.Queue) -> None:
@@ -150,15 +156,7 @@ def cheap_under_load(config_path: Path, repeat: int) -> None:
     with MemoryClient(config=load_config(config_path), timeout=10) as c:
         for name, fn in (("ping while 4 clients search flat out", c.ping),
                          ("get_context_window while 4 clients search", c.get_context_window)):
-            per_run = []
-            for _ in range(3):
-                samples = []
-                for _ in range(repeat):
-                    t = time.perf_counter()
-                    fn()
-                    samples.append(time.perf_counter() - t)
-                per_run.append(percentiles(samples))
-            print(row(name, {k: float(np.median([r[k] for r in per_run])) for k in per_run[0]}))
+            print(row(name, measure(fn, repeat)))
     for p in procs:
         p.terminate()
         p.join()
