@@ -56,6 +56,7 @@ class EmbeddingConfig:
     cache_dir: str | None = None  # built ONNX graphs; default: <memory.path>/models
     allow_hub: bool = False  # try the Hugging Face Hub when huggingface_hub is installed
     lru_size: int = 512
+    spin: bool = False  # let onnxruntime threads spin between calls (lower latency, busier CPU)
     neighbour_context: bool = True  # embed a conversation turn with the turn before it
 
 

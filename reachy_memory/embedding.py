@@ -23,14 +23,14 @@ from .errors import ModelError
 from .model_files import ModelFiles, ensure_model
 
 log = logging.getLogger(__name__)
-BATCH = 32  # texts per onnxruntime run; sorted by length to keep padding low
+BATCH = 8  # texts per onnxruntime run, sorted by length; larger batches spill out of cache and run slower
 
 
 class OnnxEmbedder:
     """A loaded model. ``embed`` is thread-safe."""
 
     def __init__(self, files: ModelFiles, *, threads: int = 1, max_seq_length: int = 256,
-                 lru_size: int = 512) -> None:
+                 lru_size: int = 512, spin: bool = False) -> None:
         import onnxruntime as ort
         from tokenizers import Tokenizer
 
@@ -43,6 +43,9 @@ class OnnxEmbedder:
             options = ort.SessionOptions()
             options.intra_op_num_threads = max(1, threads)
             options.inter_op_num_threads = 1
+            # Spinning threads keep both cores busy after every call: bad for a
+            # robot whose control loop shares the CPU (see embedding.spin).
+            options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
             self._session = ort.InferenceSession(str(files.onnx), options, providers=["CPUExecutionProvider"])
         except Exception as exc:  # tokenizers and onnxruntime raise their own types
             raise ModelError(f"cannot load the model from {files.onnx}: {exc}") from exc
@@ -110,7 +113,8 @@ def load_embedder(config: Config | None = None, *, data_dir: str | Path | None =
     config = config or load_config()
     files = ensure_model(config, Path(data_dir).expanduser() if data_dir else None)
     emb = config.embedding
-    return OnnxEmbedder(files, threads=emb.threads, max_seq_length=emb.max_seq_length, lru_size=emb.lru_size)
+    return OnnxEmbedder(files, threads=emb.threads, max_seq_length=emb.max_seq_length, lru_size=emb.lru_size,
+                        spin=emb.spin)
 
 
 def describe(embedder: Any) -> dict[str, Any]:

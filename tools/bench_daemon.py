@@ -109,7 +109,8 @@ def latency(c: MemoryClient, repeat: int) -> None:
 
     memory = c.store("a memory to fetch", "fact")
     cases = {
-        "search e2e (incl. embedding, unique queries)": lambda: c.search(query()),
+        "search e2e, short query (incl. embedding)": lambda: c.search(f"What does my wife like? {next(counter)}"),
+        "search e2e, LoCoMo question (incl. embedding)": lambda: c.search(query()),
         "search e2e, memory_type=fact": lambda: c.search(query(), "fact"),
         "store e2e (incl. embedding, fsync=always)": lambda: c.store(f"note {next(counter)}", "conversation"),
         "ping": c.ping,
