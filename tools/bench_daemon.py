@@ -176,6 +176,8 @@ def _mixed(config_path: str, k: int, stop_at: float, out: mp.Queue) -> None:
                     c.search(rng.choice(qs), limit=5)
                 elif roll < 0.65:
                     ids.append(c.store(f"client {k} says {rng.choice(qs)}", "conversation", {"k": k}).id)
+                    if len(ids) > 100:  # a steady data size, so the RSS trend shows leaks, not data
+                        c.forget(ids.pop(0))
                 elif roll < 0.75 and ids:
                     c.forget(ids.pop(rng.randrange(len(ids))))
                 elif roll < 0.85:

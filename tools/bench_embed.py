@@ -94,19 +94,13 @@ def main() -> None:
             print(row(f"embed() one short query {precision} threads={threads}", stats))
             qs = questions()
 
-            def question(emb: OnnxEmbedder = emb, counter: Iterator[int] = counter) -> None:
+            def question(emb: OnnxEmbedder = emb, counter: Iterator[int] = counter, qs: list[str] = qs) -> None:
                 n = next(counter)
                 emb.embed([f"{qs[n % len(qs)]} {n}"])
 
             print(row(f"embed() one LoCoMo question {precision} t={threads}", runs(question, args.repeat)))
-            rates = []
-            for _ in range(3):
-                start = time.perf_counter()
-                for i in range(0, len(lines), 64):
-                    emb.embed([f"{t} {i}" for t in lines[i : i + 64]])
-                rates.append(len(lines) / (time.perf_counter() - start))
             short_rate = throughput(emb, [t for t in lines if len(t.split()) <= 10][:512])
-            print(f"{'batch throughput, LoCoMo lines (median 30 tok)':<46} {np.median(rates):8.0f} texts/s  "
+            print(f"{'batch throughput, LoCoMo lines (median 30 tok)':<46} {throughput(emb, lines):8.0f} texts/s  "
                   f"({precision}, threads={threads}); lines of <= 10 words: {short_rate:.0f} texts/s")
         info = load_and_rss(precision)
         print(f"{'load from cache ' + precision:<46} {info['load_s']:8.3f} s   RSS added by the embedder "
