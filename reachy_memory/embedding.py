@@ -43,6 +43,9 @@ class OnnxEmbedder:
             options = ort.SessionOptions()
             options.intra_op_num_threads = max(1, threads)
             options.inter_op_num_threads = 1
+            # The arena keeps the peak of every batch shape ever seen: without
+            # it the loaded model costs ~60-100 MB less and runs as fast.
+            options.enable_cpu_mem_arena = False
             # Spinning threads keep both cores busy after every call: bad for a
             # robot whose control loop shares the CPU (see embedding.spin).
             options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
