@@ -79,6 +79,9 @@ class Daemon:
     _ops_engine: ClassVar[dict[str, Callable[[Daemon, _Job], Any]]]
 
     def __init__(self, config: Config, *, store: MemoryStore | None = None, endpoint: str | None = None) -> None:
+        self._stopping = threading.Event()
+        self._inflight = 0
+        self._install_signals()  # first: a SIGTERM while the model loads must still stop cleanly
         self.config = config
         self.endpoint = endpoint or default_endpoint(config)
         check_endpoint(self.endpoint, config)
@@ -93,11 +96,9 @@ class Daemon:
         self._embed_q: queue.Queue[_Job | None] = queue.Queue(config.server.queue_size)
         self._engine_q: queue.Queue[_Job | Callable[[], None] | None] = queue.Queue(config.server.queue_size)
         self._stats: dict[str, _OpStats] = defaultdict(_OpStats)
-        self._stopping = threading.Event()
         self._started = time.time()
         self._engine_beat = time.monotonic()
         self.last_cleanup: dict[str, Any] | None = None
-        self._inflight = 0
         self._auth: Any = None
 
     # -- sockets -----------------------------------------------------------------------
@@ -147,7 +148,6 @@ class Daemon:
                    threading.Thread(target=self._engine_loop, name="engine", daemon=True)]
         for w in workers:
             w.start()
-        self._install_signals()
         self._engine_q.put(self._cleanup)  # at start-up, then every cleanup_interval
         log.info("serving %s (%d memories, embedder %s)", self.endpoint, len(self.store),
                  describe(self.store.embedder)["state"])
@@ -383,10 +383,14 @@ class Daemon:
             signal.signal(sig, lambda *_: self.stop())
 
     def stop(self) -> None:
-        """Ask the daemon to stop: intake ends, queued work finishes, the store closes."""
-        if not self._stopping.is_set():
-            log.info("stopping: finishing %d in-flight requests", self._inflight)
+        """Ask the daemon to stop: intake ends, queued work finishes, the store closes.
+
+        Safe from a signal handler at any point of start-up.
+        """
+        first = not self._stopping.is_set()
         self._stopping.set()
+        if first:
+            log.info("stopping: finishing %d in-flight requests", self._inflight)
 
     def _shutdown(self, workers: list[threading.Thread], router: zmq.Socket, replies: zmq.Socket) -> None:
         self._embed_q.put(None)

@@ -32,6 +32,7 @@ class DaemonProcess:
         self.config_path = tmp / "config.yaml"
         self.config_path.write_text(yaml.safe_dump(settings))
         self.config = load_config(self.config_path)
+        self.endpoint = self.config.server.endpoint or self.endpoint
         self.proc: subprocess.Popen[str] | None = None
         self.log = tmp / "daemon.log"
 

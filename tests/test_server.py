@@ -21,6 +21,7 @@ import zmq
 from reachy_memory import (
     AsyncMemoryClient,
     BusyError,
+    MemoryClient,
     MemoryStore,
     RequestTimeoutError,
     TooLargeError,
@@ -349,3 +350,47 @@ def test_oversized_value_errors_are_structured(daemon: DaemonProcess) -> None:
     with daemon.client() as c, pytest.raises(TooLargeError) as info:
         c.store("x" * 20_000, "fact")
     assert info.value.limit == 16_000 and info.value.field == "content"
+
+
+def test_curve_lets_in_allowed_clients_only(tmp_path: Path) -> None:
+    from zmq import auth
+
+    keys, allowed = tmp_path / "keys", tmp_path / "allowed"
+    keys.mkdir()
+    allowed.mkdir()
+    server_public, server_secret = auth.create_certificates(str(keys), "server")
+    client_public, client_secret = auth.create_certificates(str(keys), "client")
+    _, stranger_secret = auth.create_certificates(str(keys), "stranger")
+    Path(client_public).rename(allowed / "client.key")
+    with socket.socket() as probe:  # a free loopback port
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    d = DaemonProcess(tmp_path, server={"endpoint": f"tcp://127.0.0.1:{port}", "curve_secret_key": server_secret,
+                                        "curve_authorized_dir": str(allowed)})
+    d.start(wait=False)
+    try:
+        def client(secret: str) -> MemoryClient:
+            cfg = d.config.replace("server", curve_server_public_key=server_public, curve_client_secret_key=secret)
+            return MemoryClient(d.endpoint, config=cfg, timeout=1.0)
+
+        deadline = time.monotonic() + 60
+        with client(client_secret) as c:
+            while True:
+                try:
+                    assert c.ping()["pong"]
+                    break
+                except RequestTimeoutError:
+                    assert time.monotonic() < deadline, d.log.read_text()[-2000:]
+        with client(stranger_secret) as c, pytest.raises(RequestTimeoutError):
+            c.ping()  # a key not in the allowed folder gets nothing back
+        with MemoryClient(d.endpoint, config=d.config, timeout=1.0) as plain, pytest.raises(RequestTimeoutError):
+            plain.ping()  # and neither does a client without encryption
+    finally:
+        assert d.stop() == 0
+
+
+def test_sigterm_during_startup_exits_cleanly(tmp_path: Path) -> None:
+    d = DaemonProcess(tmp_path)
+    d.start(wait=False)
+    time.sleep(0.5)  # inside start-up: imports, store, model
+    assert d.stop() == 0, d.log.read_text()[-2000:]
