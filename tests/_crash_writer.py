@@ -4,9 +4,9 @@ import sys
 
 from reachy_memory import Config, MemoryStore
 
-path, start = sys.argv[1], int(sys.argv[2])
+path, start, policy = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 # A small compaction threshold so kills also land inside snapshot writes.
-config = Config().replace("memory", path=path, compact_journal_bytes=20_000)
+config = Config().replace("memory", path=path, compact_journal_bytes=20_000, fsync=policy)
 with MemoryStore(config=config, embedder=None) as store:
     print("READY", flush=True)
     for i in range(start, start + 100_000):

@@ -8,15 +8,17 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from reachy_memory import Config, MemoryStore
 
 WRITER = Path(__file__).with_name("_crash_writer.py")
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _run_and_kill(data: Path, start: int, rng: random.Random) -> list[str]:
+def _run_and_kill(data: Path, start: int, rng: random.Random, policy: str) -> list[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    child = subprocess.Popen([sys.executable, str(WRITER), str(data), str(start)], stdout=subprocess.PIPE,
+    child = subprocess.Popen([sys.executable, str(WRITER), str(data), str(start), policy], stdout=subprocess.PIPE,
                              text=True, env=env)
     assert child.stdout is not None
     assert child.stdout.readline().strip() == "READY"
@@ -34,12 +36,19 @@ def _run_and_kill(data: Path, start: int, rng: random.Random) -> list[str]:
     return acked
 
 
-def test_sigkill_loses_no_acknowledged_write(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "policy",
+    [
+        "always",  # fsync before every acknowledgement
+        "batch",  # group commit: writes reach the OS at once, so a process crash loses nothing either
+    ],
+)
+def test_sigkill_loses_no_acknowledged_write(tmp_path: Path, policy: str) -> None:
     rng = random.Random(1234)
     data = tmp_path / "data"
     acked: list[str] = []
     for round_no in range(6):
-        acked += _run_and_kill(data, round_no * 100_000, rng)
+        acked += _run_and_kill(data, round_no * 100_000, rng, policy)
         with MemoryStore(config=Config().replace("memory", path=str(data)), embedder=None) as store:
             missing = [i for i in acked if store.get(i) is None]
             assert not missing, f"round {round_no}: {len(missing)} acknowledged ids lost"

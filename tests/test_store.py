@@ -10,6 +10,7 @@ from reachy_memory import (
     ClosedError,
     Config,
     MemoryStore,
+    ModelError,
     MemoryType,
     ModelMismatchError,
     StoreLockedError,
@@ -311,3 +312,31 @@ def test_graph_path_with_pending_vectors_matches_exact(tmp_path: Path) -> None:
         q = emb.embed(["query"])[0]
         vi = s._vectors
         assert set(vi.search(q, 10)[0].tolist()) == set(vi.exact(q, np.flatnonzero(vi.alive), 10)[0].tolist())
+
+
+class _FlakyEmbedder:
+    """Wraps a real embedder and fails after ``ok_calls`` calls (an interrupted reindex)."""
+
+    def __init__(self, inner: object, ok_calls: int) -> None:
+        self.inner, self.ok_calls = inner, ok_calls
+        self.dim = inner.dim  # type: ignore[attr-defined]
+        self.identity = inner.identity  # type: ignore[attr-defined]
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        if self.ok_calls <= 0:
+            raise RuntimeError("power cut")
+        self.ok_calls -= 1
+        return self.inner.embed(texts)  # type: ignore[attr-defined]
+
+
+def test_interrupted_reindex_resumes_without_loss(tmp_path: Path, embedder: object) -> None:
+    with MemoryStore(tmp_path, embedder=None) as s:
+        s.store_batch([{"content": f"lexical-only memory {i}", "memory_type": "fact"} for i in range(10)])
+    with MemoryStore(tmp_path, embedder=_FlakyEmbedder(embedder, ok_calls=2), reindex=True) as s:
+        with pytest.raises(ModelError):
+            s.reindex(batch=3)  # two batches done, the third fails
+    with MemoryStore(tmp_path, embedder=embedder, reindex=True) as s:
+        assert len(s) == 10
+        assert s.reindex(batch=3) == 4  # only what was left
+        assert s.reindex() == 0
+        assert len(s.search("lexical-only memory", mode="vector", limit=20, min_score=0)) == 10
