@@ -153,7 +153,10 @@ class VectorIndex:
         n_allowed = self.count if mask is None else int(np.count_nonzero(allowed))
         if n_allowed <= self.exact_threshold:
             return self.exact(query, np.flatnonzero(allowed), k)
-        ready = self._adopt_loaded(wait=False) and len(self.pending) <= self.exact_threshold
+        loaded = self._adopt_loaded(wait=False)
+        if loaded and self.count > self.exact_below and len(self.pending) > self.exact_threshold:
+            self.flush(256)  # catch up a bounded step at a time when no idle time does it
+        ready = loaded and len(self.pending) <= self.exact_threshold
         if self.count <= self.exact_below or not ready:
             return self._scan(query, allowed, k)
         if mask is not None and groups is None and n_allowed * 4 < self.count:
@@ -240,6 +243,10 @@ class VectorIndex:
         """Save every group's graph next to ``path`` atomically, with checksums."""
         if self.count <= self.exact_below // 2:
             return  # no graph is used at this size: nothing worth caching
+        if len(self.pending) > 4 * self.exact_threshold:
+            # Inserting them now would stall the caller for seconds; idle-time
+            # maintenance (or searches) will, and a later compaction caches them.
+            return
         self._adopt_loaded(wait=True)
         for graph in self._graphs.values():
             graph.set_num_threads(os.cpu_count() or 1)

@@ -79,6 +79,7 @@ def test_k_larger_than_population_does_not_raise() -> None:
 def reopened(tmp_path: Path, saved_tag: str, wanted_tag: str) -> tuple[VectorIndex, np.ndarray]:
     """A fresh index over the same vectors, loading a graph cache saved under ``saved_tag``."""
     vi, vectors = filled()
+    vi.flush()
     path = tmp_path / "g.hnsw"
     vi.save_graph(path, saved_tag)
     again = VectorIndex(16, exact_below=50, exact_threshold=20)
@@ -100,3 +101,12 @@ def test_graph_cache_round_trip_and_touched_slots(tmp_path: Path) -> None:
 def test_stale_cache_is_ignored(tmp_path: Path) -> None:
     again, vectors = reopened(tmp_path, "old", "new")  # another snapshot generation
     assert again._loader is None and len(again.pending) == len(vectors)
+
+
+def test_saving_skips_a_large_pending_set_instead_of_stalling(tmp_path: Path) -> None:
+    vi, _ = filled()  # 600 pending, far above 4 x exact_threshold
+    vi.save_graph(tmp_path / "g.hnsw", "t")
+    assert not list(tmp_path.iterdir()) and len(vi.pending) == 600
+    vi.maintain(budget=1000)
+    vi.save_graph(tmp_path / "g.hnsw", "t")
+    assert (tmp_path / "g.hnsw.meta").exists() and not vi.pending
