@@ -332,9 +332,9 @@ class _FlakyEmbedder:
 def test_interrupted_reindex_resumes_without_loss(tmp_path: Path, embedder: object) -> None:
     with MemoryStore(tmp_path, embedder=None) as s:
         s.store_batch([{"content": f"lexical-only memory {i}", "memory_type": "fact"} for i in range(10)])
-    with MemoryStore(tmp_path, embedder=_FlakyEmbedder(embedder, ok_calls=2), reindex=True) as s:
-        with pytest.raises(ModelError):
-            s.reindex(batch=3)  # two batches done, the third fails
+    flaky = _FlakyEmbedder(embedder, ok_calls=2)
+    with MemoryStore(tmp_path, embedder=flaky, reindex=True) as s, pytest.raises(ModelError):
+        s.reindex(batch=3)  # two batches done, the third fails
     with MemoryStore(tmp_path, embedder=embedder, reindex=True) as s:
         assert len(s) == 10
         assert s.reindex(batch=3) == 4  # only what was left
