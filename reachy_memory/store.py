@@ -684,15 +684,19 @@ class MemoryStore:
         with self._lock:
             return self._vectors.maintain(budget)
 
-    def compact(self) -> None:
-        """Fold the journal into a fresh snapshot (atomic) and save the graph cache."""
+    def compact(self, *, full: bool = False) -> None:
+        """Fold the journal into a fresh snapshot (atomic) and save the graph cache.
+
+        ``full`` (on close) also inserts every pending vector before caching the
+        graphs, however long that takes.
+        """
         self._require_open()
         with self._lock:
             self._generation += 1
             jr.write_snapshot(self.path / SNAPSHOT_FILE, self._snapshot_frames())
             self._journal.close()
             self._reset_journal()
-            self._vectors.save_graph(self.path / GRAPH_FILE, self._graph_tag())
+            self._vectors.save_graph(self.path / GRAPH_FILE, self._graph_tag(), force=full)
 
     def _reset_journal(self) -> None:
         path = self.path / JOURNAL_FILE
@@ -799,7 +803,7 @@ class MemoryStore:
         with self._lock:
             try:
                 if self._journal.size > jr.HEADER_SIZE + 64:
-                    self.compact()
+                    self.compact(full=True)
             except ReachyMemoryError as exc:
                 log.warning("could not compact on close (the journal keeps every change): %s", exc)
             finally:

@@ -239,11 +239,16 @@ class VectorIndex:
 
     # -- persistence of the graph cache --------------------------------------------
 
-    def save_graph(self, path: Path, tag: str) -> None:
-        """Save every group's graph next to ``path`` atomically, with checksums."""
+    def save_graph(self, path: Path, tag: str, *, force: bool = False) -> None:
+        """Save every group's graph next to ``path`` atomically, with checksums.
+
+        Pending vectors are inserted first; when there are many and not
+        ``force`` (a compaction while serving), saving is skipped rather than
+        stalling the caller for seconds.
+        """
         if self.count <= self.exact_below // 2:
             return  # no graph is used at this size: nothing worth caching
-        if len(self.pending) > 4 * self.exact_threshold:
+        if len(self.pending) > 4 * self.exact_threshold and not force:
             # Inserting them now would stall the caller for seconds; idle-time
             # maintenance (or searches) will, and a later compaction caches them.
             return
