@@ -307,7 +307,7 @@ class MemoryStore:
             for op in ops:
                 self._apply(op)
             if self._journal.size > self._config.memory.compact_journal_bytes:
-                self.compact()
+                self._compact()
 
     def _apply(self, op: list[Any]) -> None:
         kind = op[0]
@@ -691,6 +691,10 @@ class MemoryStore:
         graphs, however long that takes.
         """
         self._require_open()
+        self._compact(full)
+
+    def _compact(self, full: bool = False) -> None:
+        """:meth:`compact` without the open check (it also runs while opening)."""
         with self._lock:
             self._generation += 1
             jr.write_snapshot(self.path / SNAPSHOT_FILE, self._snapshot_frames())
@@ -804,6 +808,8 @@ class MemoryStore:
             try:
                 if self._journal.size > jr.HEADER_SIZE + 64:
                     self.compact(full=True)
+                elif self._vectors.pending:  # an in-service compaction skipped the graph cache
+                    self._vectors.save_graph(self.path / GRAPH_FILE, self._graph_tag(), force=True)
             except ReachyMemoryError as exc:
                 log.warning("could not compact on close (the journal keeps every change): %s", exc)
             finally:

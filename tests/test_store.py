@@ -340,3 +340,16 @@ def test_interrupted_reindex_resumes_without_loss(tmp_path: Path, embedder: obje
         assert s.reindex(batch=3) == 4  # only what was left
         assert s.reindex() == 0
         assert len(s.search("lexical-only memory", mode="vector", limit=20, min_score=0)) == 10
+
+
+def test_close_caches_the_graph_even_after_an_in_service_compaction(tmp_path: Path) -> None:
+    cfg = Config().replace("memory", path=str(tmp_path), compact_journal_bytes=1).replace(
+        "search", exact_below=40, exact_threshold=5)
+    emb = HashEmbedder()
+    with MemoryStore(config=cfg, embedder=emb) as s:
+        s.store_batch([{"content": f"fact {i}", "memory_type": "fact"} for i in range(100)])
+        assert s._journal.size < 100  # the batch itself triggered a compaction: nothing left to fold
+        assert s._vectors.pending  # and that compaction did not build the graph
+    with MemoryStore(config=cfg, embedder=emb) as s:
+        assert s._vectors._loader is not None  # a cache to load, not a rebuild
+        assert s._vectors._adopt_loaded(wait=True) and not s._vectors.pending
