@@ -61,6 +61,7 @@ class VectorIndex:
         self.pending: set[int] = set()
         self.count = 0
         self._graphs: dict[int, hnswlib.Index] = {}
+        self._in_graph_count: dict[int, int] = {}  # live slots per group graph (kept, not recounted)
         self._loader: threading.Thread | None = None
         self._loaded: dict[int, hnswlib.Index] = {}
         self._touched: set[int] = set()  # slots changed while cached graphs load
@@ -107,7 +108,9 @@ class VectorIndex:
         if self._loader is not None:
             self._touched.add(slot)
         if self.in_graph[slot]:
-            self._graphs[int(self.group[slot])].mark_deleted(slot)
+            group = int(self.group[slot])
+            self._graphs[group].mark_deleted(slot)
+            self._in_graph_count[group] -= 1
             self.in_graph[slot] = False
 
     def flush(self, limit: int | None = None) -> int:
@@ -124,6 +127,7 @@ class VectorIndex:
             # Re-adding a deleted label un-deletes it and updates it in place
             # (allow_replace_deleted stays off: its label bookkeeping breaks reuse).
             graph.add_items(self.vectors[slots], slots)
+            self._in_graph_count[group] = self._in_graph_count.get(group, 0) + len(slots)
         self.in_graph[batch] = True
         self.pending.difference_update(batch.tolist())
         return len(batch)
@@ -196,27 +200,33 @@ class VectorIndex:
     def _graph_only(self, query: np.ndarray, k: int, group: int,
                     allowed: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         """Top ``k`` of one group's graph, over-fetching when a filter drops results."""
-        members = self.in_graph & (self.group == group)
-        n_members = int(np.count_nonzero(members))
-        n_allowed = n_members if allowed is None else int(np.count_nonzero(allowed & members))
+        n_members = self._in_graph_count.get(group, 0)
+        n_allowed = n_members
+        if allowed is not None:  # the only case that needs a pass over every slot
+            n_allowed = int(np.count_nonzero(allowed & self.in_graph & (self.group == group)))
         if n_allowed == 0:
             return _NONE
         if n_allowed <= self.exact_threshold:
-            return self.exact(query, np.flatnonzero(members if allowed is None else allowed & members), k)
+            return self.exact(query, self._members(group, allowed), k)
         fetch = min(n_members, k if allowed is None else int(k * n_members / n_allowed * 1.5) + 10)
         graph = self._graphs[group]
         try:
             graph.set_ef(max(self._ef, fetch))
             labels, dist = graph.knn_query(query.reshape(1, -1), k=fetch)
         except RuntimeError:
-            return self.exact(query, np.flatnonzero(members if allowed is None else allowed & members), k)
+            return self.exact(query, self._members(group, allowed), k)
         labels, sims = labels[0].astype(np.int64), (1.0 - dist[0]).astype(np.float32)
         if allowed is not None:
             keep = allowed[labels]
             labels, sims = labels[keep], sims[keep]
             if len(labels) < min(k, n_allowed):
-                return self.exact(query, np.flatnonzero(allowed & members), k)
+                return self.exact(query, self._members(group, allowed), k)
         return labels[:k], sims[:k]
+
+    def _members(self, group: int, allowed: np.ndarray | None) -> np.ndarray:
+        """Slots in ``group``'s graph (and ``allowed``)."""
+        members = self.in_graph & (self.group == group)
+        return np.flatnonzero(members if allowed is None else members & allowed)
 
     def exact(self, query: np.ndarray, slots: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Exact top ``k`` among ``slots`` by dot product (cosine for unit vectors)."""
@@ -341,6 +351,7 @@ class VectorIndex:
                 graph.mark_deleted(slot)
         stable = self._stable(group)
         self._graphs[group] = graph
+        self._in_graph_count[group] = len(stable)
         self.in_graph[stable] = True
         self.pending.difference_update(stable.tolist())
 
@@ -354,6 +365,7 @@ class VectorIndex:
         self.vectors = matrix if matrix.flags.writeable else matrix.copy()
         self.alive, self.group = alive.copy(), group.copy()
         self.in_graph = np.zeros(len(alive), bool)
+        self._in_graph_count = {}
         self.pending = set(np.flatnonzero(alive).tolist())
         self.count = int(np.count_nonzero(alive))
 

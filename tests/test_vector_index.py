@@ -22,6 +22,12 @@ def filled(n: int = 600, **kw: int) -> tuple[VectorIndex, np.ndarray]:
     return vi, vectors
 
 
+def assert_counts_consistent(vi: VectorIndex) -> None:
+    """The kept per-group counts equal a recount."""
+    for group, count in vi._in_graph_count.items():
+        assert count == int(np.count_nonzero(vi.in_graph & (vi.group == group)))
+
+
 def brute(vectors: np.ndarray, q: np.ndarray, allowed: np.ndarray, k: int) -> set[int]:
     sims = vectors @ q
     sims[~allowed] = -np.inf
@@ -67,6 +73,7 @@ def test_removed_and_replaced_slots() -> None:
     vi.add(5, -q, group=2)  # slot reuse with a different vector and group
     vi.flush()
     assert 5 not in vi.search(q, 10)[0] and vi.search(-q, 1)[0][0] == 5
+    assert_counts_consistent(vi)
 
 
 def test_k_larger_than_population_does_not_raise() -> None:
@@ -94,6 +101,7 @@ def test_graph_cache_round_trip_and_touched_slots(tmp_path: Path) -> None:
     again.add(8, -vectors[8], group=2)
     assert again._adopt_loaded(wait=True)
     assert again.pending == {8}
+    assert_counts_consistent(again)
     assert 7 not in again.search(vectors[7], 10)[0]
     assert again.search(-vectors[8], 1)[0][0] == 8
 
