@@ -111,6 +111,10 @@ class FieldIndex:
                     if not slots:
                         del values[_key(item)]
 
+    def type_counts(self) -> dict[str, int]:
+        """How many slots each memory type holds."""
+        return {memory_type: len(slots) for memory_type, slots in self._types.items()}
+
     def string_values(self, key: str) -> dict[str, set[int]]:
         """The string values of metadata ``key`` and the slots holding each."""
         values = self._fields.get(key, {})

@@ -204,9 +204,9 @@ class Daemon:
             self._handle(router, frames)
 
     def _handle(self, router: zmq.Socket, frames: list[bytes]) -> None:
-        envelope, body = frames[:-1], frames[-1]
         if len(frames) < 2:
             return
+        envelope, body = frames[:-1], frames[-1]
         if len(body) > self.config.server.max_message_bytes:
             log.warning("refused a %d-byte message (limit %d)", len(body), self.config.server.max_message_bytes)
             router.send_multipart([*envelope, proto.error(None, "too_large", f"message of {len(body)} bytes exceeds "

@@ -767,9 +767,7 @@ class MemoryStore:
         """Counts, sizes and the embedder's state."""
         self._require_open()
         with self._lock:
-            by_type = {t.value: 0 for t in MemoryType}
-            for rec in self._records.values():
-                by_type[rec.type] += 1
+            by_type = {t.value: 0 for t in MemoryType} | self._fields.type_counts()
             return {
                 "memories": len(self._records), "by_type": by_type,
                 "context_window": len(self._window), "generation": self._generation,
