@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,7 @@ import numpy as np
 
 from . import journal as jr
 from .errors import ReachyMemoryError, StorageError, StoreLockedError, ValidationError
-from .store import JOURNAL_FILE, SNAPSHOT_FILE
+from .store import JOURNAL_FILE, SNAPSHOT_FILE, read_snapshot
 
 log = logging.getLogger(__name__)
 Progress = Callable[[int, int], None]
@@ -33,6 +33,7 @@ class VerifyReport:
     memories: int = 0
     vectors: int = 0
     journal_frames: int = 0
+    generation: int = 0
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -74,27 +75,18 @@ def _verify_dir(path: Path, report: VerifyReport, progress: Progress | None) -> 
 
 def _verify_snapshot(path: Path, report: VerifyReport, progress: Progress | None) -> int:
     try:
-        frames = jr.read_file(path, jr.SNAPSHOT, raw=frozenset({2})).frames
+        snapshot = read_snapshot(path)
     except ReachyMemoryError as exc:
         report.problems.append(str(exc))
         return -1
-    if len(frames) != 6 or not isinstance(frames[-1], dict) or "end" not in frames[-1]:
-        report.problems.append(f"{path}: incomplete snapshot ({len(frames)} of 6 sections)")
-        return -1
-    head, records = frames[0], frames[1].get("records", [])
+    records = snapshot["records"]
     report.memories = len(records)
-    if frames[-1]["end"] != len(records):
-        report.problems.append(f"{path}: end marker counts {frames[-1]['end']} memories, found {len(records)}")
-    try:
-        vectors = jr.raw_bin(frames[2])
-    except ValueError:
-        report.problems.append(f"{path}: the vector block is not a bin32 frame")
-        return -1
-    _check_records(records, vectors, int(head.get("dim") or 384), report, progress)
-    lexical_n = frames[3].get("lexical", {}).get("n")
+    report.generation = int(snapshot.get("generation", 0))
+    _check_records(records, snapshot["vectors"], int(snapshot.get("dim") or 384), report, progress)
+    lexical_n = snapshot["lexical"].get("n")
     if lexical_n != len(records):
         report.problems.append(f"lexical index holds {lexical_n} documents for {len(records)} memories")
-    return int(head.get("generation", 0))
+    return report.generation
 
 
 def _check_records(records: list[Any], vectors: memoryview, dim: int, report: VerifyReport,
@@ -197,13 +189,18 @@ def restore(backup_file: str | Path, data_dir: str | Path, *, force: bool = Fals
     lock.acquire()  # StoreLockedError for a live store
     try:
         moved = _move_aside(data_dir, force)
-        head = jr.read_file(backup_file, jr.SNAPSHOT).frames[0]
-        jr.write_atomic(data_dir / SNAPSHOT_FILE, [backup_file.read_bytes()])
+        jr.write_atomic(data_dir / SNAPSHOT_FILE, _chunks(backup_file))
         jr.write_atomic(data_dir / JOURNAL_FILE, [jr.header(jr.JOURNAL), jr.encode_frame(
-            {"kind": "journal", "generation": head.get("generation", 0)})])
+            {"kind": "journal", "generation": report.generation})])
     finally:
         lock.release()
     return {"data_dir": str(data_dir), "memories": report.memories, "moved_aside": moved}
+
+
+def _chunks(path: Path) -> Iterator[bytes]:
+    """A file in 1 MiB pieces (a backup can be larger than we want in memory twice)."""
+    with open(path, "rb") as fh:
+        yield from iter(lambda: fh.read(1 << 20), b"")
 
 
 def _move_aside(data_dir: Path, force: bool) -> list[str]:

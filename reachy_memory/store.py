@@ -207,18 +207,7 @@ class MemoryStore:
 
     def _read_snapshot(self) -> dict[str, Any] | None:
         path = self.path / SNAPSHOT_FILE
-        if not path.exists():
-            return None
-        frames = jr.read_file(path, jr.SNAPSHOT, raw=frozenset({2})).frames
-        if len(frames) != 6 or frames[-1].get("end") != len(frames[1]["records"]):
-            raise CorruptionError(f"{path}: incomplete snapshot", path=str(path), offset=0)
-        head, recs, lexical, window = frames[0], frames[1], frames[3], frames[4]
-        try:
-            vectors = jr.raw_bin(frames[2])
-        except ValueError as exc:
-            raise CorruptionError(f"{path}: bad vector block", path=str(path), offset=0) from exc
-        return {**head, "records": recs["records"], "vectors": vectors,
-                "lexical": lexical["lexical"], "window": window["window"]}
+        return read_snapshot(path) if path.exists() else None
 
     def _check_model(self, reindex: bool) -> None:
         """Refuse to mix vector spaces: stored vectors must come from the configured model."""
@@ -820,6 +809,30 @@ class MemoryStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def read_snapshot(path: Path) -> dict[str, Any]:
+    """A snapshot or backup file as one dict: the header's keys plus ``records``,
+    ``vectors`` (a view), ``lexical`` and ``window``.
+
+    Raises CorruptionError for an incomplete or damaged file,
+    FormatVersionError for a foreign one.
+    """
+    frames = jr.read_file(path, jr.SNAPSHOT, raw=frozenset({2})).frames
+    sections = [frames[i] for i in (0, 1, 3, 4, 5)] if len(frames) == 6 else []
+    if not sections or not all(isinstance(f, dict) for f in sections):
+        raise CorruptionError(f"{path}: incomplete snapshot ({len(frames)} of 6 sections)", path=str(path), offset=0)
+    head, recs, lexical, window, end = sections
+    records = recs.get("records", [])
+    if end.get("end") != len(records):
+        raise CorruptionError(f"{path}: end marker counts {end.get('end')} memories, found {len(records)}",
+                              path=str(path), offset=0)
+    try:
+        vectors = jr.raw_bin(frames[2])
+    except ValueError as exc:
+        raise CorruptionError(f"{path}: bad vector block", path=str(path), offset=0) from exc
+    return {**head, "records": records, "vectors": vectors, "lexical": lexical.get("lexical", {}),
+            "window": window.get("window", [])}
 
 
 def fuse(cos: np.ndarray, lex: np.ndarray, cfg: Any, *, use_vec: bool, use_lex: bool) -> np.ndarray:
