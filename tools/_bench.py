@@ -46,14 +46,24 @@ def rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def _locomo() -> list[dict[str, Any]]:
+    return [json.loads(p.read_text()) for p in sorted((SHARED / "data" / "locomo-dev").glob("*.json"))]
+
+
+def dialogue_lines() -> list[str]:
+    """Every turn's text in the LoCoMo dev conversations, in order."""
+    return [turn["text"] for conv in _locomo() for key, turns in conv.items()
+            if key.startswith("session_") and isinstance(turns, list) for turn in turns]
+
+
+def questions() -> list[str]:
+    """Every question of the LoCoMo dev conversations."""
+    return [q["question"] for conv in _locomo() for q in conv["qa"]]
+
+
 def vocabulary() -> list[str]:
     """Words of the LoCoMo dialogues, for realistic synthetic texts."""
-    words: list[str] = []
-    for path in sorted((SHARED / "data" / "locomo-dev").glob("*.json")):
-        for key, turns in json.loads(path.read_text()).items():
-            if key.startswith("session_") and isinstance(turns, list):
-                for turn in turns:
-                    words.extend(turn["text"].split())
+    words = [word for line in dialogue_lines() for word in line.split()]
     return words or ["robot", "memory", "tea", "coffee", "garden", "music", "dinosaur", "kitchen"]
 
 

@@ -14,7 +14,6 @@ mixed ops: errors, throughput and the RSS trend.
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import random
@@ -33,14 +32,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from reachy_memory import MemoryClient, MemoryStore, load_config  # noqa: E402
-from tools._bench import SHARED, percentiles, row, sentences  # noqa: E402
-
-
-def questions() -> list[str]:
-    out = []
-    for path in sorted((SHARED / "data" / "locomo-dev").glob("*.json")):
-        out += [q["question"] for q in json.loads(path.read_text())["qa"]]
-    return out or sentences(500, seed=5)
+from tools._bench import percentiles, questions, row, sentences  # noqa: E402
 
 
 def prepare(tmp: Path, n: int) -> Path:

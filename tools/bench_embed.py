@@ -22,7 +22,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from reachy_memory import OnnxEmbedder, load_config, load_embedder
-from tools._bench import SHARED, row, runs
+from tools._bench import dialogue_lines, questions, row, runs
 
 PROBE = """
 import sys, time, json
@@ -36,22 +36,6 @@ t = time.perf_counter(); emb = load_embedder(cfg); load = time.perf_counter() - 
 emb.embed(["warm up the session"])
 print(json.dumps({{"load_s": load, "rss_mb": rss_mb(), "delta_mb": rss_mb() - base}}))
 """
-
-
-def dialogue_lines() -> list[str]:
-    lines = []
-    for path in sorted((SHARED / "data" / "locomo-dev").glob("*.json")):
-        for key, turns in json.loads(path.read_text()).items():
-            if key.startswith("session_") and isinstance(turns, list):
-                lines += [t["text"] for t in turns]
-    return lines
-
-
-def questions() -> list[str]:
-    out = []
-    for path in sorted((SHARED / "data" / "locomo-dev").glob("*.json")):
-        out += [q["question"] for q in json.loads(path.read_text())["qa"]]
-    return out
 
 
 def load_and_rss(precision: str) -> dict[str, float]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import gc
 import itertools
-import json
 import shutil
 import subprocess
 import sys
@@ -24,7 +23,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from reachy_memory import Config, MemoryStore
-from tools._bench import SHARED, row, rss_mb, runs, sentences
+from tools._bench import dialogue_lines, questions, row, rss_mb, runs, sentences
 
 
 class Precomputed:
@@ -98,13 +97,7 @@ def recall_real(k: int = 10) -> tuple[float, int]:
     """Recall@10 of the graph vs exact on real MiniLM embeddings of LoCoMo turns."""
     from reachy_memory import load_config, load_embedder
 
-    texts = []
-    for p in sorted((SHARED / "data" / "locomo-dev").glob("*.json")):
-        data = json.loads(p.read_text())
-        for key, turns in data.items():
-            if key.startswith("session_") and isinstance(turns, list):
-                texts += [t["text"] for t in turns]
-        queries = [q["question"] for q in data["qa"]]
+    texts, queries = dialogue_lines(), questions()
     emb = load_embedder(load_config())
     from reachy_memory.vector_index import VectorIndex
 
