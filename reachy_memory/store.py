@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import itertools
 import logging
 import math
 import re
@@ -441,18 +442,20 @@ class MemoryStore:
         return [np.ascontiguousarray(v, np.float32).tobytes() for v in vectors]
 
     def _embedding_texts(self, recs: list[_Rec]) -> list[str]:
-        """Each text to embed; a conversation turn carries the turn before it as context."""
-        if not self._config.embedding.neighbour_context:
-            return [r.content for r in recs]
+        """Each new record's text to embed (the turn before it is the last one stored)."""
         texts, previous = [], self._last_turn
         for rec in recs:
-            text = rec.content
+            texts.append(self._context_text(rec, previous))
             if rec.type == MemoryType.CONVERSATION.value:
-                if previous is not None and rec.created - previous.created <= NEIGHBOUR_SECONDS:
-                    text = f"{previous.content}\n{rec.content}"
                 previous = rec
-            texts.append(text)
         return texts
+
+    def _context_text(self, rec: _Rec, previous: _Rec | None) -> str:
+        """What is embedded for ``rec``: a conversation turn carries the turn before it."""
+        if (self._config.embedding.neighbour_context and rec.type == MemoryType.CONVERSATION.value
+                and previous is not None and rec.created - previous.created <= NEIGHBOUR_SECONDS):
+            return f"{previous.content}\n{rec.content}"
+        return rec.content
 
     def _embed(self, texts: list[str]) -> np.ndarray | None:
         """Embed or return None (logged): the store never fails for the model's sake."""
@@ -732,16 +735,23 @@ class MemoryStore:
         if self._embedder is None:
             raise ModelError("reindex needs an embedding model; run 'reachy-memory model fetch'")
         todo = sorted((r for r in self._records.values() if r.vkey != self._current_key), key=lambda r: r.created)
+        previous = self._previous_turns()
         for done in range(0, len(todo), batch):
-            self._reembed(todo[done : done + batch])
+            self._reembed(todo[done : done + batch], previous)
             if progress:
                 progress(min(done + batch, len(todo)), len(todo))
         if self._model_key != self._current_key:
             self._commit([["model", self._current_key]])
         return len(todo)
 
-    def _reembed(self, recs: list[_Rec]) -> None:
-        vectors = self._embed([r.content for r in recs])
+    def _previous_turns(self) -> dict[str, _Rec]:
+        """Each conversation turn's preceding turn, in stored order (ties keep insertion order)."""
+        turns = sorted((r for r in self._records.values() if r.type == MemoryType.CONVERSATION.value),
+                       key=lambda r: r.created)
+        return {after.id: before for before, after in itertools.pairwise(turns)}
+
+    def _reembed(self, recs: list[_Rec], previous: dict[str, _Rec]) -> None:
+        vectors = self._embed([self._context_text(r, previous.get(r.id)) for r in recs])
         if vectors is None:
             raise ModelError("the embedding model failed during reindex; nothing was lost, run it again")
         ops = []

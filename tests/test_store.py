@@ -353,3 +353,17 @@ def test_close_caches_the_graph_even_after_an_in_service_compaction(tmp_path: Pa
     with MemoryStore(config=cfg, embedder=emb) as s:
         assert s._vectors._loader is not None  # a cache to load, not a rebuild
         assert s._vectors._adopt_loaded(wait=True) and not s._vectors.pending
+
+
+def test_reindex_embeds_turns_exactly_as_storing_does(tmp_path: Path, embedder: object) -> None:
+    turns = [{"content": text, "memory_type": "conversation"}
+             for text in ("Do you like hiking?", "Yes, I go every Sunday with my sister.", "Where do you go?")]
+    with MemoryStore(tmp_path / "direct", embedder=embedder) as direct:
+        direct.store_batch(turns)
+        expected = direct._vectors.vectors[:3].copy()
+    with MemoryStore(tmp_path / "later", embedder=None) as later:
+        later.store_batch(turns)  # no model yet: lexical-only
+    with MemoryStore(tmp_path / "later", embedder=embedder) as later:
+        assert later.reindex() == 3
+        got = later._vectors.vectors[:3]
+        assert np.allclose(got, expected, atol=1e-5)  # each turn embedded with the turn before it
