@@ -10,6 +10,8 @@ dotted key.
 from __future__ import annotations
 
 import dataclasses
+import logging
+import math
 import os
 import types
 import typing
@@ -22,6 +24,33 @@ import yaml
 from .errors import ConfigError
 
 ENV_CONFIG = "REACHY_MEMORY_CONFIG"
+
+# Documented ranges, checked at load: (lowest, highest) inclusive; None = unbounded.
+# Why the bounds: a TTL beyond 100 years or a zero cleanup interval is a typo, and a
+# TTL that pushes expiry past year 2300 would make every stored memory unreadable.
+RANGES: dict[str, tuple[float | None, float | None]] = {
+    "memory.context_window_size": (1, 1000),
+    "memory.conversation_ttl_days": (1 / 24, 36_500),
+    "memory.cleanup_interval": (1, 7 * 86_400),
+    "memory.fsync_batch_window_ms": (0.1, 10_000),
+    "memory.compact_journal_bytes": (1, 1 << 34),
+    "memory.max_content_chars": (1, 1_000_000),
+    "memory.max_metadata_bytes": (64, 1 << 20),
+    "memory.max_metadata_keys": (1, 1024),
+    "memory.max_batch": (1, 100_000),
+    "embedding.threads": (1, 64),
+    "embedding.max_seq_length": (8, 512),
+    "embedding.lru_size": (0, 1_000_000),
+    "search.vector_weight": (0.0, 1.0),
+    "search.entity_boost": (0.0, 1.0),
+    "search.candidates": (1, 10_000),
+    "search.hnsw_m": (2, 128),
+    "search.hnsw_ef_construction": (8, 4096),
+    "search.hnsw_ef_search": (8, 4096),
+    "server.max_message_bytes": (1024, 1 << 30),
+    "server.queue_size": (1, 1_000_000),
+    "server.drain_seconds": (0.0, 3600.0),
+}
 
 
 @dataclass(frozen=True)
@@ -134,7 +163,24 @@ def from_dict(data: Any, cls: type = Config, prefix: str = "") -> Any:
             name = f"{prefix}{key}"
             raise ConfigError(f"unknown configuration key {name!r}", key=name)
     values = {key: _check(value, hints[key], f"{prefix}{key}") for key, value in data.items()}
-    return cls(**values)
+    result = cls(**values)
+    if cls is Config:
+        _check_ranges(result)
+    return result
+
+
+def _check_ranges(config: Config) -> None:
+    """Refuse values outside :data:`RANGES`, an unknown time zone or log level (ConfigError naming the key)."""
+    for key, (low, high) in RANGES.items():
+        section, name = key.split(".")
+        value = getattr(getattr(config, section), name)
+        if (low is not None and value < low) or (high is not None and value > high):
+            raise ConfigError(f"{key}: {value!r} is outside the allowed range {low}..{high}", key=key)
+    from .model import resolve_timezone  # late: model imports errors only, but keep config light
+
+    resolve_timezone(config.memory.timezone)  # ConfigError for an unknown zone
+    if not isinstance(logging.getLevelName(config.server.log_level.upper()), int):
+        raise ConfigError(f"server.log_level: unknown level {config.server.log_level!r}", key="server.log_level")
 
 
 def _check(value: Any, hint: Any, key: str) -> Any:
@@ -159,6 +205,8 @@ def _check(value: Any, hint: Any, key: str) -> Any:
         value = float(value)
     if hint in (int, float) and (isinstance(value, bool) or not isinstance(value, hint)):
         raise ConfigError(f"{key}: expected {hint.__name__}, got {value!r}", key=key)
+    if hint is float and not math.isfinite(value):
+        raise ConfigError(f"{key}: must be a finite number, got {value!r}", key=key)
     if hint in (int, float) and value < 0:
         raise ConfigError(f"{key}: must not be negative, got {value!r}", key=key)
     if hint in (str, bool) and not isinstance(value, hint):

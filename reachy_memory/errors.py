@@ -13,6 +13,8 @@ from hnswlib, msgpack, onnxruntime and zmq are translated where they happen
     ├── NotFoundError(memory_id)      not_found
     ├── ClosedError                   unavailable
     ├── StorageError(path)            internal
+    │   ├── StorageFullError(path)    unavailable   disk full: nothing written, retry when space returns
+    │   ├── ReadOnlyError(path)       unavailable   an fsync failed: writes refused until reopened
     │   ├── StoreLockedError(path)    unavailable
     │   ├── CorruptionError(path, offset)
     │   └── FormatVersionError(path, found, expected)
@@ -80,6 +82,20 @@ class ClosedError(ReachyMemoryError):
 
 class StorageError(ReachyMemoryError):
     """The data directory cannot be read or written (``path``)."""
+
+
+class StorageFullError(StorageError):
+    """The disk is full (``path``): the write was rolled back, nothing was stored;
+    the store stays usable and later writes succeed once space returns."""
+
+    code = "unavailable"
+
+
+class ReadOnlyError(StorageError):
+    """An fsync failed (``path``): the kernel may have dropped written data, so
+    the store refuses every write until it is reopened (``health`` says why)."""
+
+    code = "unavailable"
 
 
 class StoreLockedError(StorageError):

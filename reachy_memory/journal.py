@@ -1,21 +1,29 @@
-"""Durable msgpack files: CRC-checked frames, an append-only journal, atomic
-snapshots and the data directory lock.
+"""Durable msgpack files: checksummed frames, an append-only journal, atomic
+snapshots and the data directory lock.  ``docs/FORMAT.md`` is the contract.
 
 File layout (all integers little-endian)::
 
-    header   b"RMEM" kind:u8 version:u8 0x00 0x00        kind: b"J" journal, b"S" snapshot
-    frame*   length:u32 crc32(payload):u32 payload         payload: one msgpack object
+    header    b"RMEM" kind:u8 version:u8 0x00 0x00     kind: b"J" journal, b"S" snapshot
+    frame v2  b"\xa7RMF" length:u32 crc32(payload):u32 crc32(first 12 bytes):u32 payload
+    frame v1  length:u32 crc32(payload):u32 payload      (read only; written into v1 journals)
 
-Recovery rules, shared by every reader:
+Recovery rules, shared by every reader (:func:`scan`):
 
-* a frame cut short at the end of the file (a torn write) is dropped and
-  reported in ``ReadResult.torn_at``; the journal truncates it away on open;
-* a bad frame with more bytes after it is corruption: :class:`CorruptionError`
-  names the file and offset, and :func:`repair_file` keeps the valid prefix and
-  moves the damaged file aside.  Nothing is dropped silently.
+* a frame is valid when its header checksum (v2), its length bound
+  (``MAX_FRAME``, inside the file) and its payload checksum all hold;
+* unusable bytes with **no valid frame after them** are a torn tail: a write
+  cut short by a crash.  The journal copies them to a side file
+  (``journal.rmj.torn-<epoch>``) before cutting them away on open;
+* unusable bytes **followed by a valid frame** are damage, wherever they are:
+  :func:`read_file` raises :class:`CorruptionError` (open refuses, nothing is
+  changed on disk) and :func:`repair_file` keeps every valid frame, before and
+  after the damage, moving the original aside (``<name>.damaged-<epoch>``).
 
-Snapshots are written to a temporary file, fsynced, renamed over the old one,
-and the directory is fsynced, so a crash leaves either the old or the new one.
+Writes: :meth:`Journal.append` writes the whole frame or rolls the file back
+to the last frame boundary (:class:`StorageFullError` on ENOSPC); a failed
+fsync makes the journal refuse every later write (:class:`ReadOnlyError`)
+until it is reopened, because the kernel may have dropped the dirty pages.
+System calls go through :data:`_os`, the seam the fault-injection tests use.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import errno
 import fcntl
 import logging
 import os
+import re
 import struct
 import threading
 import time
@@ -31,29 +40,47 @@ import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Literal
 
 import msgpack
 import numpy as np
 
-from .errors import CorruptionError, FormatVersionError, StorageError, StoreLockedError
+from .errors import (
+    CorruptionError,
+    FormatVersionError,
+    ReadOnlyError,
+    StorageError,
+    StorageFullError,
+    StoreLockedError,
+    TooLargeError,
+)
 
 log = logging.getLogger(__name__)
 
 MAGIC = b"RMEM"
-VERSION = 1
+VERSION = 2
+READABLE_VERSIONS = (1, 2)
 JOURNAL = b"J"
 SNAPSHOT = b"S"
 HEADER_SIZE = 8
-_FRAME = struct.Struct("<II")
-MAX_FRAME = 1 << 31  # 2 GiB: the vector block of a very large snapshot stays below
+FRAME_MARK = b"\xa7RMF"
+_V1 = struct.Struct("<II")
+_V2 = struct.Struct("<4sIII")
+_V2_HEAD = struct.Struct("<4sII")
+MAX_FRAME = (1 << 31) - 1  # a frame's payload; the vector block of a very large snapshot stays below
+FRAME_OVERHEAD = {1: _V1.size, 2: _V2.size}
 
 FsyncPolicy = Literal["always", "batch", "never"]
 
+# The system calls behind every journal write: tests replace these to inject
+# short writes, ENOSPC and fsync failures (the "syscall seam").
+_os = SimpleNamespace(write=os.write, fdatasync=os.fdatasync, ftruncate=os.ftruncate, fsync=os.fsync)
 
-def header(kind: bytes) -> bytes:
+
+def header(kind: bytes, version: int = VERSION) -> bytes:
     """The 8-byte file header for ``kind``."""
-    return MAGIC + kind + bytes([VERSION, 0, 0])
+    return MAGIC + kind + bytes([version, 0, 0])
 
 
 def pack(obj: Any) -> bytes:
@@ -66,10 +93,24 @@ def unpack(data: bytes | memoryview) -> Any:
     return msgpack.unpackb(data, raw=False, strict_map_key=False)
 
 
-def encode_frame(obj: Any) -> bytes:
-    """One frame: length, CRC32 and the msgpack payload."""
+def frame_header(length: int, crc: int, version: int = VERSION) -> bytes:
+    """The header of a frame whose payload has ``length`` bytes and CRC32 ``crc``."""
+    if version == 1:
+        return _V1.pack(length, crc)
+    head = _V2_HEAD.pack(FRAME_MARK, length, crc)
+    return head + struct.pack("<I", zlib.crc32(head))
+
+
+def encode_frame(obj: Any, version: int = VERSION) -> bytes:
+    """One frame: header (length and checksums) and the msgpack payload.
+
+    Raises TooLargeError when the payload would exceed ``MAX_FRAME``.
+    """
     payload = pack(obj)
-    return _FRAME.pack(len(payload), zlib.crc32(payload)) + payload
+    if len(payload) > MAX_FRAME:
+        raise TooLargeError(f"a frame of {len(payload)} bytes exceeds the {MAX_FRAME}-byte limit",
+                            field="frame", size=len(payload), limit=MAX_FRAME)
+    return frame_header(len(payload), zlib.crc32(payload), version) + payload
 
 
 ALIGN = 64
@@ -84,12 +125,12 @@ class RawBin:
         self.data = memoryview(data)
 
     def chunks(self, offset: int) -> list[bytes | memoryview]:
-        """The frame's bytes when it starts at file ``offset``."""
-        fixed = _FRAME.size + 1 + 2 + 5  # frame header, array, bin8 header, bin32 header
+        """The frame's bytes when it starts at file ``offset`` (always a v2 frame)."""
+        fixed = _V2.size + 1 + 2 + 5  # frame header, array, bin8 header, bin32 header
         pad = -(offset + fixed) % ALIGN
         head = b"\x92\xc4" + bytes([pad]) + bytes(pad) + b"\xc6" + struct.pack(">I", len(self.data))
         crc = zlib.crc32(self.data, zlib.crc32(head))
-        return [_FRAME.pack(len(head) + len(self.data), crc) + head, self.data]
+        return [frame_header(len(head) + len(self.data), crc) + head, self.data]
 
 
 def raw_bin(payload: memoryview) -> memoryview:
@@ -104,6 +145,22 @@ def raw_bin(payload: memoryview) -> memoryview:
 
 
 @dataclass
+class Scan:
+    """Every valid frame of a file and every unusable byte range in it.
+
+    ``damaged`` lists ``(start, end)`` ranges that are followed by a valid
+    frame (real damage); ``torn_at`` is where a torn tail starts (unusable bytes
+    that reach the end of the file with no valid frame after them).
+    """
+
+    version: int
+    size: int
+    frames: list[tuple[int, memoryview]] = field(default_factory=list)
+    damaged: list[tuple[int, int]] = field(default_factory=list)
+    torn_at: int | None = None
+
+
+@dataclass
 class ReadResult:
     """What a file held: the decoded frames and where a torn tail began."""
 
@@ -111,6 +168,7 @@ class ReadResult:
     offsets: list[int] = field(default_factory=list)
     end: int = HEADER_SIZE  # offset just past the last good frame
     torn_at: int | None = None
+    version: int = VERSION
 
 
 def read_file(path: Path, kind: bytes, raw: frozenset[int] = frozenset()) -> ReadResult:
@@ -122,15 +180,20 @@ def read_file(path: Path, kind: bytes, raw: frozenset[int] = frozenset()) -> Rea
     :class:`CorruptionError` for damage that is not a torn tail.
     """
     data = _read_bytes(path)
-    _check_header(path, data, kind)
-    result = ReadResult()
-    for offset, payload in _scan(path, data):
+    found = scan(path, data, kind)
+    if found.damaged:
+        start, end = found.damaged[0]
+        raise CorruptionError(
+            f"{path}: damaged bytes {start}..{end} with valid frames after them; nothing was changed. "
+            "Run 'reachy-memory verify' to see what is affected and 'reachy-memory verify --repair' "
+            "to keep every valid frame", path=str(path), offset=start, end=end,
+        )
+    result = ReadResult(torn_at=found.torn_at, version=found.version)
+    for offset, payload in found.frames:
         index = len(result.frames)
         result.frames.append(payload if index in raw else _decode(path, offset, payload))
         result.offsets.append(offset)
-        result.end = offset + _FRAME.size + len(payload)
-    if result.end < len(data):
-        result.torn_at = result.end
+        result.end = offset + FRAME_OVERHEAD[found.version] + len(payload)
     return result
 
 
@@ -148,40 +211,71 @@ def _read_bytes(path: Path) -> memoryview:
         raise StorageError(f"cannot read {path}: {exc.strerror}", path=str(path)) from exc
 
 
-def _check_header(path: Path, data: memoryview, kind: bytes) -> None:
+def _check_header(path: Path, data: memoryview, kind: bytes) -> int:
+    """The file's format version; FormatVersionError for a foreign or future file."""
     if len(data) < HEADER_SIZE or data[:4] != MAGIC or data[4:5] != kind:
         raise FormatVersionError(
             f"{path} is not a reachy-memory {'journal' if kind == JOURNAL else 'snapshot'} file",
             path=str(path), found=bytes(data[:6]), expected=header(kind)[:6],
         )
-    if data[5] != VERSION:
+    if data[5] not in READABLE_VERSIONS:
         raise FormatVersionError(
-            f"{path} has format version {data[5]}; this reachy-memory reads version {VERSION}",
+            f"{path} has format version {data[5]}; this reachy-memory reads versions {READABLE_VERSIONS}",
             path=str(path), found=data[5], expected=VERSION,
         )
+    return int(data[5])
 
 
-def _scan(path: Path, data: memoryview) -> Iterator[tuple[int, memoryview]]:
-    """Yield (offset, payload) of each good frame; stop at a torn tail."""
-    offset, size = HEADER_SIZE, len(data)
-    while offset < size:
-        if size - offset < _FRAME.size:
-            return  # torn frame header
-        length, crc = _FRAME.unpack_from(data, offset)
-        end = offset + _FRAME.size + length
-        if end > size:
-            return  # the payload was cut short: torn tail
-        payload = data[offset + _FRAME.size : end]
-        if zlib.crc32(payload) != crc:
-            if end == size:
-                return  # a last frame whose bytes never all reached the disk
-            raise CorruptionError(
-                f"{path}: checksum mismatch in the frame at offset {offset}; "
-                "run 'reachy-memory verify --repair' to keep the valid prefix",
-                path=str(path), offset=offset,
-            )
-        yield offset, payload
-        offset = end
+def scan(path: Path, data: memoryview, kind: bytes) -> Scan:
+    """Every valid frame of ``data`` and every unusable range (see :class:`Scan`)."""
+    version = _check_header(path, data, kind)
+    result = Scan(version, len(data))
+    offset = HEADER_SIZE
+    while offset < len(data):
+        payload = _frame_at(data, offset, version)
+        if payload is not None:
+            result.frames.append((offset, payload))
+            offset += FRAME_OVERHEAD[version] + len(payload)
+            continue
+        resume = _next_frame(data, offset + 1, version)
+        if resume is None:
+            result.torn_at = offset
+            break
+        result.damaged.append((offset, resume))
+        offset = resume
+    return result
+
+
+def _frame_at(data: memoryview, offset: int, version: int) -> memoryview | None:
+    """The payload of a valid frame starting at ``offset``, or None."""
+    overhead = FRAME_OVERHEAD[version]
+    if len(data) - offset < overhead:
+        return None
+    if version == 1:
+        length, crc = _V1.unpack_from(data, offset)
+    else:
+        mark, length, crc, head_crc = _V2.unpack_from(data, offset)
+        if mark != FRAME_MARK or zlib.crc32(data[offset : offset + 12]) != head_crc:
+            return None
+    end = offset + overhead + length
+    if length > MAX_FRAME or end > len(data):
+        return None
+    payload = data[offset + overhead : end]
+    return payload if zlib.crc32(payload) == crc else None
+
+
+def _next_frame(data: memoryview, start: int, version: int) -> int | None:
+    """The offset of the first valid frame at or after ``start``, or None."""
+    if version == 1:  # no sync mark in v1 frames: try every offset (old files only)
+        return next((o for o in range(start, len(data) - _V1.size + 1) if _frame_at(data, o, 1) is not None),
+                    None)
+    blob = bytes(data)  # a copy, only on the damage path: bytes.find is the fast sync-mark search
+    at = blob.find(FRAME_MARK, start)
+    while at != -1:
+        if _frame_at(data, at, 2) is not None:
+            return at
+        at = blob.find(FRAME_MARK, at + 1)
+    return None
 
 
 def _decode(path: Path, offset: int, payload: memoryview) -> Any:
@@ -203,15 +297,17 @@ def fsync_dir(path: Path) -> None:
 
 
 def write_atomic(path: Path, chunks: Iterable[bytes | memoryview], *, durable: bool = True) -> int:
-    """Write ``chunks`` to ``path`` through a temp file, fsync and rename.
+    """Write ``chunks`` to ``path`` (mode 0600) through a temp file, fsync and rename.
 
-    Returns the byte count. Raises :class:`StorageError` on I/O failure; the old
-    file, if any, is left untouched.
+    Returns the byte count. Raises :class:`StorageError` on I/O failure
+    (:class:`StorageFullError` when the disk is full); the old file, if any, is
+    left untouched.
     """
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     written = 0
     try:
-        with open(tmp, "wb") as out:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with open(fd, "wb") as out:
             for chunk in chunks:
                 out.write(chunk)
                 written += len(chunk)
@@ -223,8 +319,16 @@ def write_atomic(path: Path, chunks: Iterable[bytes | memoryview], *, durable: b
             fsync_dir(path.parent)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
-        raise StorageError(f"cannot write {path}: {exc.strerror}", path=str(path)) from exc
+        raise _storage_error(f"cannot write {path}", path, exc) from exc
     return written
+
+
+def _storage_error(what: str, path: Path, exc: OSError) -> StorageError:
+    """Our error for an OSError: StorageFullError for a full disk or quota."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return StorageFullError(f"{what}: the disk is full ({exc.strerror}); nothing was written",
+                                path=str(path))
+    return StorageError(f"{what}: {exc.strerror or exc}", path=str(path))
 
 
 def write_snapshot(path: Path, frames: Iterable[Any]) -> int:
@@ -242,13 +346,30 @@ def _snapshot_chunks(frames: Iterable[Any]) -> Iterator[bytes | memoryview]:
             yield chunk
 
 
+def copy_aside(path: Path, suffix: str, start: int = 0) -> Path:
+    """Copy bytes ``start..`` of ``path`` to ``<name>.<suffix>-<epoch>`` (fsynced); returns it."""
+    with open(path, "rb") as fh:
+        fh.seek(start)
+        data = fh.read()
+    aside = path.with_name(f"{path.name}.{suffix}-{int(time.time())}")
+    write_atomic(aside, [data])
+    return aside
+
+
 class Journal:
     """An append-only journal of frames with a configurable fsync policy.
 
     ``always``: every append is fsynced before it returns (survives power cuts).
     ``batch``: appends reach the OS at once (they survive ``kill -9``) and are
-    fsynced together at most ``window_ms`` later (group commit).
+    fsynced together at most ``window_ms`` later (group commit); a failure of
+    that fsync is raised by the next append.
     ``never``: the OS decides when to write back.
+
+    An append either writes its whole frame or leaves the file as it was
+    (rolled back to the last frame boundary).  After a failed fsync the journal
+    is read-only (``failure`` says why) until it is reopened.
+    Frames are written in the file's own format version (old journals stay
+    readable by the version that wrote them until the next compaction).
     """
 
     def __init__(self, path: Path, policy: FsyncPolicy = "always", window_ms: float = 5.0) -> None:
@@ -259,67 +380,126 @@ class Journal:
         self._fd: int | None = None
         self._dirty = False
         self._timer: threading.Timer | None = None
+        self._version = VERSION
+        self._sync_error: OSError | None = None
+        self.failure: str | None = None
         self.size = 0
 
     def open(self, first_frame: Any) -> ReadResult:
         """Open (creating with ``first_frame`` if absent) and return what it held.
 
-        A torn tail is truncated away, with a warning naming the offset.
+        A torn tail is copied to ``journal.rmj.torn-<epoch>`` and then cut away,
+        with a warning.  Raises CorruptionError for damage that is not a torn
+        tail (the file is left as it is).
         """
         if not self.path.exists():
             write_atomic(self.path, [header(JOURNAL), encode_frame(first_frame)])
         result = read_file(self.path, JOURNAL)
-        self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND)
-        if result.torn_at is not None:
-            log.warning("journal %s: dropped a torn frame at offset %d (a write cut short by a crash)",
-                        self.path, result.torn_at)
-            os.ftruncate(self._fd, result.end)
-            os.fsync(self._fd)
+        self._version = result.version
+        try:
+            self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND)
+            if result.torn_at is not None:
+                self._set_aside_torn_tail(result)
+        except OSError as exc:
+            raise _storage_error(f"cannot open {self.path}", self.path, exc) from exc
         self.size = result.end
         return result
 
+    def _set_aside_torn_tail(self, result: ReadResult) -> None:
+        aside = copy_aside(self.path, "torn", result.end)
+        log.warning("journal %s: a torn last frame at offset %d (a write cut short by a crash) was "
+                    "copied to %s and cut away", self.path, result.end, aside)
+        assert self._fd is not None
+        os.ftruncate(self._fd, result.end)
+        os.fsync(self._fd)
+
     def append(self, obj: Any) -> None:
-        """Append one frame; durable per the policy when this returns."""
-        frame = encode_frame(obj)
+        """Append one frame; durable per the policy when this returns.
+
+        Raises StorageFullError (disk full; nothing written, the journal stays
+        usable), ReadOnlyError (an earlier fsync failed), StorageError.
+        """
+        frame = encode_frame(obj, self._version)
         with self._lock:
-            fd = self._require_open()
+            fd = self._require_writable()
+            self._write_frame(fd, frame)
             try:
-                os.write(fd, frame)
-                self.size += len(frame)
                 self._sync_per_policy(fd)
             except OSError as exc:
-                raise StorageError(f"cannot append to {self.path}: {exc.strerror}", path=str(self.path)) from exc
+                self._fail(f"fsync of {self.path} failed ({exc.strerror}); the last write may not be durable")
+                raise ReadOnlyError(self.failure or "", path=str(self.path)) from exc
+            self.size += len(frame)
+
+    def _write_frame(self, fd: int, frame: bytes) -> None:
+        """Write all of ``frame`` or roll the file back to ``self.size``."""
+        view = memoryview(frame)
+        try:
+            while view:
+                view = view[_os.write(fd, view) :]
+        except OSError as exc:
+            self._roll_back(fd)
+            raise _storage_error(f"cannot append to {self.path}", self.path, exc) from exc
+
+    def _roll_back(self, fd: int) -> None:
+        try:
+            _os.ftruncate(fd, self.size)
+        except OSError as exc:
+            self._fail(f"could not cut a partial write from {self.path} ({exc.strerror})")
+
+    def _fail(self, reason: str) -> None:
+        if self.failure is None:
+            self.failure = reason
+            log.error("journal is now read-only: %s; reopen the store (restart the daemon) to write again", reason)
 
     def _sync_per_policy(self, fd: int) -> None:
         if self._policy == "always":
-            os.fdatasync(fd)
+            _os.fdatasync(fd)
         elif self._policy == "batch" and not self._dirty:
             self._dirty = True
-            self._timer = threading.Timer(self._window, self.sync)
+            self._timer = threading.Timer(self._window, self._timed_sync)
             self._timer.daemon = True
             self._timer.start()
 
+    def _timed_sync(self) -> None:
+        try:
+            self.sync()
+        except StorageError:
+            pass  # remembered in self.failure; the next append raises it
+
     def sync(self) -> None:
-        """fsync pending appends now (used by the group-commit timer and close)."""
+        """fsync pending appends now (the group-commit timer and close).
+
+        Raises ReadOnlyError when the fsync fails (and the journal stays read-only).
+        """
         with self._lock:
             if self._fd is not None and self._dirty:
-                os.fdatasync(self._fd)
-            self._dirty = False
+                self._dirty = False
+                try:
+                    _os.fdatasync(self._fd)
+                except OSError as exc:
+                    self._fail(f"fsync of {self.path} failed ({exc.strerror}); recent writes may not be durable")
+                    raise ReadOnlyError(self.failure or "", path=str(self.path)) from exc
 
-    def _require_open(self) -> int:
+    def _require_writable(self) -> int:
         if self._fd is None:
             raise StorageError(f"journal {self.path} is not open", path=str(self.path))
+        if self.failure is not None:
+            raise ReadOnlyError(f"the store is read-only: {self.failure}", path=str(self.path))
         return self._fd
 
     def close(self) -> None:
-        """Flush and close; idempotent."""
+        """Flush and close; idempotent.  A failing final fsync is logged (the
+        journal is already read-only then)."""
         if self._timer is not None:
             self._timer.cancel()
         if self._fd is None:
             return
-        if self._policy != "never":
+        if self._policy != "never" and self.failure is None:
             self._dirty = True
-            self.sync()
+            try:
+                self.sync()
+            except ReadOnlyError as exc:
+                log.error("closing %s: %s", self.path, exc)
         with self._lock:
             os.close(self._fd)
             self._fd = None
@@ -372,37 +552,49 @@ def is_locked(directory: Path) -> bool:
 
 @dataclass
 class RepairReport:
-    """What :func:`repair_file` did."""
+    """What :func:`repair_file` did: frames kept, damaged ranges, where the original went."""
 
     path: str
     kept_frames: int
     damaged_at: int | None
     moved_to: str | None
+    damaged: list[tuple[int, int]] = field(default_factory=list)
+    torn_at: int | None = None
 
 
 def repair_file(path: Path, kind: bytes) -> RepairReport:
-    """Keep the valid prefix of ``path``; move the damaged original aside.
+    """Keep every valid frame of ``path``, before and after any damage; move the original aside.
 
     The original is renamed to ``<name>.damaged-<epoch>`` (never deleted) and a
-    clean file holding every frame before the damage replaces it.
+    clean file holding every valid frame, in order, replaces it.  A file with
+    no damage (a torn tail at most) is left as it is: opening handles a torn tail.
     """
     data = _read_bytes(path)
-    _check_header(path, data, kind)
-    good: list[memoryview] = []
-    damaged_at: int | None = None
-    try:
-        for _offset, payload in _scan(path, data):
-            unpack(payload)
-            good.append(payload)
-    except CorruptionError as exc:
-        damaged_at = exc.fields.get("offset")
-    except Exception:
-        damaged_at = HEADER_SIZE + sum(_FRAME.size + len(p) for p in good)
-    if damaged_at is None:
-        return RepairReport(str(path), len(good), None, None)
+    found = scan(path, data, kind)
+    undecodable = [o for o, p in found.frames if not _decodes(p)]
+    damaged = sorted(found.damaged + [(o, o) for o in undecodable])
+    if not damaged:
+        return RepairReport(str(path), len(found.frames), None, None, torn_at=found.torn_at)
+    good = [p for o, p in found.frames if o not in set(undecodable)]
     aside = path.with_name(f"{path.name}.damaged-{int(time.time())}")
-    os.replace(path, aside)
-    frames = [_FRAME.pack(len(p), zlib.crc32(p)) + p for p in good]
-    write_atomic(path, [header(kind), *frames])
+    os.link(path, aside)  # the original stays reachable at every instant: link, then replace
+    frames = [frame_header(len(p), zlib.crc32(p), found.version) + bytes(p) for p in good]
+    write_atomic(path, [header(kind, found.version), *frames])
     log.warning("repaired %s: kept %d frames, damaged copy moved to %s", path, len(good), aside)
-    return RepairReport(str(path), len(good), damaged_at, str(aside))
+    return RepairReport(str(path), len(good), damaged[0][0], str(aside), damaged, found.torn_at)
+
+
+def _decodes(payload: memoryview) -> bool:
+    try:
+        unpack(payload)
+    except Exception:  # msgpack raises several unrelated types
+        return False
+    return True
+
+
+_ID = re.compile(rb"[0-9a-f]{32}")
+
+
+def ids_in(data: bytes | memoryview) -> list[str]:
+    """Memory ids (32 hex digits, as the store makes them) readable in damaged bytes."""
+    return sorted({m.decode() for m in _ID.findall(bytes(data))})

@@ -108,6 +108,26 @@ class Expiry:
         return midnight.timestamp()
 
 
+# The range of timestamps a memory may carry (created_at, expires_at): 2000-01-01 .. 2200-01-01 UTC.
+# Outside it a value is a mistake (1e300, year 9999) that would make the memory unreadable.
+MIN_TIME = 946_684_800.0
+MAX_TIME = 7_258_118_400.0
+
+
+def check_time(value: datetime | float | None, field: str) -> float | None:
+    """``value`` as epoch seconds, or None; ValidationError naming ``field`` when it is
+    not a finite time between 2000-01-01 and 2200-01-01 UTC."""
+    try:
+        epoch = to_epoch(value)
+    except (OverflowError, OSError, ValueError) as exc:
+        raise ValidationError(f"{field}: {value!r} is not a usable time", field=field) from exc
+    except ValidationError as exc:
+        raise ValidationError(f"{field}: expected a datetime or epoch seconds, got {value!r}", field=field) from exc
+    if epoch is not None and not MIN_TIME <= epoch <= MAX_TIME:
+        raise ValidationError(f"{field}: {value!r} is outside 2000-01-01..2200-01-01 UTC", field=field)
+    return epoch
+
+
 def to_datetime(epoch: float) -> datetime:
     """UTC epoch seconds -> aware UTC datetime."""
     return datetime.fromtimestamp(epoch, UTC)

@@ -43,8 +43,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from . import _persistence as files
 from . import journal as jr
 from ._filters import FieldIndex, validate_metadata
+from ._persistence import GRAPH_FILE, JOURNAL_FILE, SNAPSHOT_FILE, read_snapshot
 from .config import Config
 from .errors import (
     ClosedError,
@@ -52,18 +54,18 @@ from .errors import (
     ModelError,
     ModelMismatchError,
     ReachyMemoryError,
+    ReadOnlyError,
     TooLargeError,
     ValidationError,
 )
 from .lexical_index import LexicalIndex
-from .model import Expiry, Memory, MemoryType, SearchResult, resolve_timezone, to_datetime, to_epoch
+from .model import Expiry, Memory, MemoryType, SearchResult, check_time, resolve_timezone, to_datetime, to_epoch
 from .vector_index import VectorIndex
 
 log = logging.getLogger(__name__)
 
-SNAPSHOT_FILE = "snapshot.rms"
-JOURNAL_FILE = "journal.rmj"
-GRAPH_FILE = "vectors.hnsw"
+__all__ = ["DEFAULT_EMBEDDER", "GRAPH_FILE", "JOURNAL_FILE", "SNAPSHOT_FILE", "Embedder", "MemoryStore",
+           "read_snapshot"]
 _GROUP = {t.value: i for i, t in enumerate(MemoryType)}  # one vector graph per memory type
 NEIGHBOUR_SECONDS = 600.0  # a previous turn older than this is not context any more
 datetime_or_float = Any  # a datetime (aware, or naive meaning UTC), epoch seconds, or None
@@ -140,31 +142,27 @@ class MemoryStore:
     """
 
     def __init__(self, path: str | Path | None = None, *, config: Config | None = None,
-                 embedder: Any = DEFAULT_EMBEDDER, reindex: bool = False) -> None:
+                 embedder: Any = DEFAULT_EMBEDDER, reindex: bool = False, recover: bool = False) -> None:
         self._config = config or Config()
         self.path = Path(path).expanduser() if path is not None else self._config.data_dir
         self._closed = True
         self._lock = threading.RLock()
-        self._make_dir()
+        files.secure_dir(self.path)
         self._dir_lock = jr.DirLock(self.path)
         self._dir_lock.acquire()
         try:
-            self._open(embedder, reindex)
+            files.tighten_files(self.path)
+            self._open(embedder, reindex, recover)
         except BaseException:
             self._dir_lock.release()
             raise
         self._closed = False
+        if recover:
+            self._compact(full=True)  # a fresh snapshot of the rebuilt state (see verify --repair)
 
     # -- opening ---------------------------------------------------------------------
 
-    def _make_dir(self) -> None:
-        try:
-            self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        except OSError as exc:
-            raise jr.StorageError(f"cannot create data directory {self.path}: {exc.strerror}",
-                                  path=str(self.path)) from exc
-
-    def _open(self, embedder: Any, reindex: bool) -> None:
+    def _open(self, embedder: Any, reindex: bool, recover: bool = False) -> None:
         mem = self._config.memory
         self._expiry = Expiry(mem.conversation_ttl_days, resolve_timezone(mem.timezone))
         self._embedder = self._resolve_embedder(embedder)
@@ -179,10 +177,15 @@ class MemoryStore:
         self._generation = 0
         self._model_key: str | None = None
         self._last_turn: _Rec | None = None
-        snapshot = self._read_snapshot()
-        self._model_key = snapshot.get("model") if snapshot else None
+        base = files.recovery_base(self.path) if recover else None
+        snapshot = base.snapshot if base is not None else self._read_snapshot()
+        self._model_key = snapshot.get("model") if snapshot else (_first_vkey(base.ops) if base else None)
         self._current_key = embedder_key(self._embedder) if self._embedder is not None else self._model_key
         self._load_snapshot(snapshot)
+        if base is not None:  # rebuild: the previous generation's ops, then the current journal
+            for op in base.ops:
+                self._apply(op)
+            self._generation = base.generation + 1
         self._journal = jr.Journal(self.path / JOURNAL_FILE, mem.fsync, mem.fsync_batch_window_ms)
         try:
             self._replay(self._journal.open({"kind": "journal", "generation": self._generation}))
@@ -264,15 +267,27 @@ class MemoryStore:
         self._vectors.load_graph(self.path / GRAPH_FILE, self._graph_tag())
 
     def _replay(self, result: jr.ReadResult) -> None:
-        head = result.frames[0] if result.frames else {}
-        if head.get("generation") != self._generation:
-            # A compaction wrote the snapshot but died before resetting the
-            # journal: everything in it is already in the snapshot.
-            log.warning("journal generation %s is older than snapshot %s; discarding it",
-                        head.get("generation"), self._generation)
+        """Apply the journal's ops, after checking that it follows the snapshot.
+
+        Raises CorruptionError (nothing changed on disk) for a journal newer
+        than the snapshot: the snapshot is missing or was replaced.
+        """
+        generation = files.journal_generation(result)
+        if generation is not None and generation < self._generation:
+            # A compaction made the snapshot durable and died before retiring
+            # the journal: every op in it is in the snapshot.  Move it, never rewrite it.
+            log.warning("journal generation %s is older than snapshot %s: already folded in, kept as %s",
+                        generation, self._generation, files.PREV_JOURNAL_FILE)
             self._journal.close()
-            self._reset_journal()
+            files.retire_journal(self.path)
+            self._new_journal()
             return
+        if generation != self._generation:
+            raise CorruptionError(
+                f"{self._journal.path}: journal generation {generation} is newer than the snapshot's "
+                f"{self._generation} (the snapshot is missing or was replaced); nothing was changed. "
+                "Run 'reachy-memory verify --repair' to rebuild from the previous generation kept on disk",
+                path=str(self._journal.path), offset=0)
         for ops in result.frames[1:]:
             for op in ops:
                 self._apply(op)
@@ -397,8 +412,7 @@ class MemoryStore:
         memory_id = item.get("id")
         if memory_id is not None and (not isinstance(memory_id, str) or not 0 < len(memory_id) <= 128):
             raise ValidationError("id must be a non-empty string of at most 128 characters", field="id")
-        created = item.get("created_at")
-        return content, mtype.value, metadata, memory_id, to_epoch(created) if created is not None else None
+        return content, mtype.value, metadata, memory_id, check_time(item.get("created_at"), "created_at")
 
     def _validate_text(self, text: Any, field: str) -> str:
         if not isinstance(text, str):
@@ -686,29 +700,42 @@ class MemoryStore:
         self._compact(full)
 
     def _compact(self, full: bool = False) -> None:
-        """:meth:`compact` without the open check (it also runs while opening)."""
-        with self._lock:
-            self._generation += 1
-            jr.write_snapshot(self.path / SNAPSHOT_FILE, self._snapshot_frames())
-            self._journal.close()
-            self._reset_journal()
-            self._vectors.save_graph(self.path / GRAPH_FILE, self._graph_tag(), force=full)
+        """:meth:`compact` without the open check (it also runs while opening).
 
-    def _reset_journal(self) -> None:
+        Order (crash analysis in docs/FORMAT.md): keep the current snapshot as
+        the previous one, write the new snapshot durably, retire the journal,
+        start a fresh one.  A crash at any step leaves a state open recovers.
+        """
+        with self._lock:
+            self._require_writable()
+            files.keep_previous_snapshot(self.path)
+            jr.write_snapshot(self.path / SNAPSHOT_FILE, self._snapshot_frames(self._generation + 1))
+            self._generation += 1
+            self._journal.close()
+            files.retire_journal(self.path)
+            self._new_journal()
+            self._vectors.save_graph(self.path / GRAPH_FILE, self._graph_tag(), force=full)
+            files.tighten_files(self.path)
+
+    def _new_journal(self) -> None:
         path = self.path / JOURNAL_FILE
         head = {"kind": "journal", "generation": self._generation}
         jr.write_atomic(path, [jr.header(jr.JOURNAL), jr.encode_frame(head)])
         self._journal = jr.Journal(path, self._config.memory.fsync, self._config.memory.fsync_batch_window_ms)
         self._journal.open({})
 
-    def _snapshot_frames(self) -> Iterable[Any]:
+    def _require_writable(self) -> None:
+        if self._journal.failure is not None:
+            raise ReadOnlyError(f"the store is read-only: {self._journal.failure}", path=str(self._journal.path))
+
+    def _snapshot_frames(self, generation: int) -> Iterable[Any]:
         rows = []
         for rec in self._records.values():
             row = rec.row()
             indexed = rec.vkey == self._current_key and bool(self._vectors.alive[rec.slot : rec.slot + 1].any())
             row[7] = rec.vkey if indexed else None
             rows.append(row)
-        head = {"kind": "snapshot", "generation": self._generation, "model": self._current_key or self._model_key,
+        head = {"kind": "snapshot", "generation": generation, "model": self._current_key or self._model_key,
                 "dim": self._vectors.dim, "created": time.time()}
         yield head
         yield {"records": rows}
@@ -721,8 +748,12 @@ class MemoryStore:
         """Write a consistent snapshot of the whole store to the file ``dest`` (fsynced)."""
         self._require_open()
         with self._lock:
-            size = jr.write_snapshot(Path(dest), self._snapshot_frames())
-            return {"path": str(dest), "bytes": size, "memories": len(self._records)}
+            target = self._backup_target(dest)
+            size = jr.write_snapshot(target, self._snapshot_frames(self._generation))
+            return {"path": str(target), "bytes": size, "memories": len(self._records)}
+
+    def _backup_target(self, dest: str | Path) -> Path:
+        return files.backup_target(dest, self.path)
 
     def reindex(self, progress: Callable[[int, int], None] | None = None, batch: int = 64) -> int:
         """Re-embed every memory whose vector is not from the current model.
@@ -821,30 +852,6 @@ class MemoryStore:
         self.close()
 
 
-def read_snapshot(path: Path) -> dict[str, Any]:
-    """A snapshot or backup file as one dict: the header's keys plus ``records``,
-    ``vectors`` (a view), ``lexical`` and ``window``.
-
-    Raises CorruptionError for an incomplete or damaged file,
-    FormatVersionError for a foreign one.
-    """
-    frames = jr.read_file(path, jr.SNAPSHOT, raw=frozenset({2})).frames
-    sections = [frames[i] for i in (0, 1, 3, 4, 5)] if len(frames) == 6 else []
-    if not sections or not all(isinstance(f, dict) for f in sections):
-        raise CorruptionError(f"{path}: incomplete snapshot ({len(frames)} of 6 sections)", path=str(path), offset=0)
-    head, recs, lexical, window, end = sections
-    records = recs.get("records", [])
-    if end.get("end") != len(records):
-        raise CorruptionError(f"{path}: end marker counts {end.get('end')} memories, found {len(records)}",
-                              path=str(path), offset=0)
-    try:
-        vectors = jr.raw_bin(frames[2])
-    except ValueError as exc:
-        raise CorruptionError(f"{path}: bad vector block", path=str(path), offset=0) from exc
-    return {**head, "records": records, "vectors": vectors, "lexical": lexical.get("lexical", {}),
-            "window": window.get("window", [])}
-
-
 def fuse(cos: np.ndarray, lex: np.ndarray, cfg: Any, *, use_vec: bool, use_lex: bool) -> np.ndarray:
     """One score in [0, 1] from cosine and lexical coverage (see module docs).
 
@@ -882,6 +889,11 @@ def _lookup(keys: np.ndarray, values: np.ndarray, wanted: np.ndarray) -> np.ndar
     hit = keys[pos] == wanted
     out[hit] = values[pos[hit]]
     return out
+
+
+def _first_vkey(ops: list[list[Any]]) -> str | None:
+    """The vector space named by the first stored memory in ``ops`` (a rebuild with no snapshot)."""
+    return next((op[1][7] for op in ops if op[0] == "put" and op[1][7] is not None), None)
 
 
 def _epoch(now: Any) -> float:

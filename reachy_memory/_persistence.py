@@ -1,0 +1,233 @@
+"""The data directory's files and the generation rules between them.
+
+Owned by the thread that holds the store's lock (the daemon's engine thread);
+these functions only touch files, never in-memory state.  ``docs/FORMAT.md``
+("Generations and compaction") is the contract and the crash analysis.
+
+Files::
+
+    LOCK              flock of the process that has the store open
+    snapshot.rms      generation g: every memory as of the last compaction
+    journal.rmj       generation g: ops since that snapshot
+    snapshot.prev.rms generation g-1 (absent before the first compaction)
+    journal.prev.rmj  generation g-1: ops between the two snapshots
+    vectors.hnsw      graph cache (+ .meta), rebuilt when missing or stale
+
+Rules: a journal is set aside only when its generation is provably older than
+the snapshot's, and it is moved (renamed), never rewritten.  A journal newer
+than the snapshot (the snapshot is missing or was replaced) stops the open
+with :class:`CorruptionError`; ``verify --repair`` rebuilds the state from the
+previous generation (``snapshot.prev.rms`` + ``journal.prev.rmj`` +
+``journal.rmj``) without deleting anything.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import journal as jr
+from .errors import CorruptionError, StorageError, ValidationError
+
+log = logging.getLogger(__name__)
+
+SNAPSHOT_FILE = "snapshot.rms"
+JOURNAL_FILE = "journal.rmj"
+PREV_SNAPSHOT_FILE = "snapshot.prev.rms"
+PREV_JOURNAL_FILE = "journal.prev.rmj"
+GRAPH_FILE = "vectors.hnsw"
+STORE_FILES = ("LOCK", SNAPSHOT_FILE, JOURNAL_FILE, PREV_SNAPSHOT_FILE, PREV_JOURNAL_FILE, GRAPH_FILE)
+
+
+def secure_dir(path: Path) -> None:
+    """Create ``path`` (mode 0700) or tighten an existing one we own to 0700.
+
+    Raises StorageError when it cannot be created or is not a directory.
+    """
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = path.stat()
+        if info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) & 0o077:
+            os.chmod(path, 0o700)
+            log.warning("data directory %s was readable by others (mode %o); tightened to 0700",
+                        path, stat.S_IMODE(info.st_mode))
+    except OSError as exc:
+        raise StorageError(f"cannot create data directory {path}: {exc.strerror}", path=str(path)) from exc
+
+
+def tighten_files(path: Path) -> None:
+    """Make the store's own files 0600 (files written before this rule, graph caches)."""
+    for name in STORE_FILES:
+        for file in (path / name, path / f"{name}.meta"):
+            try:
+                if file.exists() and stat.S_IMODE(file.stat().st_mode) & 0o077:
+                    os.chmod(file, 0o600)
+            except OSError as exc:
+                log.warning("cannot tighten the mode of %s: %s", file, exc.strerror)
+
+
+def read_snapshot(path: Path) -> dict[str, Any]:
+    """A snapshot or backup file as one dict: the header's keys plus ``records``,
+    ``vectors`` (a view), ``lexical`` and ``window``.
+
+    Raises CorruptionError for an incomplete or damaged file,
+    FormatVersionError for a foreign one.
+    """
+    frames = jr.read_file(path, jr.SNAPSHOT, raw=frozenset({2})).frames
+    sections = [frames[i] for i in (0, 1, 3, 4, 5)] if len(frames) == 6 else []
+    if not sections or not all(isinstance(f, dict) for f in sections):
+        raise CorruptionError(f"{path}: incomplete snapshot ({len(frames)} of 6 sections)", path=str(path), offset=0)
+    head, recs, lexical, window, end = sections
+    records = recs.get("records", [])
+    if end.get("end") != len(records):
+        raise CorruptionError(f"{path}: end marker counts {end.get('end')} memories, found {len(records)}",
+                              path=str(path), offset=0)
+    try:
+        vectors = jr.raw_bin(frames[2])
+    except ValueError as exc:
+        raise CorruptionError(f"{path}: bad vector block", path=str(path), offset=0) from exc
+    return {**head, "records": records, "vectors": vectors, "lexical": lexical.get("lexical", {}),
+            "window": window.get("window", [])}
+
+
+def journal_generation(result: jr.ReadResult) -> int | None:
+    """The generation a journal's first frame names (None if it names none)."""
+    head = result.frames[0] if result.frames else {}
+    gen = head.get("generation") if isinstance(head, dict) else None
+    return gen if isinstance(gen, int) else None
+
+
+def set_aside(path: Path, suffix: str) -> Path:
+    """Rename ``path`` to ``<name>.<suffix>-<epoch>`` (durably); returns the new path."""
+    target = path.with_name(f"{path.name}.{suffix}-{int(time.time())}")
+    try:
+        os.replace(path, target)
+        jr.fsync_dir(path.parent)
+    except OSError as exc:
+        raise StorageError(f"cannot move {path} aside: {exc.strerror}", path=str(path)) from exc
+    return target
+
+
+def keep_previous_snapshot(directory: Path) -> None:
+    """Before a new snapshot replaces ``snapshot.rms``: keep the current one as
+    ``snapshot.prev.rms`` (a hard link, installed atomically)."""
+    current, tmp = directory / SNAPSHOT_FILE, directory / f".{PREV_SNAPSHOT_FILE}.tmp"
+    if not current.exists():
+        return
+    try:
+        tmp.unlink(missing_ok=True)
+        os.link(current, tmp)
+        os.replace(tmp, directory / PREV_SNAPSHOT_FILE)
+    except OSError as exc:
+        raise StorageError(f"cannot keep the previous snapshot: {exc.strerror}", path=str(current)) from exc
+
+
+def retire_journal(directory: Path) -> None:
+    """After a new snapshot is durable: the journal it folded in becomes ``journal.prev.rmj``."""
+    current = directory / JOURNAL_FILE
+    if not current.exists():
+        return
+    try:
+        os.replace(current, directory / PREV_JOURNAL_FILE)
+        jr.fsync_dir(directory)
+    except OSError as exc:
+        raise StorageError(f"cannot retire the journal: {exc.strerror}", path=str(current)) from exc
+
+
+@dataclass
+class RecoveryBase:
+    """Where a recovery starts: the previous snapshot (or nothing) and the ops after it."""
+
+    snapshot: dict[str, Any] | None
+    generation: int
+    ops: list[list[Any]] = field(default_factory=list)
+    moved_aside: list[str] = field(default_factory=list)
+
+
+def recovery_base(directory: Path) -> RecoveryBase:
+    """The previous generation, for rebuilding a store whose snapshot is missing or damaged.
+
+    Moves an unreadable ``snapshot.rms`` aside (never deletes it).  Raises
+    CorruptionError, changing nothing else, when the previous generation on
+    disk does not chain up to the current journal.
+    """
+    base = _previous_snapshot(directory)
+    generation = int(base["generation"]) if base else 0
+    prev = directory / PREV_JOURNAL_FILE
+    if not prev.exists():
+        raise CorruptionError(f"{directory}: no previous journal to rebuild from; the snapshot cannot be "
+                              "recovered automatically (nothing was changed)", path=str(directory), offset=0)
+    result = jr.read_file(prev, jr.JOURNAL)
+    if journal_generation(result) != generation:
+        raise CorruptionError(f"{prev}: generation {journal_generation(result)} does not follow the previous "
+                              f"snapshot's {generation}; nothing was changed", path=str(prev), offset=0)
+    moved = [str(set_aside(directory / SNAPSHOT_FILE, "damaged"))] if (directory / SNAPSHOT_FILE).exists() else []
+    ops = [op for frame in result.frames[1:] for op in frame]
+    return RecoveryBase(base, generation, ops, moved)
+
+
+def _previous_snapshot(directory: Path) -> dict[str, Any] | None:
+    path = directory / PREV_SNAPSHOT_FILE
+    return read_snapshot(path) if path.exists() else None
+
+
+def snapshot_usable(directory: Path) -> bool:
+    """True when ``snapshot.rms`` is absent-by-design or reads cleanly.
+
+    False when it is damaged, or missing while the journal says a compaction
+    happened (generation >= 1).
+    """
+    snapshot, journal = directory / SNAPSHOT_FILE, directory / JOURNAL_FILE
+    if snapshot.exists():
+        try:
+            read_snapshot(snapshot)
+        except CorruptionError:
+            return False
+        return True
+    if not journal.exists():
+        return True
+    try:
+        return (journal_generation(jr.read_file(journal, jr.JOURNAL)) or 0) == 0
+    except CorruptionError:
+        return True  # the journal's own damage is repaired frame by frame, not here
+
+
+def backup_target(dest: str | Path, data_dir: Path, *, force: bool = False) -> Path:
+    """The file a backup to ``dest`` writes: ``dest`` itself, or a timestamped
+    ``memory-<UTC>.rms`` inside it when it is a directory.
+
+    Raises ValidationError (nothing written) for a target inside the data
+    directory, a symlink, a missing parent directory, or an existing file that
+    is not a backup (unless ``force``).
+    """
+    dest = Path(dest).expanduser()
+    if dest.is_symlink():
+        raise ValidationError(f"backup target {dest} is a symlink; name the real file", field="path")
+    if dest.is_dir():
+        dest = dest / time.strftime("memory-%Y%m%dT%H%M%SZ.rms", time.gmtime())
+    parent = dest.parent.resolve()
+    if not parent.is_dir():
+        raise ValidationError(f"backup directory {dest.parent} does not exist", field="path")
+    target = parent / dest.name
+    home = data_dir.resolve()
+    if target == home or home in target.parents:
+        raise ValidationError(f"backup target {target} is inside the data directory {home}; "
+                              "choose a place outside it", field="path")
+    if target.exists() and not force and not _is_snapshot(target):
+        raise ValidationError(f"{target} exists and is not a reachy-memory backup; "
+                              "choose another name (or --force to replace it)", field="path")
+    return target
+
+
+def _is_snapshot(path: Path) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(jr.HEADER_SIZE)
+    except OSError:
+        return False
+    return head[:5] == jr.MAGIC + jr.SNAPSHOT
