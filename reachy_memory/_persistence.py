@@ -205,7 +205,10 @@ def backup_target(dest: str | Path, data_dir: Path, *, force: bool = False) -> P
     directory, a symlink, a missing parent directory, or an existing file that
     is not a backup (unless ``force``).
     """
+    wants_dir = str(dest).endswith(os.sep)
     dest = Path(dest).expanduser()
+    if wants_dir and not dest.is_dir():
+        raise ValidationError(f"backup directory {dest} does not exist", field="path")
     if dest.is_symlink():
         raise ValidationError(f"backup target {dest} is a symlink; name the real file", field="path")
     if dest.is_dir():

@@ -17,9 +17,11 @@ from typing import Any
 
 import numpy as np
 
+from . import _persistence as files
 from . import journal as jr
+from ._persistence import JOURNAL_FILE, PREV_JOURNAL_FILE, SNAPSHOT_FILE, read_snapshot
+from .config import Config
 from .errors import ReachyMemoryError, StorageError, StoreLockedError, ValidationError
-from .store import JOURNAL_FILE, SNAPSHOT_FILE, read_snapshot
 
 log = logging.getLogger(__name__)
 Progress = Callable[[int, int], None]
@@ -36,6 +38,7 @@ class VerifyReport:
     generation: int = 0
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    affected: list[str] = field(default_factory=list)  # ids readable in damaged bytes
 
     @property
     def ok(self) -> bool:
@@ -43,7 +46,8 @@ class VerifyReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {"path": self.path, "ok": self.ok, "memories": self.memories, "vectors": self.vectors,
-                "journal_frames": self.journal_frames, "problems": self.problems, "notes": self.notes}
+                "journal_frames": self.journal_frames, "problems": self.problems, "notes": self.notes,
+                "affected_ids": self.affected}
 
 
 def verify(path: str | Path, progress: Progress | None = None) -> VerifyReport:
@@ -65,10 +69,12 @@ def verify(path: str | Path, progress: Progress | None = None) -> VerifyReport:
 def _verify_dir(path: Path, report: VerifyReport, progress: Progress | None) -> None:
     snapshot, journal = path / SNAPSHOT_FILE, path / JOURNAL_FILE
     generation = _verify_snapshot(snapshot, report, progress) if snapshot.exists() else 0
-    if not snapshot.exists():
-        report.notes.append("no snapshot yet (a new store, or one never compacted)")
     if journal.exists():
         _verify_journal(journal, generation, report)
+    if (path / PREV_JOURNAL_FILE).exists():
+        _verify_frames(path / PREV_JOURNAL_FILE, report)
+    if not snapshot.exists() and report.ok:
+        report.notes.append("no snapshot yet (a new store, or one never compacted)")
     if jr.is_locked(path):
         report.notes.append("the store is open in a running daemon; files were checked read-only")
 
@@ -123,26 +129,44 @@ def _check_vector(row: list[Any], matrix: np.ndarray, report: VerifyReport) -> N
 
 
 def _verify_journal(path: Path, generation: int, report: VerifyReport) -> None:
+    if not _verify_frames(path, report):
+        return
+    result = jr.read_file(path, jr.JOURNAL)
+    report.journal_frames = max(0, len(result.frames) - 1)
+    found = files.journal_generation(result)
+    if generation < 0 or found is None:
+        return
+    if found < generation:
+        report.notes.append(f"journal generation {found} predates snapshot {generation}: already folded in, "
+                            f"it becomes {PREV_JOURNAL_FILE} on the next open")
+    elif found > generation:
+        report.problems.append(f"journal generation {found} is newer than the snapshot's {generation}: the snapshot "
+                               "is missing or was replaced; 'verify --repair' rebuilds from the previous generation")
+
+
+def _verify_frames(path: Path, report: VerifyReport) -> bool:
+    """Check every frame of a journal; damage becomes a problem naming the memories it touches."""
     try:
-        result = jr.read_file(path, jr.JOURNAL)
+        found = jr.scan(path, jr.read_bytes(path), jr.JOURNAL)
     except ReachyMemoryError as exc:
         report.problems.append(str(exc))
-        return
-    report.journal_frames = max(0, len(result.frames) - 1)
-    if result.torn_at is not None:
-        report.notes.append(f"{path}: torn last frame at offset {result.torn_at} (dropped on next open)")
-    head = result.frames[0] if result.frames else {}
-    if generation >= 0 and head.get("generation") not in (generation, None) and generation:
-        report.notes.append(f"journal generation {head.get('generation')} predates snapshot {generation}: "
-                            "already folded in, it will be discarded on open")
+        return False
+    if found.torn_at is not None:
+        report.notes.append(f"{path}: torn last frame at offset {found.torn_at} (a write cut short by a crash; "
+                            "never acknowledged; set aside on the next open)")
+    for start, end in found.damaged:
+        ids = jr.ids_in(jr.read_bytes(path)[start:end])
+        report.affected.extend(ids)
+        report.problems.append(f"{path}: damaged bytes {start}..{end} (valid frames follow); memories named in "
+                               f"them: {', '.join(ids) or 'none readable'}; 'verify --repair' keeps every valid frame")
+    return not found.damaged
 
 
-def backup_target(dest: str | Path) -> Path:
-    """``dest`` itself, or a timestamped file name inside it when it is a directory."""
-    dest = Path(dest).expanduser().resolve()
-    if dest.is_dir():
-        return dest / time.strftime("memory-%Y%m%dT%H%M%SZ.rms", time.gmtime())
-    return dest
+def backup_target(dest: str | Path, data_dir: str | Path, *, force: bool = False) -> Path:
+    """Where a backup to ``dest`` goes (see :func:`reachy_memory._persistence.backup_target`):
+    ValidationError for a target inside ``data_dir``, a symlink, a missing
+    directory, or an existing file that is not a backup (unless ``force``)."""
+    return files.backup_target(dest, Path(data_dir).expanduser(), force=force)
 
 
 def prune(directory: str | Path, keep: int) -> list[str]:
@@ -156,20 +180,37 @@ def prune(directory: str | Path, keep: int) -> list[str]:
     return [str(p) for p in old]
 
 
-def repair(path: str | Path) -> list[jr.RepairReport]:
-    """Keep the valid prefix of each damaged file in a data directory (the
-    damaged originals are moved aside, never deleted). Refuses a live store."""
+def repair(path: str | Path, config: Config | None = None) -> list[jr.RepairReport]:
+    """Repair a data directory; never deletes anything.  Refuses a live store.
+
+    Journals keep every valid frame (before and after any damage; the damaged
+    originals are moved aside).  A missing or damaged snapshot is rebuilt from
+    the previous generation kept on disk (``snapshot.prev.rms`` +
+    ``journal.prev.rmj`` + ``journal.rmj``); the damaged snapshot is moved aside.
+    Raises CorruptionError when that chain is not on disk (nothing is changed then).
+    """
     path = Path(path).expanduser()
     lock = jr.DirLock(path)
     lock.acquire()
     try:
-        reports = []
-        for name, kind in ((SNAPSHOT_FILE, jr.SNAPSHOT), (JOURNAL_FILE, jr.JOURNAL)):
-            if (path / name).exists():
-                reports.append(jr.repair_file(path / name, kind))
-        return reports
+        reports = [jr.repair_file(path / name, jr.JOURNAL) for name in (JOURNAL_FILE, PREV_JOURNAL_FILE)
+                   if (path / name).exists()]
+        usable = files.snapshot_usable(path)
     finally:
         lock.release()
+    if not usable:
+        reports.append(_rebuild_snapshot(path, config or Config()))
+    return reports
+
+
+def _rebuild_snapshot(path: Path, config: Config) -> jr.RepairReport:
+    from .store import MemoryStore  # late: the store is only needed for a rebuild
+
+    config = config.replace("memory", path=str(path))
+    with MemoryStore(config=config, embedder=None, recover=True) as store:
+        count = len(store)
+    log.warning("rebuilt %s from the previous generation: %d memories", path / SNAPSHOT_FILE, count)
+    return jr.RepairReport(str(path / SNAPSHOT_FILE), count, 0, None)
 
 
 def restore(backup_file: str | Path, data_dir: str | Path, *, force: bool = False) -> dict[str, Any]:
@@ -180,6 +221,9 @@ def restore(backup_file: str | Path, data_dir: str | Path, *, force: bool = Fals
     Raises StorageError when the backup does not verify.
     """
     backup_file, data_dir = Path(backup_file).expanduser(), Path(data_dir).expanduser()
+    if data_dir.resolve() in backup_file.resolve().parents:
+        raise ValidationError(f"the backup {backup_file} is inside the data directory it would replace; "
+                              "copy it elsewhere first", field="backup")
     report = verify(backup_file)
     if not report.ok:
         raise StorageError(f"backup {backup_file} does not verify: {'; '.join(report.problems)}",

@@ -188,27 +188,34 @@ def _stats_text(d: dict[str, Any]) -> str:
 
 
 def cmd_backup(args: argparse.Namespace) -> int:
-    dest = bk.backup_target(args.dest)
+    dest = bk.backup_target(args.dest, _config(args).data_dir, force=args.force)
+    if args.keep is not None and args.keep < 1:
+        raise ValidationError("--keep must be at least 1", field="keep")
     with _client(args) as c:
-        info = c.backup(str(dest), timeout=max(args.timeout, 120))
-    if args.keep:
-        info["pruned"] = bk.prune(dest.parent, args.keep)
+        info = c.backup(str(dest), force=args.force, timeout=max(args.timeout, 120))
+    if args.keep is not None:
+        info["pruned"] = bk.prune(Path(info["path"]).parent, args.keep)
     _out(args, info, lambda i: f"backup of {i['memories']} memories written to {i['path']} ({i['bytes']} bytes)")
     return 0
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    if args.repair:
-        reports = bk.repair(args.path)
-        _out(args, [r.__dict__ for r in reports], lambda rs: "\n".join(
-            f"{r['path']}: kept {r['kept_frames']} frames"
-            + (f", damaged file moved to {r['moved_to']}" if r["moved_to"] else ", no damage") for r in rs))
-    report = bk.verify(args.path, _progress("verifying"))
-    _out(args, report.to_dict(), lambda r: "\n".join(
-        [f"{r['path']}: {'OK' if r['ok'] else 'PROBLEMS'}  memories {r['memories']}  vectors {r['vectors']}  "
-         f"journal frames {r['journal_frames']}", *(f"  problem: {p}" for p in r["problems"]),
-         *(f"  note: {n}" for n in r["notes"])]))
-    return 0 if report.ok else 5
+    repairs = [r.__dict__ for r in bk.repair(args.path, _config(args))] if args.repair else None
+    report = bk.verify(args.path, _progress("verifying")).to_dict()
+    data = report if repairs is None else {"repair": repairs, "verify": report}  # --json: one document
+    _out(args, data, lambda _: "\n".join([*_repair_lines(repairs or []), _verify_text(report)]))
+    return 0 if report["ok"] else 5
+
+
+def _repair_lines(repairs: list[dict[str, Any]]) -> list[str]:
+    return [f"{r['path']}: kept {r['kept_frames']} frames"
+            + (f", damaged file moved to {r['moved_to']}" if r["moved_to"] else ", no damage") for r in repairs]
+
+
+def _verify_text(r: dict[str, Any]) -> str:
+    return "\n".join([f"{r['path']}: {'OK' if r['ok'] else 'PROBLEMS'}  memories {r['memories']}  "
+                      f"vectors {r['vectors']}  journal frames {r['journal_frames']}",
+                      *(f"  problem: {p}" for p in r["problems"]), *(f"  note: {n}" for n in r["notes"])])
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
@@ -340,6 +347,7 @@ def _parser() -> argparse.ArgumentParser:
     p = add("backup", cmd_backup, "write a consistent backup file (taken by the running daemon)")
     p.add_argument("dest", help="a file, or a directory for a timestamped file")
     p.add_argument("--keep", type=int, help="with a directory: keep only the newest N backups")
+    p.add_argument("--force", action="store_true", help="replace an existing file that is not a backup")
     p = add("verify", cmd_verify, "check a data directory or backup file")
     p.add_argument("path")
     p.add_argument("--repair", action="store_true", help="keep the valid prefix of damaged files (data dir only)")

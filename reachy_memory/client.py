@@ -143,9 +143,11 @@ class _Api:
         args = {"limit": limit} | ({"after": after} if after else {})
         return self._call("export", args, lambda r: (_memories(r["memories"]), r["next"]), timeout)
 
-    def backup(self, path: str, *, timeout: float | None = None) -> Any:
-        """Ask the daemon for a consistent snapshot file at ``path`` (on the daemon's machine)."""
-        return self._call("backup", {"path": path}, timeout=timeout)
+    def backup(self, path: str, *, force: bool = False, timeout: float | None = None) -> Any:
+        """Ask the daemon for a consistent snapshot file at ``path`` (on the daemon's machine;
+        a directory gets a timestamped file).  ValidationError for a target inside
+        the data directory, a symlink, or an existing non-backup file (unless ``force``)."""
+        return self._call("backup", {"path": path, "force": force}, timeout=timeout)
 
     def compact(self, *, timeout: float | None = None) -> Any:
         """Fold the journal into a snapshot now."""

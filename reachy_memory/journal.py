@@ -179,7 +179,7 @@ def read_file(path: Path, kind: bytes, raw: frozenset[int] = frozenset()) -> Rea
     Raises :class:`FormatVersionError` for a foreign header and
     :class:`CorruptionError` for damage that is not a torn tail.
     """
-    data = _read_bytes(path)
+    data = read_bytes(path)
     found = scan(path, data, kind)
     if found.damaged:
         start, end = found.damaged[0]
@@ -197,7 +197,7 @@ def read_file(path: Path, kind: bytes, raw: frozenset[int] = frozenset()) -> Rea
     return result
 
 
-def _read_bytes(path: Path) -> memoryview:
+def read_bytes(path: Path) -> memoryview:
     """The whole file in one writable buffer (each fresh large buffer costs page faults)."""
     try:
         with open(path, "rb") as fh:
@@ -569,7 +569,7 @@ def repair_file(path: Path, kind: bytes) -> RepairReport:
     clean file holding every valid frame, in order, replaces it.  A file with
     no damage (a torn tail at most) is left as it is: opening handles a torn tail.
     """
-    data = _read_bytes(path)
+    data = read_bytes(path)
     found = scan(path, data, kind)
     undecodable = [o for o, p in found.frames if not _decodes(p)]
     damaged = sorted(found.damaged + [(o, o) for o in undecodable])

@@ -359,7 +359,9 @@ class Daemon:
 
     def health(self) -> dict[str, Any]:
         """Liveness summary: embedder state, counts, last cleanup, uptime."""
-        return {"status": "stopping" if self._stopping.is_set() else "ok",
+        read_only = self.store.read_only
+        status = "stopping" if self._stopping.is_set() else "read_only" if read_only else "ok"
+        return {"status": status, "read_only": read_only,
                 "embedder": describe(self.store.embedder) | {"error": self.store.embedder_error},
                 "memories": len(self.store), "last_cleanup": self.last_cleanup,
                 "uptime_s": round(time.time() - self._started, 3), "endpoint": self.endpoint}
@@ -478,10 +480,13 @@ def _export(d: Daemon, job: _Job) -> dict[str, Any]:
 
 
 def _backup(d: Daemon, job: _Job) -> dict[str, Any]:
-    (path,) = _args(job, "path")
+    _allowed(job.args, {"path", "force"})
+    path, force = job.args.get("path"), job.args.get("force", False)
     if not isinstance(path, str) or not path:
         raise ValidationError("path must be a non-empty string", field="path")
-    return d.store.backup(Path(path).expanduser())
+    if not isinstance(force, bool):
+        raise ValidationError("force must be true or false", field="force")
+    return d.store.backup(path, force=force)
 
 
 def _cleanup_op(d: Daemon, job: _Job) -> dict[str, int]:

@@ -121,10 +121,16 @@ class _Rec:
 
 @dataclass
 class _Prepared:
-    """A validated, embedded write, ready to be committed."""
+    """A validated, embedded write, ready to be committed.
+
+    ``texts`` are what was embedded for each op; :meth:`MemoryStore.commit`
+    re-embeds an op whose previous-turn text changed between prepare (embed
+    thread) and commit (engine thread).
+    """
 
     ops: list[list[Any]]
     ids: list[str]
+    texts: list[str | None]
 
 
 class MemoryStore:
@@ -181,7 +187,7 @@ class MemoryStore:
         snapshot = base.snapshot if base is not None else self._read_snapshot()
         self._model_key = snapshot.get("model") if snapshot else (_first_vkey(base.ops) if base else None)
         self._current_key = embedder_key(self._embedder) if self._embedder is not None else self._model_key
-        self._load_snapshot(snapshot)
+        self._load_snapshot(snapshot, _first_dim(base.ops) if base else None)
         if base is not None:  # rebuild: the previous generation's ops, then the current journal
             for op in base.ops:
                 self._apply(op)
@@ -226,8 +232,8 @@ class MemoryStore:
                 stored=other, configured=key,
             )
 
-    def _load_snapshot(self, snapshot: dict[str, Any] | None) -> None:
-        dim = self._embedder.dim if self._embedder is not None else (snapshot or {}).get("dim") or 384
+    def _load_snapshot(self, snapshot: dict[str, Any] | None, dim_hint: int | None = None) -> None:
+        dim = self._embedder.dim if self._embedder is not None else (snapshot or {}).get("dim") or dim_hint or 384
         cfg = self._config.search
         self._vectors = VectorIndex(dim, m=cfg.hnsw_m, ef_construction=cfg.hnsw_ef_construction,
                                     ef_search=cfg.hnsw_ef_search, exact_threshold=cfg.exact_threshold,
@@ -377,18 +383,32 @@ class MemoryStore:
         rows = [self._validate_item(item) for item in _as_list(items, self._config.memory.max_batch)]
         created = time.time() if now is None else now
         recs, out_ids = self._new_records(rows, created)
-        vectors = self._embed_records(recs)
+        texts = self._embedding_texts(recs, self._last_turn)
+        vectors = self._embed_records(recs, texts)
         ops = [["put", rec.row(), vec] for rec, vec in zip(recs, vectors, strict=True)]
-        return _Prepared(ops, out_ids)
+        return _Prepared(ops, out_ids, [t if v is not None else None for t, v in zip(texts, vectors, strict=True)])
 
     def commit(self, prepared: _Prepared) -> list[Memory]:
         """Make a prepared write durable and visible; returns the memories."""
         self._require_open()
         with self._lock:
-            fresh = [op for op in prepared.ops if not self._is_duplicate(op[1])]
+            fresh = [(op, text) for op, text in zip(prepared.ops, prepared.texts, strict=True)
+                     if not self._is_duplicate(op[1])]
             if fresh:
-                self._commit(fresh)
+                self._commit(self._with_current_context(fresh))
             return [self._records[i].memory() for i in prepared.ids]
+
+    def _with_current_context(self, fresh: list[tuple[list[Any], str | None]]) -> list[list[Any]]:
+        """The ops, each conversation turn re-embedded if the turn before it is not the
+        one prepare saw (another write committed in between).  Engine thread only."""
+        recs = [_Rec(*op[1]) for op, _ in fresh]
+        texts = self._embedding_texts(recs, self._last_turn)
+        stale = [i for i, (op, seen) in enumerate(fresh) if seen is not None and texts[i] != seen]
+        vectors = self._embed([texts[i] for i in stale]) if stale else None
+        ops = [op for op, _ in fresh]
+        for n, i in enumerate(stale):
+            ops[i] = ["put", ops[i][1], vectors[n].astype(np.float32).tobytes() if vectors is not None else None]
+        return ops
 
     def _is_duplicate(self, row: list[Any]) -> bool:
         existing = self._records.get(row[0])
@@ -444,10 +464,9 @@ class MemoryStore:
             recs.append(_Rec(memory_id, content, mtype, created, expires, metadata))
         return recs, ids
 
-    def _embed_records(self, recs: list[_Rec]) -> list[bytes | None]:
+    def _embed_records(self, recs: list[_Rec], texts: list[str]) -> list[bytes | None]:
         if self._embedder is None or not recs:
             return [None] * len(recs)
-        texts = self._embedding_texts(recs)
         vectors = self._embed(texts)
         if vectors is None:
             return [None] * len(recs)
@@ -455,9 +474,9 @@ class MemoryStore:
             rec.vkey = self._current_key
         return [np.ascontiguousarray(v, np.float32).tobytes() for v in vectors]
 
-    def _embedding_texts(self, recs: list[_Rec]) -> list[str]:
-        """Each new record's text to embed (the turn before it is the last one stored)."""
-        texts, previous = [], self._last_turn
+    def _embedding_texts(self, recs: list[_Rec], previous: _Rec | None) -> list[str]:
+        """Each new record's text to embed (``previous``: the last turn stored before them)."""
+        texts = []
         for rec in recs:
             texts.append(self._context_text(rec, previous))
             if rec.type == MemoryType.CONVERSATION.value:
@@ -744,16 +763,19 @@ class MemoryStore:
         yield {"window": list(self._window)}
         yield {"end": len(rows)}
 
-    def backup(self, dest: str | Path) -> dict[str, Any]:
-        """Write a consistent snapshot of the whole store to the file ``dest`` (fsynced)."""
+    def backup(self, dest: str | Path, *, force: bool = False) -> dict[str, Any]:
+        """Write a consistent snapshot of the whole store to the file ``dest`` (fsynced),
+        or to a timestamped file inside ``dest`` when it is a directory.
+
+        Raises ValidationError (nothing written) for a target inside the data
+        directory, a symlink, a missing directory, or an existing file that is
+        not a backup (unless ``force``).
+        """
         self._require_open()
         with self._lock:
-            target = self._backup_target(dest)
+            target = files.backup_target(dest, self.path, force=force)
             size = jr.write_snapshot(target, self._snapshot_frames(self._generation))
             return {"path": str(target), "bytes": size, "memories": len(self._records)}
-
-    def _backup_target(self, dest: str | Path) -> Path:
-        return files.backup_target(dest, self.path)
 
     def reindex(self, progress: Callable[[int, int], None] | None = None, batch: int = 64) -> int:
         """Re-embed every memory whose vector is not from the current model.
@@ -804,8 +826,14 @@ class MemoryStore:
                 "journal_bytes": self._journal.size, "snapshot_bytes": _size(self.path / SNAPSHOT_FILE),
                 "model": self._current_key, "embedder": "ready" if self._embedder is not None else "unavailable",
                 "embedder_error": self.embedder_error, "index": self._vectors.stats(),
+                "read_only": self._journal.failure,
                 "lexical_terms": len(self._lexical._postings),
             }
+
+    @property
+    def read_only(self) -> str | None:
+        """Why the store refuses writes (an fsync failed), or None; cleared by reopening."""
+        return self._journal.failure
 
     @property
     def embedder(self) -> Any:
@@ -894,6 +922,11 @@ def _lookup(keys: np.ndarray, values: np.ndarray, wanted: np.ndarray) -> np.ndar
 def _first_vkey(ops: list[list[Any]]) -> str | None:
     """The vector space named by the first stored memory in ``ops`` (a rebuild with no snapshot)."""
     return next((op[1][7] for op in ops if op[0] == "put" and op[1][7] is not None), None)
+
+
+def _first_dim(ops: list[list[Any]]) -> int | None:
+    """The dimension of the first stored vector in ``ops`` (a rebuild with no snapshot)."""
+    return next((len(op[2]) // 4 for op in ops if op[0] == "put" and op[2]), None)
 
 
 def _epoch(now: Any) -> float:
