@@ -40,6 +40,7 @@ SNAPSHOT_FILE = "snapshot.rms"
 JOURNAL_FILE = "journal.rmj"
 PREV_SNAPSHOT_FILE = "snapshot.prev.rms"
 PREV_JOURNAL_FILE = "journal.prev.rmj"
+NEXT_JOURNAL_FILE = "journal.next.rmj"  # the next generation's empty journal, during a compaction
 GRAPH_FILE = "vectors.hnsw"
 STORE_FILES = ("LOCK", SNAPSHOT_FILE, JOURNAL_FILE, PREV_SNAPSHOT_FILE, PREV_JOURNAL_FILE, GRAPH_FILE)
 
@@ -104,7 +105,7 @@ def journal_generation(result: jr.ReadResult) -> int | None:
 
 def set_aside(path: Path, suffix: str) -> Path:
     """Rename ``path`` to ``<name>.<suffix>-<epoch>`` (durably); returns the new path."""
-    target = path.with_name(f"{path.name}.{suffix}-{int(time.time())}")
+    target = jr.side_path(path, suffix)
     try:
         os.replace(path, target)
         jr.fsync_dir(path.parent)
@@ -113,25 +114,56 @@ def set_aside(path: Path, suffix: str) -> Path:
     return target
 
 
-def keep_previous_snapshot(directory: Path) -> None:
-    """Before a new snapshot replaces ``snapshot.rms``: keep the current one as
-    ``snapshot.prev.rms`` (a hard link, installed atomically)."""
-    current, tmp = directory / SNAPSHOT_FILE, directory / f".{PREV_SNAPSHOT_FILE}.tmp"
-    if not current.exists():
-        return
+def write_snapshot_keeping_previous(directory: Path, frames: Any) -> None:
+    """Replace ``snapshot.rms`` durably; the one it replaces becomes ``snapshot.prev.rms``.
+
+    The old snapshot is hard-linked first and the link installed only after the
+    new snapshot is durable, so a failure (StorageFullError, StorageError)
+    leaves every file as it was.
+    """
+    current, held = directory / SNAPSHOT_FILE, directory / f".{PREV_SNAPSHOT_FILE}.tmp"
     try:
-        tmp.unlink(missing_ok=True)
-        os.link(current, tmp)
-        os.replace(tmp, directory / PREV_SNAPSHOT_FILE)
+        held.unlink(missing_ok=True)
+        if current.exists():
+            os.link(current, held)
+        jr.write_snapshot(current, frames)
+        if held.exists():
+            os.replace(held, directory / PREV_SNAPSHOT_FILE)
+            jr.fsync_dir(directory)
     except OSError as exc:
         raise StorageError(f"cannot keep the previous snapshot: {exc.strerror}", path=str(current)) from exc
+    finally:
+        held.unlink(missing_ok=True)
+
+
+def write_next_journal(directory: Path, generation: int) -> None:
+    """Write the next generation's empty journal as ``journal.next.rmj`` (durable).
+
+    Raises StorageFullError / StorageError; nothing else is touched then.
+    """
+    head = {"kind": "journal", "generation": generation}
+    jr.write_atomic(directory / NEXT_JOURNAL_FILE, [jr.header(jr.JOURNAL), jr.encode_frame(head)])
+
+
+def switch_journals(directory: Path) -> None:
+    """``journal.rmj`` -> ``journal.prev.rmj``, ``journal.next.rmj`` -> ``journal.rmj`` (durably).
+
+    Two renames: a crash between them leaves no ``journal.rmj``, and open then
+    starts an empty one for the snapshot's generation (nothing is lost: every
+    op of the retired journal is in the snapshot).
+    """
+    try:
+        if (directory / JOURNAL_FILE).exists():
+            os.replace(directory / JOURNAL_FILE, directory / PREV_JOURNAL_FILE)
+        os.replace(directory / NEXT_JOURNAL_FILE, directory / JOURNAL_FILE)
+        jr.fsync_dir(directory)
+    except OSError as exc:
+        raise StorageError(f"cannot switch journals in {directory}: {exc.strerror}", path=str(directory)) from exc
 
 
 def retire_journal(directory: Path) -> None:
-    """After a new snapshot is durable: the journal it folded in becomes ``journal.prev.rmj``."""
+    """A journal found older than the snapshot (already folded in) becomes ``journal.prev.rmj``."""
     current = directory / JOURNAL_FILE
-    if not current.exists():
-        return
     try:
         os.replace(current, directory / PREV_JOURNAL_FILE)
         jr.fsync_dir(directory)

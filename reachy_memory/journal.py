@@ -346,12 +346,21 @@ def _snapshot_chunks(frames: Iterable[Any]) -> Iterator[bytes | memoryview]:
             yield chunk
 
 
+def side_path(path: Path, suffix: str) -> Path:
+    """A new, unused name ``<name>.<suffix>-<epoch>[.<n>]`` beside ``path`` for set-aside data."""
+    base = path.with_name(f"{path.name}.{suffix}-{int(time.time())}")
+    candidate, n = base, 1
+    while candidate.exists():
+        candidate, n = base.with_name(f"{base.name}.{n}"), n + 1
+    return candidate
+
+
 def copy_aside(path: Path, suffix: str, start: int = 0) -> Path:
     """Copy bytes ``start..`` of ``path`` to ``<name>.<suffix>-<epoch>`` (fsynced); returns it."""
     with open(path, "rb") as fh:
         fh.seek(start)
         data = fh.read()
-    aside = path.with_name(f"{path.name}.{suffix}-{int(time.time())}")
+    aside = side_path(path, suffix)
     write_atomic(aside, [data])
     return aside
 
@@ -481,10 +490,10 @@ class Journal:
                     raise ReadOnlyError(self.failure or "", path=str(self.path)) from exc
 
     def _require_writable(self) -> int:
-        if self._fd is None:
-            raise StorageError(f"journal {self.path} is not open", path=str(self.path))
         if self.failure is not None:
             raise ReadOnlyError(f"the store is read-only: {self.failure}", path=str(self.path))
+        if self._fd is None:
+            raise StorageError(f"journal {self.path} is not open", path=str(self.path))
         return self._fd
 
     def close(self) -> None:
@@ -576,7 +585,7 @@ def repair_file(path: Path, kind: bytes) -> RepairReport:
     if not damaged:
         return RepairReport(str(path), len(found.frames), None, None, torn_at=found.torn_at)
     good = [p for o, p in found.frames if o not in set(undecodable)]
-    aside = path.with_name(f"{path.name}.damaged-{int(time.time())}")
+    aside = side_path(path, "damaged")
     os.link(path, aside)  # the original stays reachable at every instant: link, then replace
     frames = [frame_header(len(p), zlib.crc32(p), found.version) + bytes(p) for p in good]
     write_atomic(path, [header(kind, found.version), *frames])

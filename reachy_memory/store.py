@@ -286,7 +286,7 @@ class MemoryStore:
                         generation, self._generation, files.PREV_JOURNAL_FILE)
             self._journal.close()
             files.retire_journal(self.path)
-            self._new_journal()
+            self._open_journal()
             return
         if generation != self._generation:
             raise CorruptionError(
@@ -318,7 +318,15 @@ class MemoryStore:
             for op in ops:
                 self._apply(op)
             if self._journal.size > self._config.memory.compact_journal_bytes:
-                self._compact()
+                self._compact_quietly()
+
+    def _compact_quietly(self) -> None:
+        """Auto-compaction: a failure is logged, never raised, because the write that
+        triggered it is already durable in the journal (which keeps growing)."""
+        try:
+            self._compact()
+        except ReachyMemoryError as exc:
+            log.warning("compaction failed, the journal keeps every change: %s", exc)
 
     def _apply(self, op: list[Any]) -> None:
         kind = op[0]
@@ -727,21 +735,24 @@ class MemoryStore:
         """
         with self._lock:
             self._require_writable()
-            files.keep_previous_snapshot(self.path)
-            jr.write_snapshot(self.path / SNAPSHOT_FILE, self._snapshot_frames(self._generation + 1))
-            self._generation += 1
+            files.write_next_journal(self.path, self._generation + 1)
+            files.write_snapshot_keeping_previous(self.path, self._snapshot_frames(self._generation + 1))
+            self._generation += 1  # from here the snapshot on disk is the new generation
             self._journal.close()
-            files.retire_journal(self.path)
-            self._new_journal()
+            try:
+                files.switch_journals(self.path)
+                self._open_journal()
+            except ReachyMemoryError as exc:
+                self._journal.failure = f"compaction could not switch journals ({exc}); reopen the store"
+                raise
             self._vectors.save_graph(self.path / GRAPH_FILE, self._graph_tag(), force=full)
             files.tighten_files(self.path)
 
-    def _new_journal(self) -> None:
-        path = self.path / JOURNAL_FILE
-        head = {"kind": "journal", "generation": self._generation}
-        jr.write_atomic(path, [jr.header(jr.JOURNAL), jr.encode_frame(head)])
-        self._journal = jr.Journal(path, self._config.memory.fsync, self._config.memory.fsync_batch_window_ms)
-        self._journal.open({})
+    def _open_journal(self) -> None:
+        """Open ``journal.rmj`` (created for the current generation when absent)."""
+        mem = self._config.memory
+        self._journal = jr.Journal(self.path / JOURNAL_FILE, mem.fsync, mem.fsync_batch_window_ms)
+        self._journal.open({"kind": "journal", "generation": self._generation})
 
     def _require_writable(self) -> None:
         if self._journal.failure is not None:

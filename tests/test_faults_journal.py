@@ -1,0 +1,113 @@
+"""Damage to the journal and snapshot, byte by byte: every flip is detected or
+recovered, and no acknowledged frame is lost (docs/FORMAT.md, "Frames")."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from reachy_memory import Config, CorruptionError, FormatVersionError, MemoryStore
+from reachy_memory import backup as bk
+from reachy_memory import journal as jr
+from reachy_memory._persistence import JOURNAL_FILE, read_snapshot
+from store_util import abandon
+
+
+def _frames_file(path: Path, n: int = 4) -> tuple[bytes, list[int]]:
+    journal = jr.Journal(path, "never")
+    journal.open({"kind": "journal", "generation": 0})
+    for i in range(1, n):
+        journal.append([["put", [f"id{i}", f"text {i}"], None]])
+    journal.close()
+    return path.read_bytes(), jr.read_file(path, jr.JOURNAL).offsets
+
+
+def test_every_flipped_journal_byte_is_detected_or_kept(tmp_path: Path) -> None:
+    path = tmp_path / "j"
+    data, offsets = _frames_file(path)
+    frames = jr.read_file(path, jr.JOURNAL).frames
+    for i in range(len(data)):
+        damaged = bytearray(data)
+        damaged[i] ^= 0xFF
+        path.write_bytes(bytes(damaged))
+        try:
+            result = jr.read_file(path, jr.JOURNAL)
+        except (CorruptionError, FormatVersionError):
+            continue  # detected: open refuses, nothing changes on disk
+        if i < offsets[-1] or result.torn_at is None:
+            # header padding only: every frame intact
+            assert result.frames == frames, f"flip at {i} changed what was read"
+        else:
+            # the last frame reads as a torn tail; open copies it aside before cutting it
+            assert result.frames == frames[:-1] and result.torn_at == offsets[-1], i
+
+
+def test_every_flipped_journal_byte_loses_no_frame_after_repair(tmp_path: Path) -> None:
+    path = tmp_path / "j"
+    data, offsets = _frames_file(path)
+    frames = jr.read_file(path, jr.JOURNAL).frames
+    ends = [*offsets[1:], len(data)]
+    for i in range(offsets[1], offsets[-1]):  # every byte of the frames that have one after them
+        damaged = bytearray(data)
+        damaged[i] ^= 0xFF
+        path.write_bytes(bytes(damaged))
+        hit = next(n for n, (a, b) in enumerate(zip(offsets, ends, strict=True)) if a <= i < b)
+        jr.repair_file(path, jr.JOURNAL)
+        kept = jr.read_file(path, jr.JOURNAL).frames
+        assert kept == frames[:hit] + frames[hit + 1 :], f"flip at {i}: only frame {hit} may be lost"
+
+
+def test_every_flipped_snapshot_byte_is_detected(tmp_path: Path, config: Config) -> None:
+    with MemoryStore(config=config, embedder=None) as store:
+        for i in range(3):
+            store.store(f"memory number {i}")
+    path = config.data_dir / "snapshot.rms"
+    data = path.read_bytes()
+    original = read_snapshot(path)
+    for i in range(len(data)):
+        damaged = bytearray(data)
+        damaged[i] ^= 0xFF
+        path.write_bytes(bytes(damaged))
+        try:
+            got = read_snapshot(path)
+        except (CorruptionError, FormatVersionError):
+            continue
+        assert got["records"] == original["records"] and bytes(got["vectors"]) == bytes(original["vectors"]), i
+
+
+def test_length_high_byte_flip_mid_journal_refuses_open_and_repair_keeps_the_rest(config: Config) -> None:
+    """The issue's reproduction: 0x7f in a middle frame's length high byte was taken for a
+    torn tail, and open truncated the journal to 10 of 101 memories."""
+    store = MemoryStore(config=config, embedder=None)
+    ids = [store.store(f"memory {i}").id for i in range(101)]
+    abandon(store)
+    path = config.data_dir / JOURNAL_FILE
+    offsets = jr.read_file(path, jr.JOURNAL).offsets
+    data = bytearray(path.read_bytes())
+    data[offsets[11] + 4 + 3] = 0x7F  # the high byte of frame 11's length (after the 4-byte mark)
+    path.write_bytes(bytes(data))
+
+    with pytest.raises(CorruptionError):
+        MemoryStore(config=config, embedder=None)
+    assert path.read_bytes() == bytes(data)  # open changed nothing
+    report = bk.verify(config.data_dir)
+    assert not report.ok and ids[10] in report.affected  # verify says which memory is hit
+    bk.repair(config.data_dir, config)
+    with MemoryStore(config=config, embedder=None) as store:
+        assert {m for m in ids if store.get(m)} == set(ids) - {ids[10]}
+    assert list(config.data_dir.glob("journal.rmj.damaged-*"))  # the original is kept aside
+
+
+def test_torn_tail_is_set_aside_not_thrown_away(config: Config) -> None:
+    store = MemoryStore(config=config, embedder=None)
+    store.store("kept")
+    abandon(store)
+    path = config.data_dir / JOURNAL_FILE
+    torn = jr.encode_frame([["put", ["x" * 32, "never acknowledged"], None]])[:-3]
+    with open(path, "ab") as fh:
+        fh.write(torn)
+    with MemoryStore(config=config, embedder=None) as store:
+        assert len(store) == 1
+    (aside,) = config.data_dir.glob("journal.rmj.torn-*")
+    assert aside.read_bytes() == torn
