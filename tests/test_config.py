@@ -35,6 +35,14 @@ def test_yaml_overrides_defaults(tmp_path: Path) -> None:
         ("memory:\n  cleanup_interval: -1\n", "memory.cleanup_interval"),  # negative
         ("embedding:\n  model_dir: 5\n", "embedding.model_dir"),  # Optional[str] gets int
         ("memory: 3\n", "memory"),  # section is not a mapping
+        ("memory:\n  conversation_ttl_days: 3000000\n", "memory.conversation_ttl_days"),  # expiry past 2300
+        ("memory:\n  cleanup_interval: 0\n", "memory.cleanup_interval"),  # would spin
+        ("memory:\n  timezone: Mars/Olympus\n", "memory.timezone"),  # not a real zone
+        ("memory:\n  conversation_ttl_days: .nan\n", "memory.conversation_ttl_days"),  # not finite
+        ("server:\n  queue_size: 0\n", "server.queue_size"),  # nothing could ever be queued
+        ("server:\n  log_level: LOUD\n", "server.log_level"),  # not a logging level
+        ("search:\n  vector_weight: 1.5\n", "search.vector_weight"),  # a weight is in [0, 1]
+        ("embedding:\n  threads: 0\n", "embedding.threads"),  # onnxruntime needs one
     ],
 )
 def test_bad_config_names_the_key(tmp_path: Path, text: str, key: str) -> None:

@@ -367,3 +367,49 @@ def test_reindex_embeds_turns_exactly_as_storing_does(tmp_path: Path, embedder: 
         assert later.reindex() == 3
         got = later._vectors.vectors[:3]
         assert np.allclose(got, expected, atol=1e-5)  # each turn embedded with the turn before it
+
+
+@pytest.mark.parametrize("created_at", [
+    1e300,  # overflowed every datetime conversion: get/search/export failed for good
+    datetime(9999, 12, 31, tzinfo=UTC),  # the same, as a datetime
+    -1.0,  # before 2000
+    float("nan"),  # not a time at all
+    "2020-01-01",  # a string is not a time here (import parses it first)
+    True,  # a bool is not a number of seconds
+])
+def test_out_of_range_created_at_is_refused_and_nothing_is_stored(lexical_store: MemoryStore,
+                                                                  created_at: object) -> None:
+    lexical_store.store("a good memory")
+    with pytest.raises(ValidationError) as info:
+        lexical_store.store_batch([{"content": "poison", "created_at": created_at}])
+    assert info.value.field == "created_at" and len(lexical_store) == 1
+    assert lexical_store.search("memory", min_score=0) and lexical_store.export_page()[0]
+
+
+def test_created_at_inside_the_range_is_kept(lexical_store: MemoryStore) -> None:
+    when = datetime(2024, 5, 1, 12, tzinfo=UTC)
+    (memory,) = lexical_store.store_batch([{"content": "an imported fact", "created_at": when}])
+    assert memory.created_at == when
+
+
+class _RecordingEmbedder(HashEmbedder):
+    def __init__(self) -> None:
+        super().__init__()
+        self.texts: list[str] = []
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        self.texts.extend(texts)
+        return super().embed(texts)
+
+
+def test_interleaved_prepares_embed_each_turn_with_the_turn_committed_before_it(config: Config) -> None:
+    """Daemon order: prepare runs on the embed thread, commit on the engine thread."""
+    embedder = _RecordingEmbedder()
+    with MemoryStore(config=config, embedder=embedder) as store:
+        a = store.prepare([{"content": "turn A", "memory_type": "conversation"}])
+        b = store.prepare([{"content": "turn B", "memory_type": "conversation"}])  # saw no turn before it
+        store.commit(a)
+        (memory,) = store.commit(b)
+        expected = HashEmbedder().embed(["turn A\nturn B"])[0]
+        got = store._vectors.vectors[store._records[memory.id].slot]
+        assert "turn A\nturn B" in embedder.texts and np.allclose(got, expected)

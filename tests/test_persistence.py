@@ -1,0 +1,191 @@
+"""Generations, compaction crashes, lost or damaged snapshots, the v1 format,
+backup targets and file modes (docs/FORMAT.md, "Generations and compaction")."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+from pathlib import Path
+
+import pytest
+
+from reachy_memory import Config, CorruptionError, MemoryStore, ValidationError
+from reachy_memory import _persistence as files
+from reachy_memory import backup as bk
+from reachy_memory import journal as jr
+from store_util import abandon
+
+from conftest import HashEmbedder
+
+FIXTURE_V1 = Path(__file__).parent / "fixtures" / "v1_store"
+
+
+class Crash(BaseException):
+    """Stands for a power cut in the middle of a compaction step."""
+
+
+def _two_generations(config: Config) -> list[str]:
+    """50 memories folded into a snapshot, then 51 more in the journal; a crash."""
+    store = MemoryStore(config=config, embedder=None)
+    ids = [store.store(f"first generation {i}").id for i in range(50)]
+    store.compact()
+    ids += [store.store(f"second generation {i}").id for i in range(51)]
+    abandon(store)
+    return ids
+
+
+def _present(config: Config, ids: list[str]) -> int:
+    with MemoryStore(config=config, embedder=None) as store:
+        return sum(store.get(i) is not None for i in ids)
+
+
+def test_missing_snapshot_refuses_open_and_repair_rebuilds_everything(config: Config) -> None:
+    ids = _two_generations(config)
+    journal = (config.data_dir / "journal.rmj").read_bytes()
+    (config.data_dir / "snapshot.rms").unlink()
+    with pytest.raises(CorruptionError, match="verify --repair"):
+        MemoryStore(config=config, embedder=None)
+    assert (config.data_dir / "journal.rmj").read_bytes() == journal  # never rewritten
+    assert not bk.verify(config.data_dir).ok
+    bk.repair(config.data_dir, config)
+    assert _present(config, ids) == 101
+    assert bk.verify(config.data_dir).ok
+
+
+def test_damaged_snapshot_is_rebuilt_from_the_previous_generation(config: Config) -> None:
+    ids = _two_generations(config)
+    path = config.data_dir / "snapshot.rms"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 3] ^= 0x55
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptionError):
+        MemoryStore(config=config, embedder=None)
+    bk.repair(config.data_dir, config)
+    assert _present(config, ids) == 101
+    (aside,) = config.data_dir.glob("snapshot.rms.damaged-*")
+    assert aside.read_bytes() == bytes(data)  # kept, not deleted
+
+
+@pytest.mark.parametrize("step", [
+    "write_next_journal",  # before anything: the old generation stays in force
+    "write_snapshot_keeping_previous",  # the new snapshot never became durable
+    "switch_journals",  # the new snapshot is durable, the journal not yet retired
+])
+def test_a_crash_at_each_compaction_step_loses_nothing(config: Config, monkeypatch: pytest.MonkeyPatch,
+                                                        step: str) -> None:
+    store = MemoryStore(config=config, embedder=None)
+    ids = [store.store(f"memory {i}").id for i in range(20)]
+    store.compact()
+    ids += [store.store(f"later {i}").id for i in range(5)]
+
+    def crash(*_: object, **__: object) -> None:
+        raise Crash
+
+    monkeypatch.setattr(files, step, crash)
+    with pytest.raises(Crash):
+        store.compact()
+    monkeypatch.undo()
+    abandon(store)
+    assert _present(config, ids) == 25
+
+
+def test_a_crash_between_the_journal_renames_loses_nothing(config: Config, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = MemoryStore(config=config, embedder=None)
+    ids = [store.store(f"memory {i}").id for i in range(10)]
+
+    def half_switch(directory: Path) -> None:
+        os.replace(directory / files.JOURNAL_FILE, directory / files.PREV_JOURNAL_FILE)
+        raise Crash
+
+    monkeypatch.setattr(files, "switch_journals", half_switch)
+    with pytest.raises(Crash):
+        store.compact()
+    monkeypatch.undo()
+    abandon(store)
+    assert not (config.data_dir / "journal.rmj").exists()
+    assert _present(config, ids) == 10
+
+
+def test_a_journal_older_than_the_snapshot_is_moved_not_rewritten(config: Config,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    store = MemoryStore(config=config, embedder=None)
+    ids = [store.store(f"memory {i}").id for i in range(10)]
+    old_journal = (config.data_dir / "journal.rmj").read_bytes()
+    monkeypatch.setattr(files, "switch_journals", lambda d: (_ for _ in ()).throw(Crash()))
+    with pytest.raises(Crash):
+        store.compact()
+    monkeypatch.undo()
+    abandon(store)
+    assert _present(config, ids) == 10
+    assert (config.data_dir / "journal.prev.rmj").read_bytes() == old_journal
+
+
+def test_a_v1_store_opens_and_migrates(tmp_path: Path, base_config: Config) -> None:
+    data = tmp_path / "v1"
+    shutil.copytree(FIXTURE_V1, data)
+    cfg = base_config.replace("memory", path=str(data), timezone="UTC")
+    expected = {"f0", "f1", "f2", "f3", "f4", "c0", "c1", "x0"}
+    for _ in range(2):  # as written by the old code, then after the v2 compaction on close
+        with MemoryStore(config=cfg, embedder=HashEmbedder()) as store:
+            assert len(store) == 8 and all(store.get(i, now=1_790_000_040) for i in expected)
+            assert store.get("f5") is None  # forgotten in the v1 journal
+            assert [t["content"] for t in store.get_context_window()] == ["hello there", "hi!", "how are you"]
+            assert store.search("fact number 3 about tea", limit=1, min_score=0)[0].memory.id == "f3"
+            assert store.stats()["index"]["vectors"] == 8
+    assert (data / "snapshot.rms").read_bytes()[5] == jr.VERSION
+
+
+@pytest.mark.parametrize("name", [
+    "LOCK",  # a second daemon could then open the same data dir
+    "journal.rmj",  # the next acknowledged writes would go to an unlinked file
+    "snapshot.rms",
+    ".",  # the data directory itself (a timestamped file inside it)
+    "sub/backup.rms",  # anything below it
+])
+def test_backup_into_the_data_dir_is_refused(config: Config, name: str) -> None:
+    with MemoryStore(config=config, embedder=None) as store:
+        store.store("precious")
+        (config.data_dir / "sub").mkdir(mode=0o700)
+        before = {p.name: p.read_bytes() for p in config.data_dir.iterdir() if p.is_file()}
+        with pytest.raises(ValidationError):
+            store.backup(config.data_dir / name)
+        assert {p.name: p.read_bytes() for p in config.data_dir.iterdir() if p.is_file()} == before
+        assert store.store("still writable").id
+
+
+def test_backup_target_rules(tmp_path: Path, config: Config) -> None:
+    with MemoryStore(config=config, embedder=None) as store:
+        store.store("precious")
+        other = tmp_path / "notes.txt"
+        other.write_text("not a backup")
+        with pytest.raises(ValidationError):
+            store.backup(other)  # an existing file that is not a backup
+        assert other.read_text() == "not a backup"
+        (tmp_path / "link.rms").symlink_to(tmp_path / "elsewhere.rms")
+        with pytest.raises(ValidationError):
+            store.backup(tmp_path / "link.rms")
+        with pytest.raises(ValidationError):
+            store.backup(f"{tmp_path}/missing-dir/")  # a directory that does not exist
+        (tmp_path / "backups").mkdir()
+        info = store.backup(tmp_path / "backups")
+        assert Path(info["path"]).parent == tmp_path / "backups" and bk.verify(info["path"]).ok
+        assert store.backup(info["path"])["path"] == info["path"]  # an old backup may be replaced
+        assert store.backup(other, force=True)["memories"] == 1
+
+
+def test_files_are_private_whatever_the_umask(tmp_path: Path, base_config: Config) -> None:
+    data = tmp_path / "data"
+    data.mkdir(mode=0o755)
+    os.chmod(data, 0o755)  # an existing, too open data dir
+    old = os.umask(0o022)
+    try:
+        cfg = base_config.replace("memory", path=str(data))
+        with MemoryStore(config=cfg, embedder=HashEmbedder()) as store:
+            store.store("private")
+            store.compact()
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(data.stat().st_mode) == 0o700
+    for path in data.iterdir():
+        assert stat.S_IMODE(path.stat().st_mode) & 0o077 == 0, path.name
