@@ -82,7 +82,7 @@ class EmbeddingConfig:
     max_seq_length: int = 256
     model_dir: str | None = None  # a local folder: model.onnx or model.safetensors + tokenizer.json
     download_dir: str | None = None  # default: $XDG_CACHE_HOME/reachy-memory
-    cache_dir: str | None = None  # built ONNX graphs; default: <memory.path>/models
+    cache_dir: str | None = None  # built ONNX graphs; default: $XDG_CACHE_HOME/reachy-memory/built
     allow_hub: bool = False  # try the Hugging Face Hub when huggingface_hub is installed
     lru_size: int = 512
     spin: bool = False  # let onnxruntime threads spin between calls (lower latency, busier CPU)

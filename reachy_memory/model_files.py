@@ -13,7 +13,9 @@ Sources, tried in this order:
 
 The ONNX graph is built from the safetensors weights once (int8 by dynamic
 quantisation of the weight MatMuls) into ``embedding.cache_dir`` (default
-``<data dir>/models``); later starts load that file.
+``$XDG_CACHE_HOME/reachy-memory/built``, shared by every data directory of
+the machine, keyed by the weights' sha256 and the precision); later starts
+load that file.  Nothing is written into a data directory.
 """
 
 from __future__ import annotations
@@ -68,10 +70,11 @@ def download_dir(config: Config) -> Path:
 
 
 def cache_dir(config: Config, data_dir: Path | None = None) -> Path:
-    """Where built ONNX graphs are kept."""
+    """Where built ONNX graphs are kept: once per machine, never in a data directory
+    (``data_dir`` is accepted for callers that used to pass it)."""
     if config.embedding.cache_dir:
         return Path(config.embedding.cache_dir).expanduser()
-    return (data_dir or config.data_dir) / "models"
+    return download_dir(config) / "built"
 
 
 def sha256_of(path: Path) -> str:

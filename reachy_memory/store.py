@@ -6,13 +6,8 @@ then applied to the in-memory state and indexes.  Opening a store replays the
 same operations over the last snapshot, so what was acknowledged is what comes
 back.
 
-Data directory::
-
-    LOCK            flock held by the one process that has the store open
-    snapshot.rms    msgpack frames: header, records, vectors, lexical index, context window
-    journal.rmj     msgpack frames appended since that snapshot
-    vectors.hnsw    hnswlib graph cache (+ .meta); rebuilt when missing or stale
-    models/         built ONNX models (see ``embedding``)
+The data directory's files and the generation rules between them are in
+:mod:`reachy_memory._persistence`; ``docs/FORMAT.md`` is the contract.
 
 Scores: ``SearchResult.score`` is in [0, 1].  Vector similarity is the cosine
 similarity clipped at 0; lexical relevance is BM25 divided by the query's

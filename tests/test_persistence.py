@@ -189,3 +189,13 @@ def test_files_are_private_whatever_the_umask(tmp_path: Path, base_config: Confi
     assert stat.S_IMODE(data.stat().st_mode) == 0o700
     for path in data.iterdir():
         assert stat.S_IMODE(path.stat().st_mode) & 0o077 == 0, path.name
+
+
+def test_built_models_live_in_the_shared_cache_not_the_data_dir(tmp_path: Path) -> None:
+    from reachy_memory import load_config
+    from reachy_memory.model_files import cache_dir
+
+    first = load_config(memory={"path": str(tmp_path / "a")})
+    second = load_config(memory={"path": str(tmp_path / "b")})
+    assert cache_dir(first) == cache_dir(second)
+    assert tmp_path not in cache_dir(first).parents
