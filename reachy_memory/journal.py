@@ -28,6 +28,7 @@ System calls go through :data:`_os`, the seam the fault-injection tests use.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import logging
@@ -470,10 +471,8 @@ class Journal:
             self._timer.start()
 
     def _timed_sync(self) -> None:
-        try:
+        with contextlib.suppress(StorageError):  # remembered in self.failure; the next append raises it
             self.sync()
-        except StorageError:
-            pass  # remembered in self.failure; the next append raises it
 
     def sync(self) -> None:
         """fsync pending appends now (the group-commit timer and close).

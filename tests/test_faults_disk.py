@@ -12,11 +12,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from store_util import abandon
 
 from reachy_memory import Config, MemoryStore, ReadOnlyError, StorageError, StorageFullError
 from reachy_memory import journal as jr
-
-from store_util import abandon
 
 
 class Faults:

@@ -6,12 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from store_util import abandon
 
 from reachy_memory import Config, CorruptionError, FormatVersionError, MemoryStore
 from reachy_memory import backup as bk
 from reachy_memory import journal as jr
 from reachy_memory._persistence import JOURNAL_FILE, read_snapshot
-from store_util import abandon
 
 
 def _frames_file(path: Path, n: int = 4) -> tuple[bytes, list[int]]:

@@ -9,14 +9,13 @@ import stat
 from pathlib import Path
 
 import pytest
+from conftest import HashEmbedder
+from store_util import abandon
 
 from reachy_memory import Config, CorruptionError, MemoryStore, ValidationError
 from reachy_memory import _persistence as files
 from reachy_memory import backup as bk
 from reachy_memory import journal as jr
-from store_util import abandon
-
-from conftest import HashEmbedder
 
 FIXTURE_V1 = Path(__file__).parent / "fixtures" / "v1_store"
 
