@@ -97,8 +97,8 @@ def build_server(service: _Service, tools: Sequence[ToolDef] = TOOLS) -> Any:
 
     server = _require_sdk()("reachy-memory", instructions=INSTRUCTIONS, log_level="WARNING")
     for tool in tools:
-        hints = ToolAnnotations(readOnlyHint=tool.read_only, destructiveHint=tool.destructive,
-                                idempotentHint=tool.read_only, openWorldHint=False)
+        hints = ToolAnnotations(read_only_hint=tool.read_only, destructive_hint=tool.destructive,
+                                idempotent_hint=tool.read_only, open_world_hint=False)
         server.add_tool(_tool_function(tool, service), name=tool.name, description=tool.description,
                         annotations=hints)
     return server

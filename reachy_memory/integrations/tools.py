@@ -149,7 +149,8 @@ class ToolDef:
 
 def _hit(h: SearchResult) -> dict[str, Any]:
     m = h.memory
-    return {"id": m.id, "content": m.content, "type": m.memory_type.value, "score": round(finite_score(float(h.score)), 4),
+    return {"id": m.id, "content": m.content, "type": m.memory_type.value,
+            "score": round(finite_score(float(h.score)), 4),
             "created_at": m.created_at.isoformat(), "metadata": dict(m.metadata)}
 
 
