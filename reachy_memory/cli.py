@@ -297,6 +297,12 @@ def cmd_reindex(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_mcp(args: argparse.Namespace) -> int:
+    from . import mcp_server
+
+    return mcp_server.run_from_args(args, _config(args))
+
+
 # -- parser --------------------------------------------------------------------------------
 
 
@@ -359,6 +365,10 @@ def _parser() -> argparse.ArgumentParser:
     p = add("model", cmd_model, "fetch and build the embedding model")
     p.add_argument("action", choices=["fetch", "build", "info"])
     add("reindex", cmd_reindex, "re-embed every memory with the configured model (daemon stopped)")
+    p = add("mcp", cmd_mcp, "serve the memory tools to language models over MCP (stdio, or --http on loopback; "
+            "--data-dir opens a store in-process instead of using the daemon)")
+    p.add_argument("--http", action="store_true", help="serve streamable HTTP on 127.0.0.1 instead of stdio")
+    p.add_argument("--port", type=int, default=8765, help="HTTP port (default 8765)")
     return parser
 
 

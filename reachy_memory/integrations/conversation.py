@@ -1,0 +1,157 @@
+"""Memory tools for Pollen's Reachy Mini conversation app (duck-typed).
+
+The app's tools are classes with ``name``, ``description``,
+``parameters_schema`` (JSON Schema), ``spec()`` and
+``async __call__(self, deps, **kwargs) -> dict``; its dispatcher parses the
+model's JSON arguments and runs ``await tool(deps, **args)`` without checking
+them against the schema.  :class:`SearchMemories`, :class:`StoreMemory` and
+:class:`ForgetMemory` follow that interface without importing the app; they are
+generated from the one tool table (:mod:`.tools`), so they match the MCP tools.
+
+Plugging them into a profile (``docs/ROBOT.md`` has the whole recipe): the app
+registers subclasses of its own ``Tool`` base, so a profile file mixes it in::
+
+    # profiles/<profile>/search_memories.py
+    from reachy_mini_conversation_app.tools.core_tools import Tool
+    from reachy_memory.integrations.conversation import SearchMemories
+
+    class SearchMemoriesTool(SearchMemories, Tool):
+        pass
+
+Behaviour the app relies on:
+
+* bad arguments and memory errors come back as ``{"error": "..."}`` (the
+  dispatcher's own convention), never as exceptions; keys the dispatcher adds
+  (``tool_manager``) are ignored;
+* the memory used is, in order: the ``backend`` given to the constructor,
+  ``deps.memory`` if the app provides one (a :class:`~.tools.Backend` or an
+  :class:`~reachy_memory.AsyncMemoryClient`), else one daemon client per event
+  loop, configured by ``$REACHY_MEMORY_CONFIG`` / ``$REACHY_MEMORY_ENDPOINT``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from typing import Any, ClassVar
+
+from ..client import AsyncMemoryClient
+from ..config import Config, load_config
+from ..errors import ReachyMemoryError
+from .tools import FORGET_MEMORY, SEARCH_MEMORIES, STORE_MEMORY, Backend, DaemonBackend, ToolDef
+
+DEFAULT_TIMEOUT = 5.0
+# One daemon client per event loop: an asyncio ZeroMQ socket belongs to the loop it runs on.
+_DEFAULT_BACKENDS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, DaemonBackend] = weakref.WeakKeyDictionary()
+
+
+def _default_backend(config: Config | None) -> DaemonBackend:
+    loop = asyncio.get_running_loop()
+    if config is not None:
+        return DaemonBackend.from_config(config, DEFAULT_TIMEOUT)
+    backend = _DEFAULT_BACKENDS.get(loop)
+    if backend is None:
+        backend = _DEFAULT_BACKENDS[loop] = DaemonBackend.from_config(load_config(), DEFAULT_TIMEOUT)
+    return backend
+
+
+class MemoryTool:
+    """A conversation-app tool made from one :class:`~.tools.ToolDef`."""
+
+    definition: ClassVar[ToolDef]
+    name: ClassVar[str]
+    description: ClassVar[str]
+    parameters_schema: ClassVar[dict[str, Any]]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        definition = cls.__dict__.get("definition")
+        if definition is not None:  # the three below; an app's mix-in subclass inherits them
+            cls.name, cls.description = definition.name, definition.description
+            cls.parameters_schema = definition.parameters_schema()
+
+    def __init__(self, backend: Backend | AsyncMemoryClient | None = None, *, config: Config | None = None) -> None:
+        """The app calls ``cls()``; tests and custom apps may pass a backend or a config."""
+        self._backend = _as_backend(backend) if backend is not None else None
+        self._config = config
+
+    def spec(self) -> dict[str, Any]:
+        """The function spec the app sends to the model."""
+        return {"type": "function", "name": self.name, "description": self.description,
+                "parameters": self.parameters_schema}
+
+    def _backend_for(self, deps: Any) -> Backend:
+        if self._backend is not None:
+            return self._backend
+        supplied = getattr(deps, "memory", None)
+        if supplied is not None:
+            return _as_backend(supplied)
+        if self._config is not None:  # a private client, kept for this instance's loop
+            self._backend = _default_backend(self._config)
+            return self._backend
+        return _default_backend(None)
+
+    async def __call__(self, deps: Any, **kwargs: Any) -> dict[str, Any]:
+        """Run the tool; errors are returned as ``{"error": message}``."""
+        try:
+            result = await self.definition.run(self._backend_for(deps), kwargs)
+        except ReachyMemoryError as exc:
+            return {"error": f"{type(exc).__name__}: {exc.message}"}
+        return self._shape(kwargs, result)
+
+    def _shape(self, kwargs: dict[str, Any], result: Any) -> dict[str, Any]:
+        return dict(result)
+
+    async def aclose(self) -> None:
+        """Close a client this instance made for itself (not a shared or given one)."""
+        if self._config is not None and self._backend is not None:
+            await self._backend.aclose()
+            self._backend = None
+
+
+def _as_backend(obj: Backend | AsyncMemoryClient) -> Backend:
+    return DaemonBackend(obj, own=False) if isinstance(obj, AsyncMemoryClient) else obj
+
+
+class SearchMemories(MemoryTool):
+    """``search_memories``: returns ``{"query", "results": [...], "count"}`` (plus a hint when empty)."""
+
+    definition = SEARCH_MEMORIES
+
+    def _shape(self, kwargs: dict[str, Any], result: Any) -> dict[str, Any]:
+        out: dict[str, Any] = {"query": kwargs.get("query"), "results": result, "count": len(result)}
+        if not result:
+            out["message"] = "Nothing relevant is remembered."
+        return out
+
+
+class StoreMemory(MemoryTool):
+    """``store_memory``: returns ``{"id", "content", "type", "created_at"}``."""
+
+    definition = STORE_MEMORY
+
+
+class ForgetMemory(MemoryTool):
+    """``forget_memory``: returns ``{"success", "id"}``."""
+
+    definition = FORGET_MEMORY
+
+
+#: The tools in the spec's order.
+TOOL_CLASSES: tuple[type[MemoryTool], ...] = (SearchMemories, StoreMemory, ForgetMemory)
+
+#: Lines for a profile's ``tools.txt`` (or names for ``default_tools`` in ``profile.md``).
+TOOLS_TXT = "\n".join(["# reachy-memory: long-term memory", *(c.definition.name for c in TOOL_CLASSES)]) + "\n"
+
+
+def app_tool_classes(tool_base: type) -> list[type]:
+    """Subclasses of the app's ``Tool`` base (so its registry finds them), one per memory tool.
+
+    Keep the returned list referenced (a module global): the app discovers tools
+    through ``Tool.__subclasses__()``, which does not keep classes alive.
+    """
+    return [type(c.__name__, (c, tool_base), {"__module__": __name__}) for c in TOOL_CLASSES]
+
+
+__all__ = ["TOOLS_TXT", "TOOL_CLASSES", "ForgetMemory", "MemoryTool", "SearchMemories", "StoreMemory",
+           "app_tool_classes"]

@@ -1,0 +1,289 @@
+"""Memory for a Reachy Mini app without blocking its control loop.
+
+A Reachy Mini app moves the head from a loop (typically 50 Hz, 20 ms per
+tick).  A daemon round trip is usually under a millisecond, but when the CPU is
+busy (embedding, the LLM, the robot's own daemon) it can take tens of
+milliseconds, and a timeout cannot be honoured while the CPU is saturated.  So
+the loop must never call the daemon.  :class:`MemoryBridge` does it for the loop:
+
+* one worker thread owns a blocking :class:`~reachy_memory.MemoryClient` (and
+  is the only thread that touches it);
+* :meth:`MemoryBridge.latest` returns the last fetched :class:`MemorySnapshot`
+  (context window, current person, what is remembered about them): a plain
+  attribute read, no I/O, no lock;
+* :meth:`~MemoryBridge.record_turn`, :meth:`~MemoryBridge.set_current_person`
+  and :meth:`~MemoryBridge.remember` put a job on a bounded queue and return at
+  once; when the queue is full the job is dropped and counted, never waited for;
+* :meth:`~MemoryBridge.search` and :meth:`~MemoryBridge.remember` return a
+  :class:`concurrent.futures.Future`: poll ``done()`` from the loop, or
+  ``add_done_callback``.  A future of a dropped job fails with
+  :class:`~reachy_memory.BusyError`.
+
+This module does not import ``reachy_mini``; any app (or test) can use it.
+Guide: ``docs/ROBOT.md``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..client import MemoryClient
+from ..config import Config
+from ..errors import BusyError, ClosedError, ReachyMemoryError
+from ..model import Memory, MemoryType, SearchResult
+
+log = logging.getLogger("reachy_memory.bridge")
+
+#: Named context (``set_context``) holding who is in front of the robot; shared
+#: with every other client of the daemon (an LLM's MCP tools see it too).
+PERSON_KEY = "current_person"
+NOBODY = "(nobody)"  # the stored value when nobody is there (context values cannot be empty)
+
+
+@dataclass(frozen=True)
+class MemorySnapshot:
+    """What the bridge last fetched from memory (immutable; safe to keep).
+
+    ``fetched_at`` is a ``time.monotonic()`` stamp (0.0 before the first fetch);
+    ``error`` is the last fetch's error message, or None when it succeeded.
+    """
+
+    window: tuple[dict[str, Any], ...] = ()
+    person: str | None = None
+    person_facts: tuple[str, ...] = ()
+    fetched_at: float = 0.0
+    error: str | None = None
+
+    @property
+    def age(self) -> float:
+        """Seconds since the fetch (infinite before the first one)."""
+        return time.monotonic() - self.fetched_at if self.fetched_at else float("inf")
+
+
+@dataclass
+class BridgeStats:
+    """Counters (written by the worker, except ``dropped`` which callers bump under the GIL)."""
+
+    enqueued: int = 0
+    dropped: int = 0
+    done: int = 0
+    errors: int = 0
+    refreshes: int = 0
+    last_error: str | None = None
+
+
+@dataclass
+class _Job:
+    run: Callable[[MemoryClient], Any]
+    future: Future[Any] | None = None
+    refresh: bool = False  # the snapshot changes: fetch it again after this job
+    label: str = field(default="job")
+
+
+class MemoryBridge:
+    """The control loop's way to memory: non-blocking calls, work on one worker thread.
+
+    ``MemoryBridge(endpoint=None, config=None)`` connects like
+    :class:`~reachy_memory.MemoryClient` (the private ipc socket by default).
+    ``refresh_interval`` is how often the snapshot is fetched again;
+    ``queue_size`` bounds the pending jobs; ``timeout`` bounds each daemon call
+    (on the worker).  ``client_factory`` replaces the client (tests).
+    Use as a context manager, or :meth:`start` / :meth:`close` (idempotent).
+    """
+
+    def __init__(self, endpoint: str | None = None, *, config: Config | None = None, queue_size: int = 64,
+                 refresh_interval: float = 0.5, timeout: float = 2.0, person_facts: int = 5,
+                 client_factory: Callable[[], Any] | None = None) -> None:
+        self._factory = client_factory or (lambda: MemoryClient(endpoint, config=config, timeout=timeout))
+        self._jobs: queue.Queue[_Job | None] = queue.Queue(maxsize=queue_size)
+        self._refresh_interval = refresh_interval
+        self._person_facts = person_facts
+        self._snapshot = MemorySnapshot()
+        self._person: str | None = None  # worker-owned: the person the snapshot is about
+        self._dirty = False  # worker-owned: a job changed what the snapshot shows
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self.stats = BridgeStats()
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> MemoryBridge:
+        """Start the worker thread (idempotent); raises ClosedError after close()."""
+        if self._closed:
+            raise ClosedError("MemoryBridge is closed")
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._work, name="reachy-memory-bridge", daemon=True)
+            self._thread.start()
+        return self
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the worker: jobs still queued are cancelled (their futures fail with
+        ClosedError); waits up to ``timeout`` for a call in flight. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        with contextlib.suppress(queue.Full):
+            self._jobs.put_nowait(None)  # wake the worker now
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self._cancel_pending()
+
+    stop = close
+
+    def __enter__(self) -> MemoryBridge:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the control loop's calls (no I/O) ------------------------------------------------------
+
+    def latest(self) -> MemorySnapshot:
+        """The last fetched snapshot; one attribute read, never waits."""
+        return self._snapshot
+
+    def record_turn(self, role: str, text: str, person: str | None = None) -> bool:
+        """Queue one conversation turn: appended to the daemon's context window and kept
+        as a CONVERSATION memory (30 days) tagged with ``role`` and ``person`` (default:
+        the current person). Returns False if it was dropped (queue full or closed)."""
+        def run(c: MemoryClient) -> None:
+            who = person or self._person
+            c.add_to_context_window(role, text)
+            c.store(text, MemoryType.CONVERSATION, {"role": role, **({"person": who} if who else {})})
+
+        return self._put(_Job(run, refresh=True, label="record_turn")) is not None
+
+    def set_current_person(self, name: str | None) -> bool:
+        """Queue "this person is in front of the robot" (None: nobody). The snapshot's
+        ``person`` and ``person_facts`` follow once the worker has run it."""
+        def run(c: MemoryClient) -> None:
+            self._person = name.strip() if name and name.strip() else None
+            c.set_context(PERSON_KEY, self._person or NOBODY)
+
+        return self._put(_Job(run, refresh=True, label="set_current_person")) is not None
+
+    def remember(self, content: str, memory_type: MemoryType | str = MemoryType.FACT,
+                 metadata: dict[str, Any] | None = None) -> Future[Memory]:
+        """Queue a store; the future gives the stored :class:`~reachy_memory.Memory`."""
+        return self._submit(lambda c: c.store(content, memory_type, metadata), "remember",
+                            refresh=MemoryType.parse(memory_type) is MemoryType.FACT)
+
+    def search(self, query: str, memory_type: MemoryType | str | None = None, limit: int = 5,
+               where: dict[str, Any] | None = None) -> Future[list[SearchResult]]:
+        """Queue a search; the future gives the list of :class:`~reachy_memory.SearchResult`."""
+        return self._submit(lambda c: c.search(query, memory_type, limit, where=where), "search")
+
+    @property
+    def pending(self) -> int:
+        """Jobs waiting in the queue (approximate)."""
+        return self._jobs.qsize()
+
+    # -- queueing ---------------------------------------------------------------------------------
+
+    def _submit(self, run: Callable[[MemoryClient], Any], label: str, refresh: bool = False) -> Future[Any]:
+        future: Future[Any] = Future()
+        if self._put(_Job(run, future, refresh, label)) is None:
+            future.set_exception(BusyError(f"memory bridge queue full or closed; {label} dropped"))
+        return future
+
+    def _put(self, job: _Job) -> _Job | None:
+        if self._closed:
+            self.stats.dropped += 1
+            return None
+        try:
+            self._jobs.put_nowait(job)
+        except queue.Full:
+            self.stats.dropped += 1
+            return None
+        self.stats.enqueued += 1
+        return job
+
+    def _cancel_pending(self) -> None:
+        while True:
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                return
+            if job is not None and job.future is not None and not job.future.done():
+                job.future.set_exception(ClosedError("memory bridge closed before the job ran"))
+
+    # -- the worker thread ------------------------------------------------------------------------
+
+    def _work(self) -> None:
+        client = None
+        try:
+            client = self._factory()
+            self._refresh(client)
+            while not self._stop.is_set():
+                self._step(client)
+        except Exception:  # the worker must not die silently: the snapshot says why
+            log.exception("memory bridge worker failed")
+            self._snapshot = MemorySnapshot(error="memory bridge worker failed; see the log")
+        finally:
+            if client is not None:
+                client.close()
+
+    def _step(self, client: Any) -> None:
+        due = self._snapshot.fetched_at + self._refresh_interval if self._snapshot.fetched_at else 0.0
+        try:
+            job = self._jobs.get(timeout=max(0.0, min(due - time.monotonic(), self._refresh_interval)))
+        except queue.Empty:
+            job = None
+        if job is not None:
+            self._dirty = self._run(client, job) or self._dirty
+        now = time.monotonic()
+        # Refresh after a burst of jobs rather than after each one, but never let
+        # a steady stream of jobs keep the snapshot older than two intervals.
+        wanted = self._dirty or now >= due
+        if wanted and not self._stop.is_set() and (self._jobs.empty() or now >= due + self._refresh_interval):
+            self._refresh(client)
+            self._dirty = False
+
+    def _run(self, client: Any, job: _Job) -> bool:
+        if job.future is not None and not job.future.set_running_or_notify_cancel():
+            return False
+        try:
+            result = job.run(client)
+        except ReachyMemoryError as exc:
+            self.stats.errors += 1
+            self.stats.last_error = f"{job.label}: {exc}"
+            if job.future is not None:
+                job.future.set_exception(exc)
+            return False
+        self.stats.done += 1
+        if job.future is not None:
+            job.future.set_result(result)
+        return job.refresh
+
+    def _refresh(self, client: Any) -> None:
+        """Fetch window, person and what is known about them; publish one new snapshot."""
+        try:
+            window = tuple(client.get_context_window())
+            person = self._person if self._person is not None else client.get_context(PERSON_KEY)
+            person = None if person in (None, NOBODY) else person
+            self._person = person
+            facts = self._facts(client, person) if person else ()
+        except ReachyMemoryError as exc:
+            self.stats.last_error = f"refresh: {exc}"
+            old = self._snapshot
+            self._snapshot = MemorySnapshot(old.window, old.person, old.person_facts, time.monotonic(), str(exc))
+            return
+        self.stats.refreshes += 1
+        self._snapshot = MemorySnapshot(window, person, facts, time.monotonic())
+
+    def _facts(self, client: Any, person: str) -> tuple[str, ...]:
+        hits = client.search(person, MemoryType.FACT, self._person_facts, 0.0, where={"person": person})
+        return tuple(h.memory.content for h in hits)
+
+
+__all__ = ["NOBODY", "PERSON_KEY", "BridgeStats", "MemoryBridge", "MemorySnapshot"]

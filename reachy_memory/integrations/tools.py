@@ -1,0 +1,313 @@
+"""The LLM tools of the spec ("MCP Tools (3 tools)"), defined once.
+
+:data:`TOOLS` is the single table: each :class:`ToolDef` has the spec's name, a
+description a language model can act on, its parameters (as JSON Schema and as
+Python annotations), an argument check and the call that runs it on a
+:class:`Backend`.  The MCP server (:mod:`reachy_memory.mcp_server`) and the
+conversation-app tools (:mod:`.conversation`) are both generated from it, so a
+new operation (``remember``/``recall``) is added here once.
+
+Backends:
+
+* :class:`DaemonBackend` talks to ``reachy-memory serve`` through
+  :class:`~reachy_memory.AsyncMemoryClient`; when no daemon answers it raises
+  :class:`~reachy_memory.DaemonUnavailableError` whose message says how to start one.
+* :class:`LocalBackend` opens a :class:`~reachy_memory.MemoryStore` in this
+  process (a desktop without the daemon); the store is used only by one worker
+  thread, its owner.
+
+Errors are :class:`~reachy_memory.ReachyMemoryError` subclasses carrying the
+daemon's (or store's) message; callers turn them into their tool-error form.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Awaitable, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from ..client import AsyncMemoryClient
+from ..config import Config
+from ..errors import DaemonUnavailableError, RequestTimeoutError, ValidationError
+from ..model import Memory, MemoryType, SearchResult
+
+MEMORY_TYPES: tuple[str, ...] = tuple(m.value for m in MemoryType)
+MAX_LIMIT = 50
+START_HINT = ("start it with `reachy-memory serve` (on the robot: `sudo systemctl start reachy-memory`), "
+              "or run `reachy-memory mcp --data-dir DIR` to open a store in this process instead")
+
+TYPE_GUIDE = ('"fact": lasting knowledge (preferences, names, relationships, birthdays, things learned about '
+              'people or the home), kept forever; "conversation": things that were said, kept 30 days; '
+              '"context": the current task, topic or situation, kept until the end of today.')
+
+
+class Backend(Protocol):
+    """Where the tools' memory lives (the daemon, or a store in this process)."""
+
+    async def search(self, query: str, memory_type: str | None, limit: int) -> list[SearchResult]: ...
+
+    async def store(self, content: str, memory_type: str, metadata: dict[str, Any] | None) -> Memory: ...
+
+    async def forget(self, memory_id: str) -> bool: ...
+
+    async def aclose(self) -> None: ...
+
+
+# -- parameters and their check ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Param:
+    """One tool parameter: JSON Schema for LLM clients, an annotation for typed servers."""
+
+    name: str
+    schema: dict[str, Any]
+    annotation: Any
+    description: str
+    required: bool = False
+    default: Any = None
+    nullable: bool = False
+
+    def check(self, tool: str, value: Any) -> Any:
+        """The value, or ValidationError naming the tool and parameter."""
+        if value is None and self.nullable:
+            return None
+        if "enum" in self.schema and isinstance(value, str):
+            value = value.strip().lower()  # "Fact" from a model means "fact"
+        problem = _problem(self.schema, value)
+        if problem:
+            raise ValidationError(f"{tool}: {self.name} {problem}", field=self.name)
+        return value
+
+
+def _problem(schema: dict[str, Any], value: Any) -> str | None:
+    kind = schema["type"]
+    if kind == "string":
+        if not isinstance(value, str):
+            return f"must be a string, got {value!r}"
+        if "enum" in schema and value not in schema["enum"]:
+            return f"must be one of {', '.join(schema['enum'])}; got {value!r}"
+        if not value.strip() and schema.get("minLength", 0) > 0:
+            return "must not be empty"
+    elif kind == "integer":
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            return f"must be an integer, got {value!r}"
+        if not schema["minimum"] <= value <= schema["maximum"]:
+            return f"must be between {schema['minimum']} and {schema['maximum']}, got {value}"
+    elif kind == "object" and not isinstance(value, dict):
+        return f"must be an object of key/value pairs, got {value!r}"
+    return None
+
+
+# -- the tools ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ToolDef:
+    """One tool: what an LLM sees (name, description, schema) and what it runs."""
+
+    name: str
+    description: str
+    params: tuple[Param, ...]
+    call: Callable[[Backend, dict[str, Any]], Awaitable[Any]]
+    read_only: bool = False
+    destructive: bool = False
+    returns: Any = field(default=dict[str, Any])
+
+    def parameters_schema(self) -> dict[str, Any]:
+        """The parameters as one JSON Schema object (OpenAI / conversation-app style)."""
+        props = {p.name: {**p.schema, "description": p.description} for p in self.params}
+        for p in self.params:
+            if not p.required and p.default is not None:
+                props[p.name]["default"] = p.default
+        return {"type": "object", "properties": props, "required": [p.name for p in self.params if p.required],
+                "additionalProperties": False}
+
+    def check(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        """Checked arguments with defaults filled in; unknown keys are ignored
+        (a dispatcher may add its own). Raises ValidationError."""
+        out: dict[str, Any] = {}
+        for p in self.params:
+            if p.name not in args or args[p.name] is None:
+                if p.required:
+                    raise ValidationError(f"{self.name}: {p.name} is required", field=p.name)
+                out[p.name] = p.default
+                continue
+            out[p.name] = p.check(self.name, args[p.name])
+        return out
+
+    async def run(self, backend: Backend, args: Mapping[str, Any]) -> Any:
+        """Check ``args`` and run the tool; raises ReachyMemoryError subclasses."""
+        return await self.call(backend, self.check(args))
+
+
+def _hit(h: SearchResult) -> dict[str, Any]:
+    m = h.memory
+    return {"id": m.id, "content": m.content, "type": m.memory_type.value,
+            "score": round(finite_score(float(h.score)), 4),
+            "created_at": m.created_at.isoformat(), "metadata": dict(m.metadata)}
+
+
+async def _search(backend: Backend, a: dict[str, Any]) -> list[dict[str, Any]]:
+    return [_hit(h) for h in await backend.search(a["query"], a["memory_type"], int(a["limit"]))]
+
+
+async def _store(backend: Backend, a: dict[str, Any]) -> dict[str, Any]:
+    m = await backend.store(a["content"], a["memory_type"], a["metadata"])
+    return {"id": m.id, "content": m.content, "type": m.memory_type.value, "created_at": m.created_at.isoformat()}
+
+
+async def _forget(backend: Backend, a: dict[str, Any]) -> dict[str, Any]:
+    return {"success": bool(await backend.forget(a["memory_id"])), "id": a["memory_id"]}
+
+
+_TypeName = Literal["conversation", "fact", "context"]
+_TYPE_SCHEMA = {"type": "string", "enum": list(MEMORY_TYPES)}
+
+SEARCH_MEMORIES = ToolDef(
+    name="search_memories",
+    description=(
+        "Search the robot's long-term memory by meaning and by words. Use it before answering anything about "
+        "the user, people the robot knows, past conversations or what is going on today (for example \"what "
+        "food does Sarah like?\"). Returns the best matches, most relevant first, each with id, content, type, "
+        "score (0 to 1, higher is more relevant), created_at and metadata. An empty list means nothing relevant "
+        "is remembered: say so instead of guessing. Memory types: " + TYPE_GUIDE),
+    params=(
+        Param("query", {"type": "string", "minLength": 1}, str,
+              "What to look for, as a question or keywords (e.g. \"Sarah's favourite food\").", required=True),
+        Param("memory_type", _TYPE_SCHEMA, _TypeName | None,
+              "Only search this type: \"fact\", \"conversation\" or \"context\". Omit to search all.", nullable=True),
+        Param("limit", {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT}, int,
+              f"Maximum number of results (1 to {MAX_LIMIT}).", default=5),
+    ),
+    call=_search, read_only=True, returns=list[dict[str, Any]],
+)
+
+STORE_MEMORY = ToolDef(
+    name="store_memory",
+    description=(
+        "Save something to remember later. Store one self-contained statement per call, written so it makes "
+        "sense on its own (\"Sarah is allergic to peanuts\", not \"she is allergic\"). Choose memory_type: "
+        "\"fact\" (default) for lasting knowledge such as preferences, names, relationships and birthdays, kept "
+        "forever; \"context\" for the current task, topic or situation, forgotten at the end of today; "
+        "\"conversation\" for notable things that were said, kept 30 days. Put who it is about in metadata "
+        "(e.g. {\"person\": \"Sarah\"}) so later searches naming them rank it first. Returns the stored memory "
+        "with its id."),
+    params=(
+        Param("content", {"type": "string", "minLength": 1}, str, "The statement to remember.", required=True),
+        Param("memory_type", _TYPE_SCHEMA, _TypeName,
+              "\"fact\" (forever), \"conversation\" (30 days) or \"context\" (until the end of today).",
+              default="fact"),
+        Param("metadata", {"type": "object"}, dict[str, Any] | None,
+              "Optional flat key/value pairs (strings, numbers, booleans), e.g. {\"person\": \"Sarah\"}.",
+              nullable=True),
+    ),
+    call=_store,
+)
+
+FORGET_MEMORY = ToolDef(
+    name="forget_memory",
+    description=(
+        "Delete one memory for good, by its id (the id field of a search_memories or store_memory result). "
+        "Use it when the user asks the robot to forget something, or to remove a wrong memory before storing "
+        "the corrected one. Returns success false if no memory has that id (already forgotten or expired)."),
+    params=(Param("memory_id", {"type": "string", "minLength": 1}, str, "The id of the memory to delete.",
+                  required=True),),
+    call=_forget, destructive=True,
+)
+
+#: The tool table (the spec's three tools, in its order).
+TOOLS: tuple[ToolDef, ...] = (SEARCH_MEMORIES, STORE_MEMORY, FORGET_MEMORY)
+TOOLS_BY_NAME: dict[str, ToolDef] = {t.name: t for t in TOOLS}
+
+
+# -- backends ----------------------------------------------------------------------------------
+
+
+class DaemonBackend:
+    """The tools on the daemon, through an :class:`AsyncMemoryClient` (one event loop)."""
+
+    def __init__(self, client: AsyncMemoryClient, *, own: bool = True) -> None:
+        self.client = client
+        self._own = own
+
+    @classmethod
+    def from_config(cls, config: Config, timeout: float = 10.0) -> DaemonBackend:
+        """A backend with its own client on the configured endpoint."""
+        return cls(AsyncMemoryClient(config=config, timeout=timeout))
+
+    def _unavailable(self, why: str) -> DaemonUnavailableError:
+        return DaemonUnavailableError(f"no reachy-memory daemon {why} at {self.client.endpoint}: {START_HINT}",
+                                      endpoint=self.client.endpoint)
+
+    async def _guard(self, call: Awaitable[Any]) -> Any:
+        socket = self.client.endpoint.removeprefix("ipc://")
+        if self.client.endpoint.startswith("ipc://") and not Path(socket).exists():
+            if asyncio.iscoroutine(call):
+                call.close()  # never awaited: do not leave a warning behind
+            raise self._unavailable("is listening")
+        try:
+            return await call
+        except RequestTimeoutError as exc:
+            raise self._unavailable(f"answered within {self.client.timeout:g} s") from exc
+
+    async def search(self, query: str, memory_type: str | None, limit: int) -> list[SearchResult]:
+        return await self._guard(self.client.search(query, memory_type, limit))  # type: ignore[no-any-return]
+
+    async def store(self, content: str, memory_type: str, metadata: dict[str, Any] | None) -> Memory:
+        return await self._guard(self.client.store(content, memory_type, metadata))  # type: ignore[no-any-return]
+
+    async def forget(self, memory_id: str) -> bool:
+        return bool(await self._guard(self.client.forget(memory_id)))
+
+    async def aclose(self) -> None:
+        if self._own:
+            await self.client.close()
+
+
+class LocalBackend:
+    """The tools on a :class:`MemoryStore` in this process; one worker thread owns the store."""
+
+    def __init__(self, store: Any) -> None:
+        self.memory_store = store
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reachy-memory-store")
+
+    @classmethod
+    def open(cls, config: Config) -> LocalBackend:
+        """Open the configured data directory (raises StoreLockedError if a daemon holds it)."""
+        from ..store import MemoryStore
+
+        return cls(MemoryStore(config=config))
+
+    async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    async def search(self, query: str, memory_type: str | None, limit: int) -> list[SearchResult]:
+        return await self._run(self.memory_store.search, query, memory_type, limit)  # type: ignore[no-any-return]
+
+    async def store(self, content: str, memory_type: str, metadata: dict[str, Any] | None) -> Memory:
+        return await self._run(self.memory_store.store, content, memory_type, metadata)  # type: ignore[no-any-return]
+
+    async def forget(self, memory_id: str) -> bool:
+        return bool(await self._run(self.memory_store.forget, memory_id))
+
+    async def aclose(self) -> None:
+        """Close the store on its own thread, then stop the thread; idempotent."""
+        if not self._pool._shutdown:  # type: ignore[attr-defined]
+            await self._run(self.memory_store.close)
+            self._pool.shutdown(wait=True)
+
+
+def finite_score(score: float) -> float:
+    """A JSON-safe score (NaN/inf never reach a client)."""
+    return score if math.isfinite(score) else 0.0
+
+
+__all__ = ["MAX_LIMIT", "MEMORY_TYPES", "TOOLS", "TOOLS_BY_NAME", "Backend", "DaemonBackend", "LocalBackend",
+           "Param", "ToolDef"]

@@ -1,0 +1,145 @@
+"""``reachy-memory mcp``: the spec's memory tools for language models, over MCP.
+
+Serves the tool table of :mod:`reachy_memory.integrations.tools`
+(``search_memories``, ``store_memory``, ``forget_memory``) with the official
+MCP SDK (extra ``mcp``: ``pip install 'reachy-memory[mcp]'``):
+
+* on stdio (the default: what Claude Desktop, Cursor, ... start as a subprocess);
+* with ``--http``, as streamable HTTP on ``http://127.0.0.1:PORT/mcp`` (loopback only).
+
+By default it talks to the running daemon through an
+:class:`~reachy_memory.AsyncMemoryClient`; if none answers, each tool returns an
+error saying so and how to start one.  With ``--data-dir`` it opens that store
+in this process instead (a desktop without the daemon; the directory must not
+be held by a daemon).  Every failure comes back as an MCP tool error
+(``isError``) carrying the daemon's message; the server keeps serving.
+
+Threads: the MCP SDK's event loop owns the client (or, for ``--data-dir``, a
+single worker thread owns the store).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Annotated, Any
+
+from .config import Config
+from .errors import ConfigError, ReachyMemoryError
+from .integrations.tools import TOOLS, Backend, DaemonBackend, LocalBackend, Param, ToolDef
+
+DEFAULT_PORT = 8765
+INSTRUCTIONS = (
+    "Long-term memory of a Reachy Mini robot. Search it before answering questions about the user, people "
+    "the robot knows or earlier conversations; store lasting facts as \"fact\", today's task or situation as "
+    "\"context\", notable things said as \"conversation\"; forget by id when asked to.")
+log = logging.getLogger("reachy_memory.mcp")
+
+
+def _require_sdk() -> Any:
+    try:
+        from mcp.server.mcpserver import MCPServer
+    except ImportError as exc:
+        raise ConfigError("the MCP server needs the official MCP SDK: pip install 'reachy-memory[mcp]'",
+                          key="mcp") from exc
+    return MCPServer
+
+
+class _Service:
+    """The backend the tools run on; set once the server's event loop runs."""
+
+    def __init__(self, open_backend: Callable[[], Backend]) -> None:
+        self._open = open_backend
+        self.backend: Backend | None = None
+
+    def get(self) -> Backend:
+        if self.backend is None:
+            self.backend = self._open()  # inside the loop: the async client binds to it
+        return self.backend
+
+    async def aclose(self) -> None:
+        if self.backend is not None:
+            await self.backend.aclose()
+            self.backend = None
+
+
+def _annotation(p: Param) -> Any:
+    """The parameter as a pydantic-annotated type, so the listed schema matches the table's."""
+    from pydantic import Field
+
+    limits = {"ge": p.schema.get("minimum"), "le": p.schema.get("maximum"), "min_length": p.schema.get("minLength")}
+    return Annotated[p.annotation, Field(description=p.description, **{k: v for k, v in limits.items() if v})]
+
+
+def _tool_function(tool: ToolDef, service: _Service) -> Callable[..., Awaitable[Any]]:
+    """An async function with the tool's typed signature; errors become MCP tool errors."""
+    from mcp.server.mcpserver.exceptions import ToolError
+
+    async def call(**kwargs: Any) -> Any:
+        try:
+            return await tool.run(service.get(), kwargs)
+        except ReachyMemoryError as exc:
+            raise ToolError(f"{type(exc).__name__}: {exc.message}") from exc
+
+    params = [inspect.Parameter(p.name, inspect.Parameter.KEYWORD_ONLY, annotation=_annotation(p),
+                                default=inspect.Parameter.empty if p.required else p.default) for p in tool.params]
+    call.__signature__ = inspect.Signature(params, return_annotation=tool.returns)  # type: ignore[attr-defined]
+    call.__name__ = call.__qualname__ = tool.name
+    call.__doc__ = tool.description
+    return call
+
+
+def build_server(service: _Service, tools: Sequence[ToolDef] = TOOLS) -> Any:
+    """An ``MCPServer`` exposing ``tools`` on ``service``'s backend."""
+    from mcp_types import ToolAnnotations
+
+    server = _require_sdk()("reachy-memory", instructions=INSTRUCTIONS, log_level="WARNING")
+    for tool in tools:
+        hints = ToolAnnotations(read_only_hint=tool.read_only, destructive_hint=tool.destructive,
+                                idempotent_hint=tool.read_only, open_world_hint=False)
+        server.add_tool(_tool_function(tool, service), name=tool.name, description=tool.description,
+                        annotations=hints)
+    return server
+
+
+async def _serve(server: Any, service: _Service, http: bool, port: int) -> None:
+    try:
+        if http:
+            await server.run_streamable_http_async(host="127.0.0.1", port=port)
+        else:
+            await server.run_stdio_async()
+    finally:
+        await service.aclose()
+
+
+def run(config: Config, *, in_process: bool = False, http: bool = False, port: int = DEFAULT_PORT,
+        timeout: float = 10.0) -> int:
+    """Serve until stdin closes (stdio) or SIGINT/SIGTERM (HTTP); returns the exit code.
+
+    ``in_process`` opens ``config.data_dir`` here (raises StoreLockedError if a
+    daemon holds it); otherwise tools talk to the daemon at the configured endpoint.
+    """
+    import anyio
+
+    _require_sdk()
+    if in_process:
+        local = LocalBackend.open(config)  # fail now, not at the first tool call
+        service = _Service(lambda: local)
+    else:
+        service = _Service(lambda: DaemonBackend.from_config(config, timeout))
+    where = f"store {config.data_dir}" if in_process else "the daemon"
+    print(f"reachy-memory mcp: serving {', '.join(t.name for t in TOOLS)} on "
+          f"{f'http://127.0.0.1:{port}/mcp' if http else 'stdio'} with {where}", file=sys.stderr)
+    anyio.run(_serve, build_server(service), service, http, port)
+    return 0
+
+
+def run_from_args(args: Any, config: Config) -> int:
+    """What ``reachy-memory mcp`` runs: ``--data-dir`` means a store in this process."""
+    return run(config, in_process=bool(getattr(args, "data_dir", None)), http=args.http, port=args.port,
+               timeout=args.timeout)
+
+
+__all__ = ["DEFAULT_PORT", "build_server", "run", "run_from_args"]

@@ -1,0 +1,191 @@
+"""MemoryBridge: the control loop's calls never do I/O; the worker thread does it all.
+
+Runs without reachy-mini. Structural checks use a recording stand-in client
+(which thread called what, how many jobs ran while the "daemon" was stalled);
+the round trip uses a real daemon process.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reachy_memory import BusyError, ClosedError, Memory, MemoryType, RequestTimeoutError
+from reachy_memory.integrations.reachy_mini import NOBODY, PERSON_KEY, MemoryBridge
+from reachy_memory.model import SearchResult, to_datetime
+from tests.daemon_util import DaemonProcess
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
+    """Poll until ``predicate()``; the timeout only bounds a broken run."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.01)
+
+
+class RecordingClient:
+    """A stand-in MemoryClient: records (thread, op); ``gate`` cleared = a stalled daemon."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, str]] = []
+        self.window: list[dict[str, Any]] = []
+        self.context: dict[str, str] = {}
+        self.gate = threading.Event()
+        self.gate.set()
+        self.entered = threading.Event()
+        self.fail_refresh = False
+        self.closed = 0
+
+    def _op(self, name: str) -> None:
+        self.calls.append((threading.get_ident(), name))
+        self.entered.set()
+        assert self.gate.wait(30), "test left the client stalled"
+
+    def add_to_context_window(self, role: str, content: str) -> None:
+        self._op("add_to_context_window")
+        self.window.append({"role": role, "content": content})
+
+    def store(self, content: str, memory_type: Any = "fact", metadata: dict[str, Any] | None = None) -> Memory:
+        self._op("store")
+        return Memory(f"id{len(self.calls)}", content, MemoryType.parse(memory_type), to_datetime(0), metadata or {})
+
+    def search(self, query: str, memory_type: Any = None, limit: int = 5, min_score: float = 0.3,
+               where: dict[str, Any] | None = None) -> list[SearchResult]:
+        self._op("search")
+        return [SearchResult(Memory("m1", f"about {query}", MemoryType.FACT, to_datetime(0)), 0.9)]
+
+    def get_context_window(self) -> list[dict[str, Any]]:
+        self._op("get_context_window")
+        if self.fail_refresh:
+            raise RequestTimeoutError("no reply", op="get_context_window", endpoint="test")
+        return list(self.window)
+
+    def set_context(self, key: str, value: str) -> None:
+        self._op("set_context")
+        self.context[key] = value
+
+    def get_context(self, key: str) -> str | None:
+        self._op("get_context")
+        return self.context.get(key)
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+@pytest.fixture
+def fake() -> RecordingClient:
+    return RecordingClient()
+
+
+@pytest.fixture
+def bridge(fake: RecordingClient) -> Iterator[MemoryBridge]:
+    with MemoryBridge(client_factory=lambda: fake, queue_size=8, refresh_interval=0.05) as b:
+        yield b
+
+
+def test_client_is_only_used_on_the_worker_thread(bridge: MemoryBridge, fake: RecordingClient) -> None:
+    bridge.record_turn("user", "hello")
+    bridge.set_current_person("Alex")
+    found = bridge.search("tea").result(timeout=30)
+    wait_for(lambda: bridge.latest().person == "Alex" and len(bridge.latest().window) == 1)
+    assert found[0].memory.content == "about tea"
+    threads = {t for t, _ in fake.calls}
+    assert threading.get_ident() not in threads
+    assert len(threads) == 1
+
+
+def test_stalled_daemon_never_blocks_callers(fake: RecordingClient) -> None:
+    # No periodic refresh: the only client call in flight is the search below.
+    bridge = MemoryBridge(client_factory=lambda: fake, queue_size=8, refresh_interval=3600).start()
+    wait_for(lambda: bridge.latest().fetched_at > 0)
+    fake.gate.clear()
+    fake.entered.clear()
+    first = bridge.search("first")  # the worker takes it and stalls inside the client
+    assert fake.entered.wait(30)
+    calls_before = len(fake.calls)
+    results = [bridge.record_turn("user", f"turn {i}") for i in range(50)]
+    futures = [bridge.search(f"q{i}") for i in range(10)]
+    snapshot = bridge.latest()
+    # All 60 calls returned while the client was stalled: nothing waited for it.
+    assert len(fake.calls) == calls_before
+    assert results.count(True) == 8 and bridge.stats.dropped == 52  # queue_size 8
+    assert all(isinstance(f.exception(timeout=0), BusyError) for f in futures)
+    assert not first.done() and snapshot.window == ()
+    fake.gate.set()
+    assert first.result(timeout=30)[0].memory.content == "about first"
+    wait_for(lambda: len(bridge.latest().window) == 8)
+    bridge.close()
+
+
+def test_refresh_error_keeps_the_last_window(bridge: MemoryBridge, fake: RecordingClient) -> None:
+    bridge.record_turn("user", "kept")
+    wait_for(lambda: len(bridge.latest().window) == 1)
+    fake.fail_refresh = True
+    wait_for(lambda: bridge.latest().error is not None)
+    assert bridge.latest().window[0]["content"] == "kept"
+    assert "no reply" in (bridge.stats.last_error or "")
+
+
+def test_close_cancels_queued_jobs_and_is_idempotent(fake: RecordingClient) -> None:
+    bridge = MemoryBridge(client_factory=lambda: fake, queue_size=8, refresh_interval=3600).start()
+    wait_for(lambda: bridge.latest().fetched_at > 0)
+    fake.gate.clear()
+    fake.entered.clear()
+    in_flight = bridge.search("in flight")
+    assert fake.entered.wait(30)
+    queued = bridge.search("queued")
+    threading.Timer(0.2, fake.gate.set).start()  # the call in flight finishes during close
+    bridge.close()
+    bridge.close()
+    assert in_flight.result(timeout=30)
+    assert isinstance(queued.exception(timeout=0), ClosedError)
+    assert fake.closed == 1
+    assert bridge.record_turn("user", "late") is False
+    assert isinstance(bridge.search("late").exception(timeout=0), BusyError)
+    with pytest.raises(ClosedError):
+        bridge.start()
+
+
+def test_current_person_none_is_stored_as_nobody(bridge: MemoryBridge, fake: RecordingClient) -> None:
+    bridge.set_current_person("Alex")
+    wait_for(lambda: bridge.latest().person == "Alex")
+    bridge.set_current_person(None)
+    wait_for(lambda: fake.context.get(PERSON_KEY) == NOBODY and bridge.latest().person is None)
+
+
+def test_remember_future_gives_the_memory(bridge: MemoryBridge) -> None:
+    future: Future[Memory] = bridge.remember("Alex likes green tea", metadata={"person": "Alex"})
+    memory = future.result(timeout=30)
+    assert memory.content == "Alex likes green tea" and memory.memory_type is MemoryType.FACT
+
+
+# -- with the real daemon --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+    d = DaemonProcess(Path(tmp_path_factory.mktemp("bridge"))).start()
+    yield d
+    d.stop()
+
+
+def test_round_trip_with_the_daemon(daemon: DaemonProcess) -> None:
+    with daemon.client() as c:
+        c.remember_fact("Alex likes green tea", person="Alex")
+    with MemoryBridge(daemon.endpoint, config=daemon.config, refresh_interval=0.1) as bridge:
+        bridge.set_current_person("Alex")
+        assert bridge.record_turn("user", "I am back from Lyon")
+        wait_for(lambda: "Alex likes green tea" in bridge.latest().person_facts)
+        wait_for(lambda: any(m["content"] == "I am back from Lyon" for m in bridge.latest().window))
+        hits = bridge.search("back from Lyon", memory_type="conversation").result(timeout=30)
+    assert hits and hits[0].memory.content == "I am back from Lyon"
+    assert hits[0].memory.metadata == {"role": "user", "person": "Alex"}
+    with daemon.client() as c:
+        assert c.get_context(PERSON_KEY) == "Alex"

@@ -1,0 +1,87 @@
+"""Start and stop the reachy-mini daemon in mockup simulation (no MuJoCo, no
+media, HTTP on 127.0.0.1) for the robot tests and tools/bench_control_loop.py.
+
+The daemon normally advertises itself on the LAN over mDNS; tests and
+benchmarks must stay on loopback, so the launcher turns that registration off
+before running the daemon's own ``main()``.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+SIM_ARGS = ["--mockup-sim", "--headless", "--no-media", "--no-wake-up-on-start", "--no-goto-sleep-on-stop",
+            "--no-preload-datasets", "--dataset-update-interval", "0", "--fastapi-host", "127.0.0.1"]
+
+_LAUNCH = (
+    "import sys, runpy\n"
+    "from reachy_mini.utils import discovery\n"
+    "discovery.MdnsServiceRegistration.register = lambda self: None  # loopback only: no LAN advertisement\n"
+    "sys.argv = ['reachy-mini-daemon', *sys.argv[1:]]\n"
+    "runpy.run_module('reachy_mini.daemon.app.main', run_name='__main__')\n"
+)
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class SimDaemon:
+    """``python -m reachy_mini.daemon.app.main --mockup-sim ...`` as a child process."""
+
+    def __init__(self, log: Path, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 60.0) -> SimDaemon:
+        """Start it and wait until its status says running; raises RuntimeError otherwise."""
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen([sys.executable, "-c", _LAUNCH, *SIM_ARGS, "--fastapi-port", str(self.port)],
+                                         stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"reachy-mini daemon exited {self.proc.returncode}: {self.tail()}")
+            if self.status().get("state") == "running":
+                return self
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"reachy-mini daemon not running after {timeout} s: {self.tail()}")
+
+    def status(self) -> dict[str, object]:
+        """The daemon's /api/daemon/status, or {} if it does not answer."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/api/daemon/status", timeout=1) as r:
+                return dict(json.loads(r.read()))
+        except (OSError, ValueError):
+            return {}
+
+    def tail(self, n: int = 2000) -> str:
+        return self.log.read_text(errors="replace")[-n:] if self.log.exists() else ""
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """SIGTERM, then SIGKILL after ``timeout``; idempotent."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def __enter__(self) -> SimDaemon:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
