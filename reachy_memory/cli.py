@@ -56,13 +56,12 @@ def _config(args: argparse.Namespace) -> Config:
     overrides: dict[str, dict[str, Any]] = {}
     if getattr(args, "data_dir", None):
         overrides["memory"] = {"path": str(args.data_dir)}
-    if getattr(args, "endpoint", None):
-        overrides["server"] = {"endpoint": args.endpoint}
     return load_config(args.config, **overrides)
 
 
 def _client(args: argparse.Namespace) -> MemoryClient:
-    return MemoryClient(config=_config(args), timeout=args.timeout)
+    # --endpoint is passed explicitly so it beats $REACHY_MEMORY_ENDPOINT (flag > env > file > default)
+    return MemoryClient(args.endpoint, config=_config(args), timeout=args.timeout)
 
 
 def _out(args: argparse.Namespace, data: Any, human: Callable[[Any], str]) -> None:
@@ -107,7 +106,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     config = _config(args)
     setup_logging(args.log_level or config.server.log_level)
-    serve(config)
+    serve(config, args.endpoint, insecure_tcp=args.insecure_tcp)
     return 0
 
 
@@ -323,6 +322,8 @@ def _parser() -> argparse.ArgumentParser:
 
     p = add("serve", cmd_serve, "run the daemon in the foreground")
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING, ERROR")
+    p.add_argument("--insecure-tcp", action="store_true",
+                   help="allow tcp://127.0.0.1 without CURVE (any local user gets full access; logged loudly)")
     p = add("store", cmd_store, "store a memory")
     p.add_argument("content")
     p.add_argument("--type", default="fact", choices=["fact", "conversation", "context"])

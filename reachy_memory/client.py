@@ -28,7 +28,7 @@ import zmq.asyncio
 
 from . import protocol as proto
 from .config import Config, load_config
-from .endpoint import default_endpoint
+from .endpoint import resolve_endpoint
 from .errors import ClosedError, ProtocolError, RequestTimeoutError
 from .model import Memory, MemoryType, SearchResult
 
@@ -157,7 +157,7 @@ class _Api:
 class _Base(_Api):
     def __init__(self, endpoint: str | None, config: Config | None, timeout: float, retries: int) -> None:
         self.config = config or load_config()
-        self.endpoint = endpoint or default_endpoint(self.config)
+        self.endpoint = resolve_endpoint(endpoint, self.config)
         self.timeout = timeout
         self.retries = retries
         self._closed = False

@@ -2,33 +2,48 @@
 
 Default endpoint: ``ipc://<dir>/memory.sock`` where ``<dir>`` is systemd's
 ``$RUNTIME_DIRECTORY``, else ``$XDG_RUNTIME_DIR/reachy-memory``, else
-``<data dir>/run``; the directory is made 0700 and the socket 0600, so only
-the owning user can connect.  ``$REACHY_MEMORY_ENDPOINT`` or
-``server.endpoint`` override it.  ``tcp://`` is accepted on loopback
-addresses; any other address needs CURVE keys (``server.curve_secret_key`` and
-``server.curve_authorized_dir``), since encryption without a list of allowed
-client keys would let anyone in.
+``<data dir>/run``; a directory the daemon creates is made 0700 and the socket
+0600, so only the owning user can connect.  A directory that already exists is
+never chmodded: it is refused when other users can write to it (they could
+replace the socket).  Precedence, for the daemon and the clients alike: an
+explicit endpoint (``--endpoint``) > ``$REACHY_MEMORY_ENDPOINT`` >
+``server.endpoint`` in the config file > the default above.
+
+``tcp://`` needs CURVE keys (``server.curve_secret_key`` and
+``server.curve_authorized_dir``): without them any local user could read and
+erase every memory.  ``--insecure-tcp`` allows plain tcp on loopback only, with
+a warning in the log.
 """
 
 from __future__ import annotations
 
 import fcntl
 import ipaddress
+import logging
 import os
+import stat
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from .config import Config
 from .errors import AlreadyRunningError, ConfigError
 
+log = logging.getLogger(__name__)
+
 ENV_ENDPOINT = "REACHY_MEMORY_ENDPOINT"
 
 
+def resolve_endpoint(explicit: str | None, config: Config) -> str:
+    """The endpoint to use: ``explicit`` (a flag) > ``$REACHY_MEMORY_ENDPOINT`` >
+    ``server.endpoint`` > the private default."""
+    return explicit or default_endpoint(config)
+
+
 def default_endpoint(config: Config) -> str:
-    """The endpoint daemon and clients use when none is given."""
-    explicit = os.environ.get(ENV_ENDPOINT) or config.server.endpoint
-    if explicit:
-        return explicit
+    """The endpoint daemon and clients use when none is given explicitly."""
+    configured = os.environ.get(ENV_ENDPOINT) or config.server.endpoint
+    if configured:
+        return configured
     runtime = os.environ.get("RUNTIME_DIRECTORY")
     if runtime:
         base = Path(runtime.split(":")[0])
@@ -44,21 +59,23 @@ def ipc_path(endpoint: str) -> Path | None:
     return Path(endpoint[len("ipc://"):]) if endpoint.startswith("ipc://") else None
 
 
-def check_endpoint(endpoint: str, config: Config) -> None:
+def check_endpoint(endpoint: str, config: Config, *, insecure_tcp: bool = False) -> None:
     """Refuse endpoints that would expose the daemon; raises ConfigError."""
     if ipc_path(endpoint) is not None:
         return
     if not endpoint.startswith("tcp://"):
         raise ConfigError(f"endpoint {endpoint!r}: use ipc:///path or tcp://127.0.0.1:PORT", key="server.endpoint")
-    host = urlsplit(endpoint).hostname or ""
-    if _is_loopback(host):
+    if config.server.curve_secret_key and config.server.curve_authorized_dir:
         return
-    if not (config.server.curve_secret_key and config.server.curve_authorized_dir):
-        raise ConfigError(
-            f"endpoint {endpoint!r} is reachable from other machines: set server.curve_secret_key and "
-            "server.curve_authorized_dir (CURVE encryption plus a list of allowed client keys) or bind to loopback",
-            key="server.endpoint",
-        )
+    host = urlsplit(endpoint).hostname or ""
+    if insecure_tcp and _is_loopback(host):
+        log.warning("INSECURE: serving %s without CURVE: any local user can read, change and erase every "
+                    "memory; use the default ipc socket or CURVE keys", endpoint)
+        return
+    raise ConfigError(
+        f"endpoint {endpoint!r} has no CURVE keys: any local user could read and erase every memory. Set "
+        "server.curve_secret_key and server.curve_authorized_dir, use the private ipc socket, or (loopback "
+        "only, at your own risk) pass --insecure-tcp", key="server.endpoint")
 
 
 def _is_loopback(host: str) -> bool:
@@ -71,10 +88,21 @@ def _is_loopback(host: str) -> bool:
 
 
 def prepare_ipc_dir(path: Path) -> None:
-    """Create the socket's directory private to this user (0700)."""
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if path.parent.stat().st_uid == os.getuid():
-        os.chmod(path.parent, 0o700)
+    """Create the socket's directory private to this user (0700), or check an existing one.
+
+    An existing directory is never chmodded (it may be the working directory or
+    a shared temp dir); ConfigError when users other than its owner can write to
+    it and it is not sticky (they could swap the socket).
+    """
+    parent = path.parent
+    if not parent.exists():
+        parent.mkdir(mode=0o700, parents=True)
+        os.chmod(parent, 0o700)  # whatever the umask
+        return
+    mode = parent.stat().st_mode
+    if mode & (stat.S_IWGRP | stat.S_IWOTH) and not mode & stat.S_ISVTX:
+        raise ConfigError(f"socket directory {parent} is writable by other users (mode {stat.S_IMODE(mode):o}); "
+                          "use a private directory for the ipc socket", key="server.endpoint")
 
 
 class EndpointLock:

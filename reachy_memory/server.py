@@ -18,6 +18,7 @@ SIGTERM/SIGINT stop intake, finish what is queued (up to
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import signal
 import threading
@@ -34,7 +35,7 @@ from . import protocol as proto
 from ._systemd import notify, watchdog_interval
 from .config import Config
 from .embedding import describe
-from .endpoint import EndpointLock, check_endpoint, default_endpoint, ipc_path, prepare_ipc_dir
+from .endpoint import EndpointLock, check_endpoint, ipc_path, prepare_ipc_dir, resolve_endpoint
 from .errors import (
     AlreadyRunningError,
     BusyError,
@@ -43,6 +44,7 @@ from .errors import (
     RequestTimeoutError,
     ValidationError,
 )
+from .model import to_epoch
 from .store import MemoryStore
 
 log = logging.getLogger(__name__)
@@ -77,13 +79,15 @@ class Daemon:
     _ops_inline: ClassVar[dict[str, Callable[[Daemon, _Job], Any]]]
     _ops_engine: ClassVar[dict[str, Callable[[Daemon, _Job], Any]]]
 
-    def __init__(self, config: Config, *, store: MemoryStore | None = None, endpoint: str | None = None) -> None:
+    def __init__(self, config: Config, *, store: MemoryStore | None = None, endpoint: str | None = None,
+                 insecure_tcp: bool = False) -> None:
         self._stopping = threading.Event()
         self._inflight = 0
         self._install_signals()  # first: a SIGTERM while the model loads must still stop cleanly
+        log.info("starting (pid %d): SIGTERM/SIGINT now stop cleanly", os.getpid())
         self.config = config
-        self.endpoint = endpoint or default_endpoint(config)
-        check_endpoint(self.endpoint, config)
+        self.endpoint = resolve_endpoint(endpoint, config)
+        check_endpoint(self.endpoint, config, insecure_tcp=insecure_tcp)
         self._endpoint_lock = EndpointLock(self.endpoint)
         self._endpoint_lock.acquire()
         try:
@@ -490,7 +494,11 @@ def _backup(d: Daemon, job: _Job) -> dict[str, Any]:
 
 def _cleanup_op(d: Daemon, job: _Job) -> dict[str, int]:
     _allowed(job.args, {"now"})
-    deleted = d.store.cleanup_expired(job.args.get("now"))
+    now = job.args.get("now")
+    if now is not None and to_epoch(now) > time.time() + 1.0:  # type: ignore[operator]
+        # A client may replay an old "now" (tests, imports), never expire the future early.
+        raise ValidationError("now must not be in the future", field="now")
+    deleted = d.store.cleanup_expired(now)
     d.last_cleanup = {"time": time.time(), "deleted": deleted, "duration_ms": None}
     return {"deleted": deleted}
 
@@ -540,6 +548,6 @@ Daemon._ops_engine = _engine
 _OPS = frozenset(_inline) | frozenset(_engine)
 
 
-def serve(config: Config, endpoint: str | None = None) -> None:
+def serve(config: Config, endpoint: str | None = None, *, insecure_tcp: bool = False) -> None:
     """Run a daemon in this thread until it is stopped (the CLI's ``serve``)."""
-    Daemon(config, endpoint=endpoint).serve()
+    Daemon(config, endpoint=endpoint, insecure_tcp=insecure_tcp).serve()

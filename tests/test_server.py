@@ -392,5 +392,7 @@ def test_curve_lets_in_allowed_clients_only(tmp_path: Path) -> None:
 def test_sigterm_during_startup_exits_cleanly(tmp_path: Path) -> None:
     d = DaemonProcess(tmp_path)
     d.start(wait=False)
-    time.sleep(0.5)  # inside start-up: imports, store, model
+    deadline = time.monotonic() + 60  # wait for the handlers (a readiness line), not a fixed sleep
+    while "starting (pid" not in d.log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert d.stop() == 0, d.log.read_text()[-2000:]

@@ -1,0 +1,126 @@
+"""A careless or hostile local client and operator: unsafe endpoints, shared
+socket directories, endpoint precedence, a future ``now``."""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from reachy_memory import ConfigError, MemoryClient, RequestTimeoutError, ValidationError, load_config
+from reachy_memory.endpoint import ENV_ENDPOINT, check_endpoint, prepare_ipc_dir, resolve_endpoint
+from tests.daemon_util import ROOT, DaemonProcess
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+    d = DaemonProcess(tmp_path_factory.mktemp("hostile")).start()
+    yield d
+    d.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.mark.parametrize(("endpoint", "insecure", "allowed"), [
+    ("tcp://127.0.0.1:5555", False, False),  # loopback without CURVE: any local user could erase everything
+    ("tcp://127.0.0.1:5555", True, True),  # ...unless the operator says so, loudly
+    ("tcp://0.0.0.0:5555", True, False),  # --insecure-tcp never opens a non-loopback address
+    ("ipc:///run/x/memory.sock", False, True),  # the private socket needs nothing
+])
+def test_tcp_without_curve_needs_an_explicit_insecure_flag(endpoint: str, insecure: bool, allowed: bool) -> None:
+    config = load_config()
+    if allowed:
+        check_endpoint(endpoint, config, insecure_tcp=insecure)
+    else:
+        with pytest.raises(ConfigError, match="CURVE"):
+            check_endpoint(endpoint, config, insecure_tcp=insecure)
+
+
+def test_insecure_tcp_flag_serves_loopback_and_says_so(tmp_path: Path) -> None:
+    port = _free_port()
+    d = DaemonProcess(tmp_path, server={"endpoint": f"tcp://127.0.0.1:{port}"})
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop(ENV_ENDPOINT, None)
+    refused = subprocess.run([sys.executable, "-m", "reachy_memory.cli", "serve", "--config", str(d.config_path)],
+                             capture_output=True, text=True, timeout=60, env=env)
+    assert refused.returncode == 2 and "--insecure-tcp" in refused.stderr
+    proc = subprocess.Popen([sys.executable, "-m", "reachy_memory.cli", "serve", "--config", str(d.config_path),
+                             "--insecure-tcp"], stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        with MemoryClient(f"tcp://127.0.0.1:{port}", config=d.config, timeout=0.5) as c:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    assert c.ping()["pong"]
+                    break
+                except RequestTimeoutError:
+                    assert time.monotonic() < deadline and proc.poll() is None
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+    assert "INSECURE" in err
+
+
+def test_an_existing_socket_directory_is_never_chmodded(tmp_path: Path) -> None:
+    shared = tmp_path / "cwd"
+    shared.mkdir()
+    os.chmod(shared, 0o755)  # e.g. the daemon's working directory with ipc://rel.sock
+    prepare_ipc_dir(shared / "memory.sock")
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o755
+
+
+def test_a_socket_directory_others_can_write_is_refused(tmp_path: Path) -> None:
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    os.chmod(open_dir, 0o777)
+    with pytest.raises(ConfigError, match="writable by other users"):
+        prepare_ipc_dir(open_dir / "memory.sock")
+    assert stat.S_IMODE(open_dir.stat().st_mode) == 0o777  # refused, not changed
+    sticky = tmp_path / "tmp-like"
+    sticky.mkdir()
+    os.chmod(sticky, 0o1777)  # like /tmp: others cannot replace our socket
+    prepare_ipc_dir(sticky / "memory.sock")
+
+
+def test_a_new_socket_directory_is_private(tmp_path: Path) -> None:
+    prepare_ipc_dir(tmp_path / "run" / "memory.sock")
+    assert stat.S_IMODE((tmp_path / "run").stat().st_mode) == 0o700
+
+
+def test_endpoint_precedence_flag_env_file_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from_file = load_config(server={"endpoint": "ipc:///file.sock"}, memory={"path": str(tmp_path)})
+    monkeypatch.delenv(ENV_ENDPOINT, raising=False)
+    assert resolve_endpoint(None, load_config(memory={"path": str(tmp_path)})).startswith("ipc://")  # default
+    assert resolve_endpoint(None, from_file) == "ipc:///file.sock"  # config file beats the default
+    monkeypatch.setenv(ENV_ENDPOINT, "ipc:///env.sock")
+    assert resolve_endpoint(None, from_file) == "ipc:///env.sock"  # environment beats the file
+    assert resolve_endpoint("ipc:///flag.sock", from_file) == "ipc:///flag.sock"  # the flag beats everything
+    assert MemoryClient("ipc:///flag.sock", config=from_file).endpoint == "ipc:///flag.sock"
+
+
+def test_cli_endpoint_flag_beats_the_environment(daemon: DaemonProcess) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), ENV_ENDPOINT: "ipc:///nonexistent/memory.sock"}
+    done = subprocess.run([sys.executable, "-m", "reachy_memory.cli", "stats", "--config", str(daemon.config_path),
+                           "--endpoint", daemon.endpoint, "--timeout", "5", "--json"],
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_future_now_cannot_expire_everything(daemon: DaemonProcess) -> None:
+    with daemon.client() as c:
+        memory = c.remember_conversation("said today")
+        with pytest.raises(ValidationError):
+            c._call("cleanup_expired", {"now": time.time() + 40 * 86400})
+        assert c.get(memory.id) is not None
+        assert c._call("cleanup_expired", {"now": time.time() - 60})["deleted"] == 0  # the past is fine
