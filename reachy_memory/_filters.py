@@ -4,7 +4,13 @@ Supported: ``{"key": value}`` (equality), ``{"key": {"$eq"|"$ne"|"$gt"|"$gte"|
 "$lt"|"$lte"|"$in"|"$nin": ...}}``, and ``{"$and": [...]}`` / ``{"$or": [...]}``;
 several keys in one dict are joined by AND.  A list-valued metadata field
 matches ``$eq``/``$in`` when any element matches.  ``$ne`` and ``$nin`` match
-memories that have the key with another value.  Range operators take numbers.
+every memory that does not have the value, **including memories that lack the
+key** (ChromaDB's and MongoDB's semantics).  Range operators take numbers and
+never match a memory that lacks the key.
+
+Limits, checked before any work: at most ``MAX_FILTER_NODES`` operators, keys
+and list items in one filter, nested at most ``MAX_FILTER_DEPTH`` deep; keys
+are strings.  Anything else is a ValidationError (``too_large`` for size).
 
 Filters are evaluated on the index, never by scanning memories, and produce a
 boolean mask over slots.
@@ -27,6 +33,8 @@ _RANGE: dict[str, Callable[[Any, Any], bool]] = {
     "$gt": operator.gt, "$gte": operator.ge, "$lt": operator.lt, "$lte": operator.le,
 }
 _OPS = {"$eq", "$ne", "$in", "$nin", *_RANGE}
+MAX_FILTER_NODES = 1024
+MAX_FILTER_DEPTH = 16
 
 
 _KIND = {str: "s", int: "n", float: "n", bool: "b", type(None): "z"}
@@ -133,6 +141,8 @@ class FieldIndex:
             return None
         if where is not None and not isinstance(where, dict):
             raise ValidationError(f"where must be a dict, got {type(where).__name__}", field="where")
+        if where:
+            check_filter_shape(where)
         try:
             key = (memory_type, msgpack.packb(where, use_bin_type=True) if where else b"")
         except (TypeError, ValueError) as exc:
@@ -188,12 +198,12 @@ class FieldIndex:
         if op in ("$eq", "$ne"):
             _require_scalar(key, op, arg)
             hit = self._to_mask(values.get(_key(arg), set()))
-            return hit if op == "$eq" else self._has_key(values) & ~hit
+            return hit if op == "$eq" else self._live() & ~hit
         if op in ("$in", "$nin"):
             if not isinstance(arg, list) or not all(_is_scalar(a) for a in arg):
                 raise ValidationError(f"{op} on {key!r} takes a list of scalars", field="where")
             hit = self._to_mask(set().union(*(values.get(_key(a), set()) for a in arg)))
-            return hit if op == "$in" else self._has_key(values) & ~hit
+            return hit if op == "$in" else self._live() & ~hit
         if isinstance(arg, bool) or not isinstance(arg, int | float):
             raise ValidationError(f"{op} on {key!r} takes a number, got {arg!r}", field="where")
         compare = _RANGE[op]
@@ -201,8 +211,30 @@ class FieldIndex:
             slots for (kind, value), slots in values.items() if kind == "n" and compare(value, arg)
         )))
 
-    def _has_key(self, values: dict[tuple[str, Scalar], set[int]]) -> np.ndarray:
-        return self._to_mask(set().union(*values.values()))
+    def _live(self) -> np.ndarray:
+        """Every slot that holds a memory."""
+        return self._to_mask(set().union(*self._types.values()))
+
+
+def check_filter_shape(where: Any) -> None:
+    """Refuse a filter over the size or depth limits, or with non-string keys,
+    before any work (TooLargeError / ValidationError)."""
+    nodes = 0
+    stack: list[tuple[Any, int]] = [(where, 1)]
+    while stack:
+        node, depth = stack.pop()
+        nodes += 1
+        if nodes > MAX_FILTER_NODES:
+            raise TooLargeError(f"a where filter may hold at most {MAX_FILTER_NODES} keys, operators and values",
+                                field="where", size=nodes, limit=MAX_FILTER_NODES)
+        if depth > MAX_FILTER_DEPTH:
+            raise ValidationError(f"a where filter may nest at most {MAX_FILTER_DEPTH} levels", field="where")
+        if isinstance(node, dict):
+            if not all(isinstance(k, str) for k in node):
+                raise ValidationError("where keys must be strings", field="where")
+            stack.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node)
 
 
 def _require_scalar(key: str, op: str, arg: Any) -> None:

@@ -164,7 +164,19 @@ class RemoteError(ServiceError):
     code = "internal"
 
 
-#: protocol error code -> class used by clients to re-raise a daemon's error.
+def error_class(name: Any) -> type[ReachyMemoryError] | None:
+    """The ReachyMemoryError subclass called ``name`` (any depth of the tree), or None."""
+    pending: list[type[ReachyMemoryError]] = [ReachyMemoryError]
+    while pending:
+        cls = pending.pop()
+        if cls.__name__ == name:
+            return cls
+        pending.extend(cls.__subclasses__())
+    return None
+
+
+#: protocol error code -> class used by clients to re-raise a daemon's error
+#: whose ``type`` they do not know (an older or newer daemon).
 ERROR_BY_CODE: dict[str, type[ReachyMemoryError]] = {
     "bad_request": ValidationError,
     "too_large": TooLargeError,

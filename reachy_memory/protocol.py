@@ -14,7 +14,11 @@ Request::
 Reply::
 
     {"v": 1, "id": <same>, "ok": true,  "result": <op-specific>}
-    {"v": 1, "id": <same>, "ok": false, "error": {"code": <str>, "message": <str>, "fields": {...}}}
+    {"v": 1, "id": <same>, "ok": false, "error": {"code": <str>, "message": <str>, "fields": {...},
+                                                  "type": <error class name, e.g. "StorageFullError">}}
+
+Clients re-raise the class named by ``type`` (with its fields) and fall back
+to the class of ``code`` for a name they do not know.
 
 Error codes: ``bad_request`` (malformed message, unknown op, bad arguments),
 ``too_large`` (message or value over a limit), ``not_found``, ``busy`` (queues
@@ -59,7 +63,7 @@ from typing import Any
 
 import msgpack
 
-from .errors import ERROR_BY_CODE, ProtocolError, ReachyMemoryError, RemoteError
+from .errors import ERROR_BY_CODE, ProtocolError, ReachyMemoryError, RemoteError, error_class
 from .model import Memory, MemoryType, SearchResult, to_datetime
 
 VERSION = 1
@@ -95,16 +99,18 @@ def ok(request_id: Any, result: Any) -> bytes:
     return encode({"v": VERSION, "id": request_id, "ok": True, "result": result})
 
 
-def error(request_id: Any, code: str, message: str, fields: dict[str, Any] | None = None) -> bytes:
+def error(request_id: Any, code: str, message: str, fields: dict[str, Any] | None = None,
+          type_name: str | None = None) -> bytes:
     """Encode an error reply."""
-    return encode({"v": VERSION, "id": request_id, "ok": False,
-                   "error": {"code": code if code in CODES else "internal", "message": message,
-                             "fields": _plain(fields or {})}})
+    body = {"code": code if code in CODES else "internal", "message": message, "fields": _plain(fields or {})}
+    if type_name:
+        body["type"] = type_name
+    return encode({"v": VERSION, "id": request_id, "ok": False, "error": body})
 
 
 def error_from(request_id: Any, exc: ReachyMemoryError) -> bytes:
     """Encode our exception as an error reply."""
-    return error(request_id, exc.code, exc.message, exc.fields)
+    return error(request_id, exc.code, exc.message, exc.fields, type(exc).__name__)
 
 
 def _plain(fields: dict[str, Any]) -> dict[str, Any]:
@@ -117,8 +123,9 @@ def raise_for(reply: dict[str, Any]) -> Any:
         return reply.get("result")
     err = reply.get("error") or {}
     code = err.get("code", "internal")
-    cls = ERROR_BY_CODE.get(code, RemoteError)
-    exc = cls(str(err.get("message", "unknown error")), **(err.get("fields") or {}))
+    cls = error_class(err.get("type")) or ERROR_BY_CODE.get(code, RemoteError)
+    fields = err.get("fields") if isinstance(err.get("fields"), dict) else {}
+    exc = cls(str(err.get("message", "unknown error")), **{str(k): v for k, v in fields.items()})
     exc.remote_code = code  # type: ignore[attr-defined]
     raise exc
 

@@ -124,3 +124,26 @@ def test_a_future_now_cannot_expire_everything(daemon: DaemonProcess) -> None:
             c._call("cleanup_expired", {"now": time.time() + 40 * 86400})
         assert c.get(memory.id) is not None
         assert c._call("cleanup_expired", {"now": time.time() - 60})["deleted"] == 0  # the past is fine
+
+
+def _all_errors() -> list[type]:
+    from reachy_memory.errors import ReachyMemoryError
+
+    found, pending = [], [ReachyMemoryError]
+    while pending:
+        cls = pending.pop()
+        found.append(cls)
+        pending.extend(cls.__subclasses__())
+    return found
+
+
+@pytest.mark.parametrize("cls", _all_errors(), ids=lambda c: c.__name__)
+def test_every_error_class_keeps_its_class_and_fields_over_the_wire(cls: type) -> None:
+    from reachy_memory import protocol as proto
+
+    sent = cls("what went wrong", path="/x", offset=7)
+    reply = proto.decode(proto.error_from("r1", sent))
+    with pytest.raises(cls) as info:
+        proto.raise_for(reply)
+    assert type(info.value) is cls and info.value.message == "what went wrong"
+    assert info.value.fields["offset"] == 7 and info.value.path == "/x"

@@ -68,6 +68,12 @@ def test_reopen_from_journal_only_after_a_crash(config: Config, embedder: object
         assert again.search("favourite colour", min_score=0)[0].memory.id == memory.id
 
 
+def test_a_filter_bomb_is_refused_before_any_work(lexical_store: MemoryStore) -> None:
+    lexical_store.store("one memory", metadata={"n": 1})
+    with pytest.raises(TooLargeError):  # the 125,000-branch $or (here 2,000 is enough)
+        lexical_store.search("memory", where={"$or": [{"n": i} for i in range(2000)]})
+
+
 def test_filters_by_type_and_where(store: MemoryStore) -> None:
     a = store.store("Alex likes tea", MemoryType.FACT, {"speaker": "alex", "age": 30, "tags": ["drink", "uk"]})
     b = store.store("Alex likes coffee", MemoryType.CONVERSATION, {"speaker": "alex", "age": 40})
@@ -80,6 +86,9 @@ def test_filters_by_type_and_where(store: MemoryStore) -> None:
         ({"where": {"speaker": {"$ne": "alex"}}}, {c.id}),
         ({"where": {"speaker": {"$in": ["sam", "bob"]}}}, {c.id}),
         ({"where": {"speaker": {"$nin": ["sam"]}}}, {a.id, b.id}),
+        ({"where": {"flag": {"$ne": True}}}, {a.id, b.id}),  # missing key matches $ne (ChromaDB, MongoDB)
+        ({"where": {"flag": {"$nin": [False]}}}, {a.id, b.id, c.id}),  # and $nin
+        ({"where": {"flag": {"$gt": 0}}}, set()),  # but never a range
         ({"where": {"tags": "uk"}}, {a.id}),  # list values match any element
         ({"where": {"flag": True}}, {c.id}),
         ({"where": {"flag": 1}}, set()),  # True is not the number 1
@@ -98,6 +107,9 @@ def test_filters_by_type_and_where(store: MemoryStore) -> None:
         {"age": {"$gt": "x"}},  # range needs a number
         {"age": {"$regex": "x"}},  # unknown operator
         {"$not": {"a": 1}},  # unknown logical operator
+        {1: "x"},  # integer key (msgpack allows it; was answered "internal")
+        {"$and": [{"$and": [{"$and": [{"$and": [{"$and": [{"$and": [{"$and": [{"$and": [{"$and": [
+            {"a": 1}]}]}]}]}]}]}]}]}]},  # nested deeper than MAX_FILTER_DEPTH
         {"$and": []},  # empty list
         {"a": {"$in": "notalist"}},  # $in needs a list
         {"a": {"$eq": 1, "$ne": 2}},  # two operators in one condition
