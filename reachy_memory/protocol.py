@@ -124,7 +124,8 @@ def raise_for(reply: dict[str, Any]) -> Any:
     err = reply.get("error") or {}
     code = err.get("code", "internal")
     cls = error_class(err.get("type")) or ERROR_BY_CODE.get(code, RemoteError)
-    fields = err.get("fields") if isinstance(err.get("fields"), dict) else {}
+    raw = err.get("fields")
+    fields: dict[Any, Any] = raw if isinstance(raw, dict) else {}
     exc = cls(str(err.get("message", "unknown error")), **{str(k): v for k, v in fields.items()})
     exc.remote_code = code  # type: ignore[attr-defined]
     raise exc
