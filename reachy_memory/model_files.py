@@ -181,7 +181,7 @@ def ensure_model(config: Config, data_dir: Path | None = None, progress: Progres
     out_dir = cache_dir(config, data_dir)
     onnx_path = out_dir / f"{MODEL_NAME}-{digest[:12]}-{precision}.onnx"
     if not onnx_path.exists():
-        _build(source, out_dir, digest, progress)
+        _build(source, out_dir, digest, precision, progress)
     return ModelFiles(onnx_path, source / "tokenizer.json", _identity(digest, precision))
 
 
@@ -206,8 +206,9 @@ def _identity(digest: str, precision: str) -> dict[str, Any]:
     return {"name": MODEL_NAME, "sha256": digest, "dim": 384, "precision": precision}
 
 
-def _build(source: Path, out_dir: Path, digest: str, progress: Progress) -> None:
-    """Build fp32 and int8 graphs from safetensors; atomic renames into ``out_dir``."""
+def _build(source: Path, out_dir: Path, digest: str, precision: str, progress: Progress) -> None:
+    """Build the ``precision`` graph from safetensors (int8 goes through a temporary
+    fp32 graph that is not kept); an atomic rename into ``out_dir``."""
     from safetensors.numpy import load_file
 
     from ._bert_onnx import BertShape, build_graph, quantize_int8, save_model
@@ -216,12 +217,12 @@ def _build(source: Path, out_dir: Path, digest: str, progress: Progress) -> None
     progress(f"building the ONNX graph from {source / 'model.safetensors'} ...")
     shape = BertShape.from_config(json.loads((source / "config.json").read_text()))
     model, matmuls = build_graph(load_file(str(source / "model.safetensors")), shape)
-    fp32 = out_dir / f"{MODEL_NAME}-{digest[:12]}-fp32.onnx"
-    int8 = out_dir / f"{MODEL_NAME}-{digest[:12]}-int8.onnx"
+    target = out_dir / f"{MODEL_NAME}-{digest[:12]}-{precision}.onnx"
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
         save_model(model, Path(tmp) / "fp32.onnx")
-        progress("quantising to int8 (weight MatMuls, per channel) ...")
-        quantize_int8(Path(tmp) / "fp32.onnx", Path(tmp) / "int8.onnx", matmuls)
-        os.replace(Path(tmp) / "fp32.onnx", fp32)
-        os.replace(Path(tmp) / "int8.onnx", int8)
-    progress(f"built {fp32.name} and {int8.name} in {out_dir}")
+        del model  # the graph's weights: free them before quantising
+        if precision == "int8":
+            progress("quantising to int8 (weight MatMuls, per channel) ...")
+            quantize_int8(Path(tmp) / "fp32.onnx", Path(tmp) / "int8.onnx", matmuls)
+        os.replace(Path(tmp) / f"{precision}.onnx", target)
+    progress(f"built {target.name} in {out_dir}")

@@ -42,6 +42,7 @@ from . import _persistence as files
 from . import journal as jr
 from ._filters import FieldIndex, validate_metadata
 from ._persistence import GRAPH_FILE, JOURNAL_FILE, SNAPSHOT_FILE, read_snapshot
+from ._threads import pin_native_threads
 from .config import Config
 from .errors import (
     ClosedError,
@@ -148,6 +149,7 @@ class MemoryStore:
         self.path = Path(path).expanduser() if path is not None else self._config.data_dir
         self._closed = True
         self._lock = threading.RLock()
+        pin_native_threads(self._config.search.blas_threads)
         files.secure_dir(self.path)
         self._dir_lock = jr.DirLock(self.path)
         self._dir_lock.acquire()

@@ -31,8 +31,14 @@ def base_config() -> Config:
 
 @pytest.fixture(scope="session")
 def embedder(base_config: Config) -> OnnxEmbedder:
-    """The real all-MiniLM-L6-v2 (tools/test.sh fetches it first)."""
+    """The real all-MiniLM-L6-v2 as configured by default (int8, one thread; tools/test.sh fetches it)."""
     return load_embedder(base_config)
+
+
+@pytest.fixture(scope="session")
+def fp32_embedder(base_config: Config) -> OnnxEmbedder:
+    """The real model in fp32, for parity with sentence-transformers."""
+    return load_embedder(base_config.replace("embedding", precision="fp32"))
 
 
 @pytest.fixture

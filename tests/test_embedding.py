@@ -11,27 +11,27 @@ from reachy_memory.embedding import OnnxEmbedder
 from tests.conftest import model_cache
 
 
-def test_fp32_parity_every_text(embedder: OnnxEmbedder, reference: tuple[list[str], np.ndarray]) -> None:
+def test_fp32_parity_every_text(fp32_embedder: OnnxEmbedder, reference: tuple[list[str], np.ndarray]) -> None:
     sentences, expected = reference
-    got = embedder.embed(sentences)
+    got = fp32_embedder.embed(sentences)
     assert got.shape == expected.shape and got.dtype == np.float32
     cos = (got * expected).sum(axis=1)
     assert cos.min() >= 0.9999, (cos.argmin(), sentences[int(cos.argmin())][:40])
 
 
-def test_fp32_parity_one_at_a_time_matches_batch(embedder: OnnxEmbedder,
+def test_fp32_parity_one_at_a_time_matches_batch(fp32_embedder: OnnxEmbedder,
                                                  reference: tuple[list[str], np.ndarray]) -> None:
     sentences, expected = reference
     for i in range(0, len(sentences), 23):  # padding must not change a vector
-        one = embedder.embed([sentences[i] + " "])[0]  # a new text: not served by the LRU
+        one = fp32_embedder.embed([sentences[i] + " "])[0]  # a new text: not served by the LRU
         assert float(one @ expected[i]) >= 0.9999
 
 
-def test_int8_parity(base_config: Config, reference: tuple[list[str], np.ndarray]) -> None:
+def test_int8_is_the_default_and_close_to_the_reference(embedder: OnnxEmbedder,
+                                                         reference: tuple[list[str], np.ndarray]) -> None:
     sentences, expected = reference
-    int8 = load_embedder(base_config.replace("embedding", precision="int8"))
-    assert int8.identity["precision"] == "int8"
-    cos = (int8.embed(sentences) * expected).sum(axis=1)
+    assert embedder.identity["precision"] == "int8"  # the default (issue 11)
+    cos = (embedder.embed(sentences) * expected).sum(axis=1)
     assert cos.mean() >= 0.99 and cos.min() >= 0.97
 
 
@@ -53,8 +53,8 @@ def test_lru_serves_repeated_texts(embedder: OnnxEmbedder) -> None:
     assert calls == [] and np.array_equal(again[0], first[0]) and np.array_equal(again[1], first[0])
 
 
-def test_identity_names_model_and_weights(embedder: OnnxEmbedder) -> None:
-    assert embedder.identity == {
+def test_identity_names_model_and_weights(fp32_embedder: OnnxEmbedder) -> None:
+    assert fp32_embedder.identity == {
         "name": "all-MiniLM-L6-v2",
         "sha256": "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
         "dim": 384, "precision": "fp32",
@@ -91,3 +91,26 @@ def test_model_dir_missing_files_is_explained(tmp_path: Path) -> None:
     cfg = load_config(embedding={"model_dir": str(tmp_path)})
     with pytest.raises(ModelUnavailableError, match=r"tokenizer\.json"):
         load_embedder(cfg)
+
+
+_PINNED = """
+import json, sys, threadpoolctl
+from reachy_memory import MemoryStore, load_config
+cfg = load_config(memory={"path": sys.argv[1]}, search={"blas_threads": int(sys.argv[2])})
+with MemoryStore(config=cfg, embedder=None):
+    print(json.dumps([i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"]))
+"""
+
+
+@pytest.mark.parametrize("threads", [1, 2])  # the configured count, whatever the core count says
+def test_blas_threads_are_pinned_as_configured(tmp_path: Path, threads: int) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}  # no help from the environment
+    done = subprocess.run([sys.executable, "-c", _PINNED, str(tmp_path / "d"), str(threads)], env=env,
+                          capture_output=True, text=True, timeout=60)
+    counts = json.loads(done.stdout.strip().splitlines()[-1])
+    assert counts and set(counts) == {threads}, done.stderr
