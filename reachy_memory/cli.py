@@ -64,6 +64,24 @@ def _client(args: argparse.Namespace) -> MemoryClient:
     return MemoryClient(args.endpoint, config=_config(args), timeout=args.timeout)
 
 
+def _seconds(text: str) -> float:
+    """argparse type: a finite, positive number of seconds (argparse turns the error into exit 2)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 < value < 86_400:  # also refuses nan and inf
+        raise argparse.ArgumentTypeError(f"must be between 0 and 86400 seconds, got {text!r}")
+    return value
+
+
+def _json_arg(text: str, option: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValidationError(f"{option} is not valid JSON ({exc.msg} at character {exc.pos})", field=option) from exc
+
+
 def _out(args: argparse.Namespace, data: Any, human: Callable[[Any], str]) -> None:
     print(json.dumps(data, indent=2, ensure_ascii=False, default=str) if args.json else human(data))
 
@@ -118,7 +136,7 @@ def cmd_store(args: argparse.Namespace) -> int:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    where = json.loads(args.where) if args.where else None
+    where = _json_arg(args.where, "--where") if args.where else None
     with _client(args) as c:
         hits: list[SearchResult] = c.search(args.query, args.type, args.limit, args.min_score, where, mode=args.mode)
     _out(args, [{"score": h.score, **h.memory.to_dict()} for h in hits],
@@ -311,7 +329,7 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("--endpoint", help="daemon endpoint (default: the private ipc socket)")
     common.add_argument("--data-dir", type=Path, help="data directory (overrides memory.path)")
     common.add_argument("--json", action="store_true", help="machine-readable output")
-    common.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the daemon")
+    common.add_argument("--timeout", type=_seconds, default=10.0, help="seconds to wait for the daemon")
     parser = argparse.ArgumentParser(prog="reachy-memory", description="Long-term memory for the Reachy Mini robot.")
     sub = parser.add_subparsers(dest="command", required=True)
 

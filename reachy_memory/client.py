@@ -85,13 +85,16 @@ class _Api:
         """Store several memories atomically."""
         return self._call("store_batch", {"items": _with_ids(items)}, _memories, timeout)
 
-    def remember_fact(self, content: str, **metadata: Any) -> Any:
-        """Store a permanent FACT."""
-        return self.store(content, MemoryType.FACT, metadata)
+    def remember_fact(self, content: str, metadata: dict[str, Any] | None = None, *,
+                      timeout: float | None = None, **fields: Any) -> Any:
+        """Store a permanent FACT; metadata as a dict and/or keyword fields
+        (``timeout`` is the call's timeout, never a metadata field)."""
+        return self.store(content, MemoryType.FACT, {**(metadata or {}), **fields}, timeout=timeout)
 
-    def remember_conversation(self, content: str, **metadata: Any) -> Any:
-        """Store a CONVERSATION memory."""
-        return self.store(content, MemoryType.CONVERSATION, metadata)
+    def remember_conversation(self, content: str, metadata: dict[str, Any] | None = None, *,
+                              timeout: float | None = None, **fields: Any) -> Any:
+        """Store a CONVERSATION memory; metadata as in :meth:`remember_fact`."""
+        return self.store(content, MemoryType.CONVERSATION, {**(metadata or {}), **fields}, timeout=timeout)
 
     def get(self, memory_id: str, *, timeout: float | None = None) -> Any:
         """The memory with that id, or None."""

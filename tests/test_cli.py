@@ -138,3 +138,20 @@ def test_verify_repair_keeps_valid_prefix(tmp_path: Path) -> None:
     assert "moved to" in out.stdout and list(data.glob("journal.rmj.damaged-*"))
     with MemoryStore(config=Config().replace("memory", path=str(data)), embedder=None) as again:
         assert 0 < len(again) < 3
+
+
+@pytest.mark.parametrize("argv", [
+    ["search", "x", "--where", "{bad"],  # was a JSONDecodeError traceback, exit 1
+    ["search", "x", "--timeout", "inf"],  # was an OverflowError traceback
+    ["search", "x", "--timeout", "nan"],  # silently meant "no timeout"
+    ["stats", "--timeout", "-1"],  # a negative wait
+])
+def test_bad_arguments_exit_2_with_one_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    from reachy_memory.cli import main
+
+    try:
+        code = main([*argv, "--endpoint", "ipc:///nonexistent/memory.sock"])
+    except SystemExit as exc:  # argparse's own refusal
+        code = int(exc.code or 0)
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and err.strip()

@@ -147,3 +147,9 @@ def test_every_error_class_keeps_its_class_and_fields_over_the_wire(cls: type) -
         proto.raise_for(reply)
     assert type(info.value) is cls and info.value.message == "what went wrong"
     assert info.value.fields["offset"] == 7 and info.value.path == "/x"
+
+
+def test_remember_fact_timeout_is_a_timeout_not_metadata(daemon: DaemonProcess) -> None:
+    with daemon.client() as c:
+        memory = c.remember_fact("Sarah likes tea", {"person": "Sarah"}, timeout=5, topic="drinks")
+        assert memory.metadata == {"person": "Sarah", "topic": "drinks"}  # no {"timeout": 5}
