@@ -177,6 +177,11 @@ class MemoryStore:
         self._fields = FieldIndex()
         self._lexical = LexicalIndex()
         self._window: deque[list[Any]] = deque(maxlen=2 * mem.context_window_size)
+        # Read views for the cheap reads (get_context_window, get_context, stats): immutable
+        # values whose references the writer swaps under the store lock; readers take no
+        # lock, so a compaction, a backup or a search never makes them wait.
+        self._window_view: tuple[tuple[Any, ...], ...] = ()
+        self._context_view: dict[str, tuple[_Rec, ...]] = {}
         self._generation = 0
         self._model_key: str | None = None
         self._last_turn: _Rec | None = None
@@ -239,6 +244,7 @@ class MemoryStore:
             return
         self._generation = snapshot["generation"]
         self._window.extend(snapshot["window"])
+        self._window_view = tuple(tuple(turn) for turn in self._window)
         self._lexical.load_state(snapshot["lexical"])
         vectors = snapshot["vectors"] if snapshot.get("dim") == dim else b""  # another model's space
         vec_rows = len(vectors) // (4 * dim)
@@ -260,6 +266,15 @@ class MemoryStore:
         self._by_slot[slot] = rec
         self._next_slot = max(self._next_slot, slot + 1)
         self._fields.add(slot, rec.type, rec.metadata)
+        self._update_context_view(rec, add=True)
+
+    def _update_context_view(self, rec: _Rec, *, add: bool) -> None:
+        """Swap in a new context view when ``rec`` is named context (copy-on-write)."""
+        key = rec.metadata.get("context_key") if rec.type == MemoryType.CONTEXT.value else None
+        if not isinstance(key, str):
+            return
+        kept = tuple(r for r in self._context_view.get(key, ()) if r.id != rec.id)
+        self._context_view = {**self._context_view, key: (*kept, rec) if add else kept}
 
     def _graph_tag(self) -> str:
         return f"{self._generation}:{self._current_key}"
@@ -333,8 +348,10 @@ class MemoryStore:
             self._apply_del(op[1])
         elif kind == "win":
             self._window.append(op[1:])
+            self._window_view = tuple(tuple(turn) for turn in self._window)
         elif kind == "winclr":
             self._window.clear()
+            self._window_view = ()
         elif kind == "model":
             self._model_key = op[1]
         else:
@@ -359,6 +376,7 @@ class MemoryStore:
             return
         del self._by_slot[rec.slot]
         self._fields.remove(rec.slot, rec.type, rec.metadata)
+        self._update_context_view(rec, add=False)
         self._lexical.remove(rec.slot, rec.content)
         self._vectors.remove(rec.slot)
         heapq.heappush(self._free, rec.slot)
@@ -661,10 +679,10 @@ class MemoryStore:
         self._commit([["win", role, self._validate_text(content, "content"), time.time()]])
 
     def get_context_window(self) -> list[dict[str, Any]]:
-        """The recent messages, oldest first: dicts with role, content, timestamp."""
+        """The recent messages, oldest first: dicts with role, content, timestamp.
+        Takes no lock (reads the window view)."""
         self._require_open()
-        with self._lock:
-            return [{"role": r, "content": c, "timestamp": to_datetime(t).isoformat()} for r, c, t in self._window]
+        return [{"role": r, "content": c, "timestamp": to_datetime(t).isoformat()} for r, c, t in self._window_view]
 
     def clear_context_window(self) -> None:
         """Empty the window (a new session)."""
@@ -696,8 +714,7 @@ class MemoryStore:
         self._require_open()
         _check_str(key, "key")
         at = _epoch(now)
-        with self._lock:
-            live = [r for r in self._context_records(key) if not r.expired(at)]
+        live = [r for r in self._context_view.get(key, ()) if not r.expired(at)]  # no lock: the view
         return max(live, key=lambda r: r.created).content if live else None
 
     def _context_records(self, key: str) -> list[_Rec]:
@@ -824,19 +841,27 @@ class MemoryStore:
             self._commit(ops)
 
     def stats(self) -> dict[str, Any]:
-        """Counts, sizes and the embedder's state."""
+        """Counts, sizes and the embedder's state.  Takes no lock (a compaction or a
+        search never makes it wait); the figures may be one write apart."""
         self._require_open()
+        for _ in range(3):
+            try:
+                return self._stats_now()
+            except RuntimeError:  # a dict grew while we read it (a new type or graph): read again
+                continue
         with self._lock:
-            by_type = {t.value: 0 for t in MemoryType} | self._fields.type_counts()
-            return {
-                "memories": len(self._records), "by_type": by_type,
-                "context_window": len(self._window), "generation": self._generation,
-                "journal_bytes": self._journal.size, "snapshot_bytes": _size(self.path / SNAPSHOT_FILE),
-                "model": self._current_key, "embedder": "ready" if self._embedder is not None else "unavailable",
-                "embedder_error": self.embedder_error, "index": self._vectors.stats(),
-                "read_only": self._journal.failure,
-                "lexical_terms": len(self._lexical._postings),
-            }
+            return self._stats_now()
+
+    def _stats_now(self) -> dict[str, Any]:
+        by_type = {t.value: 0 for t in MemoryType} | self._fields.type_counts()
+        return {
+            "memories": len(self._records), "by_type": by_type,
+            "context_window": len(self._window_view), "generation": self._generation,
+            "journal_bytes": self._journal.size, "snapshot_bytes": _size(self.path / SNAPSHOT_FILE),
+            "model": self._current_key, "embedder": "ready" if self._embedder is not None else "unavailable",
+            "embedder_error": self.embedder_error, "index": self._vectors.stats(),
+            "read_only": self._journal.failure, "lexical_terms": len(self._lexical._postings),
+        }
 
     @property
     def read_only(self) -> str | None:

@@ -425,3 +425,39 @@ def test_interleaved_prepares_embed_each_turn_with_the_turn_committed_before_it(
         expected = HashEmbedder().embed(["turn A\nturn B"])[0]
         got = store._vectors.vectors[store._records[memory.id].slot]
         assert "turn A\nturn B" in embedder.texts and np.allclose(got, expected)
+
+
+def test_cheap_reads_never_wait_for_the_store_lock(lexical_store: MemoryStore) -> None:
+    """get, get_context, get_context_window and stats read views, not locked state:
+    a compaction, backup or search holding the lock (held here) never delays them."""
+    import threading
+
+    lexical_store.add_to_context_window("user", "hello")
+    lexical_store.set_context("task", "tidy the room")
+    fact = lexical_store.remember_fact("kept")
+    answers: dict[str, object] = {}
+
+    def reads() -> None:
+        answers["window"] = [t["content"] for t in lexical_store.get_context_window()]
+        answers["context"] = lexical_store.get_context("task")
+        answers["get"] = lexical_store.get(fact.id)
+        answers["stats"] = lexical_store.stats()["memories"]
+
+    with lexical_store._lock:  # what a compaction holds for 0.6-0.8 s at 100k memories
+        reader = threading.Thread(target=reads)
+        reader.start()
+        reader.join(timeout=10)
+        finished = not reader.is_alive()
+    reader.join()
+    assert finished, "a cheap read waited for the store lock"
+    assert answers == {"window": ["hello"], "context": "tidy the room", "get": fact, "stats": 2}
+
+
+def test_context_view_follows_set_replace_and_reopen(config: Config) -> None:
+    with MemoryStore(config=config, embedder=None) as store:
+        store.set_context("task", "first")
+        store.set_context("task", "second")  # replaces: the view drops the old record
+        store.set_context("topic", "robots")
+        assert (store.get_context("task"), store.get_context("topic")) == ("second", "robots")
+    with MemoryStore(config=config, embedder=None) as store:  # rebuilt from the snapshot
+        assert (store.get_context("task"), store.get_context("topic")) == ("second", "robots")
