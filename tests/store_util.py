@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from reachy_memory import MemoryStore
+from reachy_memory import Config, MemoryStore
 
 
 def abandon(store: MemoryStore) -> None:
@@ -10,3 +10,10 @@ def abandon(store: MemoryStore) -> None:
     store._journal.close()
     store._closed = True
     store._dir_lock.release()
+
+
+def present_after_crash(store: MemoryStore, config: Config, ids: list[str]) -> list[str]:
+    """Crash ``store`` (see :func:`abandon`), reopen it, and return which of ``ids`` are there."""
+    abandon(store)
+    with MemoryStore(config=config, embedder=None) as reopened:
+        return [i for i in ids if reopened.get(i) is not None]

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from store_util import abandon
+from store_util import abandon, present_after_crash
 
 from reachy_memory import Config, MemoryStore, ReadOnlyError, StorageError, StorageFullError
 from reachy_memory import journal as jr
@@ -82,9 +82,7 @@ def test_short_writes_are_completed(config: Config, faults: Faults) -> None:
     faults.write(trickle)
     memory = store.store("written seven bytes at a time")
     faults.clear()
-    abandon(store)
-    with MemoryStore(config=config, embedder=None) as reopened:
-        assert reopened.get(memory.id) is not None
+    assert present_after_crash(store, config, [memory.id]) == [memory.id]
 
 
 def test_failed_fsync_makes_the_store_read_only_until_reopened(config: Config, faults: Faults) -> None:
@@ -139,9 +137,7 @@ def test_disk_full_during_auto_compaction_does_not_fail_the_acknowledged_write(
     monkeypatch.setattr("reachy_memory._persistence.write_snapshot_keeping_previous", full)
     memory = store.store("durable in the journal even though the snapshot could not be written")
     monkeypatch.undo()
-    abandon(store)
-    with MemoryStore(config=cfg, embedder=None) as reopened:
-        assert reopened.get(memory.id) is not None
+    assert present_after_crash(store, cfg, [memory.id]) == [memory.id]
 
 
 def _mount_tmpfs(where: Path, size: str) -> bool:
