@@ -23,7 +23,7 @@ import queue
 import signal
 import threading
 import time
-from collections import defaultdict, deque
+from collections import Counter, defaultdict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -73,6 +73,31 @@ class _OpStats:
     latencies: deque[float] = field(default_factory=lambda: deque(maxlen=2048))
 
 
+class BadRequestLog:
+    """Bad requests are logged at DEBUG one by one and summarised at WARNING at most once
+    per ``every`` seconds (counts by code), so a fuzzing or buggy client cannot flood the
+    journal.  Owned by the I/O thread (the engine thread's failures arrive as replies)."""
+
+    def __init__(self, every: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self._every, self._clock = every, clock
+        self._counts: Counter[str] = Counter()
+        self._next = clock() + every
+
+    def note(self, code: str, detail: object) -> None:
+        self._counts[code] += 1
+        log.debug("bad request (%s): %s", code, detail)
+
+    def summarise(self) -> None:
+        """Log the counts since the last summary, if the interval has passed and there are any."""
+        if self._clock() < self._next:
+            return
+        self._next = self._clock() + self._every
+        if self._counts:
+            log.warning("refused %d bad requests in the last %.0f s: %s", sum(self._counts.values()), self._every,
+                        ", ".join(f"{code} {n}" for code, n in sorted(self._counts.items())))
+            self._counts.clear()
+
+
 class Daemon:
     """A running reachy-memory service. ``serve()`` blocks until stopped."""
 
@@ -99,6 +124,7 @@ class Daemon:
         self._embed_q: queue.Queue[_Job | None] = queue.Queue(config.server.queue_size)
         self._engine_q: queue.Queue[_Job | Callable[[], None] | None] = queue.Queue(config.server.queue_size)
         self._stats: dict[str, _OpStats] = defaultdict(_OpStats)
+        self.bad_requests = BadRequestLog()
         self._started = time.time()
         self._engine_beat = time.monotonic()
         self.last_cleanup: dict[str, Any] | None = None
@@ -181,6 +207,7 @@ class Daemon:
             if beat and self.config.server.watchdog and now >= next_beat and now - self._engine_beat < 2 * beat:
                 notify("WATCHDOG=1")
                 next_beat = now + beat
+            self.bad_requests.summarise()
             if self._stopping.is_set():
                 drain_until = drain_until or now + self.config.server.drain_seconds
                 if self._inflight <= 0 or now > drain_until:
@@ -211,14 +238,14 @@ class Daemon:
             return
         envelope, body = frames[:-1], frames[-1]
         if len(body) > self.config.server.max_message_bytes:
-            log.warning("refused a %d-byte message (limit %d)", len(body), self.config.server.max_message_bytes)
+            self.bad_requests.note("too_large", f"a {len(body)}-byte message")
             router.send_multipart([*envelope, proto.error(None, "too_large", f"message of {len(body)} bytes exceeds "
                                                                  f"{self.config.server.max_message_bytes}")])
             return
         try:
             job = self._parse(envelope, body)
         except ReachyMemoryError as exc:
-            log.info("bad request: %s", exc)
+            self.bad_requests.note(exc.code, exc)
             router.send_multipart([*envelope, proto.error_from(getattr(exc, "request_id", None), exc)])
             return
         if job.op in INLINE:

@@ -153,3 +153,23 @@ def test_remember_fact_timeout_is_a_timeout_not_metadata(daemon: DaemonProcess) 
     with daemon.client() as c:
         memory = c.remember_fact("Sarah likes tea", {"person": "Sarah"}, timeout=5, topic="drinks")
         assert memory.metadata == {"person": "Sarah", "topic": "drinks"}  # no {"timeout": 5}
+
+
+def test_bad_requests_are_summarised_not_logged_one_by_one(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from reachy_memory.server import BadRequestLog
+
+    now = [0.0]
+    bad = BadRequestLog(every=60.0, clock=lambda: now[0])
+    with caplog.at_level(logging.INFO, logger="reachy_memory.server"):
+        for i in range(12_000):  # the fuzz run logged 8,005 lines at INFO
+            bad.note("bad_request" if i % 3 else "too_large", "junk")
+            bad.summarise()
+        assert caplog.records == []  # nothing above DEBUG within the interval
+        now[0] = 61.0
+        bad.summarise()
+        bad.summarise()  # once per interval
+    (record,) = caplog.records
+    assert record.levelname == "WARNING" and "12000" in record.getMessage()
+    assert "bad_request 8000" in record.getMessage() and "too_large 4000" in record.getMessage()
