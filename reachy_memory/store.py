@@ -26,7 +26,6 @@ import heapq
 import itertools
 import logging
 import math
-import re
 import threading
 import time
 import uuid
@@ -39,6 +38,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from . import _persistence as files
+from . import _ranking as ranking
 from . import journal as jr
 from ._filters import FieldIndex, validate_metadata
 from ._persistence import GRAPH_FILE, JOURNAL_FILE, SNAPSHOT_FILE, read_snapshot
@@ -636,38 +636,11 @@ class MemoryStore:
 
     def _rank(self, query: str, qvec: np.ndarray | None, mask: np.ndarray | None,
               limit: int, mode: str, mtype: str | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Candidate slots and their fused scores (unordered)."""
-        cfg = self._config.search
-        n_cand = max(cfg.candidates, 4 * limit)
-        vec_q = qvec if mode != "lexical" and self._vectors.count > 0 else None
-        use_vec = vec_q is not None
-        use_lex = mode != "vector" or not use_vec
+        """Candidate slots and their fused scores (unordered); see :mod:`._ranking`."""
         groups = [_GROUP[mtype]] if mtype is not None else None
-        vec_slots = self._vectors.search(vec_q, n_cand, mask, groups)[0] if vec_q is not None else _EMPTY[0]
-        lex_slots, lex_scores = self._lexical.scores(query, mask) if use_lex else _EMPTY
-        lex_top = lex_slots[_top_k(lex_scores, n_cand)]
-        slots = np.unique(np.concatenate([vec_slots, lex_top]))
-        if len(slots) == 0:
-            return _EMPTY
-        cos = self._vectors.similarity(vec_q, slots) if vec_q is not None else np.zeros(len(slots), np.float32)
-        bm25 = _lookup(lex_slots, lex_scores, slots)
-        scores = fuse(np.maximum(cos, 0.0), bm25, cfg, use_vec=use_vec, use_lex=use_lex)
-        if mode == "hybrid":
-            scores = np.minimum(scores + self._entity_bonus(query, slots), 1.0)
-        return slots, scores
-
-    def _entity_bonus(self, query: str, slots: np.ndarray) -> np.ndarray:
-        """``entity_boost`` for memories whose speaker/person the query names."""
-        cfg = self._config.search
-        bonus = np.zeros(len(slots))
-        if not cfg.entity_boost or not cfg.entity_fields:
-            return bonus
-        words = set(_WORDS.findall(query.lower()))
-        for key in cfg.entity_fields:
-            for value, holders in self._fields.string_values(key).items():
-                if value and set(_WORDS.findall(value.lower())) <= words:
-                    bonus[np.isin(slots, np.fromiter(holders, np.int64, len(holders)))] = cfg.entity_boost
-        return bonus
+        return ranking.rank(query, qvec, mask, limit, mode, groups,
+                            indexes=ranking.Indexes(self._vectors, self._lexical, self._fields),
+                            cfg=self._config.search)
 
     # -- context window and named context ---------------------------------------------
 
@@ -911,45 +884,6 @@ class MemoryStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def fuse(cos: np.ndarray, lex: np.ndarray, cfg: Any, *, use_vec: bool, use_lex: bool) -> np.ndarray:
-    """One score in [0, 1] from cosine and lexical coverage (see module docs).
-
-    Hybrid is a weighted noisy-OR, ``1 - (1 - cos)^(2w) * (1 - lex)^(2(1 - w))``:
-    a memory strong on either signal scores high, so ``min_score`` keeps the
-    meaning it has for plain cosine similarity.
-    """
-    if not use_vec:
-        return lex
-    if not use_lex:
-        return cos.astype(np.float64)
-    w = cfg.vector_weight
-    miss_v = (1.0 - np.clip(cos, 0.0, 0.999)) ** (2 * w)
-    miss_l = (1.0 - np.clip(lex, 0.0, 0.999)) ** (2 * (1 - w))
-    return 1.0 - miss_v * miss_l
-
-
-_EMPTY = (np.zeros(0, np.int64), np.zeros(0, np.float64))
-_WORDS = re.compile(r"\w+")
-
-
-def _top_k(scores: np.ndarray, k: int) -> np.ndarray:
-    """Indices of the ``k`` largest ``scores`` (unordered)."""
-    if len(scores) <= k:
-        return np.arange(len(scores))
-    return np.argpartition(-scores, k - 1)[:k]
-
-
-def _lookup(keys: np.ndarray, values: np.ndarray, wanted: np.ndarray) -> np.ndarray:
-    """``values`` at ``wanted`` keys (``keys`` sorted), 0 where absent."""
-    out = np.zeros(len(wanted), np.float64)
-    if len(keys) == 0:
-        return out
-    pos = np.minimum(np.searchsorted(keys, wanted), len(keys) - 1)
-    hit = keys[pos] == wanted
-    out[hit] = values[pos[hit]]
-    return out
 
 
 def _first_vkey(ops: list[list[Any]]) -> str | None:
