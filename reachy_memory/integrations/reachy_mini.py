@@ -20,7 +20,7 @@ the loop must never call the daemon.  :class:`MemoryBridge` does it for the loop
   :class:`~reachy_memory.BusyError`.
 
 This module does not import ``reachy_mini``; any app (or test) can use it.
-Guide: ``docs/ROBOT.md``.
+Guide: README.md, "For apps and language models".
 """
 
 from __future__ import annotations
