@@ -8,7 +8,7 @@ them against the schema.  :class:`SearchMemories`, :class:`StoreMemory` and
 :class:`ForgetMemory` follow that interface without importing the app; they are
 generated from the one tool table (:mod:`.tools`), so they match the MCP tools.
 
-Plugging them into a profile (``docs/ROBOT.md`` has the whole recipe): the app
+Plugging them into a profile: the app
 registers subclasses of its own ``Tool`` base, so a profile file mixes it in::
 
     # profiles/<profile>/search_memories.py
