@@ -6,7 +6,7 @@
 
 Prints: cold start (launch to READY=1 and to the first answered search) with
 10k memories, daemon RSS, end-to-end latencies through MemoryClient (search
-and store include embedding with the fp32 model), cheap-op round trips alone
+and store include embedding with the configured model, int8 by default), cheap-op round trips alone
 and while 4 other clients search flat out, then a load test of 8 clients with
 mixed ops: errors, throughput and the RSS trend.
 """
@@ -226,7 +226,7 @@ def main() -> None:
                     except Exception:
                         time.sleep(0.1)
                 latency(c, args.repeat)
-            print(f"daemon RSS with the fp32 model and {args.memories} memories: {rss_of(proc.pid):.0f} MB")
+            print(f"daemon RSS with the default model and {args.memories} memories: {rss_of(proc.pid):.0f} MB")
             cheap_under_load(config_path, args.repeat)
             if args.minutes > 0:
                 load_test(config_path, proc.pid, args.minutes)
