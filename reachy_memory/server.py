@@ -49,6 +49,7 @@ from .store import MemoryStore
 
 log = logging.getLogger(__name__)
 REPLIES = "inproc://reachy-memory-replies"
+REPLY_HWM = 256  # queued replies per client before further ones are dropped (bounds daemon memory)
 INLINE = frozenset({"ping", "health", "stats", "get", "get_context", "get_context_window"})
 EMBEDDED = frozenset({"store", "store_batch", "remember_fact", "remember_conversation", "set_context", "search"})
 
@@ -125,6 +126,7 @@ class Daemon:
         self._engine_q: queue.Queue[_Job | Callable[[], None] | None] = queue.Queue(config.server.queue_size)
         self._stats: dict[str, _OpStats] = defaultdict(_OpStats)
         self.bad_requests = BadRequestLog()
+        self.replies_dropped = 0  # I/O thread only
         self._started = time.time()
         self._engine_beat = time.monotonic()
         self.last_cleanup: dict[str, Any] | None = None
@@ -138,7 +140,10 @@ class Daemon:
         # A hard cap far above the soft limit: bigger frames drop the peer before
         # they are buffered whole; the soft limit is answered ``too_large``.
         router.setsockopt(zmq.MAXMSGSIZE, self.config.server.max_message_bytes * 16 + 65536)
-        router.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        # Replies to one client are bounded: past REPLY_HWM queued replies (a client that
+        # stops reading) the next one is dropped and counted, so the daemon's memory stays bounded.
+        router.setsockopt(zmq.SNDHWM, REPLY_HWM)
+        router.setsockopt(zmq.ROUTER_MANDATORY, 1)  # report unroutable/full instead of silently dropping
         self._setup_curve(router)
         path = ipc_path(self.endpoint)
         if path is not None:
@@ -220,10 +225,16 @@ class Daemon:
             except zmq.Again:
                 return
             self._inflight -= 1
-            try:
-                router.send_multipart(frames, zmq.NOBLOCK)
-            except zmq.ZMQError as exc:  # the client went away: nothing to deliver to
-                log.debug("reply dropped: %s", exc)
+            self._reply(router, frames)
+
+    def _reply(self, router: zmq.Socket, frames: list[bytes]) -> None:
+        """Send a reply without ever blocking the I/O thread; a client that went away or
+        stopped reading loses it (counted in ``stats``)."""
+        try:
+            router.send_multipart(frames, zmq.NOBLOCK)
+        except zmq.ZMQError as exc:
+            self.replies_dropped += 1
+            log.debug("reply dropped: %s", exc)
 
     def _receive(self, router: zmq.Socket) -> None:
         for _ in range(256):  # bounded, so replies and the scheduler keep flowing
@@ -239,17 +250,17 @@ class Daemon:
         envelope, body = frames[:-1], frames[-1]
         if len(body) > self.config.server.max_message_bytes:
             self.bad_requests.note("too_large", f"a {len(body)}-byte message")
-            router.send_multipart([*envelope, proto.error(None, "too_large", f"message of {len(body)} bytes exceeds "
+            self._reply(router, [*envelope, proto.error(None, "too_large", f"message of {len(body)} bytes exceeds "
                                                                  f"{self.config.server.max_message_bytes}")])
             return
         try:
             job = self._parse(envelope, body)
         except ReachyMemoryError as exc:
             self.bad_requests.note(exc.code, exc)
-            router.send_multipart([*envelope, proto.error_from(getattr(exc, "request_id", None), exc)])
+            self._reply(router, [*envelope, proto.error_from(getattr(exc, "request_id", None), exc)])
             return
         if job.op in INLINE:
-            router.send_multipart([*envelope, self._run(job, self._ops_inline)])
+            self._reply(router, [*envelope, self._run(job, self._ops_inline)])
         else:
             self._enqueue(router, job)
 
@@ -280,7 +291,7 @@ class Daemon:
         except queue.Full:
             self._record(job.op, time.monotonic() - job.received, failed=True)
             busy = BusyError("daemon queues are full")
-            router.send_multipart([*job.envelope, proto.error_from(job.request_id, busy)])
+            self._reply(router, [*job.envelope, proto.error_from(job.request_id, busy)])
             return
         self._inflight += 1
 
@@ -404,7 +415,8 @@ class Daemon:
             ops[op] = {"count": s.count, "errors": s.errors, "p50_ms": round(float(np.percentile(lat, 50)), 3),
                        "p99_ms": round(float(np.percentile(lat, 99)), 3)}
         return {"ops": ops, "store": self.store.stats(), "uptime_s": round(time.time() - self._started, 3),
-                "queues": {"embed": self._embed_q.qsize(), "engine": self._engine_q.qsize()}}
+                "queues": {"embed": self._embed_q.qsize(), "engine": self._engine_q.qsize()},
+                "replies_dropped": self.replies_dropped}
 
     # -- lifecycle ---------------------------------------------------------------------
 

@@ -173,3 +173,31 @@ def test_bad_requests_are_summarised_not_logged_one_by_one(caplog: pytest.LogCap
     (record,) = caplog.records
     assert record.levelname == "WARNING" and "12000" in record.getMessage()
     assert "bad_request 8000" in record.getMessage() and "too_large 4000" in record.getMessage()
+
+
+def test_a_client_that_never_reads_cannot_grow_the_daemon(daemon: DaemonProcess) -> None:
+    import msgpack
+    import zmq
+
+    with daemon.client() as c:
+        c.store_batch([{"content": f"long memory {i} " + "about robots " * 300} for i in range(20)])
+        before = c.stats()["replies_dropped"]
+    ctx = zmq.Context()
+    greedy = ctx.socket(zmq.DEALER)
+    greedy.setsockopt(zmq.RCVHWM, 1)
+    greedy.setsockopt(zmq.RCVBUF, 4096)
+    greedy.linger = 0
+    greedy.connect(daemon.endpoint)
+    try:
+        for i in range(1500):  # ~80 KB replies (or busy), never read
+            greedy.send(msgpack.packb({"v": 1, "id": i, "op": "search",
+                                       "args": {"query": "robots", "limit": 20, "min_score": 0}}))
+        with daemon.client(timeout=30) as c:
+            deadline = time.monotonic() + 60
+            while c.stats()["replies_dropped"] == before and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert c.stats()["replies_dropped"] > before  # dropped and counted, not buffered without bound
+            assert c.ping()["pong"]  # and everyone else is still served
+    finally:
+        greedy.close(linger=0)
+        ctx.term()
