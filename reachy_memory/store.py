@@ -168,7 +168,10 @@ class MemoryStore:
     def _open(self, embedder: Any, reindex: bool, recover: bool = False) -> None:
         mem = self._config.memory
         self._expiry = Expiry(mem.conversation_ttl_days, resolve_timezone(mem.timezone))
-        self._embedder = self._resolve_embedder(embedder)
+        base = files.recovery_base(self.path) if recover else None
+        snapshot = base.snapshot if base is not None else self._read_snapshot()
+        stored_key = snapshot.get("model") if snapshot and not reindex else None  # reindex: the configured model
+        self._embedder = self._resolve_embedder(embedder, stored_key)
         self.embedder_error: str | None = getattr(self, "_embedder_error", None)
         self._records: dict[str, _Rec] = {}
         self._by_slot: dict[int, _Rec] = {}
@@ -185,8 +188,6 @@ class MemoryStore:
         self._generation = 0
         self._model_key: str | None = None
         self._last_turn: _Rec | None = None
-        base = files.recovery_base(self.path) if recover else None
-        snapshot = base.snapshot if base is not None else self._read_snapshot()
         self._model_key = snapshot.get("model") if snapshot else (_first_vkey(base.ops) if base else None)
         self._current_key = embedder_key(self._embedder) if self._embedder is not None else self._model_key
         self._load_snapshot(snapshot, _first_dim(base.ops) if base else None)
@@ -203,7 +204,7 @@ class MemoryStore:
             raise
         self._adopt_model()
 
-    def _resolve_embedder(self, embedder: Any) -> Any:
+    def _resolve_embedder(self, embedder: Any, stored_key: str | None) -> Any:
         if embedder is not DEFAULT_EMBEDDER:
             return embedder
         if not self._config.embedding.enabled:
@@ -211,11 +212,23 @@ class MemoryStore:
         from .embedding import load_embedder  # late: the model is optional at import time
 
         try:
-            return load_embedder(self._config, data_dir=self.path)
+            return load_embedder(self._precision_of_store(stored_key), data_dir=self.path)
         except ModelError as exc:
             self._embedder_error = str(exc)
             log.warning("embedding model unavailable, search runs lexical-only: %s", exc)
             return None
+
+    def _precision_of_store(self, stored_key: str | None) -> Config:
+        """The config to load the model with: a store whose vectors come from the same
+        weights in the other precision keeps that precision (a store written before int8
+        became the default opens instead of refusing), with a warning naming the fix."""
+        parts = (stored_key or "").split("/")
+        configured = self._config.embedding.precision
+        if len(parts) == 4 and parts[2] in ("fp32", "int8") and parts[2] != configured:
+            log.warning("this store's vectors are %s; using %s (run 'reachy-memory reindex' with "
+                        "embedding.precision: %s to switch)", parts[2], parts[2], configured)
+            return self._config.replace("embedding", precision=parts[2])
+        return self._config
 
     def _read_snapshot(self) -> dict[str, Any] | None:
         path = self.path / SNAPSHOT_FILE

@@ -461,3 +461,16 @@ def test_context_view_follows_set_replace_and_reopen(config: Config) -> None:
         assert (store.get_context("task"), store.get_context("topic")) == ("second", "robots")
     with MemoryStore(config=config, embedder=None) as store:  # rebuilt from the snapshot
         assert (store.get_context("task"), store.get_context("topic")) == ("second", "robots")
+
+
+def test_a_store_written_in_fp32_still_opens_after_int8_became_the_default(config: Config) -> None:
+    fp32 = config.replace("embedding", precision="fp32")
+    with MemoryStore(config=fp32) as store:
+        memory = store.remember_fact("Sarah likes Italian food")
+    with MemoryStore(config=config) as store:  # the default: int8
+        assert store.embedder.identity["precision"] == "fp32"  # kept the store's vector space
+        assert store.search("what food does Sarah like?")[0].memory.id == memory.id
+    with MemoryStore(config=config, reindex=True) as store:  # the fix the warning names
+        assert store.reindex() == 1 and store.embedder.identity["precision"] == "int8"
+    with MemoryStore(config=config) as store:
+        assert store.embedder.identity["precision"] == "int8"
