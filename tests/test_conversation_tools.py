@@ -23,6 +23,7 @@ from reachy_memory.integrations.conversation import (
     MemoryTool,
     SearchMemories,
     StoreMemory,
+    aclose_default,
     app_tool_classes,
 )
 from reachy_memory.integrations.tools import MAX_LIMIT, TOOLS
@@ -55,6 +56,9 @@ async def dispatch(tool: MemoryTool, args_json: str, deps: Any = None) -> dict[s
         return await tool(deps or Deps(), **args)
     except Exception as exc:  # the app does this too; our tools should never get here
         return {"error": f"UNCAUGHT {type(exc).__name__}: {exc}"}
+    finally:  # open ZeroMQ sockets would keep the test process from exiting
+        await tool.aclose()
+        await aclose_default()
 
 
 @pytest.fixture(scope="module")
