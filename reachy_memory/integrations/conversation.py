@@ -55,6 +55,14 @@ def _default_backend(config: Config | None) -> DaemonBackend:
     return backend
 
 
+async def aclose_default() -> None:
+    """Close this event loop's shared daemon client (call before the loop ends: an
+    open ZeroMQ socket would keep the process from exiting)."""
+    backend = _DEFAULT_BACKENDS.pop(asyncio.get_running_loop(), None)
+    if backend is not None:
+        await backend.aclose()
+
+
 class MemoryTool:
     """A conversation-app tool made from one :class:`~.tools.ToolDef`."""
 
@@ -154,4 +162,4 @@ def app_tool_classes(tool_base: type) -> list[type]:
 
 
 __all__ = ["TOOLS_TXT", "TOOL_CLASSES", "ForgetMemory", "MemoryTool", "SearchMemories", "StoreMemory",
-           "app_tool_classes"]
+           "aclose_default", "app_tool_classes"]

@@ -1,0 +1,164 @@
+"""Conversation-app tools, called the way the app's dispatcher calls them:
+``args = json.loads(args_json); await tool(deps, **args)`` with errors as dicts.
+
+Runs without the conversation app and without reachy-mini; a real daemon serves.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reachy_memory.integrations.conversation import (
+    TOOL_CLASSES,
+    TOOLS_TXT,
+    ForgetMemory,
+    MemoryTool,
+    SearchMemories,
+    StoreMemory,
+    aclose_default,
+    app_tool_classes,
+)
+from reachy_memory.integrations.tools import MAX_LIMIT, TOOLS
+from tests.daemon_util import DaemonProcess
+
+
+@dataclass
+class Deps:
+    """Shaped like the app's ToolDependencies (it has no memory field)."""
+
+    reachy_mini: Any = None
+    movement_manager: Any = None
+
+
+class AppTool(abc.ABC):
+    """Shaped like the app's ``Tool`` base: abstract ``__call__``, registry by subclasses."""
+
+    name: str
+    description: str
+    parameters_schema: dict[str, Any]
+
+    @abc.abstractmethod
+    async def __call__(self, deps: Any, **kwargs: Any) -> dict[str, Any]: ...
+
+
+async def dispatch(tool: MemoryTool, args_json: str, deps: Any = None) -> dict[str, Any]:
+    """The app's dispatcher: parse JSON, splat, turn exceptions into {"error"}."""
+    args = json.loads(args_json or "{}")
+    try:
+        return await tool(deps or Deps(), **args)
+    except Exception as exc:  # the app does this too; our tools should never get here
+        return {"error": f"UNCAUGHT {type(exc).__name__}: {exc}"}
+    finally:  # open ZeroMQ sockets would keep the test process from exiting
+        await tool.aclose()
+        await aclose_default()
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+    d = DaemonProcess(Path(tmp_path_factory.mktemp("conv"))).start()
+    yield d
+    d.stop()
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def test_specs_follow_the_app_interface_and_the_tool_table() -> None:
+    assert [c.name for c in TOOL_CLASSES] == ["search_memories", "store_memory", "forget_memory"]
+    for cls, table in zip(TOOL_CLASSES, TOOLS, strict=True):
+        spec = cls().spec()
+        assert spec == {"type": "function", "name": table.name, "description": table.description,
+                        "parameters": table.parameters_schema()}
+        assert spec["parameters"]["type"] == "object"
+        json.dumps(spec)  # the app sends it to the model as JSON
+    search = SearchMemories.parameters_schema
+    assert search["required"] == ["query"]
+    assert search["properties"]["memory_type"]["enum"] == ["conversation", "fact", "context"]
+    assert search["properties"]["limit"]["maximum"] == MAX_LIMIT
+    assert StoreMemory.parameters_schema["properties"]["memory_type"]["default"] == "fact"
+    assert "forever" in StoreMemory.description and "30 days" in StoreMemory.description
+    assert TOOLS_TXT.splitlines()[1:] == ["search_memories", "store_memory", "forget_memory"]
+
+
+def test_store_search_forget_through_the_dispatcher(daemon: DaemonProcess) -> None:
+    async def scenario() -> list[dict[str, Any]]:
+        tools = [cls(config=daemon.config) for cls in TOOL_CLASSES]
+        search, store, forget = tools
+        stored = await dispatch(store, '{"content": "Sarah is allergic to peanuts", "metadata": {"person": "Sarah"}}')
+        found = await dispatch(search, '{"query": "what is Sarah allergic to?", "memory_type": "fact", "limit": 3}')
+        gone = await dispatch(forget, json.dumps({"memory_id": stored["id"]}))
+        again = await dispatch(forget, json.dumps({"memory_id": stored["id"]}))
+        after = await dispatch(search, '{"query": "Sarah peanuts"}')
+        for tool in tools:
+            await tool.aclose()
+        return [stored, found, gone, again, after]
+
+    stored, found, gone, again, after = run(scenario())
+    assert stored["type"] == "fact" and stored["content"] == "Sarah is allergic to peanuts"
+    assert set(stored) == {"id", "content", "type", "created_at"}
+    assert found["count"] == 1 and found["results"][0]["id"] == stored["id"]
+    assert set(found["results"][0]) == {"id", "content", "type", "score", "created_at", "metadata"}
+    assert found["results"][0]["metadata"] == {"person": "Sarah"}
+    assert gone == {"success": True, "id": stored["id"]}
+    assert again == {"success": False, "id": stored["id"]}
+    assert after["results"] == [] and "Nothing" in after["message"]
+
+
+@pytest.mark.parametrize(("tool_cls", "args_json", "expect"), [
+    (SearchMemories, '{"query": "x", "memory_type": "dream"}', "memory_type must be one of"),  # not a type
+    (SearchMemories, "{}", "query is required"),  # the model forgot the argument
+    (SearchMemories, '{"query": "x", "limit": 0}', "limit must be between"),  # out of range
+    (SearchMemories, '{"query": "x", "limit": "five"}', "limit must be an integer"),  # wrong JSON type
+    (StoreMemory, '{"content": "   "}', "must not be empty"),  # blank content
+    (StoreMemory, '{"content": "x", "metadata": "person=Sarah"}', "metadata must be an object"),  # not a dict
+    (StoreMemory, '{"content": "x", "metadata": {"nested": {"a": 1}}}', "ValidationError"),  # refused by the daemon
+    (ForgetMemory, '{"memory_id": 42}', "memory_id must be a string"),  # wrong JSON type
+])
+def test_bad_arguments_come_back_as_error_dicts(daemon: DaemonProcess, tool_cls: type[MemoryTool],
+                                                args_json: str, expect: str) -> None:
+    result = run(dispatch(tool_cls(config=daemon.config), args_json))
+    assert set(result) == {"error"} and expect in result["error"] and "UNCAUGHT" not in result["error"]
+
+
+def test_daemon_errors_keep_the_daemon_message(daemon: DaemonProcess) -> None:
+    result = run(dispatch(StoreMemory(config=daemon.config), json.dumps({"content": "x" * 20_000})))
+    assert result["error"].startswith("TooLargeError:") and "16000" in result["error"]
+
+
+def test_extra_dispatcher_keys_and_case_are_tolerated(daemon: DaemonProcess) -> None:
+    args = '{"content": "The kitchen light is broken", "memory_type": "Context", "tool_manager": null}'
+    result = run(dispatch(StoreMemory(config=daemon.config), args))
+    assert result["type"] == "context"
+
+
+def test_default_client_comes_from_the_environment(daemon: DaemonProcess, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REACHY_MEMORY_CONFIG", str(daemon.config_path))
+    result = run(dispatch(StoreMemory(), '{"content": "Reachy lives in the living room"}'))  # the app calls cls()
+    assert result["type"] == "fact"
+
+
+def test_no_daemon_says_how_to_start_one(tmp_path: Path) -> None:
+    absent = DaemonProcess(tmp_path)  # configured, never started
+    result = run(dispatch(SearchMemories(config=absent.config), '{"query": "anything"}'))
+    assert "DaemonUnavailableError" in result["error"] and "reachy-memory serve" in result["error"]
+
+
+def test_app_registry_finds_mixed_in_tools(daemon: DaemonProcess, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REACHY_MEMORY_CONFIG", str(daemon.config_path))
+    classes = app_tool_classes(AppTool)
+    # The app's registry: concrete subclasses of its Tool base, instantiated with no arguments.
+    registry = {cls().name: cls() for cls in AppTool.__subclasses__() if not getattr(cls, "__abstractmethods__", None)}
+    assert set(registry) == {"search_memories", "store_memory", "forget_memory"}
+    assert all(isinstance(t, AppTool) for t in registry.values())
+    stored = run(dispatch(registry["store_memory"], '{"content": "Alex plays the cello"}'))
+    assert stored["content"] == "Alex plays the cello"
+    del classes
