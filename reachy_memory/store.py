@@ -43,6 +43,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from reachy_memory._temporal import temporal_bonus  # issue 12
+
 from . import journal as jr
 from ._filters import FieldIndex, validate_metadata
 from .config import Config
@@ -566,7 +568,7 @@ class MemoryStore:
         at = _epoch(now)
         with self._lock:
             mask = self._fields.mask(mtype, where)
-            slots, scores = self._rank(query, qvec, mask, limit, mode, mtype)
+            slots, scores = self._rank(query, qvec, mask, limit, mode, mtype, at)  # issue 12: + at
             results = []
             for i in np.argsort(-scores, kind="stable"):
                 if scores[i] < min_score:
@@ -579,7 +581,8 @@ class MemoryStore:
             return results
 
     def _rank(self, query: str, qvec: np.ndarray | None, mask: np.ndarray | None,
-              limit: int, mode: str, mtype: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+              limit: int, mode: str, mtype: str | None = None,
+              now: float | None = None) -> tuple[np.ndarray, np.ndarray]:  # issue 12: + now
         """Candidate slots and their fused scores (unordered)."""
         cfg = self._config.search
         n_cand = max(cfg.candidates, 4 * limit)
@@ -598,6 +601,9 @@ class MemoryStore:
         scores = fuse(np.maximum(cos, 0.0), bm25, cfg, use_vec=use_vec, use_lex=use_lex)
         if mode == "hybrid":
             scores = np.minimum(scores + self._entity_bonus(query, slots), 1.0)
+        if mode == "hybrid" and cfg.temporal_boost and now is not None:  # issue 12: temporal prior
+            created = np.fromiter((self._by_slot[int(s)].created for s in slots), np.float64, len(slots))
+            scores = np.minimum(scores + temporal_bonus(query, created, now, cfg.temporal_boost), 1.0)
         return slots, scores
 
     def _entity_bonus(self, query: str, slots: np.ndarray) -> np.ndarray:

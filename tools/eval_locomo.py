@@ -8,6 +8,10 @@ dia_ids, per category and overall, for lexical-only, vector-only and hybrid.
     python tools/eval_locomo.py                       # ../shared/data/locomo-dev/*.json
     python tools/eval_locomo.py FILE.json ... [--json]
     python tools/eval_locomo.py --grid                # sweep fusion weights (tuning)
+    python tools/eval_locomo.py --cross               # tune on one file, report on the other
+
+Each turn is stored with its session date as ``created_at`` and questions are
+searched with ``now`` = the day after the last session (the time they are asked).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -41,10 +46,25 @@ def turns_of(conv: dict[str, Any]) -> list[dict[str, Any]]:
             if turn.get("blip_caption"):
                 content += f" [shares a photo: {turn['blip_caption']}]"
             items.append({"content": content, "memory_type": "conversation",
+                          "created_at": session_time(date),
                           "metadata": {"dia_id": turn["dia_id"], "speaker": turn["speaker"],
                                        "session": session, "session_date": date}})
         session += 1
     return items
+
+
+def session_time(date: str) -> datetime | None:
+    """LoCoMo's "1:56 pm on 8 May, 2023" as a UTC datetime (None if unparsable)."""
+    try:
+        return datetime.strptime(date.strip(), "%I:%M %p on %d %B, %Y").replace(tzinfo=timezone.utc)
+    except ValueError:
+        return None
+
+
+def asked_at(conv: dict[str, Any]) -> datetime | None:
+    """The day after the conversation's last session: when its questions are asked."""
+    times = [t["created_at"] for t in turns_of(conv) if t["created_at"] is not None]
+    return max(times) + timedelta(days=1) if times else None
 
 
 def evidence_of(question: dict[str, Any]) -> set[str]:
@@ -54,14 +74,15 @@ def evidence_of(question: dict[str, Any]) -> set[str]:
     return ids
 
 
-def recall(store: MemoryStore, qa: list[dict[str, Any]], mode: str) -> dict[str, dict[int, list[float]]]:
+def recall(store: MemoryStore, qa: list[dict[str, Any]], mode: str,
+           now: datetime | None = None) -> dict[str, dict[int, list[float]]]:
     """category -> k -> per-question recall values."""
     out: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     for q in qa:
         evidence = evidence_of(q)
         if not evidence or not q.get("question"):
             continue
-        hits = store.search(q["question"], limit=max(KS), min_score=0, mode=mode)
+        hits = store.search(q["question"], limit=max(KS), min_score=0, mode=mode, now=now)
         found = [h.memory.metadata.get("dia_id") for h in hits]
         for k in KS:
             value = len(evidence & set(found[:k])) / len(evidence)
@@ -93,7 +114,7 @@ def evaluate(files: list[Path], config: Config, embedder: Any) -> dict[str, dict
             with open_store(Path(tmp), path.stem, embedder, config) as store:
                 store.store_batch(turns_of(conv))
                 for mode in MODES:
-                    merge(totals[mode], recall(store, conv["qa"], mode))
+                    merge(totals[mode], recall(store, conv["qa"], mode, asked_at(conv)))
     return {mode: summarise(res) for mode, res in totals.items()}
 
 
@@ -119,6 +140,33 @@ def grid(files: list[Path], config: Config, embedder: Any) -> None:
             store.close()
 
 
+TEMPORAL_BOOSTS = (0.0, 0.02, 0.05, 0.1)
+
+
+def cross(files: list[Path], config: Config, embedder: Any) -> None:
+    """Tune ``temporal_boost`` on each file, report hybrid recall on the others."""
+    with tempfile.TemporaryDirectory(prefix="rm-locomo-") as tmp:
+        stores = []
+        for path in files:
+            conv = json.loads(path.read_text())
+            store = open_store(Path(tmp), path.stem, embedder, config)
+            store.store_batch(turns_of(conv))
+            stores.append((path.name, store, conv["qa"], asked_at(conv)))
+        scored = {}
+        for name, store, qa, now in stores:
+            for boost in TEMPORAL_BOOSTS:
+                store._config = config.replace("search", temporal_boost=boost)
+                scored[name, boost] = summarise(recall(store, qa, "hybrid", now))["overall"]
+        for name, store, *_ in stores:
+            best = max(TEMPORAL_BOOSTS, key=lambda b: (scored[name, b]["R@5"] + scored[name, b]["R@10"], -b))
+            for other, *_ in stores:
+                if other != name:
+                    base, got = scored[other, 0.0], scored[other, best]
+                    print(f"tune on {name}: temporal_boost {best:.2f} -> {other}: "
+                          f"R@5 {base['R@5']:.3f} -> {got['R@5']:.3f}, R@10 {base['R@10']:.3f} -> {got['R@10']:.3f}")
+            store.close()
+
+
 def print_table(summary: dict[str, dict[str, dict[str, float]]]) -> None:
     cats = list(next(iter(summary.values())).keys())
     print(f"{'mode':<8} {'category':<9} {'n':>4}  {'R@1':>6} {'R@5':>6} {'R@10':>6}")
@@ -134,16 +182,20 @@ def main() -> None:
     parser.add_argument("--config", type=Path, help="YAML config (search and embedding sections are used)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--grid", action="store_true", help="sweep fusion weights")
+    parser.add_argument("--cross", action="store_true", help="tune on one file, report on the other")
+    parser.add_argument("--precision", choices=("fp32", "int8"), help="embedding precision (int8: 1 thread)")
     parser.add_argument("--no-neighbour", action="store_true", help="embed turns without the previous turn")
     args = parser.parse_args()
     files = args.files or sorted(DEFAULT_DIR.glob("*.json"))
     config = load_config(args.config)
     if args.no_neighbour:
         config = config.replace("embedding", neighbour_context=False)
+    if args.precision:
+        config = config.replace("embedding", precision=args.precision, threads=1 if args.precision == "int8" else 2)
     embedder = load_embedder(config)
     started = time.perf_counter()
-    if args.grid:
-        grid(files, config, embedder)
+    if args.grid or args.cross:
+        (cross if args.cross else grid)(files, config, embedder)
         return
     summary = evaluate(files, config, embedder)
     if args.json:
