@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, tzinfo
 
 import numpy as np
 
@@ -161,9 +161,9 @@ def window_bonus(window: TimeWindow | None, created: np.ndarray, boost: float) -
     return np.where(window.contains(created), boost, 0.0)
 
 
-def temporal_bonus(query: str, created: np.ndarray, now: float, boost: float) -> np.ndarray:
+def temporal_bonus(query: str, created: np.ndarray, now: float, boost: float, tz: tzinfo) -> np.ndarray:
     """The search hook: ``boost`` for ``created`` times inside the query's window.
 
-    ``now`` is epoch seconds, read in the machine's local time zone.
+    ``now`` is epoch seconds; calendar words are read in ``tz`` (memory.timezone).
     """
-    return window_bonus(parse_window(query, datetime.fromtimestamp(now).astimezone()), created, boost)
+    return window_bonus(parse_window(query, datetime.fromtimestamp(now, tz)), created, boost)

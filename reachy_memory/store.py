@@ -168,7 +168,8 @@ class MemoryStore:
 
     def _open(self, embedder: Any, reindex: bool) -> None:
         mem = self._config.memory
-        self._expiry = Expiry(mem.conversation_ttl_days, resolve_timezone(mem.timezone))
+        self._tz = resolve_timezone(mem.timezone)  # issue 12: temporal words are read in this zone
+        self._expiry = Expiry(mem.conversation_ttl_days, self._tz)
         self._embedder = self._resolve_embedder(embedder)
         self.embedder_error: str | None = getattr(self, "_embedder_error", None)
         self._records: dict[str, _Rec] = {}
@@ -603,7 +604,7 @@ class MemoryStore:
             scores = np.minimum(scores + self._entity_bonus(query, slots), 1.0)
         if mode == "hybrid" and cfg.temporal_boost and now is not None:  # issue 12: temporal prior
             created = np.fromiter((self._by_slot[int(s)].created for s in slots), np.float64, len(slots))
-            scores = np.minimum(scores + temporal_bonus(query, created, now, cfg.temporal_boost), 1.0)
+            scores = np.minimum(scores + temporal_bonus(query, created, now, cfg.temporal_boost, self._tz), 1.0)
         return slots, scores
 
     def _entity_bonus(self, query: str, slots: np.ndarray) -> np.ndarray:

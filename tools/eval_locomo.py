@@ -103,7 +103,10 @@ def summarise(results: dict[str, dict[int, list[float]]]) -> dict[str, dict[str,
 
 
 def open_store(tmp: Path, name: str, embedder: Any, config: Config) -> MemoryStore:
-    return MemoryStore(config=config.replace("memory", path=str(tmp / name), fsync="never"), embedder=embedder)
+    # Retention is not under test: LoCoMo spans months, longer than the 30-day
+    # conversation lifetime, so turns must outlive the time the questions are asked.
+    memory = {"path": str(tmp / name), "fsync": "never", "conversation_ttl_days": 36500.0}
+    return MemoryStore(config=config.replace("memory", **memory), embedder=embedder)
 
 
 def evaluate(files: list[Path], config: Config, embedder: Any) -> dict[str, dict[str, dict[str, float]]]:
@@ -140,7 +143,7 @@ def grid(files: list[Path], config: Config, embedder: Any) -> None:
             store.close()
 
 
-TEMPORAL_BOOSTS = (0.0, 0.02, 0.05, 0.1)
+TEMPORAL_BOOSTS = (0.0, 0.02, 0.05, 0.1, 0.2)
 
 
 def cross(files: list[Path], config: Config, embedder: Any) -> None:
@@ -157,6 +160,8 @@ def cross(files: list[Path], config: Config, embedder: Any) -> None:
             for boost in TEMPORAL_BOOSTS:
                 store._config = config.replace("search", temporal_boost=boost)
                 scored[name, boost] = summarise(recall(store, qa, "hybrid", now))["overall"]
+                print(f"{name} temporal_boost {boost:.2f}: R@5 {scored[name, boost]['R@5']:.3f} "
+                      f"R@10 {scored[name, boost]['R@10']:.3f}")
         for name, store, *_ in stores:
             best = max(TEMPORAL_BOOSTS, key=lambda b: (scored[name, b]["R@5"] + scored[name, b]["R@10"], -b))
             for other, *_ in stores:
@@ -165,6 +170,32 @@ def cross(files: list[Path], config: Config, embedder: Any) -> None:
                     print(f"tune on {name}: temporal_boost {best:.2f} -> {other}: "
                           f"R@5 {base['R@5']:.3f} -> {got['R@5']:.3f}, R@10 {base['R@10']:.3f} -> {got['R@10']:.3f}")
             store.close()
+
+
+def latency(files: list[Path], config: Config, embedder: Any, repeat: int = 5) -> None:
+    """Search time with the temporal prior off and on, interleaved in one run.
+
+    Query vectors are computed once, so the figure is the ranking alone.
+    """
+    with tempfile.TemporaryDirectory(prefix="rm-locomo-") as tmp:
+        for path in files:
+            conv = json.loads(path.read_text())
+            with open_store(Path(tmp), path.stem, embedder, config) as store:
+                store.store_batch(turns_of(conv))
+                qs = [(q["question"], store.embed_query(q["question"])) for q in conv["qa"] if q.get("question")]
+                now = asked_at(conv)
+                times: dict[float, list[float]] = {0.0: [], config.search.temporal_boost: []}
+                for _ in range(repeat):
+                    for boost, out in times.items():
+                        store._config = config.replace("search", temporal_boost=boost)
+                        for text, qvec in qs:
+                            t0 = time.perf_counter()
+                            store.search_vector(text, qvec, limit=10, min_score=0, now=now)
+                            out.append(time.perf_counter() - t0)
+                for boost, out in times.items():
+                    out.sort()
+                    print(f"{path.name} {len(store)} memories, temporal_boost {boost:.2f}: "
+                          f"p50 {1e3 * out[len(out) // 2]:.3f} ms  p95 {1e3 * out[int(len(out) * 0.95)]:.3f} ms")
 
 
 def print_table(summary: dict[str, dict[str, dict[str, float]]]) -> None:
@@ -182,6 +213,7 @@ def main() -> None:
     parser.add_argument("--config", type=Path, help="YAML config (search and embedding sections are used)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--grid", action="store_true", help="sweep fusion weights")
+    parser.add_argument("--latency", action="store_true", help="search time, temporal prior off vs on")
     parser.add_argument("--cross", action="store_true", help="tune on one file, report on the other")
     parser.add_argument("--precision", choices=("fp32", "int8"), help="embedding precision (int8: 1 thread)")
     parser.add_argument("--no-neighbour", action="store_true", help="embed turns without the previous turn")
@@ -194,6 +226,9 @@ def main() -> None:
         config = config.replace("embedding", precision=args.precision, threads=1 if args.precision == "int8" else 2)
     embedder = load_embedder(config)
     started = time.perf_counter()
+    if args.latency:
+        latency(files, config, embedder)
+        return
     if args.grid or args.cross:
         (cross if args.cross else grid)(files, config, embedder)
         return
