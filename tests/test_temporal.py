@@ -1,6 +1,6 @@
 """The temporal-expression parser (reachy_memory._temporal) and its ranking hook."""
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 
 import numpy as np
 import pytest
@@ -8,7 +8,6 @@ import pytest
 from reachy_memory import MemoryStore
 from reachy_memory._temporal import parse_window, temporal_bonus, window_bonus
 
-UTC = timezone.utc
 PARIS = timezone(timedelta(hours=2))
 # A fixed reference time: Wednesday 15 May 2024, 14:30 UTC.
 NOW = datetime(2024, 5, 15, 14, 30, tzinfo=UTC)

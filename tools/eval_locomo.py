@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +56,7 @@ def turns_of(conv: dict[str, Any]) -> list[dict[str, Any]]:
 def session_time(date: str) -> datetime | None:
     """LoCoMo's "1:56 pm on 8 May, 2023" as a UTC datetime (None if unparsable)."""
     try:
-        return datetime.strptime(date.strip(), "%I:%M %p on %d %B, %Y").replace(tzinfo=timezone.utc)
+        return datetime.strptime(date.strip(), "%I:%M %p on %d %B, %Y").replace(tzinfo=UTC)
     except ValueError:
         return None
 
