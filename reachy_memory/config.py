@@ -70,7 +70,7 @@ class SearchConfig:
     entity_boost: float = 0.03  # added when the query names a memory's speaker/person
     # issue 12 (retrieval): added to memories created inside the window a query's
     # time words name ("yesterday", "last week", "in May"); 0 turns it off.
-    temporal_boost: float = 0.05
+    temporal_boost: float = 0.1
     candidates: int = 40  # per retriever, before fusion (LoCoMo recall is flat from 30 to 100)
     exact_threshold: int = 2048  # filtered candidate sets up to this size: exact numpy search
     exact_below: int = 20_000  # indexes up to this size: exact search (faster than the graph there)
