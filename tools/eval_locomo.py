@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -30,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from reachy_memory import Config, MemoryStore, load_config, load_embedder
 
-DEFAULT_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo-dev"
+_SHARED = os.environ.get("REACHY_MEMORY_SHARED", Path(__file__).resolve().parents[2] / "shared")
+DEFAULT_DIR = Path(_SHARED) / "data" / "locomo-dev"  # same override as tests/conftest.py
 KS = (1, 5, 10)
 MODES = ("lexical", "vector", "hybrid")
 
