@@ -165,5 +165,11 @@ def temporal_bonus(query: str, created: np.ndarray, now: float, boost: float, tz
     """The search hook: ``boost`` for ``created`` times inside the query's window.
 
     ``now`` is epoch seconds; calendar words are read in ``tz`` (memory.timezone).
+    A ``now`` outside the calendar (year 1 or beyond 9999) gives no prior rather
+    than an error: the prior is optional, the search must still answer.
     """
-    return window_bonus(parse_window(query, datetime.fromtimestamp(now, tz)), created, boost)
+    try:
+        window = parse_window(query, datetime.fromtimestamp(now, tz))
+    except (ValueError, OverflowError, OSError):
+        window = None
+    return window_bonus(window, created, boost)

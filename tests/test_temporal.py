@@ -88,6 +88,15 @@ def test_bonus_only_inside_the_window() -> None:
     assert temporal_bonus("no time here", created, NOW.timestamp(), 0.05, UTC).tolist() == [0.0, 0.0, 0.0]
 
 
+@pytest.mark.parametrize("now", [
+    1e15,  # far beyond year 9999: fromtimestamp overflows
+    -62135596800.0 + 3600,  # 0001-01-01: "last year" would be year 0
+])
+def test_out_of_calendar_now_gives_no_prior(now: float) -> None:
+    created = np.array([0.0, now])
+    assert temporal_bonus("what happened last year", created, now, 0.1, UTC).tolist() == [0.0, 0.0]
+
+
 def test_in_window_memory_ranks_above_equal_out_of_window(store: MemoryStore) -> None:
     text = "We baked a lemon cake together in the kitchen."
     store.store_batch([
