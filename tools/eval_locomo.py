@@ -200,6 +200,39 @@ def latency(files: list[Path], config: Config, embedder: Any, repeat: int = 5) -
                           f"p50 {1e3 * out[len(out) // 2]:.3f} ms  p95 {1e3 * out[int(len(out) * 0.95)]:.3f} ms")
 
 
+NEIGHBOUR_WEIGHTS = (0.0, 0.1, 0.2, 0.3)
+
+
+def _adjacent(dia_id: str) -> list[str]:
+    session, index = dia_id[1:].split(":")
+    return [f"D{session}:{int(index) + step}" for step in (-1, 1)]
+
+
+def neighbour_probe(files: list[Path], config: Config, embedder: Any) -> None:
+    """Experiment (not in the store yet): re-rank the top 40 hybrid hits with
+    score + w * (best score of an adjacent turn among them), per file and w."""
+    with tempfile.TemporaryDirectory(prefix="rm-locomo-") as tmp:
+        for path in files:
+            conv = json.loads(path.read_text())
+            res: dict[float, dict[int, list[float]]] = {w: {5: [], 10: []} for w in NEIGHBOUR_WEIGHTS}
+            with open_store(Path(tmp), path.stem, embedder, config) as store:
+                store.store_batch(turns_of(conv))
+                for q in conv["qa"]:
+                    evidence = evidence_of(q)
+                    if not evidence or not q.get("question"):
+                        continue
+                    hits = store.search(q["question"], limit=40, min_score=0, now=asked_at(conv))
+                    score = {h.memory.metadata["dia_id"]: h.score for h in hits}
+                    for w, per_k in res.items():
+                        new = {d: s + w * max(score.get(n, 0.0) for n in _adjacent(d)) for d, s in score.items()}
+                        order = sorted(new, key=lambda d: -new[d])
+                        for k, values in per_k.items():
+                            values.append(len(evidence & set(order[:k])) / len(evidence))
+            for w, per_k in res.items():
+                print(f"{path.name} neighbour weight {w:.1f}: "
+                      + " ".join(f"R@{k} {sum(v) / len(v):.3f}" for k, v in per_k.items()))
+
+
 def print_table(summary: dict[str, dict[str, dict[str, float]]]) -> None:
     cats = list(next(iter(summary.values())).keys())
     print(f"{'mode':<8} {'category':<9} {'n':>4}  {'R@1':>6} {'R@5':>6} {'R@10':>6}")
@@ -215,6 +248,7 @@ def main() -> None:
     parser.add_argument("--config", type=Path, help="YAML config (search and embedding sections are used)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--grid", action="store_true", help="sweep fusion weights")
+    parser.add_argument("--neighbour-probe", action="store_true", help="experiment: neighbour-turn re-ranking")
     parser.add_argument("--latency", action="store_true", help="search time, temporal prior off vs on")
     parser.add_argument("--cross", action="store_true", help="tune on one file, report on the other")
     parser.add_argument("--precision", choices=("fp32", "int8"), help="embedding precision (int8: 1 thread)")
@@ -228,8 +262,8 @@ def main() -> None:
         config = config.replace("embedding", precision=args.precision, threads=1 if args.precision == "int8" else 2)
     embedder = load_embedder(config)
     started = time.perf_counter()
-    if args.latency:
-        latency(files, config, embedder)
+    if args.latency or args.neighbour_probe:
+        (latency if args.latency else neighbour_probe)(files, config, embedder)
         return
     if args.grid or args.cross:
         (cross if args.cross else grid)(files, config, embedder)
