@@ -43,6 +43,7 @@ RANGES: dict[str, tuple[float | None, float | None]] = {
     "embedding.lru_size": (0, 1_000_000),
     "search.vector_weight": (0.0, 1.0),
     "search.entity_boost": (0.0, 1.0),
+    "search.temporal_boost": (0.0, 1.0),
     "search.candidates": (1, 10_000),
     "search.hnsw_m": (2, 128),
     "search.hnsw_ef_construction": (8, 4096),
@@ -100,6 +101,9 @@ class SearchConfig:
     vector_weight: float = 0.3
     entity_fields: list[str] = field(default_factory=lambda: ["speaker", "person"])
     entity_boost: float = 0.03  # added when the query names a memory's speaker/person
+    # issue 12 (retrieval): added to memories created inside the window a query's
+    # time words name ("yesterday", "last week", "in May"); 0 turns it off.
+    temporal_boost: float = 0.1
     candidates: int = 40  # per retriever, before fusion (LoCoMo recall is flat from 30 to 100)
     exact_threshold: int = 2048  # filtered candidate sets up to this size: exact numpy search
     exact_below: int = 20_000  # indexes up to this size: exact search (faster than the graph there)

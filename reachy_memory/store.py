@@ -42,6 +42,7 @@ from . import _ranking as ranking
 from . import journal as jr
 from ._filters import FieldIndex, validate_metadata
 from ._persistence import GRAPH_FILE, JOURNAL_FILE, SNAPSHOT_FILE, read_snapshot
+from ._temporal import temporal_bonus
 from ._threads import pin_native_threads
 from .config import Config
 from .errors import (
@@ -167,7 +168,8 @@ class MemoryStore:
 
     def _open(self, embedder: Any, reindex: bool, recover: bool = False) -> None:
         mem = self._config.memory
-        self._expiry = Expiry(mem.conversation_ttl_days, resolve_timezone(mem.timezone))
+        self._tz = resolve_timezone(mem.timezone)  # temporal words in queries are read in this zone
+        self._expiry = Expiry(mem.conversation_ttl_days, self._tz)
         base = files.recovery_base(self.path) if recover else None
         snapshot = base.snapshot if base is not None else self._read_snapshot()
         stored_key = snapshot.get("model") if snapshot and not reindex else None  # reindex: the configured model
@@ -635,7 +637,7 @@ class MemoryStore:
         at = _epoch(now)
         with self._lock:
             mask = self._fields.mask(mtype, where)
-            slots, scores = self._rank(query, qvec, mask, limit, mode, mtype)
+            slots, scores = self._rank(query, qvec, mask, limit, mode, mtype, at)
             results = []
             for i in np.argsort(-scores, kind="stable"):
                 if scores[i] < min_score:
@@ -648,12 +650,19 @@ class MemoryStore:
             return results
 
     def _rank(self, query: str, qvec: np.ndarray | None, mask: np.ndarray | None,
-              limit: int, mode: str, mtype: str | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Candidate slots and their fused scores (unordered); see :mod:`._ranking`."""
+              limit: int, mode: str, mtype: str | None = None,
+              now: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Candidate slots and their fused scores (unordered); see :mod:`._ranking`.
+        With ``now``, a hybrid search adds ``search.temporal_boost`` to memories created
+        inside the window the query's time words name (:mod:`._temporal`)."""
+        cfg = self._config.search
         groups = [_GROUP[mtype]] if mtype is not None else None
-        return ranking.rank(query, qvec, mask, limit, mode, groups,
-                            indexes=ranking.Indexes(self._vectors, self._lexical, self._fields),
-                            cfg=self._config.search)
+        slots, scores = ranking.rank(query, qvec, mask, limit, mode, groups,
+                                     indexes=ranking.Indexes(self._vectors, self._lexical, self._fields), cfg=cfg)
+        if mode == "hybrid" and cfg.temporal_boost and now is not None and len(slots):
+            created = np.fromiter((self._by_slot[int(s)].created for s in slots), np.float64, len(slots))
+            scores = np.minimum(scores + temporal_bonus(query, created, now, cfg.temporal_boost, self._tz), 1.0)
+        return slots, scores
 
     # -- context window and named context ---------------------------------------------
 

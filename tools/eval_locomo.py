@@ -8,16 +8,22 @@ dia_ids, per category and overall, for lexical-only, vector-only and hybrid.
     python tools/eval_locomo.py                       # ../shared/data/locomo-dev/*.json
     python tools/eval_locomo.py FILE.json ... [--json]
     python tools/eval_locomo.py --grid                # sweep fusion weights (tuning)
+    python tools/eval_locomo.py --cross               # tune on one file, report on the other
+
+Each turn is stored with its session date as ``created_at`` and questions are
+searched with ``now`` = the day after the last session (the time they are asked).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
 from collections import defaultdict
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from reachy_memory import Config, MemoryStore, load_config, load_embedder
 
-DEFAULT_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo-dev"
+_SHARED = os.environ.get("REACHY_MEMORY_SHARED", Path(__file__).resolve().parents[2] / "shared")
+DEFAULT_DIR = Path(_SHARED) / "data" / "locomo-dev"  # same override as tests/conftest.py
 KS = (1, 5, 10)
 MODES = ("lexical", "vector", "hybrid")
 
@@ -41,10 +48,25 @@ def turns_of(conv: dict[str, Any]) -> list[dict[str, Any]]:
             if turn.get("blip_caption"):
                 content += f" [shares a photo: {turn['blip_caption']}]"
             items.append({"content": content, "memory_type": "conversation",
+                          "created_at": session_time(date),
                           "metadata": {"dia_id": turn["dia_id"], "speaker": turn["speaker"],
                                        "session": session, "session_date": date}})
         session += 1
     return items
+
+
+def session_time(date: str) -> datetime | None:
+    """LoCoMo's "1:56 pm on 8 May, 2023" as a UTC datetime (None if unparsable)."""
+    try:
+        return datetime.strptime(date.strip(), "%I:%M %p on %d %B, %Y").replace(tzinfo=UTC)
+    except ValueError:
+        return None
+
+
+def asked_at(conv: dict[str, Any]) -> datetime | None:
+    """The day after the conversation's last session: when its questions are asked."""
+    times = [t["created_at"] for t in turns_of(conv) if t["created_at"] is not None]
+    return max(times) + timedelta(days=1) if times else None
 
 
 def evidence_of(question: dict[str, Any]) -> set[str]:
@@ -54,14 +76,15 @@ def evidence_of(question: dict[str, Any]) -> set[str]:
     return ids
 
 
-def recall(store: MemoryStore, qa: list[dict[str, Any]], mode: str) -> dict[str, dict[int, list[float]]]:
+def recall(store: MemoryStore, qa: list[dict[str, Any]], mode: str,
+           now: datetime | None = None) -> dict[str, dict[int, list[float]]]:
     """category -> k -> per-question recall values."""
     out: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     for q in qa:
         evidence = evidence_of(q)
         if not evidence or not q.get("question"):
             continue
-        hits = store.search(q["question"], limit=max(KS), min_score=0, mode=mode)
+        hits = store.search(q["question"], limit=max(KS), min_score=0, mode=mode, now=now)
         found = [h.memory.metadata.get("dia_id") for h in hits]
         for k in KS:
             value = len(evidence & set(found[:k])) / len(evidence)
@@ -82,7 +105,10 @@ def summarise(results: dict[str, dict[int, list[float]]]) -> dict[str, dict[str,
 
 
 def open_store(tmp: Path, name: str, embedder: Any, config: Config) -> MemoryStore:
-    return MemoryStore(config=config.replace("memory", path=str(tmp / name), fsync="never"), embedder=embedder)
+    # Retention is not under test: LoCoMo spans months, longer than the 30-day
+    # conversation lifetime, so turns must outlive the time the questions are asked.
+    memory = {"path": str(tmp / name), "fsync": "never", "conversation_ttl_days": 36500.0}
+    return MemoryStore(config=config.replace("memory", **memory), embedder=embedder)
 
 
 def evaluate(files: list[Path], config: Config, embedder: Any) -> dict[str, dict[str, dict[str, float]]]:
@@ -93,7 +119,7 @@ def evaluate(files: list[Path], config: Config, embedder: Any) -> dict[str, dict
             with open_store(Path(tmp), path.stem, embedder, config) as store:
                 store.store_batch(turns_of(conv))
                 for mode in MODES:
-                    merge(totals[mode], recall(store, conv["qa"], mode))
+                    merge(totals[mode], recall(store, conv["qa"], mode, asked_at(conv)))
     return {mode: summarise(res) for mode, res in totals.items()}
 
 
@@ -119,6 +145,94 @@ def grid(files: list[Path], config: Config, embedder: Any) -> None:
             store.close()
 
 
+TEMPORAL_BOOSTS = (0.0, 0.02, 0.05, 0.1, 0.2)
+
+
+def cross(files: list[Path], config: Config, embedder: Any) -> None:
+    """Tune ``temporal_boost`` on each file, report hybrid recall on the others."""
+    with tempfile.TemporaryDirectory(prefix="rm-locomo-") as tmp:
+        stores = []
+        for path in files:
+            conv = json.loads(path.read_text())
+            store = open_store(Path(tmp), path.stem, embedder, config)
+            store.store_batch(turns_of(conv))
+            stores.append((path.name, store, conv["qa"], asked_at(conv)))
+        scored = {}
+        for name, store, qa, now in stores:
+            for boost in TEMPORAL_BOOSTS:
+                store._config = config.replace("search", temporal_boost=boost)
+                scored[name, boost] = summarise(recall(store, qa, "hybrid", now))["overall"]
+                print(f"{name} temporal_boost {boost:.2f}: R@5 {scored[name, boost]['R@5']:.3f} "
+                      f"R@10 {scored[name, boost]['R@10']:.3f}")
+        for name, store, *_ in stores:
+            best = max(TEMPORAL_BOOSTS, key=lambda b: (scored[name, b]["R@5"] + scored[name, b]["R@10"], -b))
+            for other, *_ in stores:
+                if other != name:
+                    base, got = scored[other, 0.0], scored[other, best]
+                    print(f"tune on {name}: temporal_boost {best:.2f} -> {other}: "
+                          f"R@5 {base['R@5']:.3f} -> {got['R@5']:.3f}, R@10 {base['R@10']:.3f} -> {got['R@10']:.3f}")
+            store.close()
+
+
+def latency(files: list[Path], config: Config, embedder: Any, repeat: int = 5) -> None:
+    """Search time with the temporal prior off and on, interleaved in one run.
+
+    Query vectors are computed once, so the figure is the ranking alone.
+    """
+    with tempfile.TemporaryDirectory(prefix="rm-locomo-") as tmp:
+        for path in files:
+            conv = json.loads(path.read_text())
+            with open_store(Path(tmp), path.stem, embedder, config) as store:
+                store.store_batch(turns_of(conv))
+                qs = [(q["question"], store.embed_query(q["question"])) for q in conv["qa"] if q.get("question")]
+                now = asked_at(conv)
+                times: dict[float, list[float]] = {0.0: [], config.search.temporal_boost: []}
+                for _ in range(repeat):
+                    for boost, out in times.items():
+                        store._config = config.replace("search", temporal_boost=boost)
+                        for text, qvec in qs:
+                            t0 = time.perf_counter()
+                            store.search_vector(text, qvec, limit=10, min_score=0, now=now)
+                            out.append(time.perf_counter() - t0)
+                for boost, out in times.items():
+                    out.sort()
+                    print(f"{path.name} {len(store)} memories, temporal_boost {boost:.2f}: "
+                          f"p50 {1e3 * out[len(out) // 2]:.3f} ms  p95 {1e3 * out[int(len(out) * 0.95)]:.3f} ms")
+
+
+NEIGHBOUR_WEIGHTS = (0.0, 0.1, 0.2, 0.3)
+
+
+def _adjacent(dia_id: str) -> list[str]:
+    session, index = dia_id[1:].split(":")
+    return [f"D{session}:{int(index) + step}" for step in (-1, 1)]
+
+
+def neighbour_probe(files: list[Path], config: Config, embedder: Any) -> None:
+    """Experiment (not in the store yet): re-rank the top 40 hybrid hits with
+    score + w * (best score of an adjacent turn among them), per file and w."""
+    with tempfile.TemporaryDirectory(prefix="rm-locomo-") as tmp:
+        for path in files:
+            conv = json.loads(path.read_text())
+            res: dict[float, dict[int, list[float]]] = {w: {5: [], 10: []} for w in NEIGHBOUR_WEIGHTS}
+            with open_store(Path(tmp), path.stem, embedder, config) as store:
+                store.store_batch(turns_of(conv))
+                for q in conv["qa"]:
+                    evidence = evidence_of(q)
+                    if not evidence or not q.get("question"):
+                        continue
+                    hits = store.search(q["question"], limit=40, min_score=0, now=asked_at(conv))
+                    score = {h.memory.metadata["dia_id"]: h.score for h in hits}
+                    for w, per_k in res.items():
+                        new = {d: s + w * max(score.get(n, 0.0) for n in _adjacent(d)) for d, s in score.items()}
+                        order = sorted(new, key=lambda d: -new[d])
+                        for k, values in per_k.items():
+                            values.append(len(evidence & set(order[:k])) / len(evidence))
+            for w, per_k in res.items():
+                print(f"{path.name} neighbour weight {w:.1f}: "
+                      + " ".join(f"R@{k} {sum(v) / len(v):.3f}" for k, v in per_k.items()))
+
+
 def print_table(summary: dict[str, dict[str, dict[str, float]]]) -> None:
     cats = list(next(iter(summary.values())).keys())
     print(f"{'mode':<8} {'category':<9} {'n':>4}  {'R@1':>6} {'R@5':>6} {'R@10':>6}")
@@ -134,16 +248,25 @@ def main() -> None:
     parser.add_argument("--config", type=Path, help="YAML config (search and embedding sections are used)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--grid", action="store_true", help="sweep fusion weights")
+    parser.add_argument("--neighbour-probe", action="store_true", help="experiment: neighbour-turn re-ranking")
+    parser.add_argument("--latency", action="store_true", help="search time, temporal prior off vs on")
+    parser.add_argument("--cross", action="store_true", help="tune on one file, report on the other")
+    parser.add_argument("--precision", choices=("fp32", "int8"), help="embedding precision (int8: 1 thread)")
     parser.add_argument("--no-neighbour", action="store_true", help="embed turns without the previous turn")
     args = parser.parse_args()
     files = args.files or sorted(DEFAULT_DIR.glob("*.json"))
     config = load_config(args.config)
     if args.no_neighbour:
         config = config.replace("embedding", neighbour_context=False)
+    if args.precision:
+        config = config.replace("embedding", precision=args.precision, threads=1 if args.precision == "int8" else 2)
     embedder = load_embedder(config)
     started = time.perf_counter()
-    if args.grid:
-        grid(files, config, embedder)
+    if args.latency or args.neighbour_probe:
+        (latency if args.latency else neighbour_probe)(files, config, embedder)
+        return
+    if args.grid or args.cross:
+        (cross if args.cross else grid)(files, config, embedder)
         return
     summary = evaluate(files, config, embedder)
     if args.json:
