@@ -123,15 +123,21 @@ def evaluate(files: list[Path], config: Config, embedder: Any) -> dict[str, dict
     return {mode: summarise(res) for mode, res in totals.items()}
 
 
+def built_stores(files: list[Path], tmp: Path, config: Config, embedder: Any) -> list[tuple[Path, Any, Any]]:
+    """One store per conversation file, every turn stored: (path, store, conversation)."""
+    out = []
+    for path in files:
+        conv = json.loads(path.read_text())
+        store = open_store(tmp, path.stem, embedder, config)
+        store.store_batch(turns_of(conv))
+        out.append((path, store, conv))
+    return out
+
+
 def grid(files: list[Path], config: Config, embedder: Any) -> None:
     """Sweep the fusion parameters on stores built once (tuning aid)."""
     with tempfile.TemporaryDirectory(prefix="rm-locomo-") as tmp:
-        stores = []
-        for path in files:
-            conv = json.loads(path.read_text())
-            store = open_store(Path(tmp), path.stem, embedder, config)
-            store.store_batch(turns_of(conv))
-            stores.append((store, conv["qa"]))
+        stores = [(store, conv["qa"]) for _, store, conv in built_stores(files, Path(tmp), config, embedder)]
         for w in (0.2, 0.3, 0.4, 0.5, 0.6):
             for boost in (0.0, 0.03, 0.06):
                 res: dict[str, dict[int, list[float]]] = {}
@@ -151,12 +157,8 @@ TEMPORAL_BOOSTS = (0.0, 0.02, 0.05, 0.1, 0.2)
 def cross(files: list[Path], config: Config, embedder: Any) -> None:
     """Tune ``temporal_boost`` on each file, report hybrid recall on the others."""
     with tempfile.TemporaryDirectory(prefix="rm-locomo-") as tmp:
-        stores = []
-        for path in files:
-            conv = json.loads(path.read_text())
-            store = open_store(Path(tmp), path.stem, embedder, config)
-            store.store_batch(turns_of(conv))
-            stores.append((path.name, store, conv["qa"], asked_at(conv)))
+        stores = [(path.name, store, conv["qa"], asked_at(conv))
+                  for path, store, conv in built_stores(files, Path(tmp), config, embedder)]
         scored = {}
         for name, store, qa, now in stores:
             for boost in TEMPORAL_BOOSTS:
