@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from reachy_memory import load_config, load_embedder  # noqa: E402
-from reachy_memory._supersession import decide  # noqa: E402
+from reachy_memory._supersession import GATE, decide  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "supersession_pairs.jsonl"
 SPEC_THRESHOLD = 0.75
@@ -46,6 +46,7 @@ class Pair:
     conflicting: bool
     kind: str
     topic: str
+    set: str  # "dev": the rule was built looking at these; "fresh": written after it was frozen
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,8 @@ def load_pairs(path: Path = DATA) -> list[Pair]:
     for line in path.read_text(encoding="utf-8").splitlines():
         if line.strip():
             row = json.loads(line)
-            pairs.append(Pair(row["old"], row["new"], row["label"] == "conflicting", row["kind"], row["topic"]))
+            pairs.append(Pair(row["old"], row["new"], row["label"] == "conflicting", row["kind"], row["topic"],
+                              row.get("set", "dev")))
     return pairs
 
 
@@ -143,7 +145,20 @@ def evaluate(pairs: Sequence[Pair], sims_by_precision: dict[str, np.ndarray]) ->
     splits = split_report(pairs, fp32, "cosine") + split_report(pairs, fp32, "decide")
     chosen = {fam: choose(pairs, fp32, [n for n in rules if n.startswith(fam)]) for fam in ("cosine", "decide")}
     return {"pairs": len(pairs), "conflicting": sum(p.conflicting for p in pairs), "table": table,
-            "splits": splits, "chosen_on_all": chosen, "errors": errors(pairs, fp32, rules[chosen["decide"]])}
+            "splits": splits, "chosen_on_all": chosen, "by_set": by_set(pairs, fp32),
+            "errors": errors(pairs, fp32, decide_rule(GATE))}
+
+
+def by_set(pairs: Sequence[Pair], sims: np.ndarray) -> dict[str, dict[str, Any]]:
+    """The spec's rule and the shipped rule (decide at GATE) on each set, dev and fresh."""
+    out: dict[str, dict[str, Any]] = {}
+    for name in sorted({p.set for p in pairs}):
+        idx = [i for i, p in enumerate(pairs) if p.set == name]
+        sub, sub_sims = [pairs[i] for i in idx], sims[idx]
+        out[name] = {"pairs": len(sub), f"cosine>={SPEC_THRESHOLD:.2f}": score(sub, sub_sims,
+                     cosine_rule(SPEC_THRESHOLD)).__dict__, f"decide gate={GATE:.2f}": score(sub, sub_sims,
+                     decide_rule(GATE)).__dict__}
+    return out
 
 
 def errors(pairs: Sequence[Pair], sims: np.ndarray, rule: Rule) -> list[dict[str, Any]]:
@@ -172,7 +187,12 @@ def print_report(report: dict[str, Any]) -> None:
         h = row["held_out"]
         print(f"  {row['split']:<10} {row['chosen']:<20} P={h['precision']:.3f} R={h['recall']:.3f} F1={h['f1']:.3f}")
     print(f"\nchosen on the whole set: {report['chosen_on_all']}")
-    print("\nerrors of the chosen decide rule (fp32):")
+    print("\nspec rule vs shipped rule per set (fp32; 'fresh' was written after the rule was frozen):")
+    for name, row in report["by_set"].items():
+        cells = "  ".join(f"{rule}: P={v['precision']:.3f} R={v['recall']:.3f} F1={v['f1']:.3f}"
+                          for rule, v in row.items() if rule != "pairs")
+        print(f"  {name:<6} ({row['pairs']:3d} pairs)  {cells}")
+    print(f"\nerrors of the shipped rule, decide gate={GATE:.2f} (fp32):")
     for e in report["errors"]:
         what = "missed" if e["label"] else "FALSE SUPERSESSION"
         print(f"  {what:<18} cos={e['cosine']:.3f} [{e['kind']}] {e['old']!r} -> {e['new']!r} ({e['rule_reason']})")
