@@ -62,6 +62,7 @@ _CANONICAL = (
     (r"\bis employed (?:at|by)\b", "works at"),
     (r"\bgoes by\b", "is called"),
     (r"\bfavourite\b", "favorite"),
+    (r"\bas well\b", "too"),
 )
 _NEGATION_PHRASES = (
     r"\bno longer\b", r"\bnot any ?more\b", r"\bstopped\b", r"\bgave up\b", r"\bgiven up\b", r"\bquit\b",
@@ -69,7 +70,7 @@ _NEGATION_PHRASES = (
 )
 _CHANGE = frozenset({"now", "anymore", "instead", "currently", "nowadays", "switched", "changed", "new"})
 _ADDITION = frozenset({"also", "too", "another", "additionally"})
-_FILLER = frozenset({"still", "really", "actually", "just", "as", "well", "especially"})
+_FILLER = frozenset({"still", "really", "actually", "just", "especially"})
 _AUX = frozenset({"do", "does", "did", "doe"})
 _COPULA = frozenset({"is", "are", "was", "were", "be"})
 _PREPOSITIONS = frozenset({"at", "as", "in", "on", "for", "to", "from", "with", "under", "by", "near", "into"})
