@@ -67,7 +67,8 @@ _STOP = frozenset("""
 i i'm i've i'd i'll the a an this that these those my our your his her their its we you he she they it
 remember note please tell ask remind don't do does did can could would should will is are was were have has had
 what when where who why how which yes no ok okay hi hello hey thanks thank also and but or so then if because
-today tomorrow yesterday tonight now later soon every each all some maybe sure well oh just
+today tomorrow yesterday tonight now later soon every each all some maybe sure well oh just perhaps
+on in at for with after before during since until about from to by of into there here let let's last next
 monday tuesday wednesday thursday friday saturday sunday january february march april may june july august
 september october november december christmas easter
 english french italian spanish german chinese japanese korean thai indian mexican greek turkish american british
@@ -83,8 +84,8 @@ _REL_PHRASE = re.compile(rf"\b{_OWNER_WORDS}\s+({_REL_ALT})\b(?:'s|’s)?", re.I
 _NAME_AFTER = re.compile(rf"^(?:'s|’s)?\s*(?:name\s+is|is\s+called|is\s+named|called|named|,)?\s*({_NAME})")
 _NAME_BEFORE = re.compile(rf"({_NAME})\s*(?:,|\bis)\s*$")
 _CAPITALISED = re.compile(_NAME)
-_PET_BEFORE = re.compile(r"\b(?:dog|cat|pet|puppy|kitten|parrot|fish|hamster|rabbit|horse|bird)\s+(?:named|called)?\s*$",
-                         re.IGNORECASE)
+_PETS = r"(?:dog|cat|pet|puppy|kitten|parrot|fish|hamster|rabbit|horse|bird)"
+_PET_BEFORE = re.compile(rf"\b{_PETS}\s+(?:named|called)?\s*$", re.IGNORECASE)
 
 
 @dataclass(frozen=True, slots=True)

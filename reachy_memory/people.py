@@ -259,7 +259,7 @@ class PersonRegistry:
                       metadata: dict[str, Any] = _UNSET, owner: str | None = _UNSET) -> Resolution:
         """Plan a change of the given fields. Raises NotFoundError, ValidationError."""
         person = self._require(person_id)
-        given = {"name": name, "relation": relation, "aliases": aliases, "external_id": external_id,
+        given: dict[str, Any] = {"name": name, "relation": relation, "aliases": aliases, "external_id": external_id,
                  "metadata": metadata, "owner": owner}
         changes = {k: v for k, v in given.items() if v is not _UNSET}
         if "name" in changes:
@@ -303,7 +303,9 @@ class PersonRegistry:
         recent of them whose relation does not contradict the pronoun.  Journal
         every non-None ``op`` before applying it.  Raises ValidationError.
         """
-        _check_text(sentence, "sentence", MAX_SENTENCE_CHARS, allow_empty=True)
+        if not isinstance(sentence, str) or len(sentence) > MAX_SENTENCE_CHARS:
+            raise ValidationError(f"sentence must be a string of at most {MAX_SENTENCE_CHARS} characters",
+                                  field="sentence")
         known = [k for p in self._visible(owner) for k in (p.name, *p.aliases) if k]
         out: list[Resolution] = []
         for mention in extract_mentions(sentence, known):
