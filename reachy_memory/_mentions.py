@@ -35,6 +35,8 @@ import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+MAX_NAME_WORDS = 5  # "Mary Ann de la Cruz"; longer capitalised runs are titles or shouting
+
 # Canonical relation for each accepted spelling.
 _RELATION_SYNONYMS = {
     "mom": "mother", "mum": "mother", "mommy": "mother", "mummy": "mother", "mama": "mother", "ma": "mother",
@@ -213,7 +215,8 @@ def _name_mentions(text: str, taken: list[tuple[int, int]]) -> list[Mention]:
 
 
 def _name_runs(text: str, start: int, end: int) -> list[tuple[int, int]]:
-    """Split a capitalised run at stop words: "Remember Sarah" -> "Sarah"."""
+    """Split a capitalised run at stop words: "Remember Sarah" -> "Sarah"; runs of more
+    than MAX_NAME_WORDS words (titles, shouting) are not names."""
     runs: list[tuple[int, int]] = []
     current: tuple[int, int] | None = None
     for token in re.finditer(r"\S+", text[start:end]):
@@ -226,7 +229,7 @@ def _name_runs(text: str, start: int, end: int) -> list[tuple[int, int]]:
             runs[-1] = current
         else:
             runs.append(current)
-    return runs
+    return [r for r in runs if len(text[r[0]:r[1]].split()) <= MAX_NAME_WORDS]
 
 
 def _known_mentions(text: str, known: Iterable[str], taken: list[tuple[int, int]]) -> list[Mention]:

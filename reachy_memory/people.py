@@ -310,8 +310,11 @@ class PersonRegistry:
         out: list[Resolution] = []
         for mention in extract_mentions(sentence, known):
             ref = mention.reference
-            resolution = self._from_context(ref.pronoun, recent, owner) if ref.pronoun else \
-                self._resolve_ref(ref, owner, create)
+            try:
+                resolution = self._from_context(ref.pronoun, recent, owner) if ref.pronoun else \
+                    self._resolve_ref(ref, owner, create)
+            except ValidationError:  # a candidate over the input limits is not a person; the sentence is fine
+                continue
             if resolution.person is not None and all(r.person is None or r.person.id != resolution.person.id
                                                       for r in out):
                 out.append(resolution)
