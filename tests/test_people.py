@@ -357,3 +357,16 @@ def test_subjects_in_never_raises_on_text(sentence: str) -> None:
     reg = registry()
     for res in reg.subjects_in(sentence):
         assert res.person is not None
+
+
+@pytest.mark.parametrize("sentence", [
+    "Aa " * 1333,  # one endless capitalised run: not a name
+    "Aa Bb, my wife " * 260,  # many appositions
+    "SARAH AND JOHN ARE GETTING MARRIED " * 100,  # shouting
+])
+def test_hostile_sentences_at_the_limit_do_not_raise(sentence: str) -> None:
+    reg = registry()
+    for res in reg.subjects_in(sentence[:4000]):
+        assert res.person is not None and len(res.person.name) <= MAX_NAME_CHARS
+    with pytest.raises(ValidationError):
+        reg.subjects_in("x" * 4001)
