@@ -1,0 +1,474 @@
+"""Persons: who the robot's memories are about (spec 004, issue 10).
+
+:class:`Person` is an immutable view; :class:`PersonRegistry` is the in-memory
+state of every person, changed only by :meth:`PersonRegistry.apply` of
+journal ops.  Planning methods (``add_person``, ``resolve_person``,
+``update_person``, ``merge_people``, ``delete_person``, ``subjects_in``) never
+change the state: they return the op(s) the store journals first and then
+applies (the one mutation funnel).  Queries (``find_person``, ``people``,
+``get``, ``find_by_external_id``) are answered from memory.
+
+Journal op vocabulary (msgpack-safe dicts; epochs are UTC seconds)::
+
+    {"op": "person_put", "id", "name", "relation", "aliases": [str], "owner",
+     "external_id", "metadata": {str: any}, "created_at", "updated_at"}
+        create or replace the whole person (replay is idempotent).
+    {"op": "person_merge", "keep", "other", "at"}
+        ``other`` is gone; its id now resolves to ``keep`` (``get`` follows it).
+        ``merge_people`` journals the united ``keep`` (person_put) before it.
+        ``other`` may already be absent (snapshots replay redirects this way).
+    {"op": "person_delete", "id", "at"}
+        the person is gone; redirects to it are dropped.
+
+References (``find_person``, ``resolve_person``) are read by
+``_mentions.parse_reference``, case-insensitively: a person id, a name
+("Sarah", "sarah"), an alias, a relation phrase ("my wife", "wife",
+"my wife's", "mom" -> mother), or both ("my wife Sarah", "Sarah, my wife").
+Match order: id, exact name, alias, relation, unique first name; within a
+tier the owner's own people come before shared ones (``owner=None``), then
+the most recently updated.  A person whose name is not known yet ("my wife")
+has ``name == ""`` and is shown as "the user's wife".
+
+Owner scoping: a person belongs to an owner (a user of the robot) or, with
+``owner=None``, to the household.  ``people(owner="alex")`` and
+``find_person(..., owner="alex")`` see Alex's people plus household ones;
+``owner=None`` sees everyone (an unscoped store keeps today's behaviour).
+
+Thread ownership: a registry is owned by the store's writer thread; it takes
+no locks.  Readers on other threads must go through that owner.
+"""
+
+from __future__ import annotations
+
+import time
+import unicodedata
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any, NamedTuple
+
+import msgpack
+
+from ._mentions import Reference, extract_mentions, norm, parse_reference, pronoun_gender
+from .errors import NotFoundError, TooLargeError, ValidationError
+from .model import to_datetime, to_epoch
+
+MAX_NAME_CHARS = 100
+MAX_RELATION_CHARS = 50
+MAX_ALIASES = 32
+MAX_ALIAS_CHARS = 100
+MAX_EXTERNAL_ID_CHARS = 200
+MAX_METADATA_BYTES = 4096  # packed msgpack
+MAX_REFERENCE_CHARS = 200
+MAX_SENTENCE_CHARS = 4000
+OPS = ("person_put", "person_merge", "person_delete")
+
+_UNSET: Any = object()
+
+
+@dataclass(frozen=True, slots=True)
+class Person:
+    """One person the robot knows about (immutable view)."""
+
+    id: str
+    name: str  # "" while only the relation is known ("my wife")
+    relation: str | None = None  # canonical: "wife", "mother", "boss"
+    aliases: tuple[str, ...] = ()
+    owner: str | None = None  # the user whose relationship this is; None: household
+    external_id: str | None = None  # face / voice recognition identity
+    metadata: dict[str, Any] = field(default_factory=dict)
+    created_at: datetime = field(default_factory=lambda: to_datetime(0.0))
+    updated_at: datetime = field(default_factory=lambda: to_datetime(0.0))
+
+    @property
+    def display_name(self) -> str:
+        """The name, or "the user's wife" while the name is unknown."""
+        return self.name or f"the user's {self.relation}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-friendly dict (ISO 8601 timestamps)."""
+        return {"id": self.id, "name": self.name, "relation": self.relation, "aliases": list(self.aliases),
+                "owner": self.owner, "external_id": self.external_id, "metadata": dict(self.metadata),
+                "created_at": self.created_at.isoformat(), "updated_at": self.updated_at.isoformat()}
+
+    def to_op(self) -> dict[str, Any]:
+        """The ``person_put`` op that recreates this person."""
+        return {"op": "person_put", "id": self.id, "name": self.name, "relation": self.relation,
+                "aliases": list(self.aliases), "owner": self.owner, "external_id": self.external_id,
+                "metadata": dict(self.metadata), "created_at": to_epoch(self.created_at),
+                "updated_at": to_epoch(self.updated_at)}
+
+
+class Resolution(NamedTuple):
+    """What a reference resolved to; ``op`` (when not None) must be journaled and applied."""
+
+    person: Person | None
+    created: bool
+    op: dict[str, Any] | None
+
+
+class Merge(NamedTuple):
+    """The plan of a merge: the united person, ops to journal in order, id map for memories."""
+
+    person: Person
+    ops: list[dict[str, Any]]
+    relink: dict[str, str]  # old person id -> kept id, for memories' subjects
+
+
+class PersonRegistry:
+    """All persons, in memory; see the module doc for ops, matching and scoping."""
+
+    def __init__(self, *, clock: Callable[[], float] = time.time,
+                 new_id: Callable[[], str] = lambda: uuid.uuid4().hex) -> None:
+        self._people: dict[str, Person] = {}
+        self._redirects: dict[str, str] = {}
+        self._clock = clock
+        self._new_id = new_id
+
+    def __len__(self) -> int:
+        return len(self._people)
+
+    # -- state: the only mutator -------------------------------------------------
+
+    def apply(self, op: dict[str, Any]) -> None:
+        """Apply one journal op (replay-safe). Raises ValidationError on a malformed op."""
+        kind = op.get("op") if isinstance(op, dict) else None
+        if kind == "person_put":
+            person = person_from_op(op)
+            self._people[person.id] = person
+            self._redirects.pop(person.id, None)
+        elif kind == "person_merge":
+            self._apply_merge(_str_field(op, "keep"), _str_field(op, "other"))
+        elif kind == "person_delete":
+            self._apply_delete(_str_field(op, "id"))
+        else:
+            raise ValidationError(f"unknown person op {kind!r}; expected one of {', '.join(OPS)}", field="op")
+
+    def _apply_merge(self, keep: str, other: str) -> None:
+        if keep not in self._people or keep == other:
+            raise ValidationError(f"person_merge: {keep!r} is not a live person or equals {other!r}", field="keep")
+        self._people.pop(other, None)
+        self._redirects[other] = keep
+        for source, target in self._redirects.items():
+            if target == other:
+                self._redirects[source] = keep
+
+    def _apply_delete(self, person_id: str) -> None:
+        self._people.pop(person_id, None)
+        self._redirects = {s: t for s, t in self._redirects.items() if t != person_id and s != person_id}
+
+    def snapshot_ops(self) -> list[dict[str, Any]]:
+        """Ops that rebuild this exact state in an empty registry (for snapshots)."""
+        ops = [p.to_op() for p in self._people.values()]
+        at = self._clock()
+        ops += [{"op": "person_merge", "keep": t, "other": s, "at": at} for s, t in self._redirects.items()]
+        return ops
+
+    # -- queries ---------------------------------------------------------------------
+
+    def get(self, person_id: str) -> Person | None:
+        """The person with that id, following merges; None if unknown or deleted."""
+        return self._people.get(self._redirects.get(person_id, person_id))
+
+    def people(self, owner: str | None = None) -> list[Person]:
+        """Everyone (``owner=None``) or that owner's people plus household ones, by name."""
+        return sorted(self._visible(owner), key=lambda p: (norm(p.display_name), p.id))
+
+    def find_by_external_id(self, external_id: str) -> Person | None:
+        """The person anchored to that outside identity, or None."""
+        return next((p for p in self._people.values() if p.external_id == external_id), None)
+
+    def find_person(self, reference: str, owner: str | None = None) -> Person | None:
+        """The person a reference means (see module doc), or None. Raises ValidationError on bad input."""
+        _check_text(reference, "reference", MAX_REFERENCE_CHARS)
+        by_id = self.get(reference.strip())
+        if by_id is not None and _visible_to(by_id, owner):
+            return by_id
+        return self._match(parse_reference(reference), owner)
+
+    def _match(self, ref: Reference, owner: str | None) -> Person | None:
+        candidates = self._visible(owner)
+        if ref.name:
+            hit = self._by_name(ref, candidates, owner)
+            if hit is not None or not ref.relation:
+                return hit
+        if ref.relation:
+            same = [p for p in candidates if p.relation == ref.relation and (not ref.name or not p.name)]
+            return _best(same, owner)
+        return None
+
+    def _by_name(self, ref: Reference, candidates: list[Person], owner: str | None) -> Person | None:
+        key = norm(ref.name or "")
+        for tier in (lambda p: norm(p.name) == key,
+                     lambda p: any(norm(a) == key for a in p.aliases)):
+            hits = [p for p in candidates if tier(p)]
+            if hits:
+                matching = [p for p in hits if p.relation == ref.relation]
+                return _best(matching or hits, owner)
+        first = [p for p in candidates if p.name and norm(p.name).split()[0] == key]
+        return first[0] if len(first) == 1 else None  # a first name only counts when unique
+
+    def _visible(self, owner: str | None) -> list[Person]:
+        return [p for p in self._people.values() if _visible_to(p, owner)]
+
+    # -- planners: return ops, never change state ------------------------------------
+
+    def add_person(self, name: str, relation: str | None = None, aliases: Sequence[str] = (),
+                   owner: str | None = None, external_id: str | None = None,
+                   metadata: dict[str, Any] | None = None) -> Resolution:
+        """Plan a new person (``created`` is True). Raises ValidationError / TooLargeError."""
+        now = self._clock()
+        person = Person(id=self._new_id(), name=_display(name), relation=_relation(relation),
+                        aliases=_aliases(aliases), owner=owner, external_id=external_id,
+                        metadata=dict(metadata or {}), created_at=to_datetime(now), updated_at=to_datetime(now))
+        self._check_person(person)
+        return Resolution(person, True, person.to_op())
+
+    def resolve_person(self, reference: str, owner: str | None = None, create: bool = True) -> Resolution:
+        """Find the person a reference means, or plan creating it.
+
+        Returns ``Resolution(person, created, op)``: ``op`` is the person_put to
+        journal when the person is new or a missing name/relation was learnt
+        ("my wife Sarah" after "my wife"); ``person`` is None only when
+        ``create`` is False and nobody matched.  Raises ValidationError for an
+        empty reference or a bare pronoun (resolve those with ``subjects_in``).
+        """
+        ref = _reference(reference)
+        found = self.find_person(reference, owner)
+        if found is not None:
+            return self._learn(found, ref)
+        if not create:
+            return Resolution(None, False, None)
+        return self.add_person(ref.name or "", ref.relation, owner=owner)
+
+    def _learn(self, person: Person, ref: Reference) -> Resolution:
+        changes: dict[str, Any] = {}
+        if ref.name and not person.name:
+            changes["name"] = _display(ref.name)
+        if ref.relation and not person.relation:
+            changes["relation"] = ref.relation
+        if not changes:
+            return Resolution(person, False, None)
+        updated = replace(person, **changes, updated_at=to_datetime(self._clock()))
+        self._check_person(updated)
+        return Resolution(updated, False, updated.to_op())
+
+    def update_person(self, person_id: str, *, name: str = _UNSET, relation: str | None = _UNSET,
+                      aliases: Sequence[str] = _UNSET, external_id: str | None = _UNSET,
+                      metadata: dict[str, Any] = _UNSET, owner: str | None = _UNSET) -> Resolution:
+        """Plan a change of the given fields. Raises NotFoundError, ValidationError."""
+        person = self._require(person_id)
+        given: dict[str, Any] = {"name": name, "relation": relation, "aliases": aliases, "external_id": external_id,
+                 "metadata": metadata, "owner": owner}
+        changes = {k: v for k, v in given.items() if v is not _UNSET}
+        if "name" in changes:
+            changes["name"] = _display(changes["name"])
+        if "relation" in changes:
+            changes["relation"] = _relation(changes["relation"])
+        if "aliases" in changes:
+            changes["aliases"] = _aliases(changes["aliases"])
+        updated = replace(person, **changes, updated_at=to_datetime(self._clock()))
+        self._check_person(updated)
+        return Resolution(updated, False, updated.to_op())
+
+    def merge_people(self, keep: str, other: str) -> Merge:
+        """Plan merging ``other`` into ``keep``: aliases united (other's name becomes one),
+        missing relation / external id taken from ``other`` (a second external id goes
+        to ``metadata["merged_external_ids"]``), keep's metadata wins.  Raises
+        NotFoundError, ValidationError (same person, or the union is too large).
+        """
+        kept, gone = self._require(keep), self._require(other)
+        if kept.id == gone.id:
+            raise ValidationError("cannot merge a person with itself", field="other")
+        united = replace(kept, aliases=_united_aliases(kept, gone), relation=kept.relation or gone.relation,
+                         external_id=kept.external_id or gone.external_id, metadata=_merged_metadata(kept, gone),
+                         updated_at=to_datetime(self._clock()))
+        self._check_person(united, exempt=(kept.id, gone.id))
+        relink = {gone.id: kept.id} | {s: kept.id for s, t in self._redirects.items() if t == gone.id}
+        ops = [united.to_op(), {"op": "person_merge", "keep": kept.id, "other": gone.id, "at": self._clock()}]
+        return Merge(united, ops, relink)
+
+    def delete_person(self, person_id: str) -> dict[str, Any]:
+        """Plan deleting a person (the store drops the id from memories' subjects). Raises NotFoundError."""
+        person = self._require(person_id)
+        return {"op": "person_delete", "id": person.id, "at": self._clock()}
+
+    def subjects_in(self, sentence: str, owner: str | None = None, recent: Sequence[str] = (),
+                    create: bool = True) -> list[Resolution]:
+        """The persons a sentence is about, resolved or planned (one Resolution each).
+
+        ``recent`` are person ids most recent first (the subjects of the last
+        turns); a sentence that names nobody but uses she/he refers to the most
+        recent of them whose relation does not contradict the pronoun.  Journal
+        every non-None ``op`` before applying it.  Raises ValidationError.
+        """
+        if not isinstance(sentence, str) or len(sentence) > MAX_SENTENCE_CHARS:
+            raise ValidationError(f"sentence must be a string of at most {MAX_SENTENCE_CHARS} characters",
+                                  field="sentence")
+        known = [k for p in self._visible(owner) for k in (p.name, *p.aliases) if k]
+        out: list[Resolution] = []
+        for mention in extract_mentions(sentence, known):
+            ref = mention.reference
+            try:
+                resolution = self._from_context(ref.pronoun, recent, owner) if ref.pronoun else \
+                    self._resolve_ref(ref, owner, create)
+            except ValidationError:  # a candidate over the input limits is not a person; the sentence is fine
+                continue
+            if resolution.person is not None and all(r.person is None or r.person.id != resolution.person.id
+                                                      for r in out):
+                out.append(resolution)
+        return out
+
+    def _resolve_ref(self, ref: Reference, owner: str | None, create: bool) -> Resolution:
+        found = self._match(ref, owner)
+        if found is not None:
+            return self._learn(found, ref)
+        if not create:
+            return Resolution(None, False, None)
+        return self.add_person(ref.name or "", ref.relation, owner=owner)
+
+    def _from_context(self, pronoun: str, recent: Sequence[str], owner: str | None) -> Resolution:
+        for person_id in recent:
+            person = self.get(person_id)
+            gender = pronoun_gender(person.relation) if person else None
+            if person is not None and _visible_to(person, owner) and gender in (None, pronoun):
+                return Resolution(person, False, None)
+        return Resolution(None, False, None)
+
+    # -- validation ------------------------------------------------------------------
+
+    def _require(self, person_id: str) -> Person:
+        person = self.get(person_id)
+        if person is None:
+            raise NotFoundError(f"no person with id {person_id!r}", memory_id=person_id, person_id=person_id)
+        return person
+
+    def _check_person(self, person: Person, exempt: Iterable[str] = ()) -> None:
+        check_person(person)
+        if person.external_id is not None:
+            holder = self.find_by_external_id(person.external_id)
+            if holder is not None and holder.id != person.id and holder.id not in set(exempt):
+                raise ValidationError(f"external_id {person.external_id!r} already belongs to {holder.id}",
+                                      field="external_id")
+
+
+def check_person(person: Person) -> None:
+    """Input limits of a person. Raises ValidationError, TooLargeError."""
+    _check_text(person.name, "name", MAX_NAME_CHARS, allow_empty=bool(person.relation))
+    if person.relation is not None:
+        _check_text(person.relation, "relation", MAX_RELATION_CHARS)
+    if len(person.aliases) > MAX_ALIASES:
+        raise TooLargeError(f"at most {MAX_ALIASES} aliases", field="aliases", size=len(person.aliases),
+                            limit=MAX_ALIASES)
+    for alias in person.aliases:
+        _check_text(alias, "aliases", MAX_ALIAS_CHARS)
+    for name, value in (("owner", person.owner), ("external_id", person.external_id)):
+        if value is not None:
+            _check_text(value, name, MAX_EXTERNAL_ID_CHARS)
+    _check_metadata(person.metadata)
+
+
+def person_from_op(op: dict[str, Any]) -> Person:
+    """The Person a ``person_put`` op describes. Raises ValidationError on a malformed op."""
+    try:
+        person = Person(id=_str_field(op, "id"), name=str(op["name"]), relation=op.get("relation"),
+                        aliases=tuple(op.get("aliases") or ()), owner=op.get("owner"),
+                        external_id=op.get("external_id"), metadata=dict(op.get("metadata") or {}),
+                        created_at=to_datetime(float(op["created_at"])),
+                        updated_at=to_datetime(float(op["updated_at"])))
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
+        raise ValidationError(f"malformed person_put op: {exc}", field="op") from exc
+    check_person(person)
+    return person
+
+
+def _visible_to(person: Person, owner: str | None) -> bool:
+    return owner is None or person.owner is None or person.owner == owner
+
+
+def _best(people: list[Person], owner: str | None) -> Person | None:
+    """Owner's own before household, then the most recently updated."""
+    if not people:
+        return None
+    return max(people, key=lambda p: (owner is not None and p.owner == owner, p.updated_at, p.id))
+
+
+def _united_aliases(kept: Person, gone: Person) -> tuple[str, ...]:
+    out: list[str] = []
+    for alias in (*kept.aliases, gone.name, *gone.aliases):
+        if alias and norm(alias) != norm(kept.name) and all(norm(alias) != norm(a) for a in out):
+            out.append(alias)
+    return tuple(out)
+
+
+def _merged_metadata(kept: Person, gone: Person) -> dict[str, Any]:
+    metadata = {**gone.metadata, **kept.metadata}
+    if kept.external_id and gone.external_id and kept.external_id != gone.external_id:
+        previous = list(metadata.get("merged_external_ids") or [])
+        metadata["merged_external_ids"] = [*previous, gone.external_id]
+    return metadata
+
+
+def _reference(reference: str) -> Reference:
+    _check_text(reference, "reference", MAX_REFERENCE_CHARS)
+    ref = parse_reference(reference)
+    if ref.pronoun or ref.empty:
+        raise ValidationError(f"{reference!r} does not name a person (pronouns need context: use subjects_in)",
+                              field="reference")
+    return ref
+
+
+def _aliases(aliases: Any) -> tuple[str, ...]:
+    # A bare string would become a tuple of its characters.
+    if isinstance(aliases, str | bytes) or not isinstance(aliases, Sequence):
+        raise ValidationError("aliases must be a list of strings", field="aliases")
+    if len(aliases) > MAX_ALIASES:
+        raise TooLargeError(f"at most {MAX_ALIASES} aliases", field="aliases", size=len(aliases), limit=MAX_ALIASES)
+    return tuple(" ".join(str(a).split()) if isinstance(a, str) else a for a in aliases)
+
+
+def _display(name: str) -> str:
+    """"sarah" -> "Sarah" (a name typed in lowercase); other capitalisations are kept."""
+    if not isinstance(name, str):
+        raise ValidationError("name must be a string", field="name")
+    name = " ".join(unicodedata.normalize("NFC", name).split())
+    return name.title() if name.islower() else name
+
+
+def _relation(relation: str | None) -> str | None:
+    if relation is None:
+        return None
+    if not isinstance(relation, str):
+        raise ValidationError("relation must be a string", field="relation")
+    ref = parse_reference(relation)
+    return ref.relation or norm(relation) or None
+
+
+def _check_text(value: Any, name: str, limit: int, allow_empty: bool = False) -> None:
+    if not isinstance(value, str):
+        raise ValidationError(f"{name} must be a string, got {type(value).__name__}", field=name)
+    if len(value) > limit:
+        raise TooLargeError(f"{name} is longer than {limit} characters", field=name, size=len(value), limit=limit)
+    if not allow_empty and not value.strip():
+        raise ValidationError(f"{name} must not be empty", field=name)
+    if any(unicodedata.category(ch) == "Cc" for ch in value):
+        raise ValidationError(f"{name} must not contain control characters", field=name)
+
+
+def _check_metadata(metadata: Any) -> None:
+    if not isinstance(metadata, dict) or not all(isinstance(k, str) for k in metadata):
+        raise ValidationError("metadata must be a dict with string keys", field="metadata")
+    try:
+        size = len(msgpack.packb(metadata, use_bin_type=True))
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ValidationError(f"metadata is not serialisable: {exc}", field="metadata") from exc
+    if size > MAX_METADATA_BYTES:
+        raise TooLargeError("metadata is too large", field="metadata", size=size, limit=MAX_METADATA_BYTES)
+
+
+def _str_field(op: dict[str, Any], key: str) -> str:
+    value = op.get(key)
+    if not isinstance(value, str) or not value:
+        raise ValidationError(f"person op field {key!r} must be a non-empty string", field="op")
+    return value
