@@ -24,6 +24,7 @@ previous generation (``snapshot.prev.rms`` + ``journal.prev.rmj`` +
 from __future__ import annotations
 
 import logging
+import math
 import os
 import stat
 import time
@@ -136,13 +137,48 @@ def write_snapshot_keeping_previous(directory: Path, frames: Any) -> None:
         held.unlink(missing_ok=True)
 
 
-def write_next_journal(directory: Path, generation: int) -> None:
-    """Write the next generation's empty journal as ``journal.next.rmj`` (durable).
+def write_next_journal(directory: Path, generation: int, follows: tuple[int, int] | None = None,
+                       ops: list[Any] | None = None) -> None:
+    """Write the next generation's journal as ``journal.next.rmj`` (durable).
 
+    ``follows`` = (generation, offset): the snapshot of ``generation`` covers
+    the journal it follows up to that byte offset; ``ops`` are the operations
+    appended after it (carried over from a background compaction).
     Raises StorageFullError / StorageError; nothing else is touched then.
     """
-    head = {"kind": "journal", "generation": generation}
-    jr.write_atomic(directory / NEXT_JOURNAL_FILE, [jr.header(jr.JOURNAL), jr.encode_frame(head)])
+    head: dict[str, Any] = {"kind": "journal", "generation": generation}
+    if follows is not None:
+        head["follows"] = list(follows)
+    chunks = [jr.header(jr.JOURNAL), jr.encode_frame(head)] + ([jr.encode_frame(ops)] if ops else [])
+    jr.write_atomic(directory / NEXT_JOURNAL_FILE, chunks)
+
+
+def follows_of(head: Any) -> tuple[int, int] | None:
+    """The (generation, offset) a snapshot or journal head says it follows, if any."""
+    value = head.get("follows") if isinstance(head, dict) else None
+    if isinstance(value, list) and len(value) == 2 and all(isinstance(v, int) for v in value):
+        return value[0], value[1]
+    return None
+
+
+def complete_switch(directory: Path, generation: int) -> bool:
+    """Finish a compaction that died between its two journal renames.
+
+    When ``journal.rmj`` is missing and ``journal.next.rmj`` is the journal of
+    the snapshot's ``generation``, rename it into place; returns True if it did.
+    """
+    current, nxt = directory / JOURNAL_FILE, directory / NEXT_JOURNAL_FILE
+    if current.exists() or not nxt.exists():
+        return False
+    if journal_generation(jr.read_file(nxt, jr.JOURNAL)) != generation:
+        return False
+    try:
+        os.replace(nxt, current)
+        jr.fsync_dir(directory)
+    except OSError as exc:
+        raise StorageError(f"cannot finish the journal switch: {exc.strerror}", path=str(nxt)) from exc
+    log.warning("finished a compaction interrupted between its journal renames (%s)", directory)
+    return True
 
 
 def switch_journals(directory: Path) -> None:
@@ -195,12 +231,34 @@ def recovery_base(directory: Path) -> RecoveryBase:
         raise CorruptionError(f"{directory}: no previous journal to rebuild from; the snapshot cannot be "
                               "recovered automatically (nothing was changed)", path=str(directory), offset=0)
     result = jr.read_file(prev, jr.JOURNAL)
-    if journal_generation(result) != generation:
-        raise CorruptionError(f"{prev}: generation {journal_generation(result)} does not follow the previous "
-                              f"snapshot's {generation}; nothing was changed", path=str(prev), offset=0)
+    start = _chain_start(prev, journal_generation(result), generation, follows_of(base))
+    end = _covered_offset(directory, journal_generation(result))
     moved = [str(set_aside(directory / SNAPSHOT_FILE, "damaged"))] if (directory / SNAPSHOT_FILE).exists() else []
-    ops = [op for frame in result.frames[1:] for op in frame]
+    ops = [op for frame, offset in zip(result.frames[1:], result.offsets[1:], strict=True) if start <= offset < end
+           for op in frame]
     return RecoveryBase(base, generation, ops, moved)
+
+
+def _chain_start(prev: Path, journal_gen: int | None, generation: int, follows: tuple[int, int] | None) -> int:
+    """Where the previous journal's ops after the previous snapshot begin; raises
+    CorruptionError when that journal does not follow that snapshot."""
+    if journal_gen == generation:
+        return 0
+    if follows is not None and journal_gen == follows[0]:
+        return follows[1]  # a journal kept in use after a compaction (disk full at the switch)
+    raise CorruptionError(f"{prev}: generation {journal_gen} does not follow the previous snapshot's "
+                          f"{generation}; nothing was changed", path=str(prev), offset=0)
+
+
+def _covered_offset(directory: Path, generation: int | None) -> float:
+    """How much of journal ``generation`` the next snapshot covers: the offset the
+    current journal's head names (the rest was carried into the current journal)."""
+    try:
+        head = jr.read_file(directory / JOURNAL_FILE, jr.JOURNAL).frames[0]
+    except (CorruptionError, OSError, IndexError):
+        return math.inf
+    follows = follows_of(head)
+    return follows[1] if follows is not None and follows[0] == generation else math.inf
 
 
 def _previous_snapshot(directory: Path) -> dict[str, Any] | None:

@@ -20,6 +20,7 @@ import numpy as np
 from . import _persistence as files
 from . import journal as jr
 from ._persistence import JOURNAL_FILE, PREV_JOURNAL_FILE, SNAPSHOT_FILE, read_snapshot
+from ._records import Record, decode
 from .config import Config
 from .errors import ReachyMemoryError, StorageError, StoreLockedError, ValidationError
 
@@ -103,27 +104,31 @@ def _check_records(records: list[Any], vectors: memoryview, dim: int, report: Ve
         return
     matrix = matrix.reshape(-1, dim)
     ids, slots = set(), set()
-    for n, row in enumerate(records):
-        if row[0] in ids:
-            report.problems.append(f"duplicate memory id {row[0]!r}")
-        ids.add(row[0])
-        if row[6] in slots:
-            report.problems.append(f"slot {row[6]} used twice")
-        slots.add(row[6])
-        if row[7] is not None:
-            _check_vector(row, matrix, report)
+    for n, obj in enumerate(records):
+        try:
+            rec = decode(obj)
+        except ValidationError as exc:
+            report.problems.append(f"record {n}: {exc.message}")
+            continue
+        if rec.id in ids:
+            report.problems.append(f"duplicate memory id {rec.id!r}")
+        ids.add(rec.id)
+        if rec.slot in slots:
+            report.problems.append(f"slot {rec.slot} used twice")
+        slots.add(rec.slot)
+        if rec.vkey is not None:
+            _check_vector(rec, matrix, report)
         if progress and (n % 1000 == 0 or n == len(records) - 1):
             progress(n + 1, len(records))
 
 
-def _check_vector(row: list[Any], matrix: np.ndarray, report: VerifyReport) -> None:
-    slot = row[6]
-    if slot >= len(matrix):
-        report.problems.append(f"memory {row[0]!r} has a vector slot {slot} beyond the vector block")
+def _check_vector(rec: Record, matrix: np.ndarray, report: VerifyReport) -> None:
+    if rec.slot >= len(matrix):
+        report.problems.append(f"memory {rec.id!r} has a vector slot {rec.slot} beyond the vector block")
         return
-    norm = float(np.linalg.norm(matrix[slot]))
+    norm = float(np.linalg.norm(matrix[rec.slot]))
     if abs(norm - 1.0) > 1e-3:
-        report.problems.append(f"memory {row[0]!r}: vector norm {norm:.4f}, expected 1")
+        report.problems.append(f"memory {rec.id!r}: vector norm {norm:.4f}, expected 1")
     else:
         report.vectors += 1
 

@@ -107,11 +107,73 @@ def encode_frame(obj: Any, version: int = VERSION) -> bytes:
 
     Raises TooLargeError when the payload would exceed ``MAX_FRAME``.
     """
-    payload = pack(obj)
+    return _payload_frame(pack(obj), version)
+
+
+def _payload_frame(payload: bytes, version: int = VERSION) -> bytes:
     if len(payload) > MAX_FRAME:
         raise TooLargeError(f"a frame of {len(payload)} bytes exceeds the {MAX_FRAME}-byte limit",
                             field="frame", size=len(payload), limit=MAX_FRAME)
     return frame_header(len(payload), zlib.crc32(payload), version) + payload
+
+
+def pack_gently(obj: Any) -> bytes:
+    """msgpack-encode ``obj`` like :func:`pack`, piece by piece inside big containers.
+
+    One ``packb`` of a 100k-record list holds the GIL for tens of milliseconds;
+    packing item by item lets a snapshot be written by a background thread
+    while the engine thread keeps serving (the interpreter can switch threads
+    between items).  The bytes decode to the same value.
+    """
+    packer = msgpack.Packer(use_bin_type=True)
+    parts: list[bytes] = []
+    _pack_into(obj, packer, parts, 0)
+    return b"".join(parts)
+
+
+def _pack_into(obj: Any, packer: msgpack.Packer, parts: list[bytes], depth: int) -> None:
+    big = depth < 2 or len(obj) > 64 if isinstance(obj, dict | list | tuple) else False
+    if not big:
+        parts.append(packer.pack(obj))
+    elif isinstance(obj, dict):
+        parts.append(packer.pack_map_header(len(obj)))
+        for key, value in obj.items():
+            parts.append(packer.pack(key))
+            _pack_into(value, packer, parts, depth + 1)
+    else:
+        parts.append(packer.pack_array_header(len(obj)))
+        for value in obj:
+            _pack_into(value, packer, parts, depth + 1)
+
+
+class Packed:
+    """A frame whose msgpack payload is already encoded (see :func:`pack_gently`)."""
+
+    def __init__(self, payload: bytes) -> None:
+        self.payload = payload
+
+
+def frames_from(path: Path, offset: int, version: int) -> list[Any]:
+    """The decoded frames of ``path`` from byte ``offset`` (a frame boundary) to its end.
+
+    Used to carry the ops appended during a background compaction into the
+    next journal.  Raises CorruptionError when a frame there is not valid.
+    """
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(offset)
+            data = memoryview(handle.read())
+    except OSError as exc:
+        raise _storage_error(f"cannot read {path}", path, exc) from exc
+    frames, at = [], 0
+    while at < len(data):
+        payload = _frame_at(data, at, version)
+        if payload is None:
+            raise CorruptionError(f"{path}: no valid frame at offset {offset + at}", path=str(path),
+                                  offset=offset + at)
+        frames.append(_decode(path, offset + at, payload))
+        at += FRAME_OVERHEAD[version] + len(payload)
+    return frames
 
 
 ALIGN = 64
@@ -341,7 +403,12 @@ def _snapshot_chunks(frames: Iterable[Any]) -> Iterator[bytes | memoryview]:
     offset = HEADER_SIZE
     yield header(SNAPSHOT)
     for frame in frames:
-        chunks = frame.chunks(offset) if isinstance(frame, RawBin) else [encode_frame(frame)]
+        if isinstance(frame, RawBin):
+            chunks = frame.chunks(offset)
+        elif isinstance(frame, Packed):
+            chunks = [_payload_frame(frame.payload)]
+        else:
+            chunks = [encode_frame(frame)]
         for chunk in chunks:
             offset += len(chunk)
             yield chunk
@@ -394,6 +461,11 @@ class Journal:
         self._sync_error: OSError | None = None
         self.failure: str | None = None
         self.size = 0
+
+    @property
+    def version(self) -> int:
+        """The frame format version this journal's file is written in."""
+        return self._version
 
     def open(self, first_frame: Any) -> ReadResult:
         """Open (creating with ``first_frame`` if absent) and return what it held.

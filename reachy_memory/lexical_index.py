@@ -103,6 +103,11 @@ class LexicalIndex:
         self.n_docs = 0
         self._total_len = 0.0
 
+    @property
+    def term_count(self) -> int:
+        """How many distinct terms have postings (stale ones included until purged)."""
+        return len(self._postings)
+
     def _grow(self, slot: int) -> None:
         if slot >= len(self._doc_len):
             size = max(slot + 1, len(self._doc_len) * 2, 1024)

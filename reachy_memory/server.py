@@ -384,7 +384,7 @@ class Daemon:
         a, store = job.args, self.store
         if job.op == "search":
             _allowed(a, {"query", "memory_type", "limit", "min_score", "where", "mode"})
-            mode = store._check_search_args(a.get("query"), a.get("limit", 5), a.get("min_score", 0.3), a.get("mode"))
+            mode = store.check_search_args(a.get("query"), a.get("limit", 5), a.get("min_score", 0.3), a.get("mode"))
             return store.embed_query(a["query"]) if mode != "lexical" else None
         if job.op == "set_context":
             _allowed(a, {"key", "value"})

@@ -22,14 +22,9 @@ final score.
 from __future__ import annotations
 
 import bisect
-import heapq
-import itertools
 import logging
-import math
 import threading
 import time
-import uuid
-from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,11 +32,13 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from . import _ingest as ingest
 from . import _persistence as files
 from . import _ranking as ranking
 from . import journal as jr
-from ._filters import FieldIndex, validate_metadata
 from ._persistence import GRAPH_FILE, JOURNAL_FILE, SNAPSHOT_FILE, read_snapshot
+from ._records import RECORD_VERSION, Record, decode, encode
+from ._state import GROUP, Frozen, MemoryState, snapshot_sections
 from ._temporal import temporal_bonus
 from ._threads import pin_native_threads
 from .config import Config
@@ -52,19 +49,16 @@ from .errors import (
     ModelMismatchError,
     ReachyMemoryError,
     ReadOnlyError,
-    TooLargeError,
+    StorageError,
     ValidationError,
 )
 from .lexical_index import LexicalIndex
-from .model import Expiry, Memory, MemoryType, SearchResult, check_time, resolve_timezone, to_datetime, to_epoch
-from .vector_index import VectorIndex
+from .model import Expiry, Memory, MemoryType, SearchResult, resolve_timezone, to_datetime, to_epoch
 
 log = logging.getLogger(__name__)
 
 __all__ = ["DEFAULT_EMBEDDER", "GRAPH_FILE", "JOURNAL_FILE", "SNAPSHOT_FILE", "Embedder", "MemoryStore",
            "read_snapshot"]
-_GROUP = {t.value: i for i, t in enumerate(MemoryType)}  # one vector graph per memory type
-NEIGHBOUR_SECONDS = 600.0  # a previous turn older than this is not context any more
 datetime_or_float = Any  # a datetime (aware, or naive meaning UTC), epoch seconds, or None
 
 
@@ -94,28 +88,6 @@ def embedder_key(embedder: Any) -> str:
     return f"{type(embedder).__name__}/{embedder.dim}"
 
 
-class _Rec:
-    """A stored memory, in the compact form kept in RAM and on disk."""
-
-    __slots__ = ("content", "created", "expires", "id", "metadata", "slot", "type", "vkey")
-
-    def __init__(self, id: str, content: str, type: str, created: float, expires: float | None,
-                 metadata: dict[str, Any], slot: int = -1, vkey: str | None = None) -> None:
-        self.id, self.content, self.type = id, content, type
-        self.created, self.expires, self.metadata = created, expires, metadata
-        self.slot, self.vkey = slot, vkey
-
-    def row(self) -> list[Any]:
-        return [self.id, self.content, self.type, self.created, self.expires, self.metadata, self.slot, self.vkey]
-
-    def expired(self, now: float) -> bool:
-        return self.expires is not None and self.expires <= now
-
-    def memory(self) -> Memory:
-        return Memory(self.id, self.content, MemoryType(self.type), to_datetime(self.created),
-                      dict(self.metadata), to_datetime(self.expires) if self.expires is not None else None)
-
-
 @dataclass
 class _Prepared:
     """A validated, embedded write, ready to be committed.
@@ -130,6 +102,17 @@ class _Prepared:
     texts: list[str | None]
 
 
+@dataclass
+class _Compaction:
+    """One compaction in flight: the snapshot of ``frozen`` becomes ``generation``;
+    it covers the current journal up to byte ``follows[1]``."""
+
+    generation: int
+    follows: tuple[int, int]  # (journal generation, offset): where the ops after the snapshot start
+    frozen: Frozen
+    head: dict[str, Any]
+
+
 class MemoryStore:
     """Long-term memory: store, search, forget, expire; durable and crash-safe.
 
@@ -142,6 +125,10 @@ class MemoryStore:
     Raises :class:`StoreLockedError` if another process has the directory,
     :class:`CorruptionError` for damaged files, :class:`ModelMismatchError` when
     the stored vectors come from another model (unless ``reindex=True``).
+
+    Threads: the caller that holds ``_lock`` (the daemon's engine thread) owns
+    the state and the journal; a background compaction thread owns only its
+    frozen view and the snapshot file it writes (see :meth:`_compact`).
     """
 
     def __init__(self, path: str | Path | None = None, *, config: Config | None = None,
@@ -150,6 +137,7 @@ class MemoryStore:
         self.path = Path(path).expanduser() if path is not None else self._config.data_dir
         self._closed = True
         self._lock = threading.RLock()
+        self._compacting: threading.Thread | None = None
         pin_native_threads(self._config.search.blas_threads)
         files.secure_dir(self.path)
         self._dir_lock = jr.DirLock(self.path)
@@ -175,28 +163,21 @@ class MemoryStore:
         stored_key = snapshot.get("model") if snapshot and not reindex else None  # reindex: the configured model
         self._embedder = self._resolve_embedder(embedder, stored_key)
         self.embedder_error: str | None = getattr(self, "_embedder_error", None)
-        self._records: dict[str, _Rec] = {}
-        self._by_slot: dict[int, _Rec] = {}
-        self._free: list[int] = []
-        self._next_slot = 0
-        self._fields = FieldIndex()
-        self._lexical = LexicalIndex()
-        self._window: deque[list[Any]] = deque(maxlen=2 * mem.context_window_size)
-        # Read views for the cheap reads (get_context_window, get_context, stats): immutable
-        # values whose references the writer swaps under the store lock; readers take no
-        # lock, so a compaction, a backup or a search never makes them wait.
-        self._window_view: tuple[tuple[Any, ...], ...] = ()
-        self._context_view: dict[str, tuple[_Rec, ...]] = {}
-        self._generation = 0
-        self._model_key: str | None = None
-        self._last_turn: _Rec | None = None
-        self._model_key = snapshot.get("model") if snapshot else (_first_vkey(base.ops) if base else None)
-        self._current_key = embedder_key(self._embedder) if self._embedder is not None else self._model_key
-        self._load_snapshot(snapshot, _first_dim(base.ops) if base else None)
+        model_key = snapshot.get("model") if snapshot else (_first_vkey(base.ops) if base else None)
+        current_key = embedder_key(self._embedder) if self._embedder is not None else model_key
+        dim = self._embedder.dim if self._embedder is not None else (
+            (snapshot or {}).get("dim") or (_first_dim(base.ops) if base else None) or 384)
+        self._state = MemoryState(self._config, dim, current_key, model_key)
+        self._generation = snapshot["generation"] if snapshot else 0
+        self._follows = files.follows_of(snapshot)
+        if snapshot is not None:
+            self._state.load(snapshot)
+            self._load_graph()
         if base is not None:  # rebuild: the previous generation's ops, then the current journal
             for op in base.ops:
                 self._apply(op)
-            self._generation = base.generation + 1
+            self._generation, self._follows = base.generation + 1, None
+        files.complete_switch(self.path, self._generation)
         self._journal = jr.Journal(self.path / JOURNAL_FILE, mem.fsync, mem.fsync_batch_window_ms)
         try:
             self._replay(self._journal.open({"kind": "journal", "generation": self._generation}))
@@ -238,66 +219,25 @@ class MemoryStore:
 
     def _check_model(self, reindex: bool) -> None:
         """Refuse to mix vector spaces: stored vectors must come from the configured model."""
-        key = self._current_key
         if self._embedder is None or reindex:
             return
-        other = next((r.vkey for r in self._records.values() if r.vkey not in (None, key)), None)
+        other = self._state.foreign_vkey()
         if other is not None:
+            key = self._state.current_key
             raise ModelMismatchError(
                 f"this store's vectors were made by {other!r} but the configured model is {key!r}; "
                 "run 'reachy-memory reindex' to re-embed, or configure the original model",
                 stored=other, configured=key,
             )
 
-    def _load_snapshot(self, snapshot: dict[str, Any] | None, dim_hint: int | None = None) -> None:
-        dim = self._embedder.dim if self._embedder is not None else (snapshot or {}).get("dim") or dim_hint or 384
-        cfg = self._config.search
-        self._vectors = VectorIndex(dim, m=cfg.hnsw_m, ef_construction=cfg.hnsw_ef_construction,
-                                    ef_search=cfg.hnsw_ef_search, exact_threshold=cfg.exact_threshold,
-                                    exact_below=cfg.exact_below)
-        if snapshot is None:
-            return
-        self._generation = snapshot["generation"]
-        self._window.extend(snapshot["window"])
-        self._window_view = tuple(tuple(turn) for turn in self._window)
-        self._lexical.load_state(snapshot["lexical"])
-        vectors = snapshot["vectors"] if snapshot.get("dim") == dim else b""  # another model's space
-        vec_rows = len(vectors) // (4 * dim)
-        alive = np.zeros(vec_rows, bool)
-        group = np.zeros(vec_rows, np.int8)
-        for row in snapshot["records"]:
-            rec = _Rec(*row)
-            self._place(rec, rec.slot)
-            if rec.vkey is not None and rec.vkey == self._current_key and rec.slot < vec_rows:
-                alive[rec.slot] = True
-                group[rec.slot] = _GROUP[rec.type]
-        self._free = sorted(set(range(self._next_slot)) - set(self._by_slot))
-        self._vectors.load_vectors(vectors, alive, group)
-        self._load_graph()
-
-    def _place(self, rec: _Rec, slot: int) -> None:
-        rec.slot = slot
-        self._records[rec.id] = rec
-        self._by_slot[slot] = rec
-        self._next_slot = max(self._next_slot, slot + 1)
-        self._fields.add(slot, rec.type, rec.metadata)
-        self._update_context_view(rec, add=True)
-
-    def _update_context_view(self, rec: _Rec, *, add: bool) -> None:
-        """Swap in a new context view when ``rec`` is named context (copy-on-write)."""
-        key = rec.metadata.get("context_key") if rec.type == MemoryType.CONTEXT.value else None
-        if not isinstance(key, str):
-            return
-        kept = tuple(r for r in self._context_view.get(key, ()) if r.id != rec.id)
-        self._context_view = {**self._context_view, key: (*kept, rec) if add else kept}
-
     def _graph_tag(self) -> str:
-        return f"{self._generation}:{self._current_key}"
+        return f"{self._generation}:{self._state.current_key}"
 
     def _load_graph(self) -> None:
-        if self._vectors.count <= self._vectors.exact_below // 2:
+        vectors = self._state.vectors
+        if vectors.count <= vectors.exact_below // 2:
             return  # searched exactly at this size; vectors wait as pending
-        self._vectors.load_graph(self.path / GRAPH_FILE, self._graph_tag())
+        vectors.load_graph(self.path / GRAPH_FILE, self._graph_tag())
 
     def _replay(self, result: jr.ReadResult) -> None:
         """Apply the journal's ops, after checking that it follows the snapshot.
@@ -307,13 +247,7 @@ class MemoryStore:
         """
         generation = files.journal_generation(result)
         if generation is not None and generation < self._generation:
-            # A compaction made the snapshot durable and died before retiring
-            # the journal: every op in it is in the snapshot.  Move it, never rewrite it.
-            log.warning("journal generation %s is older than snapshot %s: already folded in, kept as %s",
-                        generation, self._generation, files.PREV_JOURNAL_FILE)
-            self._journal.close()
-            files.retire_journal(self.path)
-            self._open_journal()
+            self._replay_older(result, generation)
             return
         if generation != self._generation:
             raise CorruptionError(
@@ -321,17 +255,47 @@ class MemoryStore:
                 f"{self._generation} (the snapshot is missing or was replaced); nothing was changed. "
                 "Run 'reachy-memory verify --repair' to rebuild from the previous generation kept on disk",
                 path=str(self._journal.path), offset=0)
+        self._journal_generation = self._generation
         for ops in result.frames[1:]:
-            for op in ops:
-                self._apply(op)
+            self._apply_all(ops)
+
+    def _carry_over(self, follows: tuple[int, int], tail: list[list[Any]]) -> None:
+        """Start the snapshot's own journal with ``tail`` (the ops after ``follows``) and
+        retire the current one (moved, never rewritten).
+
+        When the disk is too full for that, the store goes on appending to the current
+        journal (its snapshot names where its ops begin): nothing is lost either way.
+        """
+        try:
+            files.write_next_journal(self.path, self._generation, follows, tail)
+        except StorageError as exc:
+            log.warning("journal kept in use after a compaction (%s); the next compaction retries", exc)
+            return
+        self._switch_journals()
+
+    def _replay_older(self, result: jr.ReadResult, generation: int) -> None:
+        """A compaction made the snapshot durable and died before switching journals.
+
+        The snapshot covers this journal up to the offset it names (all of it for
+        a snapshot that names none); the ops after that offset are applied and
+        carried into the snapshot's journal, and this one is moved, never rewritten.
+        """
+        follows = self._follows if self._follows and self._follows[0] == generation else None
+        tail = [op for frame, offset in zip(result.frames[1:], result.offsets[1:], strict=True)
+                if follows is not None and offset >= follows[1] for op in frame]
+        self._apply_all(tail)
+        self._journal_generation = generation
+        log.warning("journal generation %s is older than snapshot %s: %d ops after the snapshot applied",
+                    generation, self._generation, len(tail))
+        self._carry_over(follows or (generation, self._journal.size), tail)
 
     def _adopt_model(self) -> None:
-        key = self._current_key
-        if self._embedder is None or key == self._model_key:
+        key = self._state.current_key
+        if self._embedder is None or key == self._state.model_key:
             return
-        if not any(r.vkey is not None and r.vkey != key for r in self._records.values()):
+        if self._state.foreign_vkey() is None:
             self._commit([["model", key]])
-        missing = sum(1 for r in self._records.values() if r.vkey != key)
+        missing = sum(1 for r in self._state.records.values() if r.vkey != key)
         if missing:
             log.warning("%d memories have no vector from %s; run 'reachy-memory reindex' to add them",
                         missing, key)
@@ -342,61 +306,20 @@ class MemoryStore:
         """Journal ``ops`` (durably, per policy), then apply them to the state."""
         with self._lock:
             self._journal.append(ops)
-            for op in ops:
-                self._apply(op)
-            if self._journal.size > self._config.memory.compact_journal_bytes:
-                self._compact_quietly()
+            self._apply_all(ops)
+            if self._journal.size > self._config.memory.compact_journal_bytes and self._compacting is None:
+                self._compact_in_background()
 
-    def _compact_quietly(self) -> None:
-        """Auto-compaction: a failure is logged, never raised, because the write that
-        triggered it is already durable in the journal (which keeps growing)."""
+    def _apply_all(self, ops: list[list[Any]]) -> None:
         try:
-            self._compact()
-        except ReachyMemoryError as exc:
-            log.warning("compaction failed, the journal keeps every change: %s", exc)
+            for op in ops:
+                self._state.apply(op)
+        except CorruptionError as exc:
+            raise CorruptionError(f"{self._journal.path if hasattr(self, '_journal') else self.path}: "
+                                  f"{exc.message}", path=str(self.path), offset=-1) from exc
 
     def _apply(self, op: list[Any]) -> None:
-        kind = op[0]
-        if kind == "put":
-            self._apply_put(_Rec(*op[1]), op[2])
-        elif kind == "del":
-            self._apply_del(op[1])
-        elif kind == "win":
-            self._window.append(op[1:])
-            self._window_view = tuple(tuple(turn) for turn in self._window)
-        elif kind == "winclr":
-            self._window.clear()
-            self._window_view = ()
-        elif kind == "model":
-            self._model_key = op[1]
-        else:
-            raise CorruptionError(f"unknown journal operation {kind!r}", path=str(self._journal.path), offset=-1)
-
-    def _apply_put(self, rec: _Rec, vector: bytes | None) -> None:
-        if rec.id in self._records:
-            self._apply_del(rec.id)
-        slot = heapq.heappop(self._free) if self._free else self._next_slot
-        self._place(rec, slot)
-        self._lexical.add(slot, rec.content)
-        if vector is None:
-            rec.vkey = None
-        elif rec.vkey == self._current_key:
-            self._vectors.add(slot, np.frombuffer(vector, np.float32), _GROUP[rec.type])
-        if rec.type == MemoryType.CONVERSATION.value:
-            self._last_turn = rec
-
-    def _apply_del(self, memory_id: str) -> None:
-        rec = self._records.pop(memory_id, None)
-        if rec is None:
-            return
-        del self._by_slot[rec.slot]
-        self._fields.remove(rec.slot, rec.type, rec.metadata)
-        self._update_context_view(rec, add=False)
-        self._lexical.remove(rec.slot, rec.content)
-        self._vectors.remove(rec.slot)
-        heapq.heappush(self._free, rec.slot)
-        if self._last_turn is rec:
-            self._last_turn = None
+        self._apply_all([op])
 
     # -- writing ---------------------------------------------------------------------
 
@@ -418,12 +341,15 @@ class MemoryStore:
     def prepare(self, items: Iterable[Mapping[str, Any]], now: float | None = None) -> _Prepared:
         """Validate and embed ``items`` without changing anything (thread-safe)."""
         self._require_open()
-        rows = [self._validate_item(item) for item in _as_list(items, self._config.memory.max_batch)]
+        rows = [ingest.validate_item(item, self._config)
+                for item in ingest.as_list(items, self._config.memory.max_batch)]
         created = time.time() if now is None else now
-        recs, out_ids = self._new_records(rows, created)
-        texts = self._embedding_texts(recs, self._last_turn)
-        vectors = self._embed_records(recs, texts)
-        ops = [["put", rec.row(), vec] for rec, vec in zip(recs, vectors, strict=True)]
+        recs, out_ids = ingest.new_records(rows, created, self._expiry, self._state.records)
+        texts = ingest.embedding_texts(recs, self._state.last_turn, self._config)
+        vectors = self._embed_records(texts)
+        key = self._state.current_key
+        ops = [["put", encode(rec.replace(vkey=key if vec is not None else None)), vec]
+               for rec, vec in zip(recs, vectors, strict=True)]
         return _Prepared(ops, out_ids, [t if v is not None else None for t, v in zip(texts, vectors, strict=True)])
 
     def commit(self, prepared: _Prepared) -> list[Memory]:
@@ -434,13 +360,13 @@ class MemoryStore:
                      if not self._is_duplicate(op[1])]
             if fresh:
                 self._commit(self._with_current_context(fresh))
-            return [self._records[i].memory() for i in prepared.ids]
+            return [self._state.records[i].memory() for i in prepared.ids]
 
     def _with_current_context(self, fresh: list[tuple[list[Any], str | None]]) -> list[list[Any]]:
         """The ops, each conversation turn re-embedded if the turn before it is not the
         one prepare saw (another write committed in between).  Engine thread only."""
-        recs = [_Rec(*op[1]) for op, _ in fresh]
-        texts = self._embedding_texts(recs, self._last_turn)
+        recs = [Record(**op[1]) for op, _ in fresh]
+        texts = ingest.embedding_texts(recs, self._state.last_turn, self._config)
         stale = [i for i, (op, seen) in enumerate(fresh) if seen is not None and texts[i] != seen]
         vectors = self._embed([texts[i] for i in stale]) if stale else None
         ops = [op for op, _ in fresh]
@@ -448,85 +374,17 @@ class MemoryStore:
             ops[i] = ["put", ops[i][1], vectors[n].astype(np.float32).tobytes() if vectors is not None else None]
         return ops
 
-    def _is_duplicate(self, row: list[Any]) -> bool:
-        existing = self._records.get(row[0])
-        if existing is None:
-            return False
-        if existing.content != row[1] or existing.type != row[2]:
-            raise ValidationError(f"id {row[0]!r} is already used by another memory", field="id")
-        return True
+    def _is_duplicate(self, row: dict[str, Any]) -> bool:
+        memory_id = row["id"]
+        return ingest.check_duplicate(self._state.records.get(memory_id), memory_id, row["content"], row["type"])
 
-    def _validate_item(self, item: Mapping[str, Any]) -> tuple[str, str, dict[str, Any], str | None, float | None]:
-        if not isinstance(item, Mapping):
-            raise ValidationError("each item must be a dict with content, memory_type, metadata", field="items")
-        unknown = set(item) - {"content", "memory_type", "metadata", "id", "created_at"}
-        if unknown:
-            raise ValidationError(f"unknown item keys: {sorted(unknown)}", field="items")
-        content = self._validate_text(item.get("content"), "content")
-        mtype = MemoryType.parse(item.get("memory_type", MemoryType.FACT))
-        mem = self._config.memory
-        metadata = validate_metadata(item.get("metadata"), max_bytes=mem.max_metadata_bytes,
-                                     max_keys=mem.max_metadata_keys)
-        memory_id = item.get("id")
-        if memory_id is not None and (not isinstance(memory_id, str) or not 0 < len(memory_id) <= 128):
-            raise ValidationError("id must be a non-empty string of at most 128 characters", field="id")
-        return content, mtype.value, metadata, memory_id, check_time(item.get("created_at"), "created_at")
-
-    def _validate_text(self, text: Any, field: str) -> str:
-        if not isinstance(text, str):
-            raise ValidationError(f"{field} must be a string, got {type(text).__name__}", field=field)
-        if not text.strip():
-            raise ValidationError(f"{field} must not be empty or whitespace only", field=field)
-        limit = self._config.memory.max_content_chars
-        if len(text) > limit:
-            raise TooLargeError(f"{field} is {len(text)} characters; the limit is {limit}",
-                                field=field, size=len(text), limit=limit)
-        return text
-
-    def _new_records(self, rows: list[tuple[str, str, dict[str, Any], str | None, float | None]],
-                     now: float) -> tuple[list[_Rec], list[str]]:
-        """Records for validated rows; ``created_at`` (imports) defaults to ``now``."""
-        recs: list[_Rec] = []
-        ids: list[str] = []
-        for content, mtype, metadata, memory_id, created_at in rows:
-            created = now if created_at is None else created_at
-            memory_id = memory_id or uuid.uuid4().hex
-            ids.append(memory_id)
-            existing = self._records.get(memory_id)
-            if existing is not None:
-                self._is_duplicate([memory_id, content, mtype])  # raises if the id is taken
-                continue
-            if memory_id in {r.id for r in recs}:
-                continue
-            expires = self._expiry.expires(MemoryType(mtype), created)
-            recs.append(_Rec(memory_id, content, mtype, created, expires, metadata))
-        return recs, ids
-
-    def _embed_records(self, recs: list[_Rec], texts: list[str]) -> list[bytes | None]:
-        if self._embedder is None or not recs:
-            return [None] * len(recs)
+    def _embed_records(self, texts: list[str]) -> list[bytes | None]:
+        if self._embedder is None or not texts:
+            return [None] * len(texts)
         vectors = self._embed(texts)
         if vectors is None:
-            return [None] * len(recs)
-        for rec in recs:
-            rec.vkey = self._current_key
+            return [None] * len(texts)
         return [np.ascontiguousarray(v, np.float32).tobytes() for v in vectors]
-
-    def _embedding_texts(self, recs: list[_Rec], previous: _Rec | None) -> list[str]:
-        """Each new record's text to embed (``previous``: the last turn stored before them)."""
-        texts = []
-        for rec in recs:
-            texts.append(self._context_text(rec, previous))
-            if rec.type == MemoryType.CONVERSATION.value:
-                previous = rec
-        return texts
-
-    def _context_text(self, rec: _Rec, previous: _Rec | None) -> str:
-        """What is embedded for ``rec``: a conversation turn carries the turn before it."""
-        if (self._config.embedding.neighbour_context and rec.type == MemoryType.CONVERSATION.value
-                and previous is not None and rec.created - previous.created <= NEIGHBOUR_SECONDS):
-            return f"{previous.content}\n{rec.content}"
-        return rec.content
 
     def _embed(self, texts: list[str]) -> np.ndarray | None:
         """Embed or return None (logged): the store never fails for the model's sake."""
@@ -535,9 +393,10 @@ class MemoryStore:
         except Exception as exc:  # any embedder failure degrades to lexical-only
             log.warning("embedding failed, continuing lexical-only: %s", exc)
             return None
-        if vectors.shape != (len(texts), self._vectors.dim) or not np.isfinite(vectors).all():
+        dim = self._state.vectors.dim
+        if vectors.shape != (len(texts), dim) or not np.isfinite(vectors).all():
             log.warning("embedder returned shape %s, expected (%d, %d); ignoring its vectors",
-                        vectors.shape, len(texts), self._vectors.dim)
+                        vectors.shape, len(texts), dim)
             return None
         return vectors
 
@@ -552,9 +411,9 @@ class MemoryStore:
     def forget(self, memory_id: str) -> bool:
         """Delete a memory; False if there was none with that id."""
         self._require_open()
-        _check_str(memory_id, "id")
+        ingest.check_str(memory_id, "id")
         with self._lock:
-            if memory_id not in self._records:
+            if memory_id not in self._state.records:
                 return False
             self._commit([["del", memory_id]])
             return True
@@ -564,7 +423,7 @@ class MemoryStore:
         self._require_open()
         at = _epoch(now)
         with self._lock:
-            expired = [r.id for r in self._records.values() if r.expires is not None and r.expires <= at]
+            expired = [r.id for r in self._state.records.values() if r.expired(at)]
             for start in range(0, len(expired), 5000):
                 self._commit([["del", i] for i in expired[start : start + 5000]])
         return len(expired)
@@ -574,26 +433,26 @@ class MemoryStore:
     def get(self, memory_id: str, *, now: datetime_or_float = None) -> Memory | None:
         """The live memory with that id, or None (an expired memory is never returned)."""
         self._require_open()
-        _check_str(memory_id, "id")
-        rec = self._records.get(memory_id)
-        at = _epoch(now)
-        return rec.memory() if rec is not None and not rec.expired(at) else None
+        ingest.check_str(memory_id, "id")
+        rec = self._state.records.get(memory_id)
+        return rec.memory() if rec is not None and not rec.expired(_epoch(now)) else None
 
     def export_page(self, after: str | None = None, limit: int = 500) -> tuple[list[Memory], str | None]:
         """Live memories in id order after ``after``; returns (page, next cursor or None)."""
         self._require_open()
+        if after is not None:
+            ingest.check_str(after, "after")
         with self._lock:
-            ids = sorted(self._records)
-            if after is not None:
-                _check_str(after, "after")
+            records = self._state.records
+            ids = sorted(records)
             start = bisect.bisect_right(ids, after) if after is not None else 0
             page = ids[start : start + limit]
             now = time.time()
-            memories = [self._records[i].memory() for i in page if not self._records[i].expired(now)]
+            memories = [records[i].memory() for i in page if not records[i].expired(now)]
         return memories, (page[-1] if start + limit < len(ids) and page else None)
 
     def __len__(self) -> int:
-        return len(self._records)
+        return len(self._state.records)
 
     def search(self, query: str, memory_type: MemoryType | str | None = None, limit: int = 5,
                min_score: float = 0.3, where: dict[str, Any] | None = None, *,
@@ -606,20 +465,14 @@ class MemoryStore:
         for bad arguments.
         """
         self._require_open()
-        mode = self._check_search_args(query, limit, min_score, mode)
+        mode = self.check_search_args(query, limit, min_score, mode)
         qvec = self.embed_query(query) if mode != "lexical" else None
         return self.search_vector(query, qvec, memory_type, limit, min_score, where, mode=mode, now=now)
 
-    def _check_search_args(self, query: Any, limit: Any, min_score: Any, mode: str | None) -> str:
-        self._validate_text(query, "query")
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
-            raise ValidationError(f"limit must be an integer from 1 to 1000, got {limit!r}", field="limit")
-        if isinstance(min_score, bool) or not isinstance(min_score, int | float) or not math.isfinite(min_score):
-            raise ValidationError(f"min_score must be a number, got {min_score!r}", field="min_score")
-        mode = mode or self._config.search.mode
-        if mode not in ("hybrid", "vector", "lexical"):
-            raise ValidationError(f"mode must be hybrid, vector or lexical, got {mode!r}", field="mode")
-        return mode
+    def check_search_args(self, query: Any, limit: Any, min_score: Any, mode: str | None) -> str:
+        """Validate search arguments (before embedding the query); returns the mode.
+        Raises ValidationError / TooLargeError."""
+        return ingest.check_search(query, limit, min_score, mode, self._config)
 
     def embed_query(self, query: str) -> np.ndarray | None:
         """The query's vector, or None when no model is usable (thread-safe)."""
@@ -636,13 +489,13 @@ class MemoryStore:
         mtype = MemoryType.parse(memory_type).value if memory_type is not None else None
         at = _epoch(now)
         with self._lock:
-            mask = self._fields.mask(mtype, where)
+            mask = self._state.fields.mask(mtype, where)
             slots, scores = self._rank(query, qvec, mask, limit, mode, mtype, at)
             results = []
             for i in np.argsort(-scores, kind="stable"):
                 if scores[i] < min_score:
                     break
-                rec = self._by_slot[int(slots[i])]
+                rec = self._state.by_slot[int(slots[i])]
                 if not rec.expired(at):
                     results.append(SearchResult(rec.memory(), float(scores[i])))
                     if len(results) == limit:
@@ -655,12 +508,12 @@ class MemoryStore:
         """Candidate slots and their fused scores (unordered); see :mod:`._ranking`.
         With ``now``, a hybrid search adds ``search.temporal_boost`` to memories created
         inside the window the query's time words name (:mod:`._temporal`)."""
-        cfg = self._config.search
-        groups = [_GROUP[mtype]] if mtype is not None else None
+        cfg, state = self._config.search, self._state
+        groups = [GROUP[mtype]] if mtype is not None else None
         slots, scores = ranking.rank(query, qvec, mask, limit, mode, groups,
-                                     indexes=ranking.Indexes(self._vectors, self._lexical, self._fields), cfg=cfg)
+                                     indexes=ranking.Indexes(state.vectors, state.lexical, state.fields), cfg=cfg)
         if mode == "hybrid" and cfg.temporal_boost and now is not None and len(slots):
-            created = np.fromiter((self._by_slot[int(s)].created for s in slots), np.float64, len(slots))
+            created = np.fromiter((state.by_slot[int(s)].created for s in slots), np.float64, len(slots))
             scores = np.minimum(scores + temporal_bonus(query, created, now, cfg.temporal_boost, self._tz), 1.0)
         return slots, scores
 
@@ -671,13 +524,14 @@ class MemoryStore:
         self._require_open()
         if not isinstance(role, str) or not 0 < len(role.strip()) <= 64:
             raise ValidationError("role must be a non-empty string of at most 64 characters", field="role")
-        self._commit([["win", role, self._validate_text(content, "content"), time.time()]])
+        self._commit([["win", role, ingest.validate_text(content, "content", self._config), time.time()]])
 
     def get_context_window(self) -> list[dict[str, Any]]:
         """The recent messages, oldest first: dicts with role, content, timestamp.
         Takes no lock (reads the window view)."""
         self._require_open()
-        return [{"role": r, "content": c, "timestamp": to_datetime(t).isoformat()} for r, c, t in self._window_view]
+        return [{"role": r, "content": c, "timestamp": to_datetime(t).isoformat()}
+                for r, c, t in self._state.window_view]
 
     def clear_context_window(self) -> None:
         """Empty the window (a new session)."""
@@ -692,7 +546,8 @@ class MemoryStore:
         """The validated, embedded write of :meth:`set_context` (thread-safe)."""
         self._require_open()
         if not isinstance(key, str) or not 0 < len(key) <= 256:
-            raise ValidationError("context key must be a non-empty string of at most 256 characters", field="key")
+            raise ValidationError("context key must be a non-empty string of at most 256 characters",
+                                         field="key")
         return self.prepare([{"content": value, "memory_type": MemoryType.CONTEXT,
                               "metadata": {"context_key": key}}])
 
@@ -700,22 +555,17 @@ class MemoryStore:
         """Commit a :meth:`prepare_context` write, dropping the key's earlier values."""
         self._require_open()
         with self._lock:
-            old = [["del", r.id] for r in self._context_records(key)]
+            old = [["del", r.id] for r in self._state.context_records(key)]
             self._commit(old + prepared.ops)
-            return self._records[prepared.ids[0]].memory()
+            return self._state.records[prepared.ids[0]].memory()
 
     def get_context(self, key: str, *, now: datetime_or_float = None) -> str | None:
         """The live value of named context ``key``, or None."""
         self._require_open()
-        _check_str(key, "key")
+        ingest.check_str(key, "key")
         at = _epoch(now)
-        live = [r for r in self._context_view.get(key, ()) if not r.expired(at)]  # no lock: the view
+        live = [r for r in self._state.context_view.get(key, ()) if not r.expired(at)]  # no lock: the view
         return max(live, key=lambda r: r.created).content if live else None
-
-    def _context_records(self, key: str) -> list[_Rec]:
-        slots = self._fields.slots_with("context_key", key)
-        recs = (self._by_slot[s] for s in slots)
-        return [r for r in recs if r.type == MemoryType.CONTEXT.value]
 
     # -- maintenance -------------------------------------------------------------------
 
@@ -724,64 +574,115 @@ class MemoryStore:
         batch of pending vectors into the graph; returns how many."""
         self._require_open()
         with self._lock:
-            return self._vectors.maintain(budget)
+            return self._state.vectors.maintain(budget)
 
     def compact(self, *, full: bool = False) -> None:
-        """Fold the journal into a fresh snapshot (atomic) and save the graph cache.
+        """Fold the journal into a fresh snapshot (atomic) and save the graph cache,
+        on the calling thread (after any background compaction in flight).
 
         ``full`` (on close) also inserts every pending vector before caching the
-        graphs, however long that takes.
+        graphs, however long that takes.  Raises StorageError / StorageFullError
+        (the journal keeps every change) or ReadOnlyError.
         """
         self._require_open()
+        self._wait_for_compaction()
         self._compact(full)
 
     def _compact(self, full: bool = False) -> None:
         """:meth:`compact` without the open check (it also runs while opening).
 
-        Order (crash analysis in docs/FORMAT.md): keep the current snapshot as
-        the previous one, write the new snapshot durably, retire the journal,
-        start a fresh one.  A crash at any step leaves a state open recovers.
+        Steps and crash analysis: docs/FORMAT.md, "Generations and compaction".
         """
         with self._lock:
-            self._require_writable()
-            files.write_next_journal(self.path, self._generation + 1)
-            files.write_snapshot_keeping_previous(self.path, self._snapshot_frames(self._generation + 1))
-            self._generation += 1  # from here the snapshot on disk is the new generation
-            self._journal.close()
+            job = self._begin_compaction(background=False)
             try:
-                files.switch_journals(self.path)
-                self._open_journal()
-            except ReachyMemoryError as exc:
-                self._journal.failure = f"compaction could not switch journals ({exc}); reopen the store"
-                raise
-            self._vectors.save_graph(self.path / GRAPH_FILE, self._graph_tag(), force=full)
+                self._write_snapshot(job)
+                self._finish_compaction(job)
+            finally:
+                self._state.thaw()
+            self._state.vectors.save_graph(self.path / GRAPH_FILE, self._graph_tag(), force=full)
             files.tighten_files(self.path)
+
+    def _compact_in_background(self) -> None:
+        """Auto-compaction: freeze the state (the only pause of the engine) and write
+        the snapshot on a thread of its own.  A failure is logged, never raised: the
+        write that triggered it is already durable in the journal (which keeps growing)."""
+        try:
+            job = self._begin_compaction(background=True)
+        except ReachyMemoryError as exc:
+            log.warning("compaction not started, the journal keeps every change: %s", exc)
+            return
+        self._compacting = threading.Thread(target=self._compaction_thread, args=(job,),
+                                            name="reachy-memory-compaction", daemon=True)
+        self._compacting.start()
+
+    def _compaction_thread(self, job: _Compaction) -> None:
+        """The background compaction: touches only its frozen view until it takes the lock."""
+        try:
+            self._write_snapshot(job)
+            with self._lock:
+                self._finish_compaction(job)
+        except ReachyMemoryError as exc:
+            log.warning("compaction failed, the journal keeps every change: %s", exc)
+        except Exception:  # a bug must not kill the store silently: logged, the journal keeps everything
+            log.exception("compaction failed unexpectedly; the journal keeps every change")
+        finally:
+            with self._lock:
+                self._state.thaw()
+                self._compacting = None
+
+    def _wait_for_compaction(self) -> None:
+        thread = self._compacting
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+    def _begin_compaction(self, *, background: bool) -> _Compaction:
+        """Under the lock: write the next journal's head (a disk-full failure stops here
+        with nothing changed) and freeze the state."""
+        self._require_writable()
+        generation, follows = self._generation + 1, (self._journal_generation, self._journal.size)
+        files.write_next_journal(self.path, generation, follows)
+        frozen = self._state.freeze(with_lexical=not background)
+        head = self._snapshot_head(generation) | {"follows": list(follows)}
+        return _Compaction(generation, follows, frozen, head)
+
+    def _write_snapshot(self, job: _Compaction) -> None:
+        """Write the snapshot of the frozen view durably, keeping the previous one (any thread)."""
+        lexical = job.frozen.lexical if job.frozen.lexical is not None else _lexical_state(job.frozen)
+        files.write_snapshot_keeping_previous(self.path, snapshot_sections(job.frozen, job.head, lexical))
+
+    def _finish_compaction(self, job: _Compaction) -> None:
+        """Under the lock, the new snapshot being durable: carry the ops appended since
+        the freeze into the next generation's journal and switch to it."""
+        self._generation, self._follows = job.generation, job.follows
+        frames = jr.frames_from(self._journal.path, job.follows[1], self._journal.version)
+        self._carry_over(job.follows, [op for frame in frames for op in frame])
+
+    def _switch_journals(self) -> None:
+        """Retire the current journal and open ``journal.next.rmj`` in its place."""
+        self._journal.close()
+        try:
+            files.switch_journals(self.path)
+            self._open_journal()
+        except ReachyMemoryError as exc:
+            self._journal.failure = f"compaction could not switch journals ({exc}); reopen the store"
+            raise
 
     def _open_journal(self) -> None:
         """Open ``journal.rmj`` (created for the current generation when absent)."""
         mem = self._config.memory
         self._journal = jr.Journal(self.path / JOURNAL_FILE, mem.fsync, mem.fsync_batch_window_ms)
         self._journal.open({"kind": "journal", "generation": self._generation})
+        self._journal_generation = self._generation
 
     def _require_writable(self) -> None:
         if self._journal.failure is not None:
             raise ReadOnlyError(f"the store is read-only: {self._journal.failure}", path=str(self._journal.path))
 
-    def _snapshot_frames(self, generation: int) -> Iterable[Any]:
-        rows = []
-        for rec in self._records.values():
-            row = rec.row()
-            indexed = rec.vkey == self._current_key and bool(self._vectors.alive[rec.slot : rec.slot + 1].any())
-            row[7] = rec.vkey if indexed else None
-            rows.append(row)
-        head = {"kind": "snapshot", "generation": generation, "model": self._current_key or self._model_key,
-                "dim": self._vectors.dim, "created": time.time()}
-        yield head
-        yield {"records": rows}
-        yield jr.RawBin(self._vectors.vector_bytes())
-        yield {"lexical": self._lexical.state()}
-        yield {"window": list(self._window)}
-        yield {"end": len(rows)}
+    def _snapshot_head(self, generation: int) -> dict[str, Any]:
+        state = self._state
+        return {"kind": "snapshot", "generation": generation, "model": state.current_key or state.model_key,
+                "dim": state.vectors.dim, "created": time.time(), "records": RECORD_VERSION}
 
     def backup(self, dest: str | Path, *, force: bool = False) -> dict[str, Any]:
         """Write a consistent snapshot of the whole store to the file ``dest`` (fsynced),
@@ -794,8 +695,13 @@ class MemoryStore:
         self._require_open()
         with self._lock:
             target = files.backup_target(dest, self.path, force=force)
-            size = jr.write_snapshot(target, self._snapshot_frames(self._generation))
-            return {"path": str(target), "bytes": size, "memories": len(self._records)}
+            frozen = self._state.freeze(with_lexical=True)
+            try:
+                sections = snapshot_sections(frozen, self._snapshot_head(self._generation), frozen.lexical or {})
+                size = jr.write_snapshot(target, sections)
+            finally:
+                self._state.thaw()
+            return {"path": str(target), "bytes": size, "memories": len(frozen.records)}
 
     def reindex(self, progress: Callable[[int, int], None] | None = None, batch: int = 64) -> int:
         """Re-embed every memory whose vector is not from the current model.
@@ -807,31 +713,24 @@ class MemoryStore:
         self._require_open()
         if self._embedder is None:
             raise ModelError("reindex needs an embedding model; run 'reachy-memory model fetch'")
-        todo = sorted((r for r in self._records.values() if r.vkey != self._current_key), key=lambda r: r.created)
-        previous = self._previous_turns()
+        key = self._state.current_key
+        todo = sorted((r for r in self._state.records.values() if r.vkey != key), key=lambda r: r.created)
+        previous = self._state.previous_turns()
         for done in range(0, len(todo), batch):
             self._reembed(todo[done : done + batch], previous)
             if progress:
                 progress(min(done + batch, len(todo)), len(todo))
-        if self._model_key != self._current_key:
-            self._commit([["model", self._current_key]])
+        if self._state.model_key != key:
+            self._commit([["model", key]])
         return len(todo)
 
-    def _previous_turns(self) -> dict[str, _Rec]:
-        """Each conversation turn's preceding turn, in stored order (ties keep insertion order)."""
-        turns = sorted((r for r in self._records.values() if r.type == MemoryType.CONVERSATION.value),
-                       key=lambda r: r.created)
-        return {after.id: before for before, after in itertools.pairwise(turns)}
-
-    def _reembed(self, recs: list[_Rec], previous: dict[str, _Rec]) -> None:
-        vectors = self._embed([self._context_text(r, previous.get(r.id)) for r in recs])
+    def _reembed(self, recs: list[Record], previous: dict[str, Record]) -> None:
+        vectors = self._embed([ingest.context_text(r, previous.get(r.id), self._config) for r in recs])
         if vectors is None:
             raise ModelError("the embedding model failed during reindex; nothing was lost, run it again")
-        ops = []
-        for rec, vec in zip(recs, vectors, strict=True):
-            row = rec.row()
-            row[7] = self._current_key
-            ops.append(["put", row, vec.astype(np.float32).tobytes()])
+        key = self._state.current_key
+        ops = [["put", encode(rec.replace(vkey=key)), vec.astype(np.float32).tobytes()]
+               for rec, vec in zip(recs, vectors, strict=True)]
         with self._lock:
             self._commit(ops)
 
@@ -848,14 +747,16 @@ class MemoryStore:
             return self._stats_now()
 
     def _stats_now(self) -> dict[str, Any]:
-        by_type = {t.value: 0 for t in MemoryType} | self._fields.type_counts()
+        state = self._state
+        by_type = {t.value: 0 for t in MemoryType} | state.fields.type_counts()
         return {
-            "memories": len(self._records), "by_type": by_type,
-            "context_window": len(self._window_view), "generation": self._generation,
+            "memories": len(state.records), "by_type": by_type,
+            "context_window": len(state.window_view), "generation": self._generation,
             "journal_bytes": self._journal.size, "snapshot_bytes": _size(self.path / SNAPSHOT_FILE),
-            "model": self._current_key, "embedder": "ready" if self._embedder is not None else "unavailable",
-            "embedder_error": self.embedder_error, "index": self._vectors.stats(),
-            "read_only": self._journal.failure, "lexical_terms": len(self._lexical._postings),
+            "model": state.current_key, "embedder": "ready" if self._embedder is not None else "unavailable",
+            "embedder_error": self.embedder_error, "index": state.vectors.stats(),
+            "read_only": self._journal.failure, "lexical_terms": state.lexical.term_count,
+            "compacting": self._compacting is not None,
         }
 
     @property
@@ -888,12 +789,13 @@ class MemoryStore:
         """Compact if the journal holds changes, flush, and release the lock; idempotent."""
         if self._closed:
             return
+        self._wait_for_compaction()
         with self._lock:
             try:
                 if self._journal.size > jr.HEADER_SIZE + 64:
-                    self.compact(full=True)
-                elif self._vectors.pending:  # an in-service compaction skipped the graph cache
-                    self._vectors.save_graph(self.path / GRAPH_FILE, self._graph_tag(), force=True)
+                    self._compact(full=True)
+                elif self._state.vectors.pending:  # an in-service compaction skipped the graph cache
+                    self._state.vectors.save_graph(self.path / GRAPH_FILE, self._graph_tag(), force=True)
             except ReachyMemoryError as exc:
                 log.warning("could not compact on close (the journal keeps every change): %s", exc)
             finally:
@@ -908,9 +810,18 @@ class MemoryStore:
         self.close()
 
 
+def _lexical_state(frozen: Frozen) -> dict[str, Any]:
+    """The lexical index of a frozen view, rebuilt from its records (background
+    compaction: the live index keeps changing, the records do not)."""
+    index = LexicalIndex()
+    for rec in frozen.records:
+        index.add(rec.slot, rec.content)
+    return index.state()
+
+
 def _first_vkey(ops: list[list[Any]]) -> str | None:
     """The vector space named by the first stored memory in ``ops`` (a rebuild with no snapshot)."""
-    return next((op[1][7] for op in ops if op[0] == "put" and op[1][7] is not None), None)
+    return next((decode(op[1]).vkey for op in ops if op[0] == "put" and decode(op[1]).vkey is not None), None)
 
 
 def _first_dim(ops: list[list[Any]]) -> int | None:
@@ -924,25 +835,8 @@ def _epoch(now: Any) -> float:
     return time.time() if at is None else at
 
 
-def _check_str(value: Any, field: str) -> None:
-    if not isinstance(value, str):
-        raise ValidationError(f"{field} must be a string, got {type(value).__name__}", field=field)
-
-
 def _size(path: Path) -> int:
     try:
         return path.stat().st_size
     except OSError:
         return 0
-
-
-def _as_list(items: Iterable[Any], limit: int) -> list[Any]:
-    if isinstance(items, str | bytes | Mapping):
-        raise ValidationError("items must be a list of dicts", field="items")
-    items = list(items)
-    if not items:
-        raise ValidationError("items must not be empty", field="items")
-    if len(items) > limit:
-        raise TooLargeError(f"{len(items)} items in one batch; the limit is {limit}",
-                            field="items", size=len(items), limit=limit)
-    return items

@@ -314,15 +314,15 @@ def test_graph_path_with_pending_vectors_matches_exact(tmp_path: Path) -> None:
             s.forget(victim)
         s.maintain(budget=100)  # part in the graph, part still pending
         assert 0 < s.stats()["index"]["pending"] < 300
-        vi = s._vectors
+        vi = s._state.vectors
         q = emb.embed(["query"])[0]
         exact = vi.exact(q, np.flatnonzero(vi.alive), 10)[0]
         assert set(vi.search(q, 10)[0].tolist()) == set(exact.tolist())
     with MemoryStore(config=cfg, embedder=emb) as s:  # reopened from the saved graph cache
-        assert s._vectors._adopt_loaded(wait=True)  # it loads in the background
+        assert s._state.vectors._adopt_loaded(wait=True)  # it loads in the background
         assert s.stats()["index"]["pending"] == 0
         q = emb.embed(["query"])[0]
-        vi = s._vectors
+        vi = s._state.vectors
         assert set(vi.search(q, 10)[0].tolist()) == set(vi.exact(q, np.flatnonzero(vi.alive), 10)[0].tolist())
 
 
@@ -360,11 +360,14 @@ def test_close_caches_the_graph_even_after_an_in_service_compaction(tmp_path: Pa
     emb = HashEmbedder()
     with MemoryStore(config=cfg, embedder=emb) as s:
         s.store_batch([{"content": f"fact {i}", "memory_type": "fact"} for i in range(100)])
-        assert s._journal.size < 100  # the batch itself triggered a compaction: nothing left to fold
-        assert s._vectors.pending  # and that compaction did not build the graph
+        s._wait_for_compaction()  # the one the model op started at open (it carried the batch over)
+        s.store("one more")  # starts a compaction that folds everything
+        s._wait_for_compaction()
+        assert s._journal.size < 100  # nothing left to fold
+        assert s._state.vectors.pending  # and that compaction did not build the graph
     with MemoryStore(config=cfg, embedder=emb) as s:
-        assert s._vectors._loader is not None  # a cache to load, not a rebuild
-        assert s._vectors._adopt_loaded(wait=True) and not s._vectors.pending
+        assert s._state.vectors._loader is not None  # a cache to load, not a rebuild
+        assert s._state.vectors._adopt_loaded(wait=True) and not s._state.vectors.pending
 
 
 def test_reindex_embeds_turns_exactly_as_storing_does(tmp_path: Path, embedder: object) -> None:
@@ -372,12 +375,12 @@ def test_reindex_embeds_turns_exactly_as_storing_does(tmp_path: Path, embedder: 
              for text in ("Do you like hiking?", "Yes, I go every Sunday with my sister.", "Where do you go?")]
     with MemoryStore(tmp_path / "direct", embedder=embedder) as direct:
         direct.store_batch(turns)
-        expected = direct._vectors.vectors[:3].copy()
+        expected = direct._state.vectors.vectors[:3].copy()
     with MemoryStore(tmp_path / "later", embedder=None) as later:
         later.store_batch(turns)  # no model yet: lexical-only
     with MemoryStore(tmp_path / "later", embedder=embedder) as later:
         assert later.reindex() == 3
-        got = later._vectors.vectors[:3]
+        got = later._state.vectors.vectors[:3]
         assert np.allclose(got, expected, atol=1e-5)  # each turn embedded with the turn before it
 
 
@@ -423,7 +426,7 @@ def test_interleaved_prepares_embed_each_turn_with_the_turn_committed_before_it(
         store.commit(a)
         (memory,) = store.commit(b)
         expected = HashEmbedder().embed(["turn A\nturn B"])[0]
-        got = store._vectors.vectors[store._records[memory.id].slot]
+        got = store._state.vectors.vectors[store._state.records[memory.id].slot]
         assert "turn A\nturn B" in embedder.texts and np.allclose(got, expected)
 
 

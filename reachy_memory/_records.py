@@ -1,0 +1,126 @@
+"""The record and operation schema: what a memory is on disk and in RAM.
+
+A :class:`Record` is one stored memory with named fields.  It is encoded as a
+msgpack map (record format v2) that leaves out every optional field still at
+its default, so old readers' sizes are kept and new fields cost nothing until
+used.  Record format v1 (before named fields) was a positional list of 8
+values; :func:`decode` reads both, so a v1 snapshot or journal migrates on the
+next compaction without a conversion step (tested with a v1 fixture).
+
+Journal operations (``docs/FORMAT.md``, "Operations")::
+
+    ["put", record, vector | None]   store or replace a memory
+    ["del", id]                      delete a memory
+    ["win", role, content, time]     append a turn to the context window
+    ["winclr"]                       clear the context window
+    ["model", key]                   the vector space of the stored vectors
+
+A record is **immutable once the state has placed it**: a change is a new
+record put in its place.  Background compaction relies on this (it writes
+records from a shallow copy of the record table while the engine goes on).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import ValidationError
+from .model import Memory, MemoryType, to_datetime
+
+__all__ = ["OP_KINDS", "RECORD_FIELDS", "RECORD_VERSION", "Record", "decode", "encode", "record_id"]
+
+RECORD_VERSION = 2
+OP_KINDS = frozenset({"put", "del", "win", "winclr", "model"})
+
+_V1_FIELDS = ("id", "content", "type", "created", "expires", "metadata", "slot", "vkey")
+# Optional fields and their defaults: left out of the encoded map when at the default.
+_OPTIONAL: dict[str, Any] = {}
+RECORD_FIELDS = (*_V1_FIELDS, *_OPTIONAL)
+
+
+class Record:
+    """A stored memory, in the compact form kept in RAM and on disk.
+
+    ``slot`` is the row of the memory in the vector and lexical indexes
+    (assigned by the state when placed); ``vkey`` names the vector space of
+    its vector, None when it has none.
+    """
+
+    __slots__ = RECORD_FIELDS
+
+    id: str
+    content: str
+    type: str
+    created: float
+    expires: float | None
+    metadata: dict[str, Any]
+    slot: int
+    vkey: str | None
+
+    def __init__(self, id: str, content: str, type: str, created: float, expires: float | None,
+                 metadata: dict[str, Any], slot: int = -1, vkey: str | None = None, **optional: Any) -> None:
+        self.id, self.content, self.type = id, content, type
+        self.created, self.expires, self.metadata = created, expires, metadata
+        self.slot, self.vkey = slot, vkey
+        for name, default in _OPTIONAL.items():
+            object.__setattr__(self, name, optional.pop(name, default))
+        if optional:
+            raise ValidationError(f"unknown record fields {sorted(optional)}", field="record")
+
+    def replace(self, **changes: Any) -> Record:
+        """A copy with ``changes`` applied (records are never changed in place once placed)."""
+        fields = {name: getattr(self, name) for name in RECORD_FIELDS}
+        return Record(**{**fields, **changes})
+
+    def expired(self, now: float) -> bool:
+        """True when the memory's lifetime ended at or before ``now``."""
+        return self.expires is not None and self.expires <= now
+
+    def memory(self) -> Memory:
+        """The public, immutable view of this record."""
+        return Memory(self.id, self.content, MemoryType(self.type), to_datetime(self.created),
+                      dict(self.metadata), to_datetime(self.expires) if self.expires is not None else None)
+
+    def __repr__(self) -> str:
+        return f"Record({self.id!r}, {self.type}, slot={self.slot})"
+
+
+def encode(rec: Record) -> dict[str, Any]:
+    """The record as a v2 map (optional fields at their default left out)."""
+    out = {name: getattr(rec, name) for name in _V1_FIELDS}
+    for name, default in _OPTIONAL.items():
+        value = getattr(rec, name)
+        if value != default:
+            out[name] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def decode(obj: Any) -> Record:
+    """A record from its v2 map or its v1 positional list.
+
+    Raises ValidationError for anything else (the caller turns it into a
+    CorruptionError naming the file and offset).
+    """
+    if isinstance(obj, dict):
+        missing = [name for name in _V1_FIELDS[:6] if name not in obj]
+        if missing:
+            raise ValidationError(f"record lacks {missing}", field="record")
+        fields = dict(obj)
+        for name, default in _OPTIONAL.items():
+            if isinstance(default, tuple) and name in fields:
+                fields[name] = tuple(fields[name])
+        return Record(**fields)
+    if isinstance(obj, list | tuple) and len(obj) == len(_V1_FIELDS):
+        return Record(*obj)
+    raise ValidationError(f"not a record: {type(obj).__name__}", field="record")
+
+
+def record_id(obj: Any) -> str | None:
+    """The id of an encoded record (either version) without decoding the rest."""
+    if isinstance(obj, dict):
+        value = obj.get("id")
+    elif isinstance(obj, list | tuple) and obj:
+        value = obj[0]
+    else:
+        return None
+    return value if isinstance(value, str) else None

@@ -1,0 +1,226 @@
+"""The in-memory state of a store: records, indexes, context window.  No I/O.
+
+:class:`MemoryState` changes only through :meth:`MemoryState.apply` (one
+journal operation, see :mod:`._records`), so replaying a journal and serving
+live writes run the same code.  It never touches a file: the store journals an
+operation first (``store._commit``) and then applies it here.
+
+Threads: the engine thread is the only writer (under the store's lock).
+Three values are read without a lock from any thread: ``window_view`` and
+``context_view`` (immutable values whose references :meth:`apply` swaps) and
+``records`` / ``by_slot`` lengths for stats.
+
+Slots: a memory's row in the vector and lexical indexes.  A freed slot is
+reused (lowest first), except while a :class:`Frozen` view is held for a
+background snapshot: then freed slots are quarantined until :meth:`thaw`, so
+no row the frozen view still names is overwritten.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ._filters import FieldIndex
+from ._records import Record, decode, encode
+from .config import Config
+from .errors import CorruptionError, ValidationError
+from .lexical_index import LexicalIndex
+from .model import MemoryType
+from .vector_index import VectorIndex
+
+GROUP = {t.value: i for i, t in enumerate(MemoryType)}  # one vector graph per memory type
+
+
+@dataclass(frozen=True)
+class Frozen:
+    """The state at one instant, for a snapshot written in the background.
+
+    ``records`` is a shallow copy of the record table (records are immutable),
+    ``vectors`` the vector matrix rows ``[0, rows)`` (never written while the
+    view is held: see the module docstring), ``window`` a copy.
+    """
+
+    records: tuple[Record, ...]
+    vectors: memoryview
+    alive: np.ndarray
+    window: tuple[tuple[Any, ...], ...]
+    lexical: dict[str, Any] | None
+
+
+class MemoryState:
+    """Records, the vector, lexical and field indexes, and the context window."""
+
+    def __init__(self, config: Config, dim: int, current_key: str | None, model_key: str | None) -> None:
+        cfg = config.search
+        self.records: dict[str, Record] = {}
+        self.by_slot: dict[int, Record] = {}
+        self._free: list[int] = []
+        self._quarantine: list[int] | None = None  # freed while frozen: reused after thaw
+        self._holds = 0  # frozen views held (a background compaction and a backup may overlap)
+        self.next_slot = 0
+        self.fields = FieldIndex()
+        self.lexical = LexicalIndex()
+        self.vectors = VectorIndex(dim, m=cfg.hnsw_m, ef_construction=cfg.hnsw_ef_construction,
+                                   ef_search=cfg.hnsw_ef_search, exact_threshold=cfg.exact_threshold,
+                                   exact_below=cfg.exact_below)
+        self._window: deque[tuple[Any, ...]] = deque(maxlen=2 * config.memory.context_window_size)
+        self.window_view: tuple[tuple[Any, ...], ...] = ()
+        self.context_view: dict[str, tuple[Record, ...]] = {}
+        self.last_turn: Record | None = None  # the newest conversation turn applied
+        self.current_key = current_key  # the vector space of the embedder in use
+        self.model_key = model_key  # the vector space the journal last declared
+
+    # -- the one way in ------------------------------------------------------------------
+
+    def apply(self, op: list[Any]) -> None:
+        """Apply one journal operation.  Raises CorruptionError for an unknown or
+        malformed one (offset -1: the caller knows the file)."""
+        kind = op[0] if isinstance(op, list | tuple) and op else None
+        try:
+            if kind == "put":
+                self._put(decode(op[1]), op[2])
+            elif kind == "del":
+                self._delete(op[1])
+            elif kind == "win":
+                self._window.append(tuple(op[1:]))
+                self.window_view = tuple(self._window)
+            elif kind == "winclr":
+                self._window.clear()
+                self.window_view = ()
+            elif kind == "model":
+                self.model_key = op[1]
+            else:
+                raise CorruptionError(f"unknown journal operation {kind!r}", path="", offset=-1)
+        except (ValidationError, IndexError, TypeError) as exc:
+            raise CorruptionError(f"malformed {kind!r} operation: {exc}", path="", offset=-1) from exc
+
+    def _put(self, rec: Record, vector: bytes | None) -> None:
+        if rec.id in self.records:
+            self._delete(rec.id)
+        slot = heapq.heappop(self._free) if self._free else self.next_slot
+        indexed = vector is not None and rec.vkey == self.current_key
+        rec = rec.replace(slot=slot, vkey=rec.vkey if vector is not None else None)
+        self._place(rec)
+        self.lexical.add(slot, rec.content)
+        if indexed and vector is not None:
+            self.vectors.add(slot, np.frombuffer(vector, np.float32), GROUP[rec.type])
+        if rec.type == MemoryType.CONVERSATION.value:
+            self.last_turn = rec
+
+    def _place(self, rec: Record) -> None:
+        self.records[rec.id] = rec
+        self.by_slot[rec.slot] = rec
+        self.next_slot = max(self.next_slot, rec.slot + 1)
+        self.fields.add(rec.slot, rec.type, rec.metadata)
+        self._update_context_view(rec, add=True)
+
+    def _delete(self, memory_id: str) -> None:
+        rec = self.records.pop(memory_id, None)
+        if rec is None:
+            return
+        del self.by_slot[rec.slot]
+        self.fields.remove(rec.slot, rec.type, rec.metadata)
+        self._update_context_view(rec, add=False)
+        self.lexical.remove(rec.slot, rec.content)
+        self.vectors.remove(rec.slot)
+        if self._quarantine is not None:
+            self._quarantine.append(rec.slot)
+        else:
+            heapq.heappush(self._free, rec.slot)
+        if self.last_turn is rec:
+            self.last_turn = None
+
+    def _update_context_view(self, rec: Record, *, add: bool) -> None:
+        """Swap in a new context view when ``rec`` is named context (copy-on-write)."""
+        key = rec.metadata.get("context_key") if rec.type == MemoryType.CONTEXT.value else None
+        if not isinstance(key, str):
+            return
+        kept = tuple(r for r in self.context_view.get(key, ()) if r.id != rec.id)
+        self.context_view = {**self.context_view, key: (*kept, rec) if add else kept}
+
+    # -- snapshots -------------------------------------------------------------------------
+
+    def load(self, snapshot: dict[str, Any]) -> None:
+        """Fill an empty state from a snapshot dict (``_persistence.read_snapshot``)."""
+        self._window.extend(tuple(turn) for turn in snapshot["window"])
+        self.window_view = tuple(self._window)
+        self.lexical.load_state(snapshot["lexical"])
+        dim = self.vectors.dim
+        vectors = snapshot["vectors"] if snapshot.get("dim") == dim else b""  # another model's space
+        rows = len(vectors) // (4 * dim)
+        alive, group = np.zeros(rows, bool), np.zeros(rows, np.int8)
+        for obj in snapshot["records"]:
+            rec = _decode_stored(obj)
+            self._place(rec)
+            if rec.vkey is not None and rec.vkey == self.current_key and rec.slot < rows:
+                alive[rec.slot] = True
+                group[rec.slot] = GROUP[rec.type]
+        self._free = sorted(set(range(self.next_slot)) - set(self.by_slot))
+        self.vectors.load_vectors(vectors, alive, group)
+
+    def freeze(self, *, with_lexical: bool = True) -> Frozen:
+        """The state now, for a snapshot; until :meth:`thaw`, freed slots are not reused.
+
+        Costs a shallow copy of the record table (records are immutable) and of the
+        vector liveness; the vector rows themselves are shared, not copied.
+        """
+        self._holds += 1
+        if self._quarantine is None:
+            self._quarantine = []
+        vectors = self.vectors.vector_bytes()
+        rows = len(vectors) // (4 * self.vectors.dim)
+        return Frozen(tuple(self.records.values()), vectors, self.vectors.alive[:rows].copy(),
+                      tuple(self._window), self.lexical.state() if with_lexical else None)
+
+    def thaw(self) -> None:
+        """End a :meth:`freeze`: once no view is held, slots freed meanwhile become reusable."""
+        self._holds = max(self._holds - 1, 0)
+        if self._holds:
+            return
+        for slot in self._quarantine or ():
+            heapq.heappush(self._free, slot)
+        self._quarantine = None
+
+    # -- queries the store needs -------------------------------------------------------------
+
+    def context_records(self, key: str) -> list[Record]:
+        """The CONTEXT records stored under ``key``."""
+        recs = (self.by_slot[s] for s in self.fields.slots_with("context_key", key))
+        return [r for r in recs if r.type == MemoryType.CONTEXT.value]
+
+    def previous_turns(self) -> dict[str, Record]:
+        """Each conversation turn's preceding turn, in stored order (ties keep insertion order)."""
+        turns = sorted((r for r in self.records.values() if r.type == MemoryType.CONVERSATION.value),
+                       key=lambda r: r.created)
+        return {after.id: before for before, after in itertools.pairwise(turns)}
+
+    def foreign_vkey(self) -> str | None:
+        """A vector space other than the current one that a stored vector comes from."""
+        return next((r.vkey for r in self.records.values() if r.vkey not in (None, self.current_key)), None)
+
+
+def snapshot_sections(frozen: Frozen, head: dict[str, Any], lexical: dict[str, Any]) -> list[Any]:
+    """The frames of a snapshot of ``frozen`` (``docs/FORMAT.md``, "Snapshot")."""
+    from .journal import RawBin  # late: journal is I/O; the state only names the frame type
+
+    rows = []
+    for rec in frozen.records:
+        row = encode(rec)
+        indexed = rec.vkey is not None and rec.slot < len(frozen.alive) and bool(frozen.alive[rec.slot])
+        row["vkey"] = rec.vkey if indexed else None
+        rows.append(row)
+    return [head, {"records": rows}, RawBin(frozen.vectors), {"lexical": lexical},
+            {"window": [list(turn) for turn in frozen.window]}, {"end": len(rows)}]
+
+
+def _decode_stored(obj: Any) -> Record:
+    try:
+        return decode(obj)
+    except (ValidationError, TypeError) as exc:
+        raise CorruptionError(f"bad record in snapshot: {exc}", path="", offset=-1) from exc
