@@ -45,10 +45,15 @@ def _key(value: Scalar) -> tuple[str, Scalar]:
     return (_KIND.get(type(value), "s"), value)
 
 
+_INT_RANGE = (-(1 << 63), (1 << 64) - 1)  # what msgpack can store
+
+
 def _is_scalar(value: Any) -> bool:
     if isinstance(value, float):
         return math.isfinite(value)
-    return value is None or isinstance(value, str | int | bool)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return _INT_RANGE[0] <= value <= _INT_RANGE[1]
+    return value is None or isinstance(value, str | bool)
 
 
 def validate_metadata(metadata: Any, *, max_bytes: int, max_keys: int) -> dict[str, Any]:

@@ -207,7 +207,7 @@ class MemoryState:
 
 def snapshot_sections(frozen: Frozen, head: dict[str, Any], lexical: dict[str, Any]) -> list[Any]:
     """The frames of a snapshot of ``frozen`` (``docs/FORMAT.md``, "Snapshot")."""
-    from .journal import RawBin  # late: journal is I/O; the state only names the frame type
+    from .journal import Packed, RawBin, pack_gently  # late: journal is I/O; the state only names frame types
 
     rows = []
     for rec in frozen.records:
@@ -215,7 +215,9 @@ def snapshot_sections(frozen: Frozen, head: dict[str, Any], lexical: dict[str, A
         indexed = rec.vkey is not None and rec.slot < len(frozen.alive) and bool(frozen.alive[rec.slot])
         row["vkey"] = rec.vkey if indexed else None
         rows.append(row)
-    return [head, {"records": rows}, RawBin(frozen.vectors), {"lexical": lexical},
+    # Packed piece by piece: a background compaction must not hold the GIL for long.
+    return [head, Packed(pack_gently({"records": rows})), RawBin(frozen.vectors),
+            Packed(pack_gently({"lexical": lexical})),
             {"window": [list(turn) for turn in frozen.window]}, {"end": len(rows)}]
 
 

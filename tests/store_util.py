@@ -6,7 +6,10 @@ from reachy_memory import Config, MemoryStore
 
 
 def abandon(store: MemoryStore) -> None:
-    """Leave a store as a crash would: no compaction, no final sync, lock released."""
+    """Leave a store as a crash would: no compaction, no final sync, lock released.
+    (A background compaction in flight finishes first: tests that crash inside one
+    do it deterministically, on the calling thread.)"""
+    store._wait_for_compaction()
     store._journal.close()
     store._closed = True
     store._dir_lock.release()

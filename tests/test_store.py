@@ -134,6 +134,8 @@ def test_bad_where_is_refused(store: MemoryStore, where: object) -> None:
         ("ok", {"x": float("nan")}, ValidationError),  # NaN
         ("ok", {1: "a"}, ValidationError),  # non-string key
         ("ok", {"$op": "a"}, ValidationError),  # operator-like key
+        ("ok", {"n": 2**70}, ValidationError),  # an int msgpack cannot store (was OverflowError)
+        ("ok", {"n": [-(2**64)]}, ValidationError),  # the same inside a list
         ("x" * 16_001, None, TooLargeError),  # content over the limit
         ("ok", {"big": "y" * 9000}, TooLargeError),  # metadata over the limit
     ],

@@ -1,0 +1,159 @@
+"""Background compaction (docs/FORMAT.md, "Generations and compaction"): writes
+acknowledged while a snapshot is being written are never lost, whatever step a
+crash or a full disk interrupts, and the previous generation still rebuilds a
+damaged snapshot."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from store_util import abandon
+
+from reachy_memory import Config, MemoryStore, StorageFullError
+from reachy_memory import _persistence as files
+from reachy_memory import backup as bk
+
+
+class Crash(BaseException):
+    """Stands for a power cut."""
+
+
+def _writes_during_compaction(store: MemoryStore, ids: list[str], tag: str) -> None:
+    """Make the next compaction see writes arrive while its snapshot is written."""
+    original = store._write_snapshot
+
+    def write(job: Any) -> None:
+        ids.extend(store.store(f"{tag} during {i}").id for i in range(5))
+        store.add_to_context_window("user", f"{tag} turn")
+        original(job)
+
+    store._write_snapshot = write  # type: ignore[method-assign]
+
+
+def _reopened(config: Config) -> MemoryStore:
+    return MemoryStore(config=config, embedder=None)
+
+
+def _check(config: Config, ids: list[str], window: list[str]) -> None:
+    with _reopened(config) as store:
+        assert [i for i in ids if store.get(i) is None] == []
+        assert [t["content"] for t in store.get_context_window()] == window  # no turn lost or doubled
+        assert len(store) == len(ids)
+
+
+def _crash_on_call(n: int, real: Any) -> Any:
+    calls = {"n": 0}
+
+    def fn(*args: Any, **kwargs: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == n:
+            raise Crash
+        return real(*args, **kwargs)
+
+    return fn
+
+
+def _half_switch(directory: Path) -> None:
+    os.replace(directory / files.JOURNAL_FILE, directory / files.PREV_JOURNAL_FILE)
+    raise Crash
+
+
+@pytest.mark.parametrize("step", [
+    "snapshot",  # the new snapshot never became durable: the old generation is in force
+    "carry_over",  # the snapshot is durable, the ops written meanwhile are only in the old journal
+    "between_renames",  # the old journal is retired, the new one not yet in place
+    "none",  # the compaction finished; the crash comes after it
+])
+def test_writes_during_a_compaction_survive_a_crash_at_each_step(config: Config, monkeypatch: pytest.MonkeyPatch,
+                                                                  step: str) -> None:
+    store = _reopened(config)
+    ids = [store.store(f"before {i}").id for i in range(20)]
+    store.add_to_context_window("user", "first turn")
+    _writes_during_compaction(store, ids, "a")
+    if step == "snapshot":
+        monkeypatch.setattr(files, "write_snapshot_keeping_previous", _crash_on_call(1, None))
+    elif step == "carry_over":  # the first call writes the next journal's head, the second the carried ops
+        monkeypatch.setattr(files, "write_next_journal", _crash_on_call(2, files.write_next_journal))
+    elif step == "between_renames":
+        monkeypatch.setattr(files, "switch_journals", _half_switch)
+    if step == "none":
+        store.compact()
+    else:
+        with pytest.raises(Crash):
+            store.compact()
+    monkeypatch.undo()
+    abandon(store)
+    _check(config, ids, ["first turn", "a turn"])
+
+
+def test_a_full_disk_at_the_journal_switch_keeps_the_journal_in_use(config: Config,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    store = _reopened(config)
+    ids = [store.store(f"before {i}").id for i in range(10)]
+    _writes_during_compaction(store, ids, "a")
+    real = files.write_next_journal
+
+    def full_on_carry(directory: Path, generation: int, follows: Any = None, ops: Any = None) -> None:
+        if ops:
+            raise StorageFullError("disk full", path=str(directory))
+        real(directory, generation, follows, ops)
+
+    monkeypatch.setattr(files, "write_next_journal", full_on_carry)
+    store.compact()  # not an error: the snapshot is durable and the journal goes on
+    monkeypatch.undo()
+    assert store.read_only is None
+    ids += [store.store(f"after {i}").id for i in range(5)]
+    abandon(store)
+    _check(config, ids, ["a turn"])
+    with _reopened(config) as again:  # the next compaction switches journals normally
+        ids.append(again.store("later").id)
+        again.compact()
+    assert not (config.data_dir / files.NEXT_JOURNAL_FILE).exists()
+    _check(config, ids, ["a turn"])
+
+
+def test_a_damaged_snapshot_after_carried_writes_is_rebuilt_without_doubles(config: Config) -> None:
+    store = _reopened(config)
+    ids = [store.store(f"first {i}").id for i in range(10)]
+    store.compact()
+    ids += [store.store(f"second {i}").id for i in range(10)]
+    store.add_to_context_window("user", "second turn")
+    _writes_during_compaction(store, ids, "b")
+    store.compact()  # generation 2 follows journal 1 at an offset; its journal starts with the carried ops
+    abandon(store)
+    path = config.data_dir / files.SNAPSHOT_FILE
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    bk.repair(config.data_dir, config)
+    _check(config, ids, ["second turn", "b turn"])
+
+
+def test_background_compactions_under_concurrent_writes_lose_nothing(config: Config) -> None:
+    cfg = config.replace("memory", compact_journal_bytes=4096, context_window_size=3)
+    store = MemoryStore(config=cfg, embedder=None)
+    acked: list[str] = []
+    turns: list[str] = []
+
+    def write(worker: int) -> None:
+        for i in range(150):
+            acked.append(store.store(f"worker {worker} memory {i} " + "x" * 50).id)
+            if i % 10 == 0:
+                store.add_to_context_window("user", f"w{worker} turn {i}")
+                turns.append(f"w{worker} turn {i}")
+
+    threads = [threading.Thread(target=write, args=(w,)) for w in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    generation = store.stats()["generation"]
+    window = [t["content"] for t in store.get_context_window()]
+    abandon(store)
+    assert generation >= 3  # several compactions ran while the writers wrote
+    _check(cfg, acked, window)
+    assert len(window) == 6 and set(window) <= set(turns)

@@ -1,0 +1,165 @@
+"""The in-memory state (``_state``) and the record schema (``_records``):
+random operation sequences keep every index consistent, snapshots round-trip,
+frozen views do not move while the state goes on changing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from reachy_memory import Config, CorruptionError, ValidationError
+from reachy_memory import journal as jr
+from reachy_memory._persistence import read_snapshot
+from reachy_memory._records import Record, decode, encode, record_id
+from reachy_memory._state import MemoryState, snapshot_sections
+
+DIM = 8
+KEY = "test/space/8"
+IDS = [f"m{i}" for i in range(6)]
+WORDS = ["tea", "coffee", "garden", "piano", "sarah", "robot", "blue", "train"]
+TYPES = ["fact", "conversation", "context"]
+
+
+def _vector(seed: int) -> bytes:
+    v = np.random.default_rng(seed).standard_normal(DIM).astype(np.float32)
+    return (v / np.linalg.norm(v)).tobytes()
+
+
+def _put(memory_id: str, words: list[str], mtype: str, seed: int | None, key: str = "k") -> list[Any]:
+    metadata = {"context_key": key} if mtype == "context" else {"n": len(words)}
+    rec = Record(memory_id, " ".join(words), mtype, 1_700_000_000.0 + (seed or 0), None, metadata,
+                 vkey=KEY if seed is not None else None)
+    return ["put", encode(rec), _vector(seed) if seed is not None else None]
+
+
+ops = st.one_of(
+    st.builds(_put, st.sampled_from(IDS), st.lists(st.sampled_from(WORDS), min_size=1, max_size=4),
+              st.sampled_from(TYPES), st.one_of(st.none(), st.integers(0, 1000)), st.sampled_from(["k", "j"])),
+    st.builds(lambda i: ["del", i], st.sampled_from(IDS)),
+    st.builds(lambda w: ["win", "user", w, 1.0], st.sampled_from(WORDS)),
+    st.just(["winclr"]),
+)
+
+
+def _state() -> MemoryState:
+    return MemoryState(Config().replace("memory", context_window_size=2), DIM, KEY, KEY)
+
+
+def _check_invariants(state: MemoryState) -> None:
+    assert {r.slot: r.id for r in state.records.values()} == {s: r.id for s, r in state.by_slot.items()}
+    assert not set(state._free) & set(state.by_slot)  # a free slot holds no memory
+    assert state.lexical.n_docs == len(state.records)
+    with_vectors = {r.slot for r in state.records.values() if r.vkey is not None}
+    assert set(np.flatnonzero(state.vectors.alive).tolist()) == with_vectors
+    for key, recs in state.context_view.items():
+        assert {r.id for r in recs} == {r.id for r in state.context_records(key)}
+    assert len(state.window_view) <= 4
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(ops, max_size=40))
+def test_random_operations_keep_every_index_consistent(sequence: list[list[Any]]) -> None:
+    state = _state()
+    for op in sequence:
+        state.apply(op)
+        _check_invariants(state)
+
+
+def _round_trip(state: MemoryState, tmp: Path) -> MemoryState:
+    frozen = state.freeze(with_lexical=True)
+    head = {"kind": "snapshot", "generation": 1, "dim": DIM, "model": KEY}
+    jr.write_snapshot(tmp / "s.rms", snapshot_sections(frozen, head, frozen.lexical or {}))
+    state.thaw()
+    loaded = _state()
+    loaded.load(read_snapshot(tmp / "s.rms"))
+    return loaded
+
+
+def _fields(state: MemoryState) -> dict[str, tuple[Any, ...]]:
+    return {r.id: (r.content, r.type, r.created, r.metadata, r.slot, r.vkey) for r in state.records.values()}
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(ops, max_size=30))
+def test_a_snapshot_round_trip_reproduces_the_state(tmp_path_factory: pytest.TempPathFactory,
+                                                    sequence: list[list[Any]]) -> None:
+    state = _state()
+    for op in sequence:
+        state.apply(op)
+    loaded = _round_trip(state, tmp_path_factory.mktemp("snap"))
+    assert _fields(loaded) == _fields(state)
+    assert loaded.window_view == state.window_view
+    for word in WORDS:  # the lexical index answers the same
+        assert [a.tolist() for a in loaded.lexical.scores(word)] == [a.tolist() for a in state.lexical.scores(word)]
+    _check_invariants(loaded)
+
+
+def test_a_frozen_view_does_not_move_while_the_state_changes() -> None:
+    state = _state()
+    for i in range(4):
+        state.apply(_put(IDS[i], [WORDS[i]], "fact", seed=i))
+    frozen = state.freeze()
+    before = bytes(frozen.vectors)
+    state.apply(["del", IDS[0]])  # its slot is quarantined, not reused ...
+    state.apply(_put(IDS[5], ["new"], "fact", seed=99))  # ... so this lands on a fresh slot
+    assert state.records[IDS[5]].slot == 4
+    assert bytes(frozen.vectors) == before and [r.id for r in frozen.records] == IDS[:4]
+    state.thaw()
+    state.apply(_put("later", ["x"], "fact", seed=5))
+    assert state.records["later"].slot == 0  # reused once no view is held
+
+
+def test_overlapping_frozen_views_keep_slots_until_the_last_thaw() -> None:
+    state = _state()
+    state.apply(_put("a", ["tea"], "fact", seed=1))
+    state.freeze()
+    state.freeze()  # a backup during a background compaction
+    state.apply(["del", "a"])
+    state.thaw()
+    state.apply(_put("b", ["tea"], "fact", seed=2))
+    assert state.records["b"].slot == 1  # one view still held: slot 0 not reused
+    state.thaw()
+
+
+@pytest.mark.parametrize("op", [
+    ["nope"],  # unknown kind
+    ["put", {"id": "x"}, None],  # a record lacking its fields
+    ["put", [1, 2, 3], None],  # neither v1 nor v2
+    [],  # empty
+])
+def test_malformed_operations_are_corruption(op: list[Any]) -> None:
+    with pytest.raises(CorruptionError):
+        _state().apply(op)
+
+
+# -- records ---------------------------------------------------------------------------------
+
+records = st.builds(
+    Record, st.text(min_size=1, max_size=20), st.text(max_size=50), st.sampled_from(TYPES),
+    st.floats(946_684_800, 7_258_118_400), st.one_of(st.none(), st.floats(946_684_800, 7_258_118_400)),
+    st.dictionaries(st.text(max_size=5), st.one_of(st.integers(-(2**63), 2**63 - 1), st.text(max_size=5)), max_size=3),
+    st.integers(0, 10_000), st.one_of(st.none(), st.just(KEY)))
+
+
+@given(records)
+def test_records_round_trip_through_msgpack(rec: Record) -> None:
+    back = decode(jr.unpack(jr.pack(encode(rec))))
+    assert [getattr(back, f) for f in rec.__slots__] == [getattr(rec, f) for f in rec.__slots__]
+    assert record_id(encode(rec)) == rec.id
+
+
+def test_v1_positional_rows_decode() -> None:
+    rec = decode(["abc", "hello", "fact", 1.0, None, {"k": 1}, 3, None])
+    assert (rec.id, rec.content, rec.slot, rec.metadata) == ("abc", "hello", 3, {"k": 1})
+    assert record_id(["abc", "hello"]) == "abc"
+
+
+def test_unknown_record_fields_are_refused() -> None:
+    row = encode(Record("a", "b", "fact", 1.0, None, {})) | {"from_the_future": 1}
+    with pytest.raises(ValidationError, match="from_the_future"):
+        decode(row)

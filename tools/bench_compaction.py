@@ -1,0 +1,155 @@
+"""How long compaction pauses the engine, at 100k memories.
+
+Builds a store of ``--memories`` memories (LoCoMo dialogue lines, with random
+unit vectors from a cheap stand-in embedder: the embedder is not what is
+measured), then, several runs each:
+
+* **synchronous** compaction (``store.compact()``, what every compaction was
+  before): the whole snapshot is written under the store lock;
+* **background** compaction (what the store does on its own now): a probe
+  thread takes and releases the store lock every millisecond and records how
+  long it waited, while a writer thread stores memories and reads the context
+  window; we report the longest lock wait (the pause), the two locked steps
+  (freeze, finish) and the writer's latencies during the compaction.
+
+    .venv/bin/python tools/bench_compaction.py --memories 100000 --runs 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from reachy_memory import Config, MemoryStore
+from tools._bench import dialogue_lines, percentiles, rss_mb
+
+
+class RandomEmbedder:
+    """Unit vectors from a seeded generator: costs microseconds, not milliseconds."""
+
+    dim = 384
+
+    def __init__(self) -> None:
+        self._rng = np.random.default_rng(7)
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        vectors = self._rng.standard_normal((len(texts), self.dim)).astype(np.float32)
+        return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+
+def build(path: Path, count: int) -> Config:
+    cfg = Config().replace("memory", path=str(path), compact_journal_bytes=1 << 33, fsync="never",
+                           max_batch=1000)
+    lines = dialogue_lines()
+    with MemoryStore(config=cfg, embedder=RandomEmbedder()) as store:
+        for start in range(0, count, 1000):
+            store.store_batch([{"content": f"{lines[i % len(lines)]} ({i})", "memory_type": "fact"}
+                               for i in range(start, min(start + 1000, count))])
+            if start % 20_000 == 0:
+                print(f"  built {start + 1000:,} / {count:,}", flush=True)
+    return cfg
+
+
+def timed_method(store: MemoryStore, name: str, sink: list[float]) -> None:
+    """Record the duration of each call of ``store.<name>``."""
+    original = getattr(store, name)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            sink.append(time.perf_counter() - start)
+
+    setattr(store, name, wrapper)
+
+
+def probe(store: MemoryStore, stop: threading.Event, waits: list[float]) -> None:
+    while not stop.is_set():
+        start = time.perf_counter()
+        with store._lock:
+            pass
+        waits.append(time.perf_counter() - start)
+        time.sleep(0.001)
+
+
+def writer(store: MemoryStore, stop: threading.Event, lat: list[float]) -> None:
+    n = 0
+    while not stop.is_set():
+        start = time.perf_counter()
+        store.store(f"written during compaction {n}")
+        store.get_context_window()
+        lat.append(time.perf_counter() - start)
+        n += 1
+        time.sleep(0.002)
+
+
+def background_run(store: MemoryStore) -> dict[str, float]:
+    freeze: list[float] = []
+    finish: list[float] = []
+    timed_method(store, "_begin_compaction", freeze)
+    timed_method(store, "_finish_compaction", finish)
+    waits: list[float] = []
+    lat: list[float] = []
+    stop = threading.Event()
+    threads = [threading.Thread(target=probe, args=(store, stop, waits)),
+               threading.Thread(target=writer, args=(store, stop, lat))]
+    for t in threads:
+        t.start()
+    time.sleep(0.2)
+    start = time.perf_counter()
+    with store._lock:
+        store._compact_in_background()
+    store._wait_for_compaction()
+    total = time.perf_counter() - start
+    stop.set()
+    for t in threads:
+        t.join()
+    for name in ("_begin_compaction", "_finish_compaction"):
+        delattr(store, name)
+    w = percentiles(waits)
+    s = percentiles(lat)
+    return {"total_s": total, "freeze_ms": freeze[0] * 1000, "finish_ms": finish[0] * 1000,
+            "lock_wait_max_ms": w["max"], "lock_wait_p99_ms": w["p99"],
+            "store_p50_ms": s["p50"], "store_p99_ms": s["p99"], "store_max_ms": s["max"], "stores": s["n"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--memories", type=int, default=100_000)
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        print(f"building a store of {args.memories:,} memories ...", flush=True)
+        cfg = build(Path(tmp) / "data", args.memories)
+        with MemoryStore(config=cfg, embedder=RandomEmbedder()) as store:
+            print(f"open: RSS {rss_mb():.0f} MB", flush=True)
+            sync = []
+            for run in range(args.runs):
+                start = time.perf_counter()
+                store.compact()
+                sync.append(time.perf_counter() - start)
+                print(f"  synchronous run {run + 1}: {sync[-1] * 1000:.0f} ms under the lock", flush=True)
+            results = []
+            for run in range(args.runs):
+                results.append(background_run(store))
+                r = results[-1]
+                print(f"  background run {run + 1}: total {r['total_s']:.2f} s, freeze {r['freeze_ms']:.1f} ms, "
+                      f"finish {r['finish_ms']:.1f} ms, longest lock wait {r['lock_wait_max_ms']:.1f} ms, "
+                      f"store+window p50/p99/max {r['store_p50_ms']:.1f}/{r['store_p99_ms']:.1f}/"
+                      f"{r['store_max_ms']:.1f} ms over {r['stores']} writes", flush=True)
+            print(f"\n{args.memories:,} memories, medians of {args.runs} runs:")
+            print(f"  synchronous compaction (the old pause): {statistics.median(sync) * 1000:.0f} ms")
+            for key in ("freeze_ms", "finish_ms", "lock_wait_max_ms", "store_p99_ms", "store_max_ms", "total_s"):
+                print(f"  background {key}: {statistics.median(r[key] for r in results):.2f}")
+
+
+if __name__ == "__main__":
+    main()
