@@ -138,19 +138,36 @@ def write_snapshot_keeping_previous(directory: Path, frames: Any) -> None:
 
 
 def write_next_journal(directory: Path, generation: int, follows: tuple[int, int] | None = None,
-                       ops: list[Any] | None = None) -> None:
+                       frames: list[list[Any]] | None = None) -> None:
     """Write the next generation's journal as ``journal.next.rmj`` (durable).
 
     ``follows`` = (generation, offset): the snapshot of ``generation`` covers
-    the journal it follows up to that byte offset; ``ops`` are the operations
-    appended after it (carried over from a background compaction).
+    the journal it follows up to that byte offset; ``frames`` (lists of ops,
+    one frame each, as they were journaled) are the ones appended after it.
     Raises StorageFullError / StorageError; nothing else is touched then.
     """
     head: dict[str, Any] = {"kind": "journal", "generation": generation}
     if follows is not None:
         head["follows"] = list(follows)
-    chunks = [jr.header(jr.JOURNAL), jr.encode_frame(head)] + ([jr.encode_frame(ops)] if ops else [])
+    chunks = [jr.header(jr.JOURNAL), jr.encode_frame(head), *(jr.encode_frame(f) for f in frames or ())]
     jr.write_atomic(directory / NEXT_JOURNAL_FILE, chunks)
+
+
+def append_to_next_journal(directory: Path, frames: list[list[Any]]) -> None:
+    """Append ``frames`` to ``journal.next.rmj`` and fsync it.
+
+    Raises StorageFullError / StorageError (the file may then hold part of a
+    frame: it is only ever used after this returned).
+    """
+    path = directory / NEXT_JOURNAL_FILE
+    try:
+        with open(path, "ab") as handle:
+            for frame in frames:
+                handle.write(jr.encode_frame(frame))
+            handle.flush()
+            os.fsync(handle.fileno())
+    except OSError as exc:
+        raise jr.storage_error(f"cannot append to {path}", path, exc) from exc
 
 
 def follows_of(head: Any) -> tuple[int, int] | None:

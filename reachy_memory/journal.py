@@ -153,8 +153,9 @@ class Packed:
         self.payload = payload
 
 
-def frames_from(path: Path, offset: int, version: int) -> list[Any]:
-    """The decoded frames of ``path`` from byte ``offset`` (a frame boundary) to its end.
+def frames_from(path: Path, offset: int, version: int, end: int | None = None) -> list[Any]:
+    """The decoded frames of ``path`` from byte ``offset`` to ``end`` (frame boundaries;
+    default the end of the file).
 
     Used to carry the ops appended during a background compaction into the
     next journal.  Raises CorruptionError when a frame there is not valid.
@@ -162,9 +163,9 @@ def frames_from(path: Path, offset: int, version: int) -> list[Any]:
     try:
         with open(path, "rb") as handle:
             handle.seek(offset)
-            data = memoryview(handle.read())
+            data = memoryview(handle.read(-1 if end is None else end - offset))
     except OSError as exc:
-        raise _storage_error(f"cannot read {path}", path, exc) from exc
+        raise storage_error(f"cannot read {path}", path, exc) from exc
     frames, at = [], 0
     while at < len(data):
         payload = _frame_at(data, at, version)
@@ -382,11 +383,11 @@ def write_atomic(path: Path, chunks: Iterable[bytes | memoryview], *, durable: b
             fsync_dir(path.parent)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
-        raise _storage_error(f"cannot write {path}", path, exc) from exc
+        raise storage_error(f"cannot write {path}", path, exc) from exc
     return written
 
 
-def _storage_error(what: str, path: Path, exc: OSError) -> StorageError:
+def storage_error(what: str, path: Path, exc: OSError) -> StorageError:
     """Our error for an OSError: StorageFullError for a full disk or quota."""
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return StorageFullError(f"{what}: the disk is full ({exc.strerror}); nothing was written",
@@ -483,9 +484,20 @@ class Journal:
             if result.torn_at is not None:
                 self._set_aside_torn_tail(result)
         except OSError as exc:
-            raise _storage_error(f"cannot open {self.path}", self.path, exc) from exc
+            raise storage_error(f"cannot open {self.path}", self.path, exc) from exc
         self.size = result.end
         return result
+
+    def adopt(self) -> None:
+        """Open a journal this process has just written and synced (the compaction's
+        next journal) for appending, without reading it back."""
+        try:
+            with open(self.path, "rb") as handle:
+                self._version = _check_header(self.path, memoryview(handle.read(HEADER_SIZE)), JOURNAL)
+            self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND)
+            self.size = os.fstat(self._fd).st_size
+        except OSError as exc:
+            raise storage_error(f"cannot open {self.path}", self.path, exc) from exc
 
     def _set_aside_torn_tail(self, result: ReadResult) -> None:
         aside = copy_aside(self.path, "torn", result.end)
@@ -520,7 +532,7 @@ class Journal:
                 view = view[_os.write(fd, view) :]
         except OSError as exc:
             self._roll_back(fd)
-            raise _storage_error(f"cannot append to {self.path}", self.path, exc) from exc
+            raise storage_error(f"cannot append to {self.path}", self.path, exc) from exc
 
     def _roll_back(self, fd: int) -> None:
         try:

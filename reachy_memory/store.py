@@ -114,6 +114,7 @@ class _Compaction:
     follows: tuple[int, int]  # (journal generation, offset): where the ops after the snapshot start
     frozen: Frozen
     head: dict[str, Any]
+    carried_to: int | None = None  # the journal offset up to which ops are already in the next journal
 
 
 class MemoryStore:
@@ -263,8 +264,8 @@ class MemoryStore:
             self._apply_all(ops)
 
     def _carry_over(self, follows: tuple[int, int], tail: list[list[Any]]) -> None:
-        """Start the snapshot's own journal with ``tail`` (the ops after ``follows``) and
-        retire the current one (moved, never rewritten).
+        """Start the snapshot's own journal with ``tail`` (the frames after ``follows``)
+        and retire the current one (moved, never rewritten).
 
         When the disk is too full for that, the store goes on appending to the current
         journal (its snapshot names where its ops begin): nothing is lost either way.
@@ -272,7 +273,7 @@ class MemoryStore:
         try:
             files.write_next_journal(self.path, self._generation, follows, tail)
         except StorageError as exc:
-            log.warning("journal kept in use after a compaction (%s); the next compaction retries", exc)
+            _log_kept(exc)
             return
         self._switch_journals()
 
@@ -284,9 +285,10 @@ class MemoryStore:
         carried into the snapshot's journal, and this one is moved, never rewritten.
         """
         follows = self._follows if self._follows and self._follows[0] == generation else None
-        tail = [op for frame, offset in zip(result.frames[1:], result.offsets[1:], strict=True)
-                if follows is not None and offset >= follows[1] for op in frame]
-        self._apply_all(tail)
+        tail = [frame for frame, offset in zip(result.frames[1:], result.offsets[1:], strict=True)
+                if follows is not None and offset >= follows[1]]
+        for ops in tail:
+            self._apply_all(ops)
         self._journal_generation = generation
         log.warning("journal generation %s is older than snapshot %s: %d ops after the snapshot applied",
                     generation, self._generation, len(tail))
@@ -624,6 +626,7 @@ class MemoryStore:
         try:
             with _short_gil_slices():
                 self._write_snapshot(job)
+                self._carry_unlocked(job)
             with self._lock:
                 self._finish_compaction(job)
         except ReachyMemoryError as exc:
@@ -655,28 +658,54 @@ class MemoryStore:
         lexical = job.frozen.lexical if job.frozen.lexical is not None else _lexical_state(job.frozen)
         files.write_snapshot_keeping_previous(self.path, snapshot_sections(job.frozen, job.head, lexical))
 
-    def _finish_compaction(self, job: _Compaction) -> None:
-        """Under the lock, the new snapshot being durable: carry the ops appended since
-        the freeze into the next generation's journal and switch to it."""
-        self._generation, self._follows = job.generation, job.follows
-        frames = jr.frames_from(self._journal.path, job.follows[1], self._journal.version)
-        self._carry_over(job.follows, [op for frame in frames for op in frame])
+    def _carry_unlocked(self, job: _Compaction) -> None:
+        """Compaction thread, no lock: copy the frames appended since the freeze so far
+        into the next journal, so that the locked step only copies the last few.
+        (``size`` moves only after a whole frame is written, so it is a frame boundary.)"""
+        end = self._journal.size
+        frames = jr.frames_from(self._journal.path, job.follows[1], self._journal.version, end)
+        try:
+            files.write_next_journal(self.path, job.generation, job.follows, frames)
+        except StorageError as exc:
+            log.warning("could not pre-copy the ops written during compaction (%s); copying under the lock", exc)
+            return
+        job.carried_to = end
 
-    def _switch_journals(self) -> None:
-        """Retire the current journal and open ``journal.next.rmj`` in its place."""
+    def _finish_compaction(self, job: _Compaction) -> None:
+        """Under the lock, the new snapshot being durable: carry the frames appended
+        since the freeze into the next generation's journal and switch to it."""
+        self._generation, self._follows = job.generation, job.follows
+        start = job.carried_to if job.carried_to is not None else job.follows[1]
+        frames = jr.frames_from(self._journal.path, start, self._journal.version)
+        try:
+            if job.carried_to is None:
+                files.write_next_journal(self.path, job.generation, job.follows, frames)
+            else:
+                files.append_to_next_journal(self.path, frames)
+        except StorageError as exc:
+            _log_kept(exc)
+            return
+        self._switch_journals(known=True)
+
+    def _switch_journals(self, *, known: bool = False) -> None:
+        """Retire the current journal and open ``journal.next.rmj`` in its place
+        (``known``: this process just wrote and synced it, so it is not read back)."""
         self._journal.close()
         try:
             files.switch_journals(self.path)
-            self._open_journal()
+            self._open_journal(known=known)
         except ReachyMemoryError as exc:
             self._journal.failure = f"compaction could not switch journals ({exc}); reopen the store"
             raise
 
-    def _open_journal(self) -> None:
+    def _open_journal(self, *, known: bool = False) -> None:
         """Open ``journal.rmj`` (created for the current generation when absent)."""
         mem = self._config.memory
         self._journal = jr.Journal(self.path / JOURNAL_FILE, mem.fsync, mem.fsync_batch_window_ms)
-        self._journal.open({"kind": "journal", "generation": self._generation})
+        if known:
+            self._journal.adopt()
+        else:
+            self._journal.open({"kind": "journal", "generation": self._generation})
         self._journal_generation = self._generation
 
     def _require_writable(self) -> None:
@@ -812,6 +841,10 @@ class MemoryStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _log_kept(exc: ReachyMemoryError) -> None:
+    log.warning("journal kept in use after a compaction (%s); the next compaction retries", exc)
 
 
 @contextlib.contextmanager

@@ -157,3 +157,35 @@ def test_background_compactions_under_concurrent_writes_lose_nothing(config: Con
     assert generation >= 3  # several compactions ran while the writers wrote
     _check(cfg, acked, window)
     assert len(window) == 6 and set(window) <= set(turns)
+
+
+@pytest.mark.parametrize("disk_full", [
+    False,  # the bulk is copied without the lock, the last frames under it; the new journal is adopted
+    True,  # the last copy fails: the store keeps appending to the old journal
+])
+def test_background_compaction_copies_late_writes_in_two_steps(config: Config, monkeypatch: pytest.MonkeyPatch,
+                                                               disk_full: bool) -> None:
+    store = _reopened(config)
+    ids = [store.store(f"before {i}").id for i in range(10)]
+    _writes_during_compaction(store, ids, "a")
+    unlocked = store._carry_unlocked
+
+    def carry(job: Any) -> None:
+        unlocked(job)
+        ids.extend(store.store(f"late {i}").id for i in range(3))  # after the unlocked copy
+
+    store._carry_unlocked = carry  # type: ignore[method-assign]
+    if disk_full:
+        monkeypatch.setattr(files, "append_to_next_journal", _raise_full)
+    with store._lock:
+        store._compact_in_background()
+    store._wait_for_compaction()
+    monkeypatch.undo()
+    assert store.read_only is None and store.stats()["generation"] == 1
+    ids.append(store.store("after").id)
+    abandon(store)
+    _check(config, ids, ["a turn"])
+
+
+def _raise_full(directory: Path, frames: Any) -> None:
+    raise StorageFullError("disk full", path=str(directory))

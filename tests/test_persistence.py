@@ -133,6 +133,8 @@ def test_a_v1_store_opens_and_migrates(tmp_path: Path, base_config: Config) -> N
             assert store.search("fact number 3 about tea", limit=1, min_score=0)[0].memory.id == "f3"
             assert store.stats()["index"]["vectors"] == 8
     assert (data / "snapshot.rms").read_bytes()[5] == jr.VERSION
+    snapshot = files.read_snapshot(data / "snapshot.rms")
+    assert snapshot["records"] and all(isinstance(r, dict) for r in snapshot["records"])  # record format 2
 
 
 @pytest.mark.parametrize("name", [
