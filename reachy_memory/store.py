@@ -22,13 +22,10 @@ final score.
 from __future__ import annotations
 
 import bisect
-import contextlib
-import gc
 import logging
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -40,22 +37,18 @@ from . import _persistence as files
 from . import _ranking as ranking
 from . import journal as jr
 from ._persistence import GRAPH_FILE, JOURNAL_FILE, SNAPSHOT_FILE, read_snapshot
-from ._records import RECORD_VERSION, Record, decode, encode
-from ._state import GROUP, Frozen, MemoryState, snapshot_sections
+from ._records import Record, decode, encode
+from ._state import GROUP, MemoryState
+from ._storage import Storage
 from ._temporal import temporal_bonus
 from ._threads import pin_native_threads
 from .config import Config
 from .errors import (
     ClosedError,
-    CorruptionError,
     ModelError,
     ModelMismatchError,
-    ReachyMemoryError,
-    ReadOnlyError,
-    StorageError,
     ValidationError,
 )
-from .lexical_index import LexicalIndex
 from .model import Expiry, Memory, MemoryType, SearchResult, resolve_timezone, to_datetime, to_epoch
 
 log = logging.getLogger(__name__)
@@ -105,18 +98,6 @@ class _Prepared:
     texts: list[str | None]
 
 
-@dataclass
-class _Compaction:
-    """One compaction in flight: the snapshot of ``frozen`` becomes ``generation``;
-    it covers the current journal up to byte ``follows[1]``."""
-
-    generation: int
-    follows: tuple[int, int]  # (journal generation, offset): where the ops after the snapshot start
-    frozen: Frozen
-    head: dict[str, Any]
-    carried_to: int | None = None  # the journal offset up to which ops are already in the next journal
-
-
 class MemoryStore:
     """Long-term memory: store, search, forget, expire; durable and crash-safe.
 
@@ -132,7 +113,7 @@ class MemoryStore:
 
     Threads: the caller that holds ``_lock`` (the daemon's engine thread) owns
     the state and the journal; a background compaction thread owns only its
-    frozen view and the snapshot file it writes (see :meth:`_compact`).
+    frozen view and the snapshot file it writes (see :mod:`._storage`).
     """
 
     def __init__(self, path: str | Path | None = None, *, config: Config | None = None,
@@ -141,7 +122,6 @@ class MemoryStore:
         self.path = Path(path).expanduser() if path is not None else self._config.data_dir
         self._closed = True
         self._lock = threading.RLock()
-        self._compacting: threading.Thread | None = None
         pin_native_threads(self._config.search.blas_threads)
         files.secure_dir(self.path)
         self._dir_lock = jr.DirLock(self.path)
@@ -154,7 +134,7 @@ class MemoryStore:
             raise
         self._closed = False
         if recover:
-            self._compact(full=True)  # a fresh snapshot of the rebuilt state (see verify --repair)
+            self._storage.compact(full=True)  # a fresh snapshot of the rebuilt state (see verify --repair)
 
     # -- opening ---------------------------------------------------------------------
 
@@ -172,22 +152,18 @@ class MemoryStore:
         dim = self._embedder.dim if self._embedder is not None else (
             (snapshot or {}).get("dim") or (_first_dim(base.ops) if base else None) or 384)
         self._state = MemoryState(self._config, dim, current_key, model_key)
-        self._generation = snapshot["generation"] if snapshot else 0
-        self._follows = files.follows_of(snapshot)
+        self._storage = Storage(self.path, self._config, self._state, self._lock, snapshot)
         if snapshot is not None:
             self._state.load(snapshot)
             self._load_graph()
         if base is not None:  # rebuild: the previous generation's ops, then the current journal
-            for op in base.ops:
-                self._apply(op)
-            self._generation, self._follows = base.generation + 1, None
-        files.complete_switch(self.path, self._generation)
-        self._journal = jr.Journal(self.path / JOURNAL_FILE, mem.fsync, mem.fsync_batch_window_ms)
+            self._storage.apply(base.ops)
+            self._storage.rebuilt_from(base.generation)
+        self._storage.open()
         try:
-            self._replay(self._journal.open({"kind": "journal", "generation": self._generation}))
             self._check_model(reindex)
         except BaseException:
-            self._journal.close()
+            self._storage.journal.close()
             raise
         self._adopt_model()
 
@@ -234,65 +210,11 @@ class MemoryStore:
                 stored=other, configured=key,
             )
 
-    def _graph_tag(self) -> str:
-        return f"{self._generation}:{self._state.current_key}"
-
     def _load_graph(self) -> None:
         vectors = self._state.vectors
         if vectors.count <= vectors.exact_below // 2:
             return  # searched exactly at this size; vectors wait as pending
-        vectors.load_graph(self.path / GRAPH_FILE, self._graph_tag())
-
-    def _replay(self, result: jr.ReadResult) -> None:
-        """Apply the journal's ops, after checking that it follows the snapshot.
-
-        Raises CorruptionError (nothing changed on disk) for a journal newer
-        than the snapshot: the snapshot is missing or was replaced.
-        """
-        generation = files.journal_generation(result)
-        if generation is not None and generation < self._generation:
-            self._replay_older(result, generation)
-            return
-        if generation != self._generation:
-            raise CorruptionError(
-                f"{self._journal.path}: journal generation {generation} is newer than the snapshot's "
-                f"{self._generation} (the snapshot is missing or was replaced); nothing was changed. "
-                "Run 'reachy-memory verify --repair' to rebuild from the previous generation kept on disk",
-                path=str(self._journal.path), offset=0)
-        self._journal_generation = self._generation
-        for ops in result.frames[1:]:
-            self._apply_all(ops)
-
-    def _carry_over(self, follows: tuple[int, int], tail: list[list[Any]]) -> None:
-        """Start the snapshot's own journal with ``tail`` (the frames after ``follows``)
-        and retire the current one (moved, never rewritten).
-
-        When the disk is too full for that, the store goes on appending to the current
-        journal (its snapshot names where its ops begin): nothing is lost either way.
-        """
-        try:
-            files.write_next_journal(self.path, self._generation, follows, tail)
-        except StorageError as exc:
-            _log_kept(exc)
-            return
-        self._switch_journals()
-
-    def _replay_older(self, result: jr.ReadResult, generation: int) -> None:
-        """A compaction made the snapshot durable and died before switching journals.
-
-        The snapshot covers this journal up to the offset it names (all of it for
-        a snapshot that names none); the ops after that offset are applied and
-        carried into the snapshot's journal, and this one is moved, never rewritten.
-        """
-        follows = self._follows if self._follows and self._follows[0] == generation else None
-        tail = [frame for frame, offset in zip(result.frames[1:], result.offsets[1:], strict=True)
-                if follows is not None and offset >= follows[1]]
-        for ops in tail:
-            self._apply_all(ops)
-        self._journal_generation = generation
-        log.warning("journal generation %s is older than snapshot %s: %d ops after the snapshot applied",
-                    generation, self._generation, len(tail))
-        self._carry_over(follows or (generation, self._journal.size), tail)
+        vectors.load_graph(self.path / GRAPH_FILE, self._storage.graph_tag())
 
     def _adopt_model(self) -> None:
         key = self._state.current_key
@@ -310,21 +232,9 @@ class MemoryStore:
     def _commit(self, ops: list[list[Any]]) -> None:
         """Journal ``ops`` (durably, per policy), then apply them to the state."""
         with self._lock:
-            self._journal.append(ops)
-            self._apply_all(ops)
-            if self._journal.size > self._config.memory.compact_journal_bytes and self._compacting is None:
-                self._compact_in_background()
-
-    def _apply_all(self, ops: list[list[Any]]) -> None:
-        try:
-            for op in ops:
-                self._state.apply(op)
-        except CorruptionError as exc:
-            raise CorruptionError(f"{self._journal.path if hasattr(self, '_journal') else self.path}: "
-                                  f"{exc.message}", path=str(self.path), offset=-1) from exc
-
-    def _apply(self, op: list[Any]) -> None:
-        self._apply_all([op])
+            self._storage.append(ops)
+            self._storage.apply(ops)
+            self._storage.maybe_compact()
 
     # -- writing ---------------------------------------------------------------------
 
@@ -590,132 +500,8 @@ class MemoryStore:
         (the journal keeps every change) or ReadOnlyError.
         """
         self._require_open()
-        self._wait_for_compaction()
-        self._compact(full)
-
-    def _compact(self, full: bool = False) -> None:
-        """:meth:`compact` without the open check (it also runs while opening).
-
-        Steps and crash analysis: docs/FORMAT.md, "Generations and compaction".
-        """
-        with self._lock:
-            job = self._begin_compaction(background=False)
-            try:
-                self._write_snapshot(job)
-                self._finish_compaction(job)
-            finally:
-                self._state.thaw()
-            self._state.vectors.save_graph(self.path / GRAPH_FILE, self._graph_tag(), force=full)
-            files.tighten_files(self.path)
-
-    def _compact_in_background(self) -> None:
-        """Auto-compaction: freeze the state (the only pause of the engine) and write
-        the snapshot on a thread of its own.  A failure is logged, never raised: the
-        write that triggered it is already durable in the journal (which keeps growing)."""
-        try:
-            job = self._begin_compaction(background=True)
-        except ReachyMemoryError as exc:
-            log.warning("compaction not started, the journal keeps every change: %s", exc)
-            return
-        self._compacting = threading.Thread(target=self._compaction_thread, args=(job,),
-                                            name="reachy-memory-compaction", daemon=True)
-        self._compacting.start()
-
-    def _compaction_thread(self, job: _Compaction) -> None:
-        """The background compaction: touches only its frozen view until it takes the lock."""
-        try:
-            with _short_gil_slices():
-                self._write_snapshot(job)
-                self._carry_unlocked(job)
-            with self._lock:
-                self._finish_compaction(job)
-        except ReachyMemoryError as exc:
-            log.warning("compaction failed, the journal keeps every change: %s", exc)
-        except Exception:  # a bug must not kill the store silently: logged, the journal keeps everything
-            log.exception("compaction failed unexpectedly; the journal keeps every change")
-        finally:
-            with self._lock:
-                self._state.thaw()
-                self._compacting = None
-
-    def _wait_for_compaction(self) -> None:
-        thread = self._compacting
-        if thread is not None and thread is not threading.current_thread():
-            thread.join()
-
-    def _begin_compaction(self, *, background: bool) -> _Compaction:
-        """Under the lock: write the next journal's head (a disk-full failure stops here
-        with nothing changed) and freeze the state."""
-        self._require_writable()
-        generation, follows = self._generation + 1, (self._journal_generation, self._journal.size)
-        files.write_next_journal(self.path, generation, follows)
-        frozen = self._state.freeze(with_lexical=not background)
-        head = self._snapshot_head(generation) | {"follows": list(follows)}
-        return _Compaction(generation, follows, frozen, head)
-
-    def _write_snapshot(self, job: _Compaction) -> None:
-        """Write the snapshot of the frozen view durably, keeping the previous one (any thread)."""
-        lexical = job.frozen.lexical if job.frozen.lexical is not None else _lexical_state(job.frozen)
-        files.write_snapshot_keeping_previous(self.path, snapshot_sections(job.frozen, job.head, lexical))
-
-    def _carry_unlocked(self, job: _Compaction) -> None:
-        """Compaction thread, no lock: copy the frames appended since the freeze so far
-        into the next journal, so that the locked step only copies the last few.
-        (``size`` moves only after a whole frame is written, so it is a frame boundary.)"""
-        end = self._journal.size
-        frames = jr.frames_from(self._journal.path, job.follows[1], self._journal.version, end)
-        try:
-            files.write_next_journal(self.path, job.generation, job.follows, frames)
-        except StorageError as exc:
-            log.warning("could not pre-copy the ops written during compaction (%s); copying under the lock", exc)
-            return
-        job.carried_to = end
-
-    def _finish_compaction(self, job: _Compaction) -> None:
-        """Under the lock, the new snapshot being durable: carry the frames appended
-        since the freeze into the next generation's journal and switch to it."""
-        self._generation, self._follows = job.generation, job.follows
-        start = job.carried_to if job.carried_to is not None else job.follows[1]
-        frames = jr.frames_from(self._journal.path, start, self._journal.version)
-        try:
-            if job.carried_to is None:
-                files.write_next_journal(self.path, job.generation, job.follows, frames)
-            else:
-                files.append_to_next_journal(self.path, frames)
-        except StorageError as exc:
-            _log_kept(exc)
-            return
-        self._switch_journals(known=True)
-
-    def _switch_journals(self, *, known: bool = False) -> None:
-        """Retire the current journal and open ``journal.next.rmj`` in its place
-        (``known``: this process just wrote and synced it, so it is not read back)."""
-        self._journal.close()
-        try:
-            files.switch_journals(self.path)
-            self._open_journal(known=known)
-        except ReachyMemoryError as exc:
-            self._journal.failure = f"compaction could not switch journals ({exc}); reopen the store"
-            raise
-
-    def _open_journal(self, *, known: bool = False) -> None:
-        """Open ``journal.rmj`` (created for the current generation when absent)."""
-        mem = self._config.memory
-        self._journal = jr.Journal(self.path / JOURNAL_FILE, mem.fsync, mem.fsync_batch_window_ms)
-        if known:
-            self._journal.adopt()
-        else:
-            self._journal.open({"kind": "journal", "generation": self._generation})
-        self._journal_generation = self._generation
-
-    def _require_writable(self) -> None:
-        if self._journal.failure is not None:
-            raise ReadOnlyError(f"the store is read-only: {self._journal.failure}", path=str(self._journal.path))
-
-    def _snapshot_head(self, generation: int) -> dict[str, Any]:
-        state = self._state
-        return {"kind": "snapshot", "generation": generation, "model": state.current_key or state.model_key,
-                "dim": state.vectors.dim, "created": time.time(), "records": RECORD_VERSION}
+        self._storage.wait()
+        self._storage.compact(full)
 
     def backup(self, dest: str | Path, *, force: bool = False) -> dict[str, Any]:
         """Write a consistent snapshot of the whole store to the file ``dest`` (fsynced),
@@ -726,15 +512,9 @@ class MemoryStore:
         not a backup (unless ``force``).
         """
         self._require_open()
-        with self._lock:
-            target = files.backup_target(dest, self.path, force=force)
-            frozen = self._state.freeze(with_lexical=True)
-            try:
-                sections = snapshot_sections(frozen, self._snapshot_head(self._generation), frozen.lexical or {})
-                size = jr.write_snapshot(target, sections)
-            finally:
-                self._state.thaw()
-            return {"path": str(target), "bytes": size, "memories": len(frozen.records)}
+        target = files.backup_target(dest, self.path, force=force)
+        size, count = self._storage.backup(target)
+        return {"path": str(target), "bytes": size, "memories": count}
 
     def reindex(self, progress: Callable[[int, int], None] | None = None, batch: int = 64) -> int:
         """Re-embed every memory whose vector is not from the current model.
@@ -784,18 +564,18 @@ class MemoryStore:
         by_type = {t.value: 0 for t in MemoryType} | state.fields.type_counts()
         return {
             "memories": len(state.records), "by_type": by_type,
-            "context_window": len(state.window_view), "generation": self._generation,
-            "journal_bytes": self._journal.size, "snapshot_bytes": _size(self.path / SNAPSHOT_FILE),
+            "context_window": len(state.window_view), "generation": self._storage.generation,
+            "journal_bytes": self._storage.journal.size, "snapshot_bytes": _size(self.path / SNAPSHOT_FILE),
             "model": state.current_key, "embedder": "ready" if self._embedder is not None else "unavailable",
             "embedder_error": self.embedder_error, "index": state.vectors.stats(),
-            "read_only": self._journal.failure, "lexical_terms": state.lexical.term_count,
-            "compacting": self._compacting is not None,
+            "read_only": self._storage.failure, "lexical_terms": state.lexical.term_count,
+            "compacting": self._storage.compacting is not None,
         }
 
     @property
     def read_only(self) -> str | None:
         """Why the store refuses writes (an fsync failed), or None; cleared by reopening."""
-        return self._journal.failure
+        return self._storage.failure
 
     @property
     def embedder(self) -> Any:
@@ -822,55 +602,17 @@ class MemoryStore:
         """Compact if the journal holds changes, flush, and release the lock; idempotent."""
         if self._closed:
             return
-        self._wait_for_compaction()
-        with self._lock:
-            try:
-                if self._journal.size > jr.HEADER_SIZE + 64:
-                    self._compact(full=True)
-                elif self._state.vectors.pending:  # an in-service compaction skipped the graph cache
-                    self._state.vectors.save_graph(self.path / GRAPH_FILE, self._graph_tag(), force=True)
-            except ReachyMemoryError as exc:
-                log.warning("could not compact on close (the journal keeps every change): %s", exc)
-            finally:
-                self._journal.close()
-                self._closed = True
-                self._dir_lock.release()
+        try:
+            self._storage.close()
+        finally:
+            self._closed = True
+            self._dir_lock.release()
 
     def __enter__(self) -> MemoryStore:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _log_kept(exc: ReachyMemoryError) -> None:
-    log.warning("journal kept in use after a compaction (%s); the next compaction retries", exc)
-
-
-@contextlib.contextmanager
-def _short_gil_slices(seconds: float = 0.0005) -> Iterator[None]:
-    """Shorten the interpreter's thread switch interval while a CPU-bound background job
-    runs: a thread that holds the store lock and waits for the GIL after a system call
-    would otherwise wait up to the default 5 ms each time, and a commit makes several.
-    The garbage collector waits too (the rows made here hold no cycles)."""
-    before, collecting = sys.getswitchinterval(), gc.isenabled()
-    sys.setswitchinterval(min(before, seconds))
-    gc.disable()  # the snapshot's 100k short-lived rows would trigger full collections (GIL-long pauses)
-    try:
-        yield
-    finally:
-        sys.setswitchinterval(before)
-        if collecting:
-            gc.enable()
-
-
-def _lexical_state(frozen: Frozen) -> dict[str, Any]:
-    """The lexical index of a frozen view, rebuilt from its records (background
-    compaction: the live index keeps changing, the records do not)."""
-    index = LexicalIndex()
-    for rec in frozen.records:
-        index.add(rec.slot, rec.content)
-    return index.state()
 
 
 def _first_vkey(ops: list[list[Any]]) -> str | None:

@@ -9,8 +9,8 @@ def abandon(store: MemoryStore) -> None:
     """Leave a store as a crash would: no compaction, no final sync, lock released.
     (A background compaction in flight finishes first: tests that crash inside one
     do it deterministically, on the calling thread.)"""
-    store._wait_for_compaction()
-    store._journal.close()
+    store._storage.wait()
+    store._storage.journal.close()
     store._closed = True
     store._dir_lock.release()
 

@@ -125,7 +125,7 @@ def test_verify_repair_keeps_valid_prefix(tmp_path: Path) -> None:
     store = MemoryStore(config=Config().replace("memory", path=str(data)), embedder=None)
     for i in range(3):
         store.remember_fact(f"fact {i}")
-    store._journal.close()
+    store._storage.journal.close()
     store._dir_lock.release()  # a crash: everything is in the journal
     journal = data / "journal.rmj"
     raw = bytearray(journal.read_bytes())

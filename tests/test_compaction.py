@@ -24,14 +24,14 @@ class Crash(BaseException):
 
 def _writes_during_compaction(store: MemoryStore, ids: list[str], tag: str) -> None:
     """Make the next compaction see writes arrive while its snapshot is written."""
-    original = store._write_snapshot
+    original = store._storage._write_snapshot
 
     def write(job: Any) -> None:
         ids.extend(store.store(f"{tag} during {i}").id for i in range(5))
         store.add_to_context_window("user", f"{tag} turn")
         original(job)
 
-    store._write_snapshot = write  # type: ignore[method-assign]
+    store._storage._write_snapshot = write  # type: ignore[method-assign]
 
 
 def _reopened(config: Config) -> MemoryStore:
@@ -168,18 +168,18 @@ def test_background_compaction_copies_late_writes_in_two_steps(config: Config, m
     store = _reopened(config)
     ids = [store.store(f"before {i}").id for i in range(10)]
     _writes_during_compaction(store, ids, "a")
-    unlocked = store._carry_unlocked
+    unlocked = store._storage._carry_unlocked
 
     def carry(job: Any) -> None:
         unlocked(job)
         ids.extend(store.store(f"late {i}").id for i in range(3))  # after the unlocked copy
 
-    store._carry_unlocked = carry  # type: ignore[method-assign]
+    store._storage._carry_unlocked = carry  # type: ignore[method-assign]
     if disk_full:
         monkeypatch.setattr(files, "append_to_next_journal", _raise_full)
     with store._lock:
-        store._compact_in_background()
-    store._wait_for_compaction()
+        store._storage.compact_in_background()
+    store._storage.wait()
     monkeypatch.undo()
     assert store.read_only is None and store.stats()["generation"] == 1
     ids.append(store.store("after").id)

@@ -107,7 +107,7 @@ def test_batch_fsync_failure_surfaces_on_the_next_write(config: Config, faults: 
     store = MemoryStore(config=cfg, embedder=None)
     faults.fdatasync(_eio)
     store.store("reaches the OS; its group fsync fails on the timer thread")
-    store._journal._timer.join(timeout=5)  # type: ignore[union-attr]
+    store._storage.journal._timer.join(timeout=5)  # type: ignore[union-attr]
     faults.clear()
     with pytest.raises(ReadOnlyError):
         store.store("the next write is told")

@@ -61,7 +61,7 @@ def test_everything_survives_reopen(config: Config, embedder: object) -> None:
 def test_reopen_from_journal_only_after_a_crash(config: Config, embedder: object) -> None:
     s = MemoryStore(config=config, embedder=embedder)
     memory = s.remember_fact("The user's favorite color is red")
-    s._journal.close()  # simulate a crash: no compaction, no clean close
+    s._storage.journal.close()  # simulate a crash: no compaction, no clean close
     s._dir_lock.release()
     with MemoryStore(config=config, embedder=embedder) as again:
         assert again.get(memory.id) == memory
@@ -362,10 +362,10 @@ def test_close_caches_the_graph_even_after_an_in_service_compaction(tmp_path: Pa
     emb = HashEmbedder()
     with MemoryStore(config=cfg, embedder=emb) as s:
         s.store_batch([{"content": f"fact {i}", "memory_type": "fact"} for i in range(100)])
-        s._wait_for_compaction()  # the one the model op started at open (it carried the batch over)
+        s._storage.wait()  # the one the model op started at open (it carried the batch over)
         s.store("one more")  # starts a compaction that folds everything
-        s._wait_for_compaction()
-        assert s._journal.size < 100  # nothing left to fold
+        s._storage.wait()
+        assert s._storage.journal.size < 100  # nothing left to fold
         assert s._state.vectors.pending  # and that compaction did not build the graph
     with MemoryStore(config=cfg, embedder=emb) as s:
         assert s._state.vectors._loader is not None  # a cache to load, not a rebuild

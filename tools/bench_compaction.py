@@ -57,7 +57,7 @@ def build(path: Path, count: int) -> Config:
     return cfg
 
 
-def timed_method(store: MemoryStore, name: str, sink: list[float]) -> None:
+def timed_method(store: Any, name: str, sink: list[float]) -> None:
     """Record the duration of each call of ``store.<name>``."""
     original = getattr(store, name)
 
@@ -94,8 +94,8 @@ def writer(store: MemoryStore, stop: threading.Event, lat: list[float]) -> None:
 def background_run(store: MemoryStore) -> dict[str, float]:
     freeze: list[float] = []
     finish: list[float] = []
-    timed_method(store, "_begin_compaction", freeze)
-    timed_method(store, "_finish_compaction", finish)
+    timed_method(store._storage, "_begin_compaction", freeze)
+    timed_method(store._storage, "_finish_compaction", finish)
     waits: list[float] = []
     lat: list[float] = []
     stop = threading.Event()
@@ -106,14 +106,14 @@ def background_run(store: MemoryStore) -> dict[str, float]:
     time.sleep(0.2)
     start = time.perf_counter()
     with store._lock:
-        store._compact_in_background()
-    store._wait_for_compaction()
+        store._storage.compact_in_background()
+    store._storage.wait()
     total = time.perf_counter() - start
     stop.set()
     for t in threads:
         t.join()
     for name in ("_begin_compaction", "_finish_compaction"):
-        delattr(store, name)
+        delattr(store._storage, name)
     w = percentiles(waits)
     s = percentiles(lat)
     return {"total_s": total, "freeze_ms": freeze[0] * 1000, "finish_ms": finish[0] * 1000,

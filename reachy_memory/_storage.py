@@ -1,0 +1,337 @@
+"""Persistence of one open store: the journal, generations and compaction.
+
+:class:`Storage` is the store's only way to the data directory's journal and
+snapshots (the file rules are in :mod:`._persistence`; ``docs/FORMAT.md`` is
+the contract).  It appends the ops of the mutation funnel
+(``MemoryStore._commit``), replays them at open, and compacts: synchronously
+(``compact``: open --recover, explicit, close) or in the background, where a
+thread writes the snapshot of a frozen view of the state (:mod:`._state`)
+while writes go on (``compact_in_background``).
+
+Threads: the holder of ``lock`` (the daemon's engine thread) owns
+``journal``, ``generation`` and the state; the compaction thread owns its
+frozen view and the snapshot file it writes, and takes ``lock`` for the
+final switch.  At most one background compaction runs at a time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import _persistence as files
+from . import journal as jr
+from ._persistence import GRAPH_FILE, JOURNAL_FILE
+from ._records import RECORD_VERSION
+from ._state import Frozen, MemoryState, snapshot_sections
+from .config import Config
+from .errors import CorruptionError, ReachyMemoryError, ReadOnlyError, StorageError
+from .lexical_index import LexicalIndex
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Compaction:
+    """One compaction in flight: the snapshot of ``frozen`` becomes ``generation``;
+    it covers the current journal up to byte ``follows[1]``."""
+
+    generation: int
+    follows: tuple[int, int]  # (journal generation, offset): where the ops after the snapshot start
+    frozen: Frozen
+    head: dict[str, Any]
+    carried_to: int | None = None  # the journal offset up to which ops are already in the next journal
+
+
+class Storage:
+    """The journal, the generation and compaction of an open data directory."""
+
+    def __init__(self, path: Path, config: Config, state: MemoryState, lock: threading.RLock,
+                 snapshot: dict[str, Any] | None) -> None:
+        self.path, self.config, self.state, self.lock = path, config, state, lock
+        self.generation: int = snapshot["generation"] if snapshot else 0
+        self.follows = files.follows_of(snapshot)  # (journal generation, offset) the snapshot covers
+        self.journal_generation = self.generation
+        self.compacting: threading.Thread | None = None
+        self.journal: jr.Journal
+
+    def rebuilt_from(self, generation: int) -> None:
+        """The state was rebuilt from the previous generation (``verify --repair``)."""
+        self.generation, self.follows = generation + 1, None
+
+    def open(self) -> None:
+        """Open the journal and replay it into the state.  Raises CorruptionError
+        (nothing changed on disk) when the journal does not follow the snapshot."""
+        files.complete_switch(self.path, self.generation)
+        mem = self.config.memory
+        self.journal = jr.Journal(self.path / JOURNAL_FILE, mem.fsync, mem.fsync_batch_window_ms)
+        try:
+            self._replay(self.journal.open({"kind": "journal", "generation": self.generation}))
+        except BaseException:
+            self.journal.close()
+            raise
+
+    def append(self, ops: list[list[Any]]) -> None:
+        """Journal one batch of ops (durable per policy when this returns)."""
+        self.journal.append(ops)
+
+    def apply(self, ops: list[list[Any]]) -> None:
+        """Apply journaled ops to the state; a malformed op is CorruptionError naming the journal."""
+        try:
+            for op in ops:
+                self.state.apply(op)
+        except CorruptionError as exc:
+            where = self.journal.path if hasattr(self, "journal") else self.path
+            raise CorruptionError(f"{where}: {exc.message}", path=str(where), offset=-1) from exc
+
+    def maybe_compact(self) -> None:
+        """Start a background compaction when the journal outgrew its threshold."""
+        if self.journal.size > self.config.memory.compact_journal_bytes and self.compacting is None:
+            self.compact_in_background()
+
+    @property
+    def failure(self) -> str | None:
+        """Why the journal refuses writes (an fsync failed), or None."""
+        return self.journal.failure
+
+    def close(self) -> None:
+        """Wait for a background compaction, compact what the journal holds, save the
+        graph cache, close the journal.  A failure is logged (the journal keeps everything)."""
+        self.wait()
+        with self.lock:
+            try:
+                if self.journal.size > jr.HEADER_SIZE + 64:
+                    self.compact(full=True)
+                elif self.state.vectors.pending:  # an in-service compaction skipped the graph cache
+                    self.state.vectors.save_graph(self.path / GRAPH_FILE, self.graph_tag(), force=True)
+            except ReachyMemoryError as exc:
+                log.warning("could not compact on close (the journal keeps every change): %s", exc)
+            finally:
+                self.journal.close()
+
+    def backup(self, target: Path) -> tuple[int, int]:
+        """Write a consistent snapshot of the state to ``target`` (fsynced); returns
+        (bytes, memories).  The caller checked the target."""
+        with self.lock:
+            frozen = self.state.freeze(with_lexical=True)
+            try:
+                sections = snapshot_sections(frozen, self._snapshot_head(self.generation), frozen.lexical or {})
+                return jr.write_snapshot(target, sections), len(frozen.records)
+            finally:
+                self.state.thaw()
+
+    def graph_tag(self) -> str:
+        return f"{self.generation}:{self.state.current_key}"
+
+    def _replay(self, result: jr.ReadResult) -> None:
+        """Apply the journal's ops, after checking that it follows the snapshot.
+
+        Raises CorruptionError (nothing changed on disk) for a journal newer
+        than the snapshot: the snapshot is missing or was replaced.
+        """
+        generation = files.journal_generation(result)
+        if generation is not None and generation < self.generation:
+            self._replay_older(result, generation)
+            return
+        if generation != self.generation:
+            raise CorruptionError(
+                f"{self.journal.path}: journal generation {generation} is newer than the snapshot's "
+                f"{self.generation} (the snapshot is missing or was replaced); nothing was changed. "
+                "Run 'reachy-memory verify --repair' to rebuild from the previous generation kept on disk",
+                path=str(self.journal.path), offset=0)
+        self.journal_generation = self.generation
+        for ops in result.frames[1:]:
+            self.apply(ops)
+
+    def _replay_older(self, result: jr.ReadResult, generation: int) -> None:
+        """A compaction made the snapshot durable and died before switching journals.
+
+        The snapshot covers this journal up to the offset it names (all of it for
+        a snapshot that names none); the ops after that offset are applied and
+        carried into the snapshot's journal, and this one is moved, never rewritten.
+        """
+        follows = self.follows if self.follows and self.follows[0] == generation else None
+        tail = [frame for frame, offset in zip(result.frames[1:], result.offsets[1:], strict=True)
+                if follows is not None and offset >= follows[1]]
+        for ops in tail:
+            self.apply(ops)
+        self.journal_generation = generation
+        log.warning("journal generation %s is older than snapshot %s: %d ops after the snapshot applied",
+                    generation, self.generation, len(tail))
+        self._carry_over(follows or (generation, self.journal.size), tail)
+
+    def _carry_over(self, follows: tuple[int, int], tail: list[list[Any]]) -> None:
+        """Start the snapshot's own journal with ``tail`` (the frames after ``follows``)
+        and retire the current one (moved, never rewritten).
+
+        When the disk is too full for that, the store goes on appending to the current
+        journal (its snapshot names where its ops begin): nothing is lost either way.
+        """
+        try:
+            files.write_next_journal(self.path, self.generation, follows, tail)
+        except StorageError as exc:
+            _log_kept(exc)
+            return
+        self._switch_journals()
+
+    def compact(self, full: bool = False) -> None:
+        """:meth:`compact` without the open check (it also runs while opening).
+
+        Steps and crash analysis: docs/FORMAT.md, "Generations and compaction".
+        """
+        with self.lock:
+            job = self._begin_compaction(background=False)
+            try:
+                self._write_snapshot(job)
+                self._finish_compaction(job)
+            finally:
+                self.state.thaw()
+            self.state.vectors.save_graph(self.path / GRAPH_FILE, self.graph_tag(), force=full)
+            files.tighten_files(self.path)
+
+    def compact_in_background(self) -> None:
+        """Auto-compaction: freeze the state (the only pause of the engine) and write
+        the snapshot on a thread of its own.  A failure is logged, never raised: the
+        write that triggered it is already durable in the journal (which keeps growing)."""
+        try:
+            job = self._begin_compaction(background=True)
+        except ReachyMemoryError as exc:
+            log.warning("compaction not started, the journal keeps every change: %s", exc)
+            return
+        self.compacting = threading.Thread(target=self._compaction_thread, args=(job,),
+                                            name="reachy-memory-compaction", daemon=True)
+        self.compacting.start()
+
+    def _compaction_thread(self, job: _Compaction) -> None:
+        """The background compaction: touches only its frozen view until it takes the lock."""
+        try:
+            with _short_gil_slices():
+                self._write_snapshot(job)
+                self._carry_unlocked(job)
+            with self.lock:
+                self._finish_compaction(job)
+        except ReachyMemoryError as exc:
+            log.warning("compaction failed, the journal keeps every change: %s", exc)
+        except Exception:  # a bug must not kill the store silently: logged, the journal keeps everything
+            log.exception("compaction failed unexpectedly; the journal keeps every change")
+        finally:
+            with self.lock:
+                self.state.thaw()
+                self.compacting = None
+
+    def wait(self) -> None:
+        thread = self.compacting
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+    def _begin_compaction(self, *, background: bool) -> _Compaction:
+        """Under the lock: write the next journal's head (a disk-full failure stops here
+        with nothing changed) and freeze the state."""
+        self._require_writable()
+        generation, follows = self.generation + 1, (self.journal_generation, self.journal.size)
+        files.write_next_journal(self.path, generation, follows)
+        frozen = self.state.freeze(with_lexical=not background)
+        head = self._snapshot_head(generation) | {"follows": list(follows)}
+        return _Compaction(generation, follows, frozen, head)
+
+    def _write_snapshot(self, job: _Compaction) -> None:
+        """Write the snapshot of the frozen view durably, keeping the previous one (any thread)."""
+        lexical = job.frozen.lexical if job.frozen.lexical is not None else _lexical_state(job.frozen)
+        files.write_snapshot_keeping_previous(self.path, snapshot_sections(job.frozen, job.head, lexical))
+
+    def _carry_unlocked(self, job: _Compaction) -> None:
+        """Compaction thread, no lock: copy the frames appended since the freeze so far
+        into the next journal, so that the locked step only copies the last few.
+        (``size`` moves only after a whole frame is written, so it is a frame boundary.)"""
+        end = self.journal.size
+        frames = jr.frames_from(self.journal.path, job.follows[1], self.journal.version, end)
+        try:
+            files.write_next_journal(self.path, job.generation, job.follows, frames)
+        except StorageError as exc:
+            log.warning("could not pre-copy the ops written during compaction (%s); copying under the lock", exc)
+            return
+        job.carried_to = end
+
+    def _finish_compaction(self, job: _Compaction) -> None:
+        """Under the lock, the new snapshot being durable: carry the frames appended
+        since the freeze into the next generation's journal and switch to it."""
+        self.generation, self.follows = job.generation, job.follows
+        start = job.carried_to if job.carried_to is not None else job.follows[1]
+        frames = jr.frames_from(self.journal.path, start, self.journal.version)
+        try:
+            if job.carried_to is None:
+                files.write_next_journal(self.path, job.generation, job.follows, frames)
+            else:
+                files.append_to_next_journal(self.path, frames)
+        except StorageError as exc:
+            _log_kept(exc)
+            return
+        self._switch_journals(known=True)
+
+    def _switch_journals(self, *, known: bool = False) -> None:
+        """Retire the current journal and open ``journal.next.rmj`` in its place
+        (``known``: this process just wrote and synced it, so it is not read back)."""
+        self.journal.close()
+        try:
+            files.switch_journals(self.path)
+            self._open_journal(known=known)
+        except ReachyMemoryError as exc:
+            self.journal.failure = f"compaction could not switch journals ({exc}); reopen the store"
+            raise
+
+    def _open_journal(self, *, known: bool = False) -> None:
+        """Open ``journal.rmj`` (created for the current generation when absent)."""
+        mem = self.config.memory
+        self.journal = jr.Journal(self.path / JOURNAL_FILE, mem.fsync, mem.fsync_batch_window_ms)
+        if known:
+            self.journal.adopt()
+        else:
+            self.journal.open({"kind": "journal", "generation": self.generation})
+        self.journal_generation = self.generation
+
+    def _require_writable(self) -> None:
+        if self.journal.failure is not None:
+            raise ReadOnlyError(f"the store is read-only: {self.journal.failure}", path=str(self.journal.path))
+
+    def _snapshot_head(self, generation: int) -> dict[str, Any]:
+        state = self.state
+        return {"kind": "snapshot", "generation": generation, "model": state.current_key or state.model_key,
+                "dim": state.vectors.dim, "created": time.time(), "records": RECORD_VERSION}
+
+
+def _log_kept(exc: ReachyMemoryError) -> None:
+    log.warning("journal kept in use after a compaction (%s); the next compaction retries", exc)
+
+
+@contextlib.contextmanager
+def _short_gil_slices(seconds: float = 0.0005) -> Iterator[None]:
+    """Shorten the interpreter's thread switch interval while a CPU-bound background job
+    runs: a thread that holds the store lock and waits for the GIL after a system call
+    would otherwise wait up to the default 5 ms each time, and a commit makes several.
+    The garbage collector waits too (the rows made here hold no cycles)."""
+    before, collecting = sys.getswitchinterval(), gc.isenabled()
+    sys.setswitchinterval(min(before, seconds))
+    gc.disable()  # the snapshot's 100k short-lived rows would trigger full collections (GIL-long pauses)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
+        if collecting:
+            gc.enable()
+
+
+def _lexical_state(frozen: Frozen) -> dict[str, Any]:
+    """The lexical index of a frozen view, rebuilt from its records (background
+    compaction: the live index keeps changing, the records do not)."""
+    index = LexicalIndex()
+    for rec in frozen.records:
+        index.add(rec.slot, rec.content)
+    return index.state()
