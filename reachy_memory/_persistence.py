@@ -93,7 +93,8 @@ def read_snapshot(path: Path) -> dict[str, Any]:
         vectors = jr.raw_bin(frames[2])
     except ValueError as exc:
         raise CorruptionError(f"{path}: bad vector block", path=str(path), offset=0) from exc
-    return {**head, "records": records, "vectors": vectors, "lexical": lexical.get("lexical", {}),
+    return {**head, "records": records, "people": recs.get("people", []), "vectors": vectors,
+            "lexical": lexical.get("lexical", {}),
             "window": window.get("window", [])}
 
 

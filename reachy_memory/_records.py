@@ -14,6 +14,9 @@ Journal operations (``docs/FORMAT.md``, "Operations")::
     ["win", role, content, time]     append a turn to the context window
     ["winclr"]                       clear the context window
     ["model", key]                   the vector space of the stored vectors
+    ["update", id, {field: value}]   change fields of a memory that leave its text and
+                                     vector alone (see :data:`MUTABLE_FIELDS`)
+    {"op": "person_put" | "person_merge" | "person_delete", ...}   persons (``people.py``)
 
 A record is **immutable once the state has placed it**: a change is a new
 record put in its place.  Background compaction relies on this (it writes
@@ -27,14 +30,27 @@ from typing import Any
 from .errors import ValidationError
 from .model import Memory, MemoryType, to_datetime
 
-__all__ = ["OP_KINDS", "RECORD_FIELDS", "RECORD_VERSION", "Record", "decode", "encode", "record_id"]
+__all__ = ["MUTABLE_FIELDS", "OP_KINDS", "RECORD_FIELDS", "RECORD_VERSION", "Record", "decode", "encode", "record_id"]
 
 RECORD_VERSION = 2
-OP_KINDS = frozenset({"put", "del", "win", "winclr", "model"})
+OP_KINDS = frozenset({"put", "del", "win", "winclr", "model", "update"})
 
 _V1_FIELDS = ("id", "content", "type", "created", "expires", "metadata", "slot", "vkey")
 # Optional fields and their defaults: left out of the encoded map when at the default.
-_OPTIONAL: dict[str, Any] = {}
+_OPTIONAL: dict[str, Any] = {
+    "subjects": (),  # ids of the persons the memory is about
+    "owner": None,  # the user of the robot it belongs to; None: unscoped
+    "shared": False,  # a household fact every owner sees
+    "name": None,  # a unique note name (its words are searchable)
+    "aliases": (),  # other names of the note (resolution only)
+    "superseded_at": None,  # epoch when a newer memory replaced it (hidden from default retrieval)
+    "superseded_by": None,  # id of that newer memory
+    "protected": False,  # confirmed: never superseded automatically
+    "covers_until": None,  # an archive: the conversation it summarises ends here (epoch)
+}
+# What an "update" op may change: everything but the text, type, times and vector.
+MUTABLE_FIELDS = frozenset({"subjects", "owner", "shared", "name", "aliases", "superseded_at", "superseded_by",
+                            "protected", "metadata"})
 RECORD_FIELDS = (*_V1_FIELDS, *_OPTIONAL)
 
 
@@ -56,6 +72,15 @@ class Record:
     metadata: dict[str, Any]
     slot: int
     vkey: str | None
+    subjects: tuple[str, ...]
+    owner: str | None
+    shared: bool
+    name: str | None
+    aliases: tuple[str, ...]
+    superseded_at: float | None
+    superseded_by: str | None
+    protected: bool
+    covers_until: float | None
 
     def __init__(self, id: str, content: str, type: str, created: float, expires: float | None,
                  metadata: dict[str, Any], slot: int = -1, vkey: str | None = None, **optional: Any) -> None:
@@ -63,7 +88,8 @@ class Record:
         self.created, self.expires, self.metadata = created, expires, metadata
         self.slot, self.vkey = slot, vkey
         for name, default in _OPTIONAL.items():
-            object.__setattr__(self, name, optional.pop(name, default))
+            value = optional.pop(name, default)
+            object.__setattr__(self, name, tuple(value) if isinstance(default, tuple) else value)
         if optional:
             raise ValidationError(f"unknown record fields {sorted(optional)}", field="record")
 
@@ -72,6 +98,16 @@ class Record:
         fields = {name: getattr(self, name) for name in RECORD_FIELDS}
         return Record(**{**fields, **changes})
 
+    @property
+    def lexical_text(self) -> str:
+        """What the lexical index holds for this memory: its text, and its note name."""
+        return f"{self.content}\n{self.name}" if self.name else self.content
+
+    @property
+    def hidden(self) -> bool:
+        """Left out of default retrieval (superseded), never deleted."""
+        return self.superseded_at is not None
+
     def expired(self, now: float) -> bool:
         """True when the memory's lifetime ended at or before ``now``."""
         return self.expires is not None and self.expires <= now
@@ -79,7 +115,12 @@ class Record:
     def memory(self) -> Memory:
         """The public, immutable view of this record."""
         return Memory(self.id, self.content, MemoryType(self.type), to_datetime(self.created),
-                      dict(self.metadata), to_datetime(self.expires) if self.expires is not None else None)
+                      dict(self.metadata), to_datetime(self.expires) if self.expires is not None else None,
+                      subjects=self.subjects, owner=self.owner, shared=self.shared, name=self.name,
+                      aliases=self.aliases,
+                      superseded_at=to_datetime(self.superseded_at) if self.superseded_at is not None else None,
+                      superseded_by=self.superseded_by, protected=self.protected,
+                      covers_until=to_datetime(self.covers_until) if self.covers_until is not None else None)
 
     def __repr__(self) -> str:
         return f"Record({self.id!r}, {self.type}, slot={self.slot})"

@@ -27,11 +27,12 @@ from typing import Any
 import numpy as np
 
 from ._filters import FieldIndex
-from ._records import Record, decode, encode
+from ._records import MUTABLE_FIELDS, Record, decode, encode
 from .config import Config
 from .errors import CorruptionError, ValidationError
 from .lexical_index import LexicalIndex
 from .model import MemoryType
+from .people import PersonRegistry
 from .vector_index import VectorIndex
 
 GROUP = {t.value: i for i, t in enumerate(MemoryType)}  # one vector graph per memory type
@@ -51,6 +52,7 @@ class Frozen:
     alive: np.ndarray
     window: tuple[tuple[Any, ...], ...]
     lexical: dict[str, Any] | None
+    people: list[dict[str, Any]]
 
 
 class MemoryState:
@@ -75,12 +77,22 @@ class MemoryState:
         self.last_turn: Record | None = None  # the newest conversation turn applied
         self.current_key = current_key  # the vector space of the embedder in use
         self.model_key = model_key  # the vector space the journal last declared
+        self.people = PersonRegistry()
+        # People-aware indexes (slots): hidden (superseded), by subject, by owner, shared; note names.
+        self.hidden: set[int] = set()
+        self.by_subject: dict[str, set[int]] = {}
+        self.by_owner: dict[str | None, set[int]] = {}
+        self.shared: set[int] = set()
+        self.names: dict[str, str] = {}  # casefolded note name or alias -> memory id
 
     # -- the one way in ------------------------------------------------------------------
 
     def apply(self, op: list[Any]) -> None:
         """Apply one journal operation.  Raises CorruptionError for an unknown or
         malformed one (offset -1: the caller knows the file)."""
+        if isinstance(op, dict):
+            self._person_op(op)
+            return
         kind = op[0] if isinstance(op, list | tuple) and op else None
         try:
             if kind == "put":
@@ -95,10 +107,35 @@ class MemoryState:
                 self.window_view = ()
             elif kind == "model":
                 self.model_key = op[1]
+            elif kind == "update":
+                self._update(op[1], op[2])
             else:
                 raise CorruptionError(f"unknown journal operation {kind!r}", path="", offset=-1)
         except (ValidationError, IndexError, TypeError) as exc:
             raise CorruptionError(f"malformed {kind!r} operation: {exc}", path="", offset=-1) from exc
+
+    def _person_op(self, op: dict[str, Any]) -> None:
+        try:
+            self.people.apply(op)
+        except ValidationError as exc:
+            raise CorruptionError(f"malformed person operation: {exc}", path="", offset=-1) from exc
+
+    def _update(self, memory_id: str, changes: dict[str, Any]) -> None:
+        """Change fields that leave the text, type, times and vector alone (replay-safe:
+        an update of a memory deleted since is a no-op)."""
+        if not isinstance(changes, dict) or not set(changes) <= MUTABLE_FIELDS:
+            raise ValidationError(f"update of fields {sorted(changes)} is not allowed", field="update")
+        old = self.records.get(memory_id)
+        if old is None:
+            return
+        new = old.replace(**changes)
+        self._unindex(old)
+        if old.lexical_text != new.lexical_text:
+            self.lexical.remove(old.slot, old.lexical_text)
+            self.lexical.add(new.slot, new.lexical_text)
+        self._place(new)
+        if self.last_turn is old:
+            self.last_turn = new
 
     def _put(self, rec: Record, vector: bytes | None) -> None:
         if rec.id in self.records:
@@ -107,7 +144,7 @@ class MemoryState:
         indexed = vector is not None and rec.vkey == self.current_key
         rec = rec.replace(slot=slot, vkey=rec.vkey if vector is not None else None)
         self._place(rec)
-        self.lexical.add(slot, rec.content)
+        self.lexical.add(slot, rec.lexical_text)
         if indexed and vector is not None:
             self.vectors.add(slot, np.frombuffer(vector, np.float32), GROUP[rec.type])
         if rec.type == MemoryType.CONVERSATION.value:
@@ -119,15 +156,37 @@ class MemoryState:
         self.next_slot = max(self.next_slot, rec.slot + 1)
         self.fields.add(rec.slot, rec.type, rec.metadata)
         self._update_context_view(rec, add=True)
+        if rec.hidden:
+            self.hidden.add(rec.slot)
+        for person in rec.subjects:
+            self.by_subject.setdefault(person, set()).add(rec.slot)
+        self.by_owner.setdefault(rec.owner, set()).add(rec.slot)
+        if rec.shared:
+            self.shared.add(rec.slot)
+        for name in (rec.name, *rec.aliases):
+            if name:
+                self.names[name.casefold()] = rec.id
+
+    def _unindex(self, rec: Record) -> None:
+        """Take ``rec`` out of the field, context and people-aware indexes (not lexical, vectors)."""
+        self.fields.remove(rec.slot, rec.type, rec.metadata)
+        self._update_context_view(rec, add=False)
+        self.hidden.discard(rec.slot)
+        for person in rec.subjects:
+            self.by_subject.get(person, set()).discard(rec.slot)
+        self.by_owner.get(rec.owner, set()).discard(rec.slot)
+        self.shared.discard(rec.slot)
+        for name in (rec.name, *rec.aliases):
+            if name and self.names.get(name.casefold()) == rec.id:
+                del self.names[name.casefold()]
 
     def _delete(self, memory_id: str) -> None:
         rec = self.records.pop(memory_id, None)
         if rec is None:
             return
         del self.by_slot[rec.slot]
-        self.fields.remove(rec.slot, rec.type, rec.metadata)
-        self._update_context_view(rec, add=False)
-        self.lexical.remove(rec.slot, rec.content)
+        self._unindex(rec)
+        self.lexical.remove(rec.slot, rec.lexical_text)
         self.vectors.remove(rec.slot)
         if self._quarantine is not None:
             self._quarantine.append(rec.slot)
@@ -148,6 +207,8 @@ class MemoryState:
 
     def load(self, snapshot: dict[str, Any]) -> None:
         """Fill an empty state from a snapshot dict (``_persistence.read_snapshot``)."""
+        for op in snapshot.get("people", ()):
+            self._person_op(op)
         self._window.extend(tuple(turn) for turn in snapshot["window"])
         self.window_view = tuple(self._window)
         self.lexical.load_state(snapshot["lexical"])
@@ -176,7 +237,8 @@ class MemoryState:
         vectors = self.vectors.vector_bytes()
         rows = len(vectors) // (4 * self.vectors.dim)
         return Frozen(tuple(self.records.values()), vectors, self.vectors.alive[:rows].copy(),
-                      tuple(self._window), self.lexical.state() if with_lexical else None)
+                      tuple(self._window), self.lexical.state() if with_lexical else None,
+                      self.people.snapshot_ops())
 
     def thaw(self) -> None:
         """End a :meth:`freeze`: once no view is held, slots freed meanwhile become reusable."""
@@ -200,6 +262,23 @@ class MemoryState:
                        key=lambda r: r.created)
         return {after.id: before for before, after in itertools.pairwise(turns)}
 
+    def scope_mask(self, owner: str | None = None, about: list[str] | None = None,
+                   include_hidden: bool = False) -> np.ndarray | None:
+        """Slots a search may return: not superseded (unless ``include_hidden``), visible
+        to ``owner`` (theirs, shared and unscoped ones), about one of the persons
+        ``about``.  None when nothing is restricted (the fast, unfiltered path)."""
+        mask: np.ndarray | None = None
+        if self.hidden and not include_hidden:
+            mask = np.ones(self.next_slot, bool)
+            mask[list(self.hidden)] = False
+        if owner is not None:
+            mask = _and(mask, self.by_owner.get(owner, set()) | self.by_owner.get(None, set()) | self.shared,
+                        self.next_slot)
+        if about is not None:
+            slots: set[int] = set().union(*(self.by_subject.get(p, set()) for p in about))
+            mask = _and(mask, slots, self.next_slot)
+        return mask
+
     def foreign_vkey(self) -> str | None:
         """A vector space other than the current one that a stored vector comes from."""
         return next((r.vkey for r in self.records.values() if r.vkey not in (None, self.current_key)), None)
@@ -216,9 +295,16 @@ def snapshot_sections(frozen: Frozen, head: dict[str, Any], lexical: dict[str, A
         row["vkey"] = rec.vkey if indexed else None
         rows.append(row)
     # Packed piece by piece: a background compaction must not hold the GIL for long.
-    return [head, Packed(pack_gently({"records": rows})), RawBin(frozen.vectors),
+    return [head, Packed(pack_gently({"records": rows, "people": frozen.people})), RawBin(frozen.vectors),
             Packed(pack_gently({"lexical": lexical})),
             {"window": [list(turn) for turn in frozen.window]}, {"end": len(rows)}]
+
+
+def _and(mask: np.ndarray | None, slots: set[int], size: int) -> np.ndarray:
+    allowed = np.zeros(size, bool)
+    if slots:
+        allowed[list(slots)] = True
+    return allowed if mask is None else mask & allowed
 
 
 def _decode_stored(obj: Any) -> Record:

@@ -333,5 +333,5 @@ def _lexical_state(frozen: Frozen) -> dict[str, Any]:
     compaction: the live index keeps changing, the records do not)."""
     index = LexicalIndex()
     for rec in frozen.records:
-        index.add(rec.slot, rec.content)
+        index.add(rec.slot, rec.lexical_text)
     return index.state()

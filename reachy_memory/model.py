@@ -42,7 +42,16 @@ class MemoryType(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Memory:
-    """One stored memory (immutable view)."""
+    """One stored memory (immutable view).
+
+    The people-aware fields (all optional): ``subjects`` are the ids of the
+    persons it is about; ``owner`` the user it belongs to (None: unscoped) and
+    ``shared`` a household fact every owner sees; ``name``/``aliases`` make it a
+    named note; ``superseded_at``/``superseded_by`` say a newer memory replaced
+    it (hidden from default retrieval, never deleted); ``protected`` means
+    confirmed (never superseded automatically); ``covers_until`` marks an
+    archive (a summary of the conversation up to that time).
+    """
 
     id: str
     content: str
@@ -50,6 +59,20 @@ class Memory:
     created_at: datetime
     metadata: dict[str, Any] = field(default_factory=dict)
     expires_at: datetime | None = None
+    subjects: tuple[str, ...] = ()
+    owner: str | None = None
+    shared: bool = False
+    name: str | None = None
+    aliases: tuple[str, ...] = ()
+    superseded_at: datetime | None = None
+    superseded_by: str | None = None
+    protected: bool = False
+    covers_until: datetime | None = None
+
+    @property
+    def is_archive(self) -> bool:
+        """True for a conversation summary made by ``archive_conversation``."""
+        return self.covers_until is not None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-friendly dict (ISO 8601 timestamps)."""
@@ -60,6 +83,15 @@ class Memory:
             "created_at": self.created_at.isoformat(),
             "expires_at": self.expires_at.isoformat() if self.expires_at else None,
             "metadata": dict(self.metadata),
+            "subjects": list(self.subjects),
+            "owner": self.owner,
+            "shared": self.shared,
+            "name": self.name,
+            "aliases": list(self.aliases),
+            "superseded_at": self.superseded_at.isoformat() if self.superseded_at else None,
+            "superseded_by": self.superseded_by,
+            "protected": self.protected,
+            "covers_until": self.covers_until.isoformat() if self.covers_until else None,
         }
 
 
@@ -75,6 +107,7 @@ class SearchResult:
 
     memory: Memory
     score: float
+    subject_names: tuple[str, ...] = ()  # display names of the memory's persons, at query time
 
 
 def resolve_timezone(name: str) -> tzinfo:

@@ -131,12 +131,26 @@ def raise_for(reply: dict[str, Any]) -> Any:
     raise exc
 
 
+_PEOPLE_FIELDS = {"subjects": (), "owner": None, "shared": False, "name": None, "aliases": (),
+                  "superseded_by": None, "protected": False}  # wire keys left out while at these defaults
+_PEOPLE_TIMES = ("superseded_at", "covers_until")  # epochs on the wire
+
+
 def memory_to_wire(memory: Memory) -> dict[str, Any]:
-    """A Memory as its wire map."""
-    return {"id": memory.id, "content": memory.content, "type": memory.memory_type.value,
-            "created_at": memory.created_at.timestamp(),
-            "expires_at": memory.expires_at.timestamp() if memory.expires_at else None,
-            "metadata": memory.metadata}
+    """A Memory as its wire map (people-aware fields only when set)."""
+    out: dict[str, Any] = {"id": memory.id, "content": memory.content, "type": memory.memory_type.value,
+           "created_at": memory.created_at.timestamp(),
+           "expires_at": memory.expires_at.timestamp() if memory.expires_at else None,
+           "metadata": memory.metadata}
+    for key, default in _PEOPLE_FIELDS.items():
+        value = getattr(memory, key)
+        if value != default:
+            out[key] = list(value) if isinstance(value, tuple) else value
+    for key in _PEOPLE_TIMES:
+        when = getattr(memory, key)
+        if when is not None:
+            out[key] = when.timestamp()
+    return out
 
 
 def memory_from_wire(data: dict[str, Any] | None) -> Memory | None:
@@ -144,10 +158,20 @@ def memory_from_wire(data: dict[str, Any] | None) -> Memory | None:
     if data is None:
         return None
     expires = data.get("expires_at")
+    extra: dict[str, Any] = {k: (tuple(data[k]) if isinstance(d, tuple) else data[k])
+                             for k, d in _PEOPLE_FIELDS.items() if k in data}
+    extra |= {k: to_datetime(data[k]) for k in _PEOPLE_TIMES if data.get(k) is not None}
     return Memory(data["id"], data["content"], MemoryType(data["type"]), to_datetime(data["created_at"]),
-                  dict(data.get("metadata") or {}), to_datetime(expires) if expires is not None else None)
+                  dict(data.get("metadata") or {}), to_datetime(expires) if expires is not None else None, **extra)
+
+
+def results_to_wire(hits: list[SearchResult]) -> list[dict[str, Any]]:
+    """Search results in their wire form (``subject_names`` only when there are some)."""
+    return [{"memory": memory_to_wire(h.memory), "score": h.score}
+            | ({"subject_names": list(h.subject_names)} if h.subject_names else {}) for h in hits]
 
 
 def results_from_wire(data: list[dict[str, Any]]) -> list[SearchResult]:
     """Search results from their wire form."""
-    return [SearchResult(memory_from_wire(r["memory"]), float(r["score"])) for r in data]  # type: ignore[arg-type]
+    return [SearchResult(memory_from_wire(r["memory"]), float(r["score"]),  # type: ignore[arg-type]
+                         tuple(r.get("subject_names") or ())) for r in data]

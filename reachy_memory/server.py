@@ -499,7 +499,7 @@ def _search(d: Daemon, job: _Job) -> list[dict[str, Any]]:
     a = job.args
     hits = d.store.search_vector(a["query"], job.prepared, a.get("memory_type"), a.get("limit", 5),
                                  a.get("min_score", 0.3), a.get("where"), mode=a.get("mode") or d.config.search.mode)
-    return [{"memory": proto.memory_to_wire(h.memory), "score": h.score} for h in hits]
+    return proto.results_to_wire(hits)
 
 
 def _commit(d: Daemon, job: _Job) -> Any:

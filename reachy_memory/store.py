@@ -36,6 +36,7 @@ from . import _ingest as ingest
 from . import _persistence as files
 from . import _ranking as ranking
 from . import journal as jr
+from ._people_ops import PeopleMixin
 from ._persistence import GRAPH_FILE, JOURNAL_FILE, SNAPSHOT_FILE, read_snapshot
 from ._records import Record, decode, encode
 from ._state import GROUP, MemoryState
@@ -98,7 +99,7 @@ class _Prepared:
     texts: list[str | None]
 
 
-class MemoryStore:
+class MemoryStore(PeopleMixin):
     """Long-term memory: store, search, forget, expire; durable and crash-safe.
 
     ``MemoryStore(path, config=..., embedder=...)`` opens (or creates) the data
@@ -122,6 +123,8 @@ class MemoryStore:
         self.path = Path(path).expanduser() if path is not None else self._config.data_dir
         self._closed = True
         self._lock = threading.RLock()
+        self._recent_subjects: dict[str | None, list[str]] = {}  # engine thread: persons of the last facts
+        self._count_tokens = None
         pin_native_threads(self._config.search.blas_threads)
         files.secure_dir(self.path)
         self._dir_lock = jr.DirLock(self.path)
@@ -371,18 +374,23 @@ class MemoryStore:
 
     def search(self, query: str, memory_type: MemoryType | str | None = None, limit: int = 5,
                min_score: float = 0.3, where: dict[str, Any] | None = None, *,
-               mode: str | None = None, now: datetime_or_float = None) -> list[SearchResult]:
+               mode: str | None = None, now: datetime_or_float = None, about: str | None = None,
+               owner: str | None = None, include_superseded: bool = False) -> list[SearchResult]:
         """Find memories by meaning and by words, best first.
 
         ``mode`` is "hybrid" (default from config), "vector" or "lexical"; with
         no usable model every mode runs lexical-only.  ``where`` takes the
-        Chroma-style filters described in ``_filters``.  Raises ValidationError
-        for bad arguments.
+        Chroma-style filters described in ``_filters``.  ``about`` keeps memories
+        about that person ("my wife", "Sarah"; unfiltered when nobody matches);
+        ``owner`` keeps that user's memories plus shared and unscoped ones;
+        superseded memories are left out unless ``include_superseded``.
+        Raises ValidationError for bad arguments.
         """
         self._require_open()
         mode = self.check_search_args(query, limit, min_score, mode)
         qvec = self.embed_query(query) if mode != "lexical" else None
-        return self.search_vector(query, qvec, memory_type, limit, min_score, where, mode=mode, now=now)
+        return self.search_vector(query, qvec, memory_type, limit, min_score, where, mode=mode, now=now,
+                                  about=about, owner=owner, include_superseded=include_superseded)
 
     def check_search_args(self, query: Any, limit: Any, min_score: Any, mode: str | None) -> str:
         """Validate search arguments (before embedding the query); returns the mode.
@@ -398,13 +406,17 @@ class MemoryStore:
 
     def search_vector(self, query: str, qvec: np.ndarray | None, memory_type: MemoryType | str | None = None,
                       limit: int = 5, min_score: float = 0.3, where: dict[str, Any] | None = None, *,
-                      mode: str = "hybrid", now: datetime_or_float = None) -> list[SearchResult]:
+                      mode: str = "hybrid", now: datetime_or_float = None, about: str | None = None,
+                      owner: str | None = None, include_superseded: bool = False) -> list[SearchResult]:
         """:meth:`search` with the query already embedded (``qvec`` may be None)."""
         self._require_open()
         mtype = MemoryType.parse(memory_type).value if memory_type is not None else None
         at = _epoch(now)
+        if owner is not None:
+            ingest.check_str(owner, "owner")
         with self._lock:
-            mask = self._state.fields.mask(mtype, where)
+            mask = _both(self._state.fields.mask(mtype, where),
+                         self._state.scope_mask(owner, self._about_ids(about, owner), include_superseded))
             slots, scores = self._rank(query, qvec, mask, limit, mode, mtype, at)
             results = []
             for i in np.argsort(-scores, kind="stable"):
@@ -412,7 +424,7 @@ class MemoryStore:
                     break
                 rec = self._state.by_slot[int(slots[i])]
                 if not rec.expired(at):
-                    results.append(SearchResult(rec.memory(), float(scores[i])))
+                    results.append(SearchResult(rec.memory(), float(scores[i]), self.subject_names(rec)))
                     if len(results) == limit:
                         break
             return results
@@ -623,6 +635,14 @@ def _first_vkey(ops: list[list[Any]]) -> str | None:
 def _first_dim(ops: list[list[Any]]) -> int | None:
     """The dimension of the first stored vector in ``ops`` (a rebuild with no snapshot)."""
     return next((len(op[2]) // 4 for op in ops if op[0] == "put" and op[2]), None)
+
+
+def _both(a: np.ndarray | None, b: np.ndarray | None) -> np.ndarray | None:
+    """Two slot masks of possibly different lengths, ANDed (None: no restriction)."""
+    if a is None or b is None:
+        return b if a is None else a
+    n = max(len(a), len(b))
+    return np.pad(a, (0, n - len(a))) & np.pad(b, (0, n - len(b)))
 
 
 def _epoch(now: Any) -> float:

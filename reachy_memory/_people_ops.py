@@ -1,0 +1,550 @@
+"""People-aware memory on the store (issue 10): persons, subjects, supersession,
+confirm/correct, scoping, named notes, archives and one-call prompt context.
+
+:class:`PeopleMixin` is part of :class:`~reachy_memory.store.MemoryStore`; it
+uses the store's funnel (``_commit``), lock and state only.  Every change is
+journaled as ops: persons as ``person_*`` dicts (``people.py``), memories as
+``put`` and ``update`` (``_records.py``), a new person and the memory about it
+in one frame, so a crash never leaves one without the other.
+
+Supersession (automatic, when a FACT is remembered): the candidates are the
+live, unprotected facts in the same owner scope whose subjects are exactly the
+new fact's, the ten closest by cosine; :func:`._supersession.decide` says
+which of them the new fact replaces.  Lexical-only stores (no vectors) do not
+supersede automatically: a wrong supersession hides a true fact, and the rule
+was only measured with embeddings.  ``correct`` always supersedes.
+
+Threads: like the rest of the store, writes run under the store lock (the
+daemon's engine thread); ``_recent_subjects`` (the persons the last facts were
+about, for "she likes ...") is owned by that thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from . import _ingest as ingest
+from ._context_text import (
+    ContextItem,
+    CountTokens,
+    RetrievedContext,
+    Turn,
+    approximate_tokens,
+    build_context,
+    token_counter,
+    tokenizer_path,
+)
+from ._mentions import extract_mentions, parse_reference
+from ._records import Record
+from ._supersession import decide
+from .errors import NotFoundError, ReachyMemoryError, ValidationError
+from .model import Memory, MemoryType, SearchResult
+from .people import Person, PersonRegistry, Resolution
+
+if TYPE_CHECKING:
+    import threading
+
+    from ._state import MemoryState
+    from .config import Config
+    from .store import _Prepared
+
+log = logging.getLogger(__name__)
+
+MAX_SUBJECTS = 16
+MAX_NAME_CHARS = 200
+MAX_ALIASES = 32
+CANDIDATES = 10  # older facts checked for supersession per new fact
+FACT_KEYS = frozenset({"content", "subjects", "name", "aliases", "shared", "expires_in_days", "metadata"})
+ARCHIVE_MARKER = 120  # characters of the summary kept in the window's marker
+
+
+class PeopleMixin:
+    """The people-aware operations of :class:`MemoryStore` (see the module doc)."""
+
+    _state: MemoryState
+    _lock: threading.RLock
+    _config: Config
+    _recent_subjects: dict[str | None, list[str]]
+    _count_tokens: CountTokens | None
+
+    # provided by MemoryStore (it comes first in the method resolution order)
+    def _require_open(self) -> None:
+        raise NotImplementedError
+
+    def _commit(self, ops: list[Any]) -> None:
+        raise NotImplementedError
+
+    def prepare(self, items: Iterable[Mapping[str, Any]], now: float | None = None) -> _Prepared:
+        raise NotImplementedError
+
+    def embed_query(self, query: str) -> np.ndarray | None:
+        raise NotImplementedError
+
+    def search(self, query: str, memory_type: MemoryType | str | None = None, limit: int = 5,
+               min_score: float = 0.3, where: dict[str, Any] | None = None, *, mode: str | None = None,
+               now: Any = None, about: str | None = None, owner: str | None = None,
+               include_superseded: bool = False) -> list[SearchResult]:
+        raise NotImplementedError
+
+    def search_vector(self, query: str, qvec: np.ndarray | None, memory_type: MemoryType | str | None = None,
+                      limit: int = 5, min_score: float = 0.3, where: dict[str, Any] | None = None, *,
+                      mode: str = "hybrid", now: Any = None, about: str | None = None, owner: str | None = None,
+                      include_superseded: bool = False) -> list[SearchResult]:
+        raise NotImplementedError
+
+    def get_context_window(self) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    @property
+    def _people(self) -> PersonRegistry:
+        return self._state.people
+
+    # -- persons -------------------------------------------------------------------------
+
+    def add_person(self, name: str, relation: str | None = None, aliases: Sequence[str] = (),
+                   owner: str | None = None, external_id: str | None = None,
+                   metadata: dict[str, Any] | None = None) -> Person:
+        """Add a person (``name`` may be "" while only the relation is known).
+        Raises ValidationError / TooLargeError."""
+        self._require_open()
+        with self._lock:
+            return self._commit_person(self._people.add_person(name, relation, aliases, owner, external_id,
+                                                               metadata))
+
+    def find_person(self, reference: str, owner: str | None = None) -> Person | None:
+        """The person a reference means ("my wife", "Sarah", "sarah", an id), or None."""
+        self._require_open()
+        return self._people.find_person(_text(reference, "reference"), owner)
+
+    def person_by_external_id(self, external_id: str) -> Person | None:
+        """The person anchored to an outside identity (face or voice recognition), or None."""
+        self._require_open()
+        return self._people.find_by_external_id(_text(external_id, "external_id"))
+
+    def resolve_person(self, reference: str, owner: str | None = None,
+                       create: bool = True) -> tuple[Person | None, bool]:
+        """(person, created): the person a reference means, created when new (and ``create``)."""
+        self._require_open()
+        with self._lock:
+            resolution = self._people.resolve_person(_text(reference, "reference"), owner, create)
+            if resolution.op is not None:
+                self._commit([resolution.op])
+            return resolution.person, resolution.created
+
+    def people(self, owner: str | None = None) -> list[Person]:
+        """The persons ``owner`` knows (theirs and the household's); everyone for None."""
+        self._require_open()
+        return self._people.people(owner)
+
+    def update_person(self, person_id: str, **fields: Any) -> Person:
+        """Change a person's name, relation, aliases, external_id, metadata or owner.
+        Raises NotFoundError, ValidationError."""
+        self._require_open()
+        with self._lock:
+            return self._commit_person(self._people.update_person(_text(person_id, "person_id"), **fields))
+
+    def merge_people(self, keep: str, other: str) -> Person:
+        """Merge ``other`` into ``keep``: aliases united, memories re-linked. Raises NotFoundError."""
+        self._require_open()
+        with self._lock:
+            plan = self._people.merge_people(_text(keep, "keep"), _text(other, "other"))
+            self._commit([*plan.ops, *self._relink_ops(plan.relink)])
+            return plan.person
+
+    def delete_person(self, person_id: str) -> bool:
+        """Forget a person (their memories stay, no longer linked); False if unknown."""
+        self._require_open()
+        with self._lock:
+            if self._people.get(_text(person_id, "person_id")) is None:
+                return False
+            gone = self._people.get(person_id)
+            assert gone is not None
+            self._commit([self._people.delete_person(person_id), *self._relink_ops({gone.id: None})])
+            return True
+
+    def _commit_person(self, resolution: Resolution) -> Person:
+        if resolution.op is not None:
+            self._commit([resolution.op])
+        assert resolution.person is not None
+        return resolution.person
+
+    def _relink_ops(self, relink: Mapping[str, str | None]) -> list[list[Any]]:
+        """``update`` ops moving every memory's subjects from the old ids to the new (None: drop)."""
+        ops = []
+        slots = set().union(*(self._state.by_subject.get(old, set()) for old in relink))
+        for slot in sorted(slots):
+            rec = self._state.by_slot[slot]
+            subjects = _unique(relink.get(s, s) for s in rec.subjects)
+            ops.append(["update", rec.id, {"subjects": [s for s in subjects if s is not None]}])
+        return ops
+
+    # -- remember / recall -----------------------------------------------------------------
+
+    def remember(self, content: str | None = None, facts: Sequence[Mapping[str, Any]] | None = None,
+                 subjects: Sequence[str] | None = None, expires_in_days: float | None = None,
+                 shared: bool = False, owner: str | None = None, name: str | None = None,
+                 aliases: Sequence[str] = ()) -> list[Memory]:
+        """Store one fact (``content``) or several (``facts``: dicts with content and
+        optionally subjects, name, aliases, shared, expires_in_days, metadata).
+
+        Each fact's ``subjects`` (references: "my wife", "Sarah", a person id) are
+        resolved, or created as persons; without them the persons the sentence
+        names are found ("she" is the person of the previous fact).  An older fact
+        the new one contradicts is superseded (kept, hidden by default).
+        Returns the stored memories. Raises ValidationError / TooLargeError.
+        """
+        self._require_open()
+        items = _fact_items(content, facts, subjects, expires_in_days, shared, name, aliases)
+        prepared = self.prepare([{"content": i["content"], "memory_type": MemoryType.FACT,
+                                  "metadata": i.get("metadata")} for i in items])
+        with self._lock:
+            return [self._remember_one(item, op, owner) for item, op in zip(items, prepared.ops, strict=True)]
+
+    def _remember_one(self, item: dict[str, Any], op: list[Any], owner: str | None) -> Memory:
+        """Resolve persons, build the record, find what it supersedes; one frame. Engine thread."""
+        resolutions = self._subjects_of(item, owner)
+        person_ops = _unique_ops(r.op for r in resolutions)
+        subject_ids = _unique(r.person.id for r in resolutions if r.person is not None)
+        row = dict(op[1]) | {"subjects": subject_ids, "owner": owner, "shared": bool(item.get("shared"))}
+        if item.get("expires_in_days") is not None:
+            row["expires"] = row["created"] + float(item["expires_in_days"]) * 86400.0
+        row |= self._name_fields(item.get("name"), item.get("aliases") or ())
+        vector = op[2]
+        supersede = self._superseded_by(Record(**row), vector)
+        self._commit([*person_ops, ["put", row, vector], *supersede])
+        if subject_ids:
+            self._recent_subjects[owner] = [*subject_ids, *self._recent_subjects.get(owner, [])][:8]
+        return self._state.records[row["id"]].memory()
+
+    def _subjects_of(self, item: dict[str, Any], owner: str | None) -> list[Resolution]:
+        refs = item.get("subjects")
+        if refs:
+            return [self._people.resolve_person(_enriched(_text(r, "subjects"), item["content"]), owner)
+                    for r in refs]
+        recent = self._recent_subjects.get(owner, [])
+        return self._people.subjects_in(item["content"], owner, recent)
+
+    def _name_fields(self, name: str | None, aliases: Sequence[str]) -> dict[str, Any]:
+        if name is None and not aliases:
+            return {}
+        if name is None:
+            raise ValidationError("aliases need a note name", field="aliases")
+        for label in (name, *aliases):
+            taken = self._state.names.get(_label(label).casefold())
+            if taken is not None:
+                raise ValidationError(f"the note name or alias {label!r} is already used by memory {taken}",
+                                      field="name")
+        return {"name": _label(name), "aliases": [_label(a) for a in aliases]}
+
+    def _superseded_by(self, new: Record, vector: bytes | None) -> list[list[Any]]:
+        """``update`` ops marking the older facts ``new`` replaces (automatic rule)."""
+        if vector is None:
+            return []  # lexical-only: no automatic supersession (precision first)
+        candidates = [self._state.by_slot[s] for s in self._same_subject_slots(new)]
+        candidates = [r for r in candidates if r.type == MemoryType.FACT.value and not r.hidden
+                      and not r.protected and r.id != new.id and r.owner == new.owner]
+        if not candidates:
+            return []
+        query = np.frombuffer(vector, np.float32)
+        sims = self._state.vectors.similarity(query, np.array([r.slot for r in candidates], np.int64))
+        best = np.argsort(-sims, kind="stable")[:CANDIDATES]
+        return [_supersede_op(candidates[i].id, new.id, new.created) for i in best
+                if decide(new.content, candidates[i].content, float(sims[i])).conflict]
+
+    def _same_subject_slots(self, new: Record) -> set[int]:
+        if not new.subjects:
+            return {s for s in self._state.by_owner.get(new.owner, set()) if not self._state.by_slot[s].subjects}
+        sets = [self._state.by_subject.get(p, set()) for p in new.subjects]
+        same = set.intersection(*sets)
+        wanted = set(new.subjects)
+        return {s for s in same if set(self._state.by_slot[s].subjects) == wanted}
+
+    def recall(self, query: str, about: str | None = None, owner: str | None = None, limit: int = 5,
+               include_superseded: bool = False) -> list[SearchResult]:
+        """Facts relevant to ``query`` (spec 004), optionally about a person."""
+        return self.search(query, MemoryType.FACT, limit=limit, min_score=0.2, about=about, owner=owner,
+                           include_superseded=include_superseded)
+
+    # -- supersession, confirm, correct, history ----------------------------------------------
+
+    def correct(self, memory_id: str, new_content: str) -> Memory:
+        """Store the corrected fact (same subjects, owner, name) and supersede the old one.
+        Returns the new memory. Raises NotFoundError, ValidationError."""
+        self._require_open()
+        old = self._require_memory(memory_id)
+        prepared = self.prepare([{"content": new_content, "memory_type": old.type, "metadata": old.metadata}])
+        with self._lock:
+            old = self._require_memory(memory_id)
+            op = prepared.ops[0]
+            row = dict(op[1]) | {"subjects": list(old.subjects), "owner": old.owner, "shared": old.shared,
+                                 "protected": old.protected}
+            if old.name:
+                row |= {"name": old.name, "aliases": list(old.aliases)}
+            release: dict[str, Any] = {"name": None, "aliases": []} if old.name else {}
+            self._commit([["update", old.id, release | _supersede_fields(row["id"], row["created"])],
+                          ["put", row, op[2]]])
+            return self._state.records[row["id"]].memory()
+
+    def confirm(self, memory_id: str) -> Memory:
+        """Mark a fact confirmed: never superseded automatically. Raises NotFoundError."""
+        self._require_open()
+        with self._lock:
+            rec = self._require_memory(memory_id)
+            self._commit([["update", rec.id, {"protected": True}]])
+            return self._state.records[rec.id].memory()
+
+    def supersede(self, old_id: str, new_id: str) -> Memory:
+        """Explicitly mark ``old_id`` as replaced by ``new_id`` (both kept). Raises NotFoundError."""
+        self._require_open()
+        with self._lock:
+            old, new = self._require_memory(old_id), self._require_memory(new_id)
+            if old.id == new.id:
+                raise ValidationError("a memory cannot supersede itself", field="new_id")
+            self._commit([_supersede_op(old.id, new.id, time.time())])
+            return self._state.records[old.id].memory()
+
+    def history(self, memory_id: str) -> list[Memory]:
+        """The supersession chain through ``memory_id``, oldest first (superseded ones included)."""
+        self._require_open()
+        with self._lock:
+            rec = self._require_memory(memory_id)
+            before = {r.superseded_by: r for r in self._state.records.values() if r.superseded_by}
+            chain = [rec]
+            while chain[0].id in before and before[chain[0].id] not in chain:
+                chain.insert(0, before[chain[0].id])
+            while chain[-1].superseded_by in self._state.records and len(chain) <= len(self._state.records):
+                nxt = self._state.records[chain[-1].superseded_by]  # type: ignore[index]
+                if nxt in chain:
+                    break
+                chain.append(nxt)
+            return [r.memory() for r in chain]
+
+    def _require_memory(self, memory_id: str) -> Record:
+        rec = self._state.records.get(_text(memory_id, "memory_id"))
+        if rec is None:
+            raise NotFoundError(f"no memory with id {memory_id!r}", memory_id=memory_id)
+        return rec
+
+    # -- named notes ---------------------------------------------------------------------------
+
+    def note(self, name: str) -> Memory | None:
+        """The live note with this name or alias (case-insensitive), or None."""
+        self._require_open()
+        memory_id = self._state.names.get(_text(name, "name").casefold())
+        rec = self._state.records.get(memory_id) if memory_id else None
+        return rec.memory() if rec is not None else None
+
+    def rename_note(self, name: str, new_name: str) -> Memory:
+        """Give a note a new name (its words become searchable). Raises NotFoundError, ValidationError."""
+        with self._lock:
+            rec = self._require_note(name)
+            taken = self._state.names.get(_label(new_name).casefold())
+            if taken is not None and taken != rec.id:
+                raise ValidationError(f"the note name {new_name!r} is already used by memory {taken}", field="name")
+            self._commit([["update", rec.id, {"name": _label(new_name)}]])
+            return self._state.records[rec.id].memory()
+
+    def alias_note(self, name: str, alias: str) -> Memory:
+        """Add an alias (resolution only, not searchable). Raises NotFoundError, ValidationError."""
+        with self._lock:
+            rec = self._require_note(name)
+            if len(rec.aliases) >= MAX_ALIASES:
+                raise ValidationError(f"a note has at most {MAX_ALIASES} aliases", field="alias")
+            self._name_fields("_", [alias])  # raises if the alias is taken
+            self._commit([["update", rec.id, {"aliases": [*rec.aliases, _label(alias)]}]])
+            return self._state.records[rec.id].memory()
+
+    def rewrite_note(self, name: str, content: str) -> Memory:
+        """New content for a note; the old version stays in its history."""
+        with self._lock:
+            rec = self._require_note(name)
+            return self.correct(rec.id, content)
+
+    def remove_note(self, name: str) -> bool:
+        """Forget a note by name or alias; False if there is none."""
+        self._require_open()
+        with self._lock:
+            memory_id = self._state.names.get(_text(name, "name").casefold())
+            if memory_id is None:
+                return False
+            self._commit([["del", memory_id]])
+            return True
+
+    def _require_note(self, name: str) -> Record:
+        self._require_open()
+        memory_id = self._state.names.get(_text(name, "name").casefold())
+        if memory_id is None:
+            raise NotFoundError(f"no note named {name!r}", memory_id=name)
+        return self._state.records[memory_id]
+
+    # -- archives ----------------------------------------------------------------------------
+
+    def archive_conversation(self, summary: str, until: Any = None, name: str | None = None,
+                             owner: str | None = None) -> Memory:
+        """Record a summary (written by the app's LLM) of the conversation up to ``until``
+        (default now) as an archive: a fact that never expires, searched like facts.
+        A compact marker is appended to the context window."""
+        self._require_open()
+        covers = _epoch_or_now(until)
+        prepared = self.prepare([{"content": summary, "memory_type": MemoryType.FACT,
+                                  "metadata": {"archive": True}}])
+        with self._lock:
+            op = prepared.ops[0]
+            row = dict(op[1]) | {"covers_until": covers, "owner": owner} | self._name_fields(name, ())
+            marker = f"[archived conversation: {_flat(summary)[:ARCHIVE_MARKER]}]"
+            self._commit([["put", row, op[2]], ["win", "system", marker, time.time()]])
+            return self._state.records[row["id"]].memory()
+
+    # -- one-call context ---------------------------------------------------------------------
+
+    def context_for(self, message: str, owner: str | None = None, max_tokens: int = 800, max_memories: int = 10,
+                    max_messages: int = 5, min_similarity: float = 0.3) -> RetrievedContext:
+        """Everything a prompt needs about ``message``: the window, relevant past messages
+        (above ``min_similarity``), relevant memories, known people, and ``.text`` with
+        source and subject attribution, cut to ``max_tokens`` (the embedder's tokens)."""
+        self._require_open()
+        ingest.validate_text(message, "message", self._config)
+        qvec = self.embed_query(message)
+        facts = self.search_vector(message, qvec, MemoryType.FACT, max(max_memories, 1), 0.0, owner=owner)
+        context = self.search_vector(message, qvec, MemoryType.CONTEXT, max(max_memories, 1), 0.0, owner=owner)
+        past = self.search_vector(message, qvec, MemoryType.CONVERSATION, max(max_messages * 2, 1), 0.0,
+                                  owner=owner)
+        window = [Turn(t["role"], t["content"]) for t in self.get_context_window()]
+        return build_context(window=window, messages=[_item(h) for h in past],
+                             memories=[_item(h) for h in facts + context], people=self.people(owner),
+                             count_tokens=self._token_counter(), max_tokens=max_tokens, max_memories=max_memories,
+                             max_messages=max_messages, min_similarity=min_similarity)
+
+    def _token_counter(self) -> CountTokens:
+        """The embedder's own tokenizer, or an estimate in lexical-only mode."""
+        if self._count_tokens is None:
+            self._count_tokens = approximate_tokens
+            if getattr(self, "_embedder", None) is not None:
+                try:
+                    self._count_tokens = token_counter(tokenizer_path(self._config))
+                except ReachyMemoryError as exc:
+                    log.warning("counting prompt tokens approximately: %s", exc)
+        return self._count_tokens
+
+    def _about_ids(self, about: str | None, owner: str | None) -> list[str] | None:
+        """The person ids ``about`` names; None (no filter) when it names nobody known."""
+        if about is None:
+            return None
+        person = self._people.find_person(_text(about, "about"), owner)
+        if person is None:
+            log.info("search about %r: no such person, results are not filtered", about)
+            return None
+        return [person.id]
+
+    def subject_names(self, rec: Record) -> tuple[str, ...]:
+        """Display names of a memory's persons, as they are now."""
+        people = (self._people.get(p) for p in rec.subjects)
+        return tuple(p.display_name for p in people if p is not None)
+
+
+def _enriched(reference: str, content: str) -> str:
+    """A bare relation ("my wife") completed with the name the fact gives it
+    ("my wife's name is Sarah" -> "my wife Sarah"), so the person learns it."""
+    ref = parse_reference(reference)
+    if ref.name or not ref.relation:
+        return reference
+    for mention in extract_mentions(content):
+        found = mention.reference
+        if found.relation == ref.relation and found.name:
+            return f"my {ref.relation} {found.name}"
+    return reference
+
+
+def _item(hit: SearchResult) -> ContextItem:
+    m = hit.memory
+    kind = "archive" if m.is_archive else m.memory_type.value
+    role = m.metadata.get("role") if isinstance(m.metadata.get("role"), str) else None
+    return ContextItem(m.content, kind, m.created_at, hit.score, hit.subject_names, m.id, role)
+
+
+def _fact_items(content: str | None, facts: Sequence[Mapping[str, Any]] | None, subjects: Sequence[str] | None,
+                expires_in_days: float | None, shared: bool, name: str | None,
+                aliases: Sequence[str]) -> list[dict[str, Any]]:
+    """The facts of a ``remember`` call, each a checked dict."""
+    if (content is None) == (facts is None):
+        raise ValidationError("give either content or facts", field="content")
+    if facts is None:
+        facts = [{"content": content, "subjects": subjects, "expires_in_days": expires_in_days, "shared": shared,
+                  "name": name, "aliases": list(aliases)}]
+    if isinstance(facts, str | bytes | Mapping) or not facts:
+        raise ValidationError("facts must be a non-empty list of dicts", field="facts")
+    return [_check_fact(f, shared) for f in facts]
+
+
+def _check_fact(fact: Any, shared: bool) -> dict[str, Any]:
+    if not isinstance(fact, Mapping) or "content" not in fact:
+        raise ValidationError("each fact must be a dict with content", field="facts")
+    unknown = set(fact) - FACT_KEYS
+    if unknown:
+        raise ValidationError(f"unknown fact keys: {sorted(unknown, key=str)}", field="facts")
+    item = {"shared": shared} | {k: v for k, v in fact.items() if v is not None}
+    refs = item.get("subjects") or []
+    if isinstance(refs, str) or not isinstance(refs, list | tuple) or len(refs) > MAX_SUBJECTS:
+        raise ValidationError(f"subjects must be a list of at most {MAX_SUBJECTS} references", field="subjects")
+    days = item.get("expires_in_days")
+    if days is not None and (isinstance(days, bool) or not isinstance(days, int | float)
+                             or not math.isfinite(days) or not 0 < days <= 36500):
+        raise ValidationError("expires_in_days must be a number of days from 0 to 36500", field="expires_in_days")
+    if not isinstance(item.get("shared", False), bool):
+        raise ValidationError("shared must be true or false", field="shared")
+    return item
+
+
+def _supersede_fields(by: str, at: float) -> dict[str, Any]:
+    return {"superseded_at": at, "superseded_by": by}
+
+
+def _supersede_op(old_id: str, new_id: str, at: float) -> list[Any]:
+    return ["update", old_id, _supersede_fields(new_id, at)]
+
+
+def _unique(values: Iterable[Any]) -> list[Any]:
+    return list(dict.fromkeys(values))
+
+
+def _unique_ops(ops: Iterable[dict[str, Any] | None]) -> list[dict[str, Any]]:
+    seen: dict[str, dict[str, Any]] = {}
+    for op in ops:
+        if op is not None:
+            seen[op["id"]] = op
+    return list(seen.values())
+
+
+def _text(value: Any, field: str) -> str:
+    if not isinstance(value, str) or not value.strip() or len(value) > 4000:
+        raise ValidationError(f"{field} must be a non-empty string of at most 4000 characters", field=field)
+    return value
+
+
+def _label(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip() or len(value) > MAX_NAME_CHARS:
+        raise ValidationError(f"a note name or alias must be a non-empty string of at most {MAX_NAME_CHARS} "
+                              "characters", field="name")
+    return value.strip()
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _epoch_or_now(value: Any) -> float:
+    if value is None:
+        return time.time()
+    from .model import check_time, to_epoch
+
+    epoch = to_epoch(value)
+    checked = check_time(epoch, "until")
+    assert checked is not None
+    return checked
+

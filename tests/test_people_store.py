@@ -1,0 +1,265 @@
+"""People-aware memory on the store (issue 10): spec 004's behaviour rows with the
+real model, supersession, confirm/correct, history, scoping, named notes,
+archives, one-call context, persistence of all of it, lexical-only mode."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from reachy_memory import Config, MemoryStore, NotFoundError, ValidationError
+from reachy_memory.embedding import OnnxEmbedder
+
+FIXTURE_V1 = Path(__file__).parent / "fixtures" / "v1_store"
+
+
+@pytest.fixture
+def people_store(config: Config, embedder: OnnxEmbedder) -> Iterator[MemoryStore]:
+    with MemoryStore(config=config, embedder=embedder) as s:
+        yield s
+
+
+def _names(store: MemoryStore, ids: tuple[str, ...]) -> set[str]:
+    return {p.display_name for p in store.people() if p.id in ids}
+
+
+# -- spec 004, "Behaviors" and "Person Resolution" ------------------------------------------
+
+def test_my_wifes_name_then_she_links_to_one_person(people_store: MemoryStore) -> None:
+    first = people_store.remember("my wife's name is Sarah", subjects=["my wife"])[0]
+    second = people_store.remember("she likes Italian food", subjects=["my wife"])[0]
+    assert first.subjects == second.subjects and len(first.subjects) == 1
+    sarah = people_store.find_person("Sarah")
+    assert sarah is not None and sarah.relation == "wife" and sarah.id == first.subjects[0]
+
+
+def test_pronoun_without_explicit_subjects_follows_the_last_fact(people_store: MemoryStore) -> None:
+    first = people_store.remember("my wife's name is Sarah")[0]
+    second = people_store.remember("she likes Italian food")[0]
+    assert first.subjects and second.subjects == first.subjects
+
+
+def test_a_fact_about_two_people_links_both(people_store: MemoryStore) -> None:
+    memory = people_store.remember("Sarah and John are getting married", subjects=["Sarah", "John"])[0]
+    assert _names(people_store, memory.subjects) == {"Sarah", "John"}
+
+
+def test_several_facts_at_once_each_with_its_subjects(people_store: MemoryStore) -> None:
+    stored = people_store.remember(facts=[
+        {"content": "My boss Michael prefers email", "subjects": ["my boss Michael"]},
+        {"content": "Michael's birthday is in May", "subjects": ["Michael"]},
+        {"content": "The wifi password is on the fridge"},
+    ])
+    assert len(stored) == 3 and stored[0].subjects == stored[1].subjects and stored[2].subjects == ()
+    michael = people_store.find_person("my boss")
+    assert michael is not None and michael.name == "Michael"
+
+
+def test_recall_about_my_wife_finds_her_facts_with_attribution(people_store: MemoryStore) -> None:
+    people_store.remember("my wife Sarah likes Italian food", subjects=["my wife Sarah"])
+    people_store.remember("my boss Michael likes Italian food too", subjects=["my boss Michael"])
+    hits = people_store.recall("what food does she like", about="my wife")
+    assert [h.subject_names for h in hits] == [("Sarah",)]
+    assert len(people_store.recall("Italian food")) == 2  # without about: both
+
+
+@pytest.mark.parametrize(("reference", "expected"), [
+    ("my wife", "Sarah"),  # relation phrase
+    ("Sarah", "Sarah"),  # name
+    ("sarah", "Sarah"),  # any case
+    ("wife", "Sarah"),  # bare relation
+])
+def test_person_resolution(people_store: MemoryStore, reference: str, expected: str) -> None:
+    people_store.add_person("Sarah", relation="wife")
+    person = people_store.find_person(reference)
+    assert person is not None and person.display_name == expected
+
+
+def test_first_mention_creates_subsequent_finds(people_store: MemoryStore) -> None:
+    person, created = people_store.resolve_person("my wife Sarah")
+    again, created_again = people_store.resolve_person("Sarah")
+    assert created and not created_again and person is not None and again is not None
+    assert person.id == again.id and (person.name, person.relation) == ("Sarah", "wife")
+
+
+# -- supersession --------------------------------------------------------------------------
+
+def test_favorite_color_red_then_blue_supersedes_and_keeps_history(people_store: MemoryStore) -> None:
+    red = people_store.remember("User's favorite color is red")[0]
+    blue = people_store.remember("User's favorite color is blue")[0]
+    old = people_store.get(red.id)
+    assert old is not None and old.superseded_by == blue.id and old.superseded_at is not None
+    assert [h.memory.id for h in people_store.recall("favorite color")] == [blue.id]
+    shown = people_store.recall("favorite color", include_superseded=True)
+    assert {h.memory.id for h in shown} == {red.id, blue.id}
+    assert [m.id for m in people_store.history(red.id)] == [red.id, blue.id]
+
+
+def test_refinement_does_not_supersede(people_store: MemoryStore) -> None:
+    tea = people_store.remember("Sarah likes tea")[0]
+    people_store.remember("Sarah likes green tea")
+    assert people_store.get(tea.id).superseded_by is None  # type: ignore[union-attr]
+
+
+def test_different_subjects_never_conflict(people_store: MemoryStore) -> None:
+    sarah = people_store.remember("Her favorite color is red", subjects=["Sarah"])[0]
+    people_store.remember("His favorite color is blue", subjects=["John"])
+    assert people_store.get(sarah.id).superseded_by is None  # type: ignore[union-attr]
+
+
+def test_confirmed_facts_are_never_superseded_automatically(people_store: MemoryStore) -> None:
+    red = people_store.remember("User's favorite color is red")[0]
+    assert people_store.confirm(red.id).protected
+    people_store.remember("User's favorite color is blue")
+    assert people_store.get(red.id).superseded_by is None  # type: ignore[union-attr]
+
+
+def test_correct_replaces_with_same_subjects_and_history(people_store: MemoryStore) -> None:
+    old = people_store.remember("Sarah works at the bakery", subjects=["Sarah"])[0]
+    new = people_store.correct(old.id, "Sarah works at the library")
+    assert new.subjects == old.subjects and new.id != old.id
+    assert people_store.get(old.id).superseded_by == new.id  # type: ignore[union-attr]
+    assert [m.content for m in people_store.history(new.id)] == [old.content, new.content]
+    with pytest.raises(NotFoundError):
+        people_store.correct("no-such-id", "x")
+
+
+# -- persons: merge, update, delete ------------------------------------------------------------
+
+def test_merge_relinks_memories_and_unites_aliases(people_store: MemoryStore) -> None:
+    a = people_store.remember("Sarah likes jazz", subjects=["Sarah"])[0]
+    b = people_store.remember("Sassy plays the piano", subjects=["Sassy"])[0]
+    kept = people_store.merge_people(a.subjects[0], b.subjects[0])
+    assert "Sassy" in kept.aliases and len(people_store.people()) == 1
+    assert people_store.get(b.id).subjects == (kept.id,)  # type: ignore[union-attr]
+    assert {h.memory.id for h in people_store.recall("music", about="Sassy", limit=5)} <= {a.id, b.id}
+
+
+def test_delete_person_keeps_memories_unlinked(people_store: MemoryStore) -> None:
+    memory = people_store.remember("John likes chess", subjects=["John"])[0]
+    assert people_store.delete_person(memory.subjects[0])
+    assert people_store.get(memory.id).subjects == ()  # type: ignore[union-attr]
+    assert people_store.find_person("John") is None
+    assert not people_store.delete_person("unknown")
+
+
+def test_external_id_anchors_a_person(people_store: MemoryStore) -> None:
+    person = people_store.add_person("Alex", external_id="face:17")
+    found = people_store.person_by_external_id("face:17")
+    assert found is not None and found.id == person.id
+    updated = people_store.update_person(person.id, relation="son")
+    assert people_store.find_person("my son").id == updated.id  # type: ignore[union-attr]
+
+
+# -- scoping ---------------------------------------------------------------------------------------
+
+def test_owner_sees_own_plus_shared_and_unscoped(people_store: MemoryStore) -> None:
+    alex = people_store.remember("I like running in the morning", owner="alex")[0]
+    sam = people_store.remember("I like running at night", owner="sam")[0]
+    house = people_store.remember("The house rule: running shoes off inside", owner="sam", shared=True)[0]
+    seen = {h.memory.id for h in people_store.search("running", owner="alex", min_score=0)}
+    assert alex.id in seen and house.id in seen and sam.id not in seen
+    everyone = {h.memory.id for h in people_store.search("running", min_score=0)}
+    assert {alex.id, sam.id, house.id} <= everyone  # unscoped search keeps today's behaviour
+
+
+def test_people_are_scoped_by_owner(people_store: MemoryStore) -> None:
+    people_store.resolve_person("my wife Sarah", owner="alex")
+    people_store.resolve_person("my wife Maria", owner="sam")
+    assert people_store.find_person("my wife", owner="alex").name == "Sarah"  # type: ignore[union-attr]
+    assert people_store.find_person("my wife", owner="sam").name == "Maria"  # type: ignore[union-attr]
+
+
+# -- named notes and archives ------------------------------------------------------------------------
+
+def test_named_notes_by_name_and_alias(people_store: MemoryStore) -> None:
+    note = people_store.remember("Water the ferns every Sunday", name="plant care", aliases=["ferns"])[0]
+    assert people_store.note("PLANT CARE").id == note.id  # type: ignore[union-attr]
+    assert people_store.note("ferns").id == note.id  # type: ignore[union-attr]
+    with pytest.raises(ValidationError, match="already used"):
+        people_store.remember("Something else", name="Ferns")
+    people_store.rename_note("plant care", "garden routine")
+    assert people_store.note("plant care") is None
+    hits = people_store.search("garden routine", mode="lexical", min_score=0)
+    assert hits and hits[0].memory.id == note.id  # name tokens are searchable
+    people_store.alias_note("garden routine", "green thumb")
+    rewritten = people_store.rewrite_note("green thumb", "Water the ferns on Sundays and Wednesdays")
+    assert people_store.note("garden routine").id == rewritten.id  # type: ignore[union-attr]
+    assert people_store.history(rewritten.id)[0].content == note.content
+    assert people_store.remove_note("garden routine") and people_store.note("green thumb") is None
+
+
+def test_archive_conversation_is_searched_like_facts_and_marks_the_window(people_store: MemoryStore) -> None:
+    people_store.add_to_context_window("user", "Let's plan the trip to Lisbon")
+    archive = people_store.archive_conversation("We planned a trip to Lisbon in June: flights booked.")
+    assert archive.is_archive and archive.expires_at is None
+    assert people_store.recall("Lisbon trip")[0].memory.id == archive.id
+    assert people_store.get_context_window()[-1]["content"].startswith("[archived conversation:")
+
+
+# -- one-call context ---------------------------------------------------------------------------------
+
+def test_context_for_attributes_and_respects_the_budget(people_store: MemoryStore) -> None:
+    people_store.remember("my wife Sarah likes Italian food", subjects=["my wife Sarah"])
+    people_store.remember("The user prefers concise answers")
+    people_store.add_to_context_window("user", "I want to cook something tonight")
+    ctx = people_store.context_for("What should I cook for my wife?")
+    assert "Sarah (wife)" in ctx.text and "about Sarah" in ctx.text and "Italian food" in ctx.text
+    assert "I want to cook something tonight" in ctx.text
+    small = people_store.context_for("What should I cook for my wife?", max_tokens=25)
+    assert small.tokens <= 25 and small.dropped_lines > 0
+
+
+# -- persistence and modes ------------------------------------------------------------------------------
+
+def test_people_subjects_and_supersession_survive_reopen_and_compaction(config: Config,
+                                                                       embedder: OnnxEmbedder) -> None:
+    with MemoryStore(config=config, embedder=embedder) as s:
+        red = s.remember("User's favorite color is red")[0]
+        blue = s.remember("User's favorite color is blue")[0]
+        sarah = s.remember("my wife Sarah likes jazz", subjects=["my wife Sarah"], name="sarah music")[0]
+    for _ in range(2):  # from the snapshot written on close, then again after a compaction
+        with MemoryStore(config=config, embedder=embedder) as s:
+            assert s.get(red.id).superseded_by == blue.id  # type: ignore[union-attr]
+            assert s.find_person("my wife").name == "Sarah"  # type: ignore[union-attr]
+            assert s.get(sarah.id).subjects == sarah.subjects  # type: ignore[union-attr]
+            assert s.note("sarah music").id == sarah.id  # type: ignore[union-attr]
+            s.compact()
+
+
+def test_lexical_only_keeps_every_feature(lexical_store: MemoryStore) -> None:
+    memory = lexical_store.remember("my wife's name is Sarah", subjects=["my wife"])[0]
+    assert lexical_store.recall("Sarah", about="my wife")[0].memory.id == memory.id
+    new = lexical_store.correct(memory.id, "my wife's name is Sara")
+    assert lexical_store.get(memory.id).superseded_by == new.id  # type: ignore[union-attr]
+    assert "Sara" in lexical_store.context_for("who is my wife").text
+
+
+def test_a_store_written_before_people_aware_memory_opens(tmp_path: Path, base_config: Config) -> None:
+    data = tmp_path / "v1"
+    shutil.copytree(FIXTURE_V1, data)
+    cfg = base_config.replace("memory", path=str(data), timezone="UTC")
+    with MemoryStore(config=cfg, embedder=None) as store:
+        assert store.get("f0").subjects == () and store.people() == []  # type: ignore[union-attr]
+        added = store.remember("my son Tom loves trains", subjects=["my son Tom"])[0]
+    with MemoryStore(config=cfg, embedder=None) as store:
+        assert store.get(added.id).subjects and store.find_person("my son").name == "Tom"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("kwargs", "field"), [
+    ({}, "content"),  # neither content nor facts
+    ({"content": "a", "facts": [{"content": "b"}]}, "content"),  # both
+    ({"facts": []}, "facts"),  # empty batch
+    ({"facts": [{"content": "a", "when": 1}]}, "facts"),  # unknown key
+    ({"content": "a", "subjects": "Sarah"}, "subjects"),  # a string, not a list
+    ({"content": "a", "expires_in_days": -1}, "expires_in_days"),  # negative
+    ({"content": "a", "aliases": ["x"]}, "aliases"),  # aliases without a name
+])
+def test_bad_remember_calls_are_refused_and_store_nothing(lexical_store: MemoryStore, kwargs: dict[str, object],
+                                                          field: str) -> None:
+    with pytest.raises(ValidationError) as err:
+        lexical_store.remember(**kwargs)  # type: ignore[arg-type]
+    assert err.value.field == field and len(lexical_store) == 0
