@@ -25,6 +25,7 @@ records from a shallow copy of the record table while the engine goes on).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from .errors import ValidationError
@@ -47,10 +48,12 @@ _OPTIONAL: dict[str, Any] = {
     "superseded_by": None,  # id of that newer memory
     "protected": False,  # confirmed: never superseded automatically
     "covers_until": None,  # an archive: the conversation it summarises ends here (epoch)
+    "confidence": 1.0,  # decay (opt-in): the confidence at ``last_access``
+    "last_access": None,  # decay clock: when retrieval last returned it (None: created)
 }
 # What an "update" op may change: everything but the text, type, times and vector.
 MUTABLE_FIELDS = frozenset({"subjects", "owner", "shared", "name", "aliases", "superseded_at", "superseded_by",
-                            "protected", "metadata"})
+                            "protected", "metadata", "confidence", "last_access"})
 RECORD_FIELDS = (*_V1_FIELDS, *_OPTIONAL)
 
 
@@ -81,6 +84,8 @@ class Record:
     superseded_by: str | None
     protected: bool
     covers_until: float | None
+    confidence: float
+    last_access: float | None
 
     def __init__(self, id: str, content: str, type: str, created: float, expires: float | None,
                  metadata: dict[str, Any], slot: int = -1, vkey: str | None = None, **optional: Any) -> None:
@@ -107,6 +112,14 @@ class Record:
     def hidden(self) -> bool:
         """Left out of default retrieval (superseded), never deleted."""
         return self.superseded_at is not None
+
+    def decayed(self, now: float, rate_per_day: float, threshold: float) -> bool:
+        """True when a fact's decayed confidence is below ``threshold`` (opt-in decay;
+        confirmed facts and other types never decay)."""
+        if self.protected or self.type != MemoryType.FACT.value:
+            return False
+        days = max(now - (self.last_access or self.created), 0.0) / 86400.0
+        return self.confidence * math.exp(-rate_per_day * days) < threshold
 
     def expired(self, now: float) -> bool:
         """True when the memory's lifetime ended at or before ``now``."""

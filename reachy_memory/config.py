@@ -52,6 +52,8 @@ RANGES: dict[str, tuple[float | None, float | None]] = {
     "server.max_message_bytes": (1024, 1 << 30),
     "server.queue_size": (1, 1_000_000),
     "server.drain_seconds": (0.0, 3600.0),
+    "decay.rate_per_day": (0.0, 10.0),
+    "decay.threshold": (0.0, 1.0),
 }
 
 
@@ -130,6 +132,17 @@ class ServerConfig:
 
 
 @dataclass(frozen=True)
+class DecayConfig:
+    """Opt-in confidence decay of facts (issue 10): ``confidence * exp(-rate * days since
+    last access)``; a fact below ``threshold`` leaves default retrieval (kept, never
+    deleted); retrieval refreshes it; confirmed facts never decay."""
+
+    enabled: bool = False
+    rate_per_day: float = 0.01  # 0.01: a fact unused for 160 days falls to 0.2
+    threshold: float = 0.2
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole configuration; every section has working defaults."""
 
@@ -137,6 +150,7 @@ class Config:
     embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
+    decay: DecayConfig = field(default_factory=DecayConfig)
 
     @property
     def data_dir(self) -> Path:

@@ -22,6 +22,7 @@ final score.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import logging
 import threading
 import time
@@ -48,6 +49,7 @@ from .errors import (
     ClosedError,
     ModelError,
     ModelMismatchError,
+    ReachyMemoryError,
     ValidationError,
 )
 from .model import Expiry, Memory, MemoryType, SearchResult, resolve_timezone, to_datetime, to_epoch
@@ -56,6 +58,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["DEFAULT_EMBEDDER", "GRAPH_FILE", "JOURNAL_FILE", "SNAPSHOT_FILE", "Embedder", "MemoryStore",
            "read_snapshot"]
+TOUCH_FLUSH_SECONDS = 60.0  # decay clock refreshes are journaled at most this often (and on close)
 datetime_or_float = Any  # a datetime (aware, or naive meaning UTC), epoch seconds, or None
 
 
@@ -125,6 +128,8 @@ class MemoryStore(PeopleMixin):
         self._lock = threading.RLock()
         self._recent_subjects: dict[str | None, list[str]] = {}  # engine thread: persons of the last facts
         self._count_tokens = None
+        self._touched: dict[str, float] = {}  # engine thread: decay clock refreshes not yet journaled
+        self._touches_flushed = time.monotonic()
         pin_native_threads(self._config.search.blas_threads)
         files.secure_dir(self.path)
         self._dir_lock = jr.DirLock(self.path)
@@ -423,8 +428,9 @@ class MemoryStore(PeopleMixin):
                 if scores[i] < min_score:
                     break
                 rec = self._state.by_slot[int(slots[i])]
-                if not rec.expired(at):
+                if not rec.expired(at) and (include_superseded or not self._decayed(rec, at)):
                     results.append(SearchResult(rec.memory(), float(scores[i]), self.subject_names(rec)))
+                    self._touch(rec, at)
                     if len(results) == limit:
                         break
             return results
@@ -498,10 +504,31 @@ class MemoryStore(PeopleMixin):
 
     def maintain(self, budget: int = 256) -> int:
         """Idle-time upkeep (the daemon calls it between requests): inserts a
-        batch of pending vectors into the graph; returns how many."""
+        batch of pending vectors into the graph, and journals the decay clock
+        refreshes at most once a minute; returns how many vectors it inserted."""
         self._require_open()
         with self._lock:
+            if self._touched and time.monotonic() - self._touches_flushed > TOUCH_FLUSH_SECONDS:
+                self._flush_touches()
             return self._state.vectors.maintain(budget)
+
+    def _decayed(self, rec: Record, now: float) -> bool:
+        decay = self._config.decay
+        return decay.enabled and rec.decayed(now, decay.rate_per_day, decay.threshold)
+
+    def _touch(self, rec: Record, now: float) -> None:
+        """Retrieval refreshes a fact's decay clock (journaled later, in batches)."""
+        if self._config.decay.enabled and rec.type == MemoryType.FACT.value and not rec.protected:
+            self._touched[rec.id] = now
+
+    def _flush_touches(self) -> None:
+        """Journal the pending decay clock refreshes as one frame (engine thread)."""
+        touched, self._touched = self._touched, {}
+        self._touches_flushed = time.monotonic()
+        ops = [["update", i, {"last_access": at, "confidence": 1.0}] for i, at in touched.items()
+               if i in self._state.records]
+        if ops:
+            self._commit(ops)
 
     def compact(self, *, full: bool = False) -> None:
         """Fold the journal into a fresh snapshot (atomic) and save the graph cache,
@@ -615,6 +642,9 @@ class MemoryStore(PeopleMixin):
         if self._closed:
             return
         try:
+            if self._touched:
+                with contextlib.suppress(ReachyMemoryError):  # a refresh lost on a failing disk is harmless
+                    self._flush_touches()
             self._storage.close()
         finally:
             self._closed = True

@@ -263,3 +263,22 @@ def test_bad_remember_calls_are_refused_and_store_nothing(lexical_store: MemoryS
     with pytest.raises(ValidationError) as err:
         lexical_store.remember(**kwargs)  # type: ignore[arg-type]
     assert err.value.field == field and len(lexical_store) == 0
+
+
+def test_decay_archives_unused_facts_and_retrieval_refreshes_them(config: Config) -> None:
+    cfg = config.replace("decay", enabled=True, rate_per_day=0.1, threshold=0.5)
+    day = 86400.0
+    with MemoryStore(config=cfg, embedder=None) as store:
+        old = store.store_batch([{"content": "The spare key is under the blue pot", "created_at": 1_700_000_000.0}])[0]
+        kept = store.store_batch([{"content": "The spare bike key is in the drawer", "created_at": 1_700_000_000.0}])[0]
+        store.confirm(kept.id)
+        later = 1_700_000_000.0 + 10 * day  # exp(-1) = 0.37 < 0.5
+        hits = {h.memory.id for h in store.search("spare key", now=later, min_score=0)}
+        assert hits == {kept.id}  # the unused fact left default retrieval; the confirmed one stays
+        shown = {h.memory.id for h in store.search("spare key", now=later, min_score=0, include_superseded=True)}
+        assert shown == {old.id, kept.id} and store.get(old.id) is not None  # archived, never deleted
+        fresh = 1_700_000_000.0 + 2 * day  # exp(-0.2) = 0.82: found, so its clock is refreshed
+        assert old.id in {h.memory.id for h in store.search("spare key", now=fresh, min_score=0)}
+    with MemoryStore(config=cfg, embedder=None) as store:  # the refresh was journaled on close
+        at = 1_700_000_000.0 + 2 * day + 5 * day  # 5 days after the refresh: exp(-0.5) = 0.61
+        assert old.id in {h.memory.id for h in store.search("spare key", now=at, min_score=0)}
