@@ -102,15 +102,13 @@ class _Api:
 
     def search(self, query: str, memory_type: MemoryType | str | None = None, limit: int = 5,
                min_score: float = 0.3, where: dict[str, Any] | None = None, *, mode: str | None = None,
+               about: str | None = None, owner: str | None = None, include_superseded: bool = False,
                timeout: float | None = None) -> Any:
-        """Hybrid search; returns a list of SearchResult."""
-        args: dict[str, Any] = {"query": query, "limit": limit, "min_score": min_score}
+        """Hybrid search; returns a list of SearchResult (``about``: a person; ``owner``: a user)."""
+        args = _given(query=query, limit=limit, min_score=min_score, where=where, mode=mode, about=about,
+                      owner=owner, include_superseded=include_superseded or None)
         if memory_type is not None:
             args["memory_type"] = _wire_type(memory_type)
-        if where is not None:
-            args["where"] = where
-        if mode is not None:
-            args["mode"] = mode
         return self._call("search", args, proto.results_from_wire, timeout)
 
     def forget(self, memory_id: str, *, timeout: float | None = None) -> Any:
@@ -155,6 +153,117 @@ class _Api:
     def compact(self, *, timeout: float | None = None) -> Any:
         """Fold the journal into a snapshot now."""
         return self._call("compact", {}, timeout=timeout)
+
+
+    # -- people-aware memory -------------------------------------------------------------
+
+    def remember(self, content: str | None = None, facts: list[dict[str, Any]] | None = None,
+                 subjects: list[str] | None = None, expires_in_days: float | None = None, shared: bool = False,
+                 owner: str | None = None, name: str | None = None, aliases: list[str] | None = None, *,
+                 timeout: float | None = None) -> Any:
+        """Store one fact or several, about people (resolved or created); returns [Memory]."""
+        args = _given(content=content, facts=facts, subjects=subjects, expires_in_days=expires_in_days,
+                      shared=shared, owner=owner, name=name, aliases=aliases)
+        return self._call("remember", args, _memories, timeout)
+
+    def recall(self, query: str, about: str | None = None, owner: str | None = None, limit: int = 5,
+               include_superseded: bool = False, *, timeout: float | None = None) -> Any:
+        """Facts relevant to ``query``, optionally about a person; [SearchResult]."""
+        args = _given(query=query, about=about, owner=owner, limit=limit, include_superseded=include_superseded)
+        return self._call("recall", args, proto.results_from_wire, timeout)
+
+    def history(self, memory_id: str, *, timeout: float | None = None) -> Any:
+        """The supersession chain through a memory, oldest first."""
+        return self._call("history", {"id": memory_id}, _memories, timeout)
+
+    def correct(self, memory_id: str, new_content: str, *, timeout: float | None = None) -> Any:
+        """Store the corrected fact, superseding the old one; returns the new Memory."""
+        return self._call("correct", {"id": memory_id, "content": new_content}, proto.memory_from_wire, timeout)
+
+    def confirm(self, memory_id: str, *, timeout: float | None = None) -> Any:
+        """Mark a fact confirmed (never superseded automatically)."""
+        return self._call("confirm", {"id": memory_id}, proto.memory_from_wire, timeout)
+
+    def supersede(self, old_id: str, new_id: str, *, timeout: float | None = None) -> Any:
+        """Mark ``old_id`` as replaced by ``new_id`` (both kept); returns the old Memory."""
+        return self._call("supersede", {"old_id": old_id, "new_id": new_id}, proto.memory_from_wire, timeout)
+
+    def add_person(self, name: str, relation: str | None = None, aliases: list[str] | None = None,
+                   owner: str | None = None, external_id: str | None = None,
+                   metadata: dict[str, Any] | None = None, *, timeout: float | None = None) -> Any:
+        """Add a person; returns the Person."""
+        args = _given(name=name, relation=relation, aliases=aliases, owner=owner, external_id=external_id,
+                      metadata=metadata)
+        return self._call("add_person", args, proto.person_from_wire, timeout)
+
+    def find_person(self, reference: str, owner: str | None = None, *, timeout: float | None = None) -> Any:
+        """The Person a reference means ("my wife", "Sarah"), or None."""
+        return self._call("find_person", _given(reference=reference, owner=owner), proto.person_from_wire, timeout)
+
+    def resolve_person(self, reference: str, owner: str | None = None, create: bool = True, *,
+                       timeout: float | None = None) -> Any:
+        """(Person or None, created): find, or create, the person a reference means."""
+        args = _given(reference=reference, owner=owner, create=create)
+        return self._call("resolve_person", args, lambda r: (proto.person_from_wire(r["person"]), r["created"]),
+                          timeout)
+
+    def person_by_external_id(self, external_id: str, *, timeout: float | None = None) -> Any:
+        """The Person anchored to an outside identity (face, voice), or None."""
+        return self._call("person_by_external_id", {"external_id": external_id}, proto.person_from_wire, timeout)
+
+    def people(self, owner: str | None = None, *, timeout: float | None = None) -> Any:
+        """The persons an owner knows (everyone for None)."""
+        return self._call("people", _given(owner=owner), lambda r: [proto.person_from_wire(p) for p in r], timeout)
+
+    def update_person(self, person_id: str, *, timeout: float | None = None, **fields: Any) -> Any:
+        """Change name, relation, aliases, external_id, metadata or owner; returns the Person."""
+        return self._call("update_person", {"id": person_id, **fields}, proto.person_from_wire, timeout)
+
+    def merge_people(self, keep: str, other: str, *, timeout: float | None = None) -> Any:
+        """Merge ``other`` into ``keep``; returns the kept Person."""
+        return self._call("merge_people", {"keep": keep, "other": other}, proto.person_from_wire, timeout)
+
+    def delete_person(self, person_id: str, *, timeout: float | None = None) -> Any:
+        """Forget a person (memories stay, unlinked); True if it existed."""
+        return self._call("delete_person", {"id": person_id}, lambda r: bool(r["deleted"]), timeout)
+
+    def note(self, name: str, *, timeout: float | None = None) -> Any:
+        """The note with this name or alias, or None."""
+        return self._call("note", {"name": name}, proto.memory_from_wire, timeout)
+
+    def rename_note(self, name: str, new_name: str, *, timeout: float | None = None) -> Any:
+        """Rename a note."""
+        return self._call("rename_note", {"name": name, "new_name": new_name}, proto.memory_from_wire, timeout)
+
+    def alias_note(self, name: str, alias: str, *, timeout: float | None = None) -> Any:
+        """Add an alias to a note."""
+        return self._call("alias_note", {"name": name, "alias": alias}, proto.memory_from_wire, timeout)
+
+    def rewrite_note(self, name: str, content: str, *, timeout: float | None = None) -> Any:
+        """New content for a note (the old version stays in its history)."""
+        return self._call("rewrite_note", {"name": name, "content": content}, proto.memory_from_wire, timeout)
+
+    def remove_note(self, name: str, *, timeout: float | None = None) -> Any:
+        """Forget a note; True if there was one."""
+        return self._call("remove_note", {"name": name}, lambda r: bool(r["deleted"]), timeout)
+
+    def archive_conversation(self, summary: str, until: float | None = None, name: str | None = None,
+                             owner: str | None = None, *, timeout: float | None = None) -> Any:
+        """Record a conversation summary as an archive memory."""
+        args = _given(summary=summary, until=until, name=name, owner=owner)
+        return self._call("archive_conversation", args, proto.memory_from_wire, timeout)
+
+    def context_for(self, message: str, owner: str | None = None, max_tokens: int = 800, max_memories: int = 10,
+                    max_messages: int = 5, min_similarity: float = 0.3, *, timeout: float | None = None) -> Any:
+        """Prompt-ready context for ``message`` in one round trip (a RetrievedContext)."""
+        args = _given(message=message, owner=owner, max_tokens=max_tokens, max_memories=max_memories,
+                      max_messages=max_messages, min_similarity=min_similarity)
+        return self._call("context_for", args, proto.context_from_wire, timeout)
+
+
+def _given(**args: Any) -> dict[str, Any]:
+    """The arguments that were given (None means "not given" on the wire)."""
+    return {k: v for k, v in args.items() if v is not None}
 
 
 class _Base(_Api):

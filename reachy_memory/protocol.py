@@ -34,27 +34,17 @@ A memory on the wire::
     {"id": str, "content": str, "type": "conversation"|"fact"|"context",
      "created_at": float, "expires_at": float|null, "metadata": {str: scalar|[scalar]}}
 
-Ops and their ``args`` (``result`` after the arrow):
+A person on the wire::
 
-    ping {}                                              -> {"pong": true, "time": float}
-    health {}            -> {"status", "embedder", "memories", "last_cleanup", "uptime_s"}
-    stats {}             -> {"ops": {op: {count, errors, p50_ms, p99_ms}}, "store": {...}, "uptime_s"}
-    store {content, memory_type="fact", metadata={}, id?}  -> memory     (same id again: no duplicate)
-    store_batch {items: [{content, memory_type, metadata, id?}]} -> [memory]
-    remember_fact {content, metadata={}}                 -> memory
-    remember_conversation {content, metadata={}}         -> memory
-    get {id}                                             -> memory | null
-    search {query, memory_type?, limit=5, min_score=0.3, where?, mode?} -> [{"memory": memory, "score": float}]
-    forget {id}                                          -> {"deleted": bool}
-    cleanup_expired {now?}                               -> {"deleted": int}
-    add_to_context_window {role, content}                -> null
-    get_context_window {}                                -> [{"role", "content", "timestamp"}]
-    clear_context_window {}                              -> null
-    set_context {key, value}                             -> memory
-    get_context {key}                                    -> str | null
-    export {after?: str, limit=500}                      -> {"memories": [memory], "next": str|null}
-    backup {path}                                        -> {"path", "bytes", "memories"}
-    compact {}                                           -> null
+    {"id": str, "name": str, "relation": str|null, "aliases": [str], "owner": str|null,
+     "external_id": str|null, "metadata": {...}, "created_at": float, "updated_at": float}
+
+A memory may also carry (only when set) ``subjects`` (person ids), ``owner``,
+``shared``, ``name``, ``aliases``, ``superseded_at``, ``superseded_by``,
+``protected``, ``covers_until``.
+
+The operations, their arguments and results are one table,
+``reachy_memory/_operations.py``; ``docs/PROTOCOL.md`` is generated from it.
 """
 
 from __future__ import annotations
@@ -63,8 +53,10 @@ from typing import Any
 
 import msgpack
 
+from ._context_text import ContextItem, RetrievedContext, Turn
 from .errors import ERROR_BY_CODE, ProtocolError, ReachyMemoryError, RemoteError, error_class
-from .model import Memory, MemoryType, SearchResult, to_datetime
+from .model import Memory, MemoryType, SearchResult, to_datetime, to_epoch
+from .people import Person
 
 VERSION = 1
 CODES = frozenset({"bad_request", "too_large", "not_found", "busy", "unavailable", "timeout", "internal"})
@@ -175,3 +167,48 @@ def results_from_wire(data: list[dict[str, Any]]) -> list[SearchResult]:
     """Search results from their wire form."""
     return [SearchResult(memory_from_wire(r["memory"]), float(r["score"]),  # type: ignore[arg-type]
                          tuple(r.get("subject_names") or ())) for r in data]
+
+
+def person_to_wire(person: Person) -> dict[str, Any]:
+    """A Person as its wire map (epoch timestamps)."""
+    return {"id": person.id, "name": person.name, "relation": person.relation, "aliases": list(person.aliases),
+            "owner": person.owner, "external_id": person.external_id, "metadata": dict(person.metadata),
+            "created_at": to_epoch(person.created_at), "updated_at": to_epoch(person.updated_at)}
+
+
+def person_from_wire(data: dict[str, Any] | None) -> Person | None:
+    """The Person of a wire map (None stays None)."""
+    if data is None:
+        return None
+    return Person(data["id"], data["name"], data.get("relation"), tuple(data.get("aliases") or ()),
+                  data.get("owner"), data.get("external_id"), dict(data.get("metadata") or {}),
+                  to_datetime(data["created_at"]), to_datetime(data["updated_at"]))
+
+
+def _item_to_wire(item: ContextItem) -> dict[str, Any]:
+    return {"content": item.content, "kind": item.kind, "created_at": to_epoch(item.created_at),
+            "score": item.score, "subjects": list(item.subjects), "id": item.id, "role": item.role}
+
+
+def _item_from_wire(data: dict[str, Any]) -> ContextItem:
+    return ContextItem(data["content"], data["kind"], to_datetime(data["created_at"]), float(data["score"]),
+                       tuple(data.get("subjects") or ()), data.get("id"), data.get("role"))
+
+
+def context_to_wire(ctx: RetrievedContext) -> dict[str, Any]:
+    """A RetrievedContext (``context_for``) as its wire map."""
+    return {"window": [{"role": t.role, "content": t.content} for t in ctx.window],
+            "messages": [_item_to_wire(i) for i in ctx.messages], "memories": [_item_to_wire(i) for i in ctx.memories],
+            "people": [person_to_wire(p) for p in ctx.people], "text": ctx.text, "tokens": ctx.tokens,
+            "dropped_lines": ctx.dropped_lines, "max_tokens": ctx.max_tokens}
+
+
+def context_from_wire(data: dict[str, Any]) -> RetrievedContext:
+    """The RetrievedContext of a wire map."""
+    people = [person_from_wire(p) for p in data.get("people") or ()]
+    return RetrievedContext(tuple(Turn(t["role"], t["content"]) for t in data.get("window") or ()),
+                            tuple(_item_from_wire(i) for i in data.get("messages") or ()),
+                            tuple(_item_from_wire(i) for i in data.get("memories") or ()),
+                            tuple(p for p in people if p is not None), data.get("text", ""),
+                            int(data.get("tokens", 0)), int(data.get("dropped_lines", 0)),
+                            int(data.get("max_tokens", 0)))

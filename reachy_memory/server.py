@@ -32,6 +32,7 @@ import numpy as np
 import zmq
 
 from . import protocol as proto
+from ._operations import LANES, OPERATIONS, check_args
 from ._systemd import notify, watchdog_interval
 from .config import Config
 from .embedding import describe
@@ -50,8 +51,8 @@ from .store import MemoryStore
 log = logging.getLogger(__name__)
 REPLIES = "inproc://reachy-memory-replies"
 REPLY_HWM = 256  # queued replies per client before further ones are dropped (bounds daemon memory)
-INLINE = frozenset({"ping", "health", "stats", "get", "get_context", "get_context_window"})
-EMBEDDED = frozenset({"store", "store_batch", "remember_fact", "remember_conversation", "set_context", "search"})
+INLINE = LANES["inline"]  # answered on the I/O thread (lock-free views)
+EMBEDDED = LANES["embed"]  # embedded on the embedding thread, committed on the engine thread
 
 
 @dataclass
@@ -102,8 +103,7 @@ class BadRequestLog:
 class Daemon:
     """A running reachy-memory service. ``serve()`` blocks until stopped."""
 
-    _ops_inline: ClassVar[dict[str, Callable[[Daemon, _Job], Any]]]
-    _ops_engine: ClassVar[dict[str, Callable[[Daemon, _Job], Any]]]
+    _handlers: ClassVar[dict[str, Callable[[Daemon, _Job], Any]]]
 
     def __init__(self, config: Config, *, store: MemoryStore | None = None, endpoint: str | None = None,
                  insecure_tcp: bool = False) -> None:
@@ -260,7 +260,7 @@ class Daemon:
             self._reply(router, [*envelope, proto.error_from(getattr(exc, "request_id", None), exc)])
             return
         if job.op in INLINE:
-            self._reply(router, [*envelope, self._run(job, self._ops_inline)])
+            self._reply(router, [*envelope, self._run(job, self._handlers)])
         else:
             self._enqueue(router, job)
 
@@ -273,10 +273,14 @@ class Daemon:
         if message.get("v") != proto.VERSION:
             raise _with_id(ProtocolError(f"unsupported protocol version {message.get('v')!r}; this daemon speaks 1"),
                            request_id)
-        if not isinstance(op, str) or op not in _OPS:
+        if not isinstance(op, str) or op not in OPERATIONS:
             raise _with_id(ProtocolError(f"unknown op {op!r}"), request_id)
         if not isinstance(args, dict):
             raise _with_id(ProtocolError("'args' must be a map"), request_id)
+        try:
+            args = check_args(OPERATIONS[op], args)
+        except ValidationError as exc:
+            raise _with_id(exc, request_id) from None
         timeout_ms = message.get("timeout_ms")
         if timeout_ms is not None and (isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int | float)):
             raise _with_id(ProtocolError("'timeout_ms' must be a number"), request_id)
@@ -328,7 +332,7 @@ class Daemon:
             if item is None:
                 break
             if isinstance(item, _Job):
-                push.send_multipart([*item.envelope, self._run(item, self._ops_engine)])
+                push.send_multipart([*item.envelope, self._run(item, self._handlers)])
             else:
                 self._internal(item)
         push.close()
@@ -383,12 +387,10 @@ class Daemon:
     def _prepare(self, job: _Job) -> Any:
         a, store = job.args, self.store
         if job.op == "search":
-            _allowed(a, {"query", "memory_type", "limit", "min_score", "where", "mode"})
-            mode = store.check_search_args(a.get("query"), a.get("limit", 5), a.get("min_score", 0.3), a.get("mode"))
+            mode = store.check_search_args(a["query"], a["limit"], a["min_score"], a.get("mode"))
             return store.embed_query(a["query"]) if mode != "lexical" else None
         if job.op == "set_context":
-            _allowed(a, {"key", "value"})
-            return store.prepare_context(a.get("key"), a.get("value"))  # type: ignore[arg-type]
+            return store.prepare_context(a["key"], a["value"])
         return store.prepare(_store_items(job.op, a))
 
     def _cleanup(self) -> None:
@@ -463,76 +465,55 @@ def _with_id(exc: ReachyMemoryError, request_id: Any) -> ReachyMemoryError:
     return exc
 
 
-def _allowed(args: dict[str, Any], names: set[str]) -> None:
-    unknown = set(args) - names
-    if unknown:
-        raise ValidationError(f"unknown arguments: {sorted(unknown)}", field="args")
-
-
-def _need(args: dict[str, Any], name: str) -> Any:
-    if name not in args:
-        raise ValidationError(f"missing argument {name!r}", field=name)
-    return args[name]
-
-
 def _store_items(op: str, a: dict[str, Any]) -> list[dict[str, Any]]:
+    """The items of the store-like ops (arguments already checked against the table)."""
     if op == "store_batch":
-        _allowed(a, {"items"})
-        items = _need(a, "items")
-        if not isinstance(items, list):
-            raise ValidationError("items must be a list", field="items")
-        return items
-    if op == "store":
-        _allowed(a, {"content", "memory_type", "metadata", "id"})
-        return [{"content": _need(a, "content"), "memory_type": a.get("memory_type", "fact"),
-                 "metadata": a.get("metadata"), "id": a.get("id")}]
-    _allowed(a, {"content", "metadata", "id"})
-    kind = "fact" if op == "remember_fact" else "conversation"
-    return [{"content": _need(a, "content"), "memory_type": kind, "metadata": a.get("metadata"), "id": a.get("id")}]
+        return a["items"]  # type: ignore[no-any-return]
+    kind = {"remember_fact": "fact", "remember_conversation": "conversation"}.get(op) or a["memory_type"]
+    return [{"content": a["content"], "memory_type": kind, "metadata": a.get("metadata"), "id": a.get("id")}]
 
 
 def _memory(m: Any) -> dict[str, Any] | None:
     return proto.memory_to_wire(m) if m is not None else None
 
 
+def _memories(ms: list[Any]) -> list[dict[str, Any]]:
+    return [proto.memory_to_wire(m) for m in ms]
+
+
+def _person(p: Any) -> dict[str, Any] | None:
+    return proto.person_to_wire(p) if p is not None else None
+
+
 def _search(d: Daemon, job: _Job) -> list[dict[str, Any]]:
     a = job.args
-    hits = d.store.search_vector(a["query"], job.prepared, a.get("memory_type"), a.get("limit", 5),
-                                 a.get("min_score", 0.3), a.get("where"), mode=a.get("mode") or d.config.search.mode)
+    hits = d.store.search_vector(a["query"], job.prepared, a.get("memory_type"), a["limit"], a["min_score"],
+                                 a.get("where"), mode=a.get("mode") or d.config.search.mode, about=a.get("about"),
+                                 owner=a.get("owner"), include_superseded=a["include_superseded"])
     return proto.results_to_wire(hits)
 
 
 def _commit(d: Daemon, job: _Job) -> Any:
     memories = d.store.commit(job.prepared)
-    return [proto.memory_to_wire(m) for m in memories] if job.op == "store_batch" else _memory(memories[0])
-
-
-def _args(job: _Job, *names: str) -> list[Any]:
-    _allowed(job.args, set(names))
-    return [_need(job.args, n) for n in names]
+    return _memories(memories) if job.op == "store_batch" else _memory(memories[0])
 
 
 def _export(d: Daemon, job: _Job) -> dict[str, Any]:
-    _allowed(job.args, {"after", "limit"})
-    limit = job.args.get("limit", 500)
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 5000:
+    limit = job.args["limit"]
+    if not 1 <= limit <= 5000:
         raise ValidationError("limit must be an integer from 1 to 5000", field="limit")
     page, cursor = d.store.export_page(job.args.get("after"), limit)
-    return {"memories": [proto.memory_to_wire(m) for m in page], "next": cursor}
+    return {"memories": _memories(page), "next": cursor}
 
 
 def _backup(d: Daemon, job: _Job) -> dict[str, Any]:
-    _allowed(job.args, {"path", "force"})
-    path, force = job.args.get("path"), job.args.get("force", False)
-    if not isinstance(path, str) or not path:
+    path = job.args["path"]
+    if not path:
         raise ValidationError("path must be a non-empty string", field="path")
-    if not isinstance(force, bool):
-        raise ValidationError("force must be true or false", field="force")
-    return d.store.backup(path, force=force)
+    return d.store.backup(path, force=job.args["force"])
 
 
 def _cleanup_op(d: Daemon, job: _Job) -> dict[str, int]:
-    _allowed(job.args, {"now"})
     now = job.args.get("now")
     if now is not None and to_epoch(now) > time.time() + 1.0:  # type: ignore[operator]
         # A client may replay an old "now" (tests, imports), never expire the future early.
@@ -542,49 +523,61 @@ def _cleanup_op(d: Daemon, job: _Job) -> dict[str, int]:
     return {"deleted": deleted}
 
 
-def _context_window_add(d: Daemon, job: _Job) -> None:
-    role, content = _args(job, "role", "content")
-    d.store.add_to_context_window(role, content)
+def _context_for(d: Daemon, job: _Job) -> dict[str, Any]:
+    return proto.context_to_wire(d.store.context_for(**job.args))
 
 
-def _window(d: Daemon, job: _Job) -> list[dict[str, Any]]:
-    _allowed(job.args, set())
-    return d.store.get_context_window()
+def _update_person(d: Daemon, job: _Job) -> dict[str, Any] | None:
+    fields = dict(job.args)
+    return _person(d.store.update_person(fields.pop("id"), **fields))
 
 
-def _clear_window(d: Daemon, job: _Job) -> None:
-    _allowed(job.args, set())
-    d.store.clear_context_window()
+def _resolve_person(d: Daemon, job: _Job) -> dict[str, Any]:
+    person, created = d.store.resolve_person(**job.args)
+    return {"person": _person(person), "created": created}
 
 
-def _compact(d: Daemon, job: _Job) -> None:
-    _allowed(job.args, set())
-    d.store.compact()
-
-
-_inline: dict[str, Callable[[Daemon, _Job], Any]] = {
+_Handler = Callable[[Daemon, _Job], Any]
+_HANDLERS: dict[str, _Handler] = {
     "ping": lambda d, j: {"pong": True, "time": time.time()},
     "health": lambda d, j: d.health(),
     "stats": lambda d, j: d.stats(),
-    "get": lambda d, j: _memory(d.store.get(*_args(j, "id"))),
-    "get_context": lambda d, j: d.store.get_context(*_args(j, "key")),
-    "get_context_window": _window,
-}
-_engine: dict[str, Callable[[Daemon, _Job], Any]] = {
+    "get": lambda d, j: _memory(d.store.get(j.args["id"])),
+    "get_context": lambda d, j: d.store.get_context(j.args["key"]),
+    "get_context_window": lambda d, j: d.store.get_context_window(),
     "search": _search,
     "store": _commit, "store_batch": _commit, "remember_fact": _commit, "remember_conversation": _commit,
     "set_context": lambda d, j: _memory(d.store.commit_context(j.args["key"], j.prepared)),
-    "forget": lambda d, j: {"deleted": d.store.forget(*_args(j, "id"))},
+    "forget": lambda d, j: {"deleted": d.store.forget(j.args["id"])},
     "cleanup_expired": _cleanup_op,
-    "add_to_context_window": _context_window_add,
-    "clear_context_window": _clear_window,
+    "add_to_context_window": lambda d, j: d.store.add_to_context_window(j.args["role"], j.args["content"]),
+    "clear_context_window": lambda d, j: d.store.clear_context_window(),
     "export": _export,
     "backup": _backup,
-    "compact": _compact,
+    "compact": lambda d, j: d.store.compact(),
+    "remember": lambda d, j: _memories(d.store.remember(**j.args)),
+    "recall": lambda d, j: proto.results_to_wire(d.store.recall(**j.args)),
+    "history": lambda d, j: _memories(d.store.history(j.args["id"])),
+    "correct": lambda d, j: _memory(d.store.correct(j.args["id"], j.args["content"])),
+    "confirm": lambda d, j: _memory(d.store.confirm(j.args["id"])),
+    "supersede": lambda d, j: _memory(d.store.supersede(**j.args)),
+    "add_person": lambda d, j: _person(d.store.add_person(**j.args)),
+    "find_person": lambda d, j: _person(d.store.find_person(**j.args)),
+    "resolve_person": _resolve_person,
+    "person_by_external_id": lambda d, j: _person(d.store.person_by_external_id(j.args["external_id"])),
+    "people": lambda d, j: [_person(p) for p in d.store.people(j.args.get("owner"))],
+    "update_person": _update_person,
+    "merge_people": lambda d, j: _person(d.store.merge_people(**j.args)),
+    "delete_person": lambda d, j: {"deleted": d.store.delete_person(j.args["id"])},
+    "note": lambda d, j: _memory(d.store.note(j.args["name"])),
+    "rename_note": lambda d, j: _memory(d.store.rename_note(**j.args)),
+    "alias_note": lambda d, j: _memory(d.store.alias_note(**j.args)),
+    "rewrite_note": lambda d, j: _memory(d.store.rewrite_note(**j.args)),
+    "remove_note": lambda d, j: {"deleted": d.store.remove_note(j.args["name"])},
+    "archive_conversation": lambda d, j: _memory(d.store.archive_conversation(**j.args)),
+    "context_for": _context_for,
 }
-Daemon._ops_inline = _inline
-Daemon._ops_engine = _engine
-_OPS = frozenset(_inline) | frozenset(_engine)
+Daemon._handlers = _HANDLERS
 
 
 def serve(config: Config, endpoint: str | None = None, *, insecure_tcp: bool = False) -> None:

@@ -1,0 +1,240 @@
+"""The one table of the daemon's operations.
+
+Every operation the daemon answers is one :class:`Op` row here: its name, the
+thread that runs it, its arguments (names, types, required or default), what
+it returns and a one-line doc.  From this table come:
+
+* the daemon's argument checks (:func:`check_args`, on the I/O thread, before
+  any queue: an unknown, missing or mistyped argument is ``bad_request`` with
+  the field named) and its routing (``lane``);
+* the protocol reference, ``docs/PROTOCOL.md`` (:func:`protocol_doc`;
+  regenerate with ``python -m reachy_memory._operations > docs/PROTOCOL.md``);
+* the drift test (``tests/test_operations.py``): every row has a server
+  handler and a client method, every client method and server handler has a
+  row, and the reference on disk is the generated one.
+
+Adding an operation: one row here, one store method (the engine), one handler
+in ``server._HANDLERS`` (usually a line calling the store method), one method
+on ``client._Api`` (both clients get it), then regenerate the reference.
+
+Lanes: ``inline`` ops are answered on the I/O thread from lock-free views
+(they never wait behind a search or a compaction); ``embed`` ops embed on the
+embedding thread, then commit on the engine thread; ``engine`` ops run on the
+engine thread in arrival order.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import ValidationError
+
+__all__ = ["OPERATIONS", "Arg", "Op", "check_args", "protocol_doc"]
+
+_MISSING: Any = object()
+
+# Accepted wire types (after msgpack decoding).  bool is never an int here.
+STR, INT, NUM, BOOL, LIST, DICT = "str", "int", "number", "bool", "list", "map"
+_CHECKS = {
+    STR: lambda v: isinstance(v, str),
+    INT: lambda v: isinstance(v, int) and not isinstance(v, bool),
+    NUM: lambda v: isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v),
+    BOOL: lambda v: isinstance(v, bool),
+    LIST: lambda v: isinstance(v, list),
+    DICT: lambda v: isinstance(v, dict),
+}
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One argument: ``kind`` is a wire type; ``default`` _MISSING means optional and
+    left out when absent (None is then allowed too); ``required`` has no default."""
+
+    name: str
+    kind: str
+    required: bool = False
+    default: Any = _MISSING
+    doc: str = ""
+
+    def describe(self) -> str:
+        if self.required:
+            return f"{self.name}: {self.kind}"
+        if self.default is _MISSING:
+            return f"{self.name}?: {self.kind}"
+        return f"{self.name}: {self.kind} = {_show(self.default)}"
+
+
+@dataclass(frozen=True)
+class Op:
+    """One operation of the protocol."""
+
+    name: str
+    lane: str  # "inline" | "embed" | "engine"
+    args: tuple[Arg, ...]
+    result: str
+    doc: str
+    client: str = ""  # the client method, when its name differs from the op's
+
+    @property
+    def client_method(self) -> str:
+        return self.client or self.name
+
+
+def _op(name: str, lane: str, args: list[Arg], result: str, doc: str, client: str = "") -> Op:
+    return Op(name, lane, tuple(args), result, doc, client)
+
+
+def _req(name: str, kind: str, doc: str = "") -> Arg:
+    return Arg(name, kind, required=True, doc=doc)
+
+
+def _opt(name: str, kind: str, default: Any = _MISSING, doc: str = "") -> Arg:
+    return Arg(name, kind, default=default, doc=doc)
+
+
+_MEMORY_TYPE = _opt("memory_type", STR, doc="conversation | fact | context")
+_OWNER = _opt("owner", STR, doc="a user of the robot; None: unscoped")
+
+_ROWS = [
+    # -- service --------------------------------------------------------------------------
+    _op("ping", "inline", [], '{"pong": true, "time": float}', "Round trip; answered on the I/O thread."),
+    _op("health", "inline", [], "{status, embedder, memories, last_cleanup, uptime_s, ...}",
+        "Whether the daemon and its model are usable (status ok | degraded | read_only)."),
+    _op("stats", "inline", [], "{ops: {op: {count, errors, p50_ms, p99_ms}}, store: {...}, uptime_s}",
+        "Per-operation counts and latencies, store sizes."),
+    # -- memories -------------------------------------------------------------------------
+    _op("store", "embed", [_req("content", STR), _opt("memory_type", STR, "fact"), _opt("metadata", DICT),
+                           _opt("id", STR, doc="client-chosen: a retry never duplicates")],
+        "memory", "Store one memory (durable when answered)."),
+    _op("store_batch", "embed", [_req("items", LIST, "[{content, memory_type, metadata, id?, created_at?}]")],
+        "[memory]", "Store several memories in one durable write: all or none."),
+    _op("remember_fact", "embed", [_req("content", STR), _opt("metadata", DICT), _opt("id", STR)],
+        "memory", "Store a permanent FACT."),
+    _op("remember_conversation", "embed", [_req("content", STR), _opt("metadata", DICT), _opt("id", STR)],
+        "memory", "Store a CONVERSATION turn (expires after the configured TTL)."),
+    _op("get", "inline", [_req("id", STR)], "memory | null", "The live memory with that id."),
+    _op("search", "embed", [_req("query", STR), _MEMORY_TYPE, _opt("limit", INT, 5), _opt("min_score", NUM, 0.3),
+                            _opt("where", DICT, doc="Chroma-style filter"),
+                            _opt("mode", STR, doc="hybrid|vector|lexical"),
+                            _opt("about", STR, doc="a person: 'my wife', 'Sarah'"), _OWNER,
+                            _opt("include_superseded", BOOL, False)],
+        '[{"memory": memory, "score": float, "subject_names"?: [str]}]', "Find memories by meaning and words."),
+    _op("forget", "engine", [_req("id", STR)], '{"deleted": bool}', "Delete a memory."),
+    _op("cleanup_expired", "engine", [_opt("now", NUM, doc="epoch; never in the future")], '{"deleted": int}',
+        "Delete expired memories now."),
+    _op("export", "engine", [_opt("after", STR), _opt("limit", INT, 500)],
+        '{"memories": [memory], "next": str | null}', "One page of memories in id order.", client="export_page"),
+    # -- context window and named context --------------------------------------------------------
+    _op("add_to_context_window", "engine", [_req("role", STR), _req("content", STR)], "null",
+        "Append a turn to the context window."),
+    _op("get_context_window", "inline", [], '[{"role", "content", "timestamp"}]', "Recent turns, oldest first."),
+    _op("clear_context_window", "engine", [], "null", "Empty the context window."),
+    _op("set_context", "embed", [_req("key", STR), _req("value", STR)], "memory",
+        "Set named session context (a CONTEXT memory, until the end of the day)."),
+    _op("get_context", "inline", [_req("key", STR)], "str | null", "The value of named context."),
+    # -- maintenance -----------------------------------------------------------------------------
+    _op("backup", "engine", [_req("path", STR), _opt("force", BOOL, False)], '{"path", "bytes", "memories"}',
+        "A consistent snapshot file on the daemon's machine (a directory gets a timestamped file)."),
+    _op("compact", "engine", [], "null", "Fold the journal into a snapshot now."),
+    # -- people-aware memory (issue 10) ----------------------------------------------------------
+    _op("remember", "engine", [_opt("content", STR), _opt("facts", LIST, doc="[{content, subjects?, name?, ...}]"),
+                               _opt("subjects", LIST, doc="references: 'my wife', 'Sarah', person ids"),
+                               _opt("expires_in_days", NUM), _opt("shared", BOOL, False), _OWNER,
+                               _opt("name", STR, doc="a unique note name"), _opt("aliases", LIST)],
+        "[memory]", "Store facts about people; persons are resolved or created; conflicting older facts superseded."),
+    _op("recall", "engine", [_req("query", STR), _opt("about", STR), _OWNER, _opt("limit", INT, 5),
+                             _opt("include_superseded", BOOL, False)],
+        '[{"memory": memory, "score": float, "subject_names"?: [str]}]', "Facts relevant to a query."),
+    _op("history", "engine", [_req("id", STR)], "[memory]", "The supersession chain through a memory, oldest first."),
+    _op("correct", "engine", [_req("id", STR), _req("content", STR)], "memory",
+        "Store the corrected fact and supersede the old one (kept in history)."),
+    _op("confirm", "engine", [_req("id", STR)], "memory", "Mark a fact confirmed: never superseded automatically."),
+    _op("supersede", "engine", [_req("old_id", STR), _req("new_id", STR)], "memory",
+        "Mark a memory as replaced by another (both kept)."),
+    _op("add_person", "engine", [_req("name", STR), _opt("relation", STR), _opt("aliases", LIST), _OWNER,
+                                 _opt("external_id", STR, doc="face or voice identity"), _opt("metadata", DICT)],
+        "person", "Add a person."),
+    _op("find_person", "engine", [_req("reference", STR), _OWNER], "person | null",
+        "The person a reference means ('my wife', 'Sarah')."),
+    _op("resolve_person", "engine", [_req("reference", STR), _OWNER, _opt("create", BOOL, True)],
+        '{"person": person | null, "created": bool}', "Find, or create, the person a reference means."),
+    _op("person_by_external_id", "engine", [_req("external_id", STR)], "person | null",
+        "The person anchored to an outside identity."),
+    _op("people", "engine", [_OWNER], "[person]", "The persons an owner knows (everyone for none)."),
+    _op("update_person", "engine", [_req("id", STR), _opt("name", STR), _opt("relation", STR), _opt("aliases", LIST),
+                                    _opt("external_id", STR), _opt("metadata", DICT), _OWNER],
+        "person", "Change the given fields of a person."),
+    _op("merge_people", "engine", [_req("keep", STR), _req("other", STR)], "person",
+        "Merge two persons: aliases united, memories re-linked."),
+    _op("delete_person", "engine", [_req("id", STR)], '{"deleted": bool}',
+        "Forget a person (memories stay, unlinked)."),
+    _op("note", "engine", [_req("name", STR)], "memory | null", "The note with this name or alias."),
+    _op("rename_note", "engine", [_req("name", STR), _req("new_name", STR)], "memory", "Rename a note."),
+    _op("alias_note", "engine", [_req("name", STR), _req("alias", STR)], "memory", "Add an alias to a note."),
+    _op("rewrite_note", "engine", [_req("name", STR), _req("content", STR)], "memory",
+        "New content for a note (the old version stays in its history)."),
+    _op("remove_note", "engine", [_req("name", STR)], '{"deleted": bool}', "Forget a note by name or alias."),
+    _op("archive_conversation", "engine", [_req("summary", STR), _opt("until", NUM), _opt("name", STR), _OWNER],
+        "memory", "Record a conversation summary as an archive (never expires); marks the window."),
+    _op("context_for", "engine", [_req("message", STR), _OWNER, _opt("max_tokens", INT, 800),
+                                  _opt("max_memories", INT, 10), _opt("max_messages", INT, 5),
+                                  _opt("min_similarity", NUM, 0.3)],
+        "{window, messages, memories, people, text, tokens, dropped_lines}",
+        "Everything a prompt needs about a message, with prompt-ready text within a token budget."),
+]
+OPERATIONS: dict[str, Op] = {op.name: op for op in _ROWS}
+LANES = {lane: frozenset(o.name for o in _ROWS if o.lane == lane) for lane in ("inline", "embed", "engine")}
+
+
+def check_args(op: Op, args: dict[str, Any]) -> dict[str, Any]:
+    """``args`` checked against ``op``'s row, defaults filled in.
+
+    Raises ValidationError naming the field: an unknown argument (field
+    "args"), a missing required one, or a value of the wrong type.
+    """
+    known = {a.name for a in op.args}
+    unknown = [k for k in args if k not in known]
+    if unknown:
+        raise ValidationError(f"{op.name}: unknown arguments {sorted(map(str, unknown))}", field="args")
+    out: dict[str, Any] = {}
+    for arg in op.args:
+        value = args.get(arg.name, _MISSING)
+        if value is _MISSING or (value is None and not arg.required):
+            if arg.required:
+                raise ValidationError(f"{op.name}: missing argument {arg.name!r}", field=arg.name)
+            if arg.default is not _MISSING:
+                out[arg.name] = arg.default
+            continue
+        if not _CHECKS[arg.kind](value):
+            raise ValidationError(f"{op.name}: {arg.name} must be a {arg.kind}, got {type(value).__name__}",
+                                  field=arg.name)
+        out[arg.name] = value
+    return out
+
+
+def protocol_doc() -> str:
+    """The protocol reference (``docs/PROTOCOL.md``), generated from the table."""
+    lines = ["# reachy-memory protocol: operations", "",
+             "Generated from `reachy_memory/_operations.py` by "
+             "`python -m reachy_memory._operations > docs/PROTOCOL.md`; the framing, errors and the",
+             "memory map are described in `reachy_memory/protocol.py`. `name?` is optional, "
+             "`name = value` has a default. Lanes: inline (I/O thread, never waits), embed",
+             "(embedding thread, then engine), engine (engine thread, in order).", "",
+             "| op | lane | args | result | what it does |", "|---|---|---|---|---|"]
+    for op in _ROWS:
+        args = ", ".join(a.describe() for a in op.args) or "—"
+        cells = [f"`{op.name}`", op.lane, args, f"`{op.result}`", op.doc]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value)
+
+
+if __name__ == "__main__":
+    print(protocol_doc(), end="")

@@ -1,0 +1,59 @@
+"""The operations table (``_operations``) is the one source of the protocol surface:
+the server, both clients and the generated reference must not drift from it."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reachy_memory import ValidationError, server
+from reachy_memory import client as client_module
+from reachy_memory._operations import OPERATIONS, check_args, protocol_doc
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_operation_has_a_server_handler_and_nothing_else_does() -> None:
+    assert set(server._HANDLERS) == set(OPERATIONS)
+
+
+def test_every_operation_has_a_client_method_and_every_client_method_an_operation() -> None:
+    methods = inspect.getmembers(client_module._Api, inspect.isfunction)
+    public = {name for name, _ in methods if not name.startswith("_")}
+    wanted = {op.client_method for op in OPERATIONS.values()}
+    assert wanted <= public, f"operations without a client method: {sorted(wanted - public)}"
+    assert public <= wanted, f"client methods without an operation: {sorted(public - wanted)}"
+
+
+def test_the_protocol_reference_is_generated_from_the_table() -> None:
+    on_disk = (ROOT / "docs" / "PROTOCOL.md").read_text()
+    assert on_disk == protocol_doc(), "run: python -m reachy_memory._operations > docs/PROTOCOL.md"
+
+
+def test_every_lane_is_known() -> None:
+    assert {op.lane for op in OPERATIONS.values()} <= {"inline", "embed", "engine"}
+    assert OPERATIONS["ping"].lane == "inline" and OPERATIONS["search"].lane == "embed"
+
+
+@pytest.mark.parametrize(("op", "args", "field"), [
+    ("get", {}, "id"),  # a required argument missing
+    ("get", {"id": 3}, "id"),  # wrong type
+    ("get", {"id": "a", "extra": 1}, "args"),  # an unknown argument
+    ("get", {1: "a"}, "args"),  # a non-string key
+    ("search", {"query": "q", "limit": True}, "limit"),  # a bool is not an int
+    ("search", {"query": "q", "min_score": float("nan")}, "min_score"),  # NaN is not a number here
+    ("search", {"query": "q", "where": []}, "where"),  # a list is not a map
+    ("remember", {"content": "x", "shared": "yes"}, "shared"),  # a string is not a bool
+])
+def test_bad_arguments_name_the_field(op: str, args: dict[Any, Any], field: str) -> None:
+    with pytest.raises(ValidationError) as err:
+        check_args(OPERATIONS[op], args)
+    assert err.value.field == field
+
+
+def test_defaults_are_filled_and_optional_nones_dropped() -> None:
+    got = check_args(OPERATIONS["search"], {"query": "tea", "about": None})
+    assert got == {"query": "tea", "limit": 5, "min_score": 0.3, "include_superseded": False}

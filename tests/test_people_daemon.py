@@ -1,0 +1,97 @@
+"""People-aware memory end to end through a real daemon and the client (issue 10):
+one test per feature, the client's answers as typed objects."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from daemon_util import DaemonProcess
+
+from reachy_memory import MemoryClient, NotFoundError, ValidationError
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+    d = DaemonProcess(tmp_path_factory.mktemp("people")).start()
+    yield d
+    assert d.stop() == 0, d.log.read_text()[-2000:]
+
+
+@pytest.fixture
+def client(daemon: DaemonProcess) -> Iterator[MemoryClient]:
+    with daemon.client(timeout=10) as c:
+        yield c
+
+
+def test_remember_and_recall_about_a_person(client: MemoryClient) -> None:
+    first = client.remember("my wife's name is Sarah", subjects=["my wife"], owner="alex")[0]
+    second = client.remember("she likes Italian food", subjects=["my wife"], owner="alex")[0]
+    assert first.subjects == second.subjects
+    hits = client.recall("what food does she like", about="my wife", owner="alex")
+    assert hits and hits[0].memory.id == second.id and hits[0].subject_names == ("Sarah",)
+
+
+def test_supersession_history_correct_confirm(client: MemoryClient) -> None:
+    red = client.remember("Alex's favorite color is red", subjects=["Alex"])[0]
+    blue = client.remember("Alex's favorite color is blue", subjects=["Alex"])[0]
+    assert [m.id for m in client.history(blue.id)] == [red.id, blue.id]
+    assert client.get(red.id).superseded_by == blue.id
+    green = client.correct(blue.id, "Alex's favorite color is green")
+    assert client.confirm(green.id).protected
+    shown = client.search("favorite color", include_superseded=True, min_score=0, limit=10)
+    assert {red.id, blue.id, green.id} <= {h.memory.id for h in shown}
+    with pytest.raises(NotFoundError):
+        client.confirm("no-such-memory")
+
+
+def test_persons_through_the_daemon(client: MemoryClient) -> None:
+    person = client.add_person("Tom", relation="son", external_id="face:tom")
+    assert client.person_by_external_id("face:tom").id == person.id
+    assert client.find_person("my son").name == "Tom"
+    found, created = client.resolve_person("my daughter Lily")
+    assert created and found.relation == "daughter"
+    other = client.add_person("Tommy")
+    merged = client.merge_people(person.id, other.id)
+    assert "Tommy" in merged.aliases and client.update_person(person.id, relation="grandson").relation == "grandson"
+    assert client.delete_person(found.id) and not client.delete_person(found.id)
+    assert {p.name for p in client.people()} >= {"Tom"}
+
+
+def test_named_notes_and_archives(client: MemoryClient) -> None:
+    note = client.remember("Feed the cat at 7", name="cat routine", aliases=["cat"])[0]
+    assert client.note("CAT").id == note.id
+    assert client.rename_note("cat routine", "pet routine").name == "pet routine"
+    assert client.alias_note("pet routine", "kitty").aliases == ("cat", "kitty")
+    rewritten = client.rewrite_note("kitty", "Feed the cat at 7 and 19")
+    assert client.note("pet routine").id == rewritten.id and client.remove_note("pet routine")
+    archive = client.archive_conversation("We talked about the holiday in Lisbon", name="lisbon talk")
+    assert archive.is_archive and client.note("lisbon talk").id == archive.id
+
+
+def test_context_for_in_one_round_trip(client: MemoryClient) -> None:
+    client.remember("my husband Paul is allergic to peanuts", subjects=["my husband Paul"], owner="kim")
+    client.add_to_context_window("user", "I'm baking cookies tonight")
+    ctx = client.context_for("Can I put peanuts in the cookies for my husband?", owner="kim", max_tokens=200)
+    assert "Paul" in ctx.text and "peanuts" in ctx.text and ctx.tokens <= 200
+    assert any(p.name == "Paul" for p in ctx.people) and ctx.memories
+
+
+def test_bad_people_requests_are_bad_request(client: MemoryClient) -> None:
+    with pytest.raises(ValidationError) as err:
+        client.remember()  # neither content nor facts
+    assert err.value.field == "content"
+    with pytest.raises(ValidationError):
+        client.remember("x", subjects="not a list")  # type: ignore[arg-type]
+    assert client.ping()["pong"]
+
+
+def test_people_survive_a_daemon_restart(daemon: DaemonProcess, tmp_path: Path) -> None:
+    with daemon.client(timeout=10) as c:
+        memory = c.remember("my sister Ana lives in Porto", subjects=["my sister Ana"])[0]
+    assert daemon.stop() == 0
+    daemon.start()
+    with daemon.client(timeout=10) as c:
+        assert c.find_person("my sister").name == "Ana"
+        assert c.get(memory.id).subjects == memory.subjects
