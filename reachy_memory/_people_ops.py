@@ -45,7 +45,7 @@ from ._records import Record
 from ._supersession import decide
 from .errors import NotFoundError, ReachyMemoryError, ValidationError
 from .model import Memory, MemoryType, SearchResult
-from .people import Person, PersonRegistry, Resolution
+from .people import Person, PersonRegistry, Resolution, person_from_op
 
 if TYPE_CHECKING:
     import threading
@@ -401,6 +401,45 @@ class PeopleMixin:
             self._commit([["put", row, op[2]], ["win", "system", marker, time.time()]])
             return self._state.records[row["id"]].memory()
 
+    # -- import (the round trip of export) -------------------------------------------------------
+
+    def import_memories(self, memories: Sequence[Mapping[str, Any]], people: Sequence[Mapping[str, Any]] = (),
+                        batch: int = 200) -> dict[str, int]:
+        """Recreate exported persons and memories with their ids, times, subjects, names and
+        supersession links (ids already present are kept as they are).  Everything is
+        checked before anything is written.  Returns the counts imported.
+        Raises ValidationError naming the entry at fault."""
+        self._require_open()
+        person_ops = [_person_op(n, p) for n, p in enumerate(people)]
+        rows = [_import_row(n, m) for n, m in enumerate(memories)]
+        with self._lock:
+            fresh_people = [op for op in person_ops if self._people.get(op["id"]) is None]
+            if fresh_people:
+                self._commit(fresh_people)
+        done = 0
+        for start in range(0, len(rows), batch):
+            done += self._import_batch(rows[start : start + batch])
+        return {"people": len(fresh_people), "memories": done}
+
+    def _import_batch(self, rows: list[dict[str, Any]]) -> int:
+        rows = [r for r in rows if r["id"] not in self._state.records]  # already present: kept as it is
+        if not rows:
+            return 0
+        items = [{"content": r["content"], "memory_type": r["type"], "metadata": r.get("metadata"), "id": r["id"],
+                  "created_at": r["created"]} for r in rows]
+        prepared = {op[1]["id"]: op for op in self.prepare(items).ops}
+        with self._lock:
+            ops = []
+            for row in rows:
+                op = prepared.get(row["id"])
+                if op is None or row["id"] in self._state.records:
+                    continue
+                fields = {k: v for k, v in row.items() if k not in ("content", "type", "metadata", "created")}
+                ops.append(["put", dict(op[1]) | fields, op[2]])
+            if ops:
+                self._commit(ops)
+            return len(ops)
+
     # -- one-call context ---------------------------------------------------------------------
 
     def context_for(self, message: str, owner: str | None = None, max_tokens: int = 800, max_memories: int = 10,
@@ -459,6 +498,66 @@ def _enriched(reference: str, content: str) -> str:
         if found.relation == ref.relation and found.name:
             return f"my {ref.relation} {found.name}"
     return reference
+
+
+_IMPORT_OPTIONAL = {"expires_at": "expires", "superseded_at": "superseded_at", "covers_until": "covers_until"}
+
+
+def _import_row(n: int, m: Any) -> dict[str, Any]:
+    """One exported memory (``Memory.to_dict`` or its wire form) as record fields, checked."""
+    if not isinstance(m, Mapping) or not isinstance(m.get("id"), str) or not isinstance(m.get("content"), str):
+        raise ValidationError(f"memory {n}: needs an id and content", field="memories")
+    row: dict[str, Any] = {"id": m["id"], "content": m["content"],
+                           "type": MemoryType.parse(m.get("type", "fact")).value,
+                           "metadata": m.get("metadata") or {}, "created": _when(n, m.get("created_at"), "created_at")}
+    for key, field in _IMPORT_OPTIONAL.items():
+        if m.get(key) is not None:
+            row[field] = _when(n, m[key], key)
+    for key, kind in (("owner", str), ("name", str), ("superseded_by", str)):
+        if m.get(key) is not None and not isinstance(m[key], kind):
+            raise ValidationError(f"memory {n}: {key} must be a string", field=key)
+        if m.get(key) is not None:
+            row[key] = m[key]
+    for key in ("subjects", "aliases"):
+        values = m.get(key) or []
+        if not isinstance(values, list | tuple) or not all(isinstance(v, str) for v in values) or len(values) > 64:
+            raise ValidationError(f"memory {n}: {key} must be a list of strings", field=key)
+        row[key] = list(values)
+    for key in ("shared", "protected"):
+        if not isinstance(m.get(key, False), bool):
+            raise ValidationError(f"memory {n}: {key} must be true or false", field=key)
+        row[key] = bool(m.get(key, False))
+    return row
+
+
+def _when(n: int, value: Any, field: str) -> float:
+    from datetime import datetime
+
+    from .model import check_time
+
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError as exc:
+            raise ValidationError(f"memory {n}: {field} {value!r} is not a time", field=field) from exc
+    epoch = check_time(value, field)
+    if epoch is None:
+        raise ValidationError(f"memory {n}: {field} is missing", field=field)
+    return epoch
+
+
+def _person_op(n: int, p: Any) -> dict[str, Any]:
+    """The ``person_put`` op recreating an exported person (checked)."""
+    if not isinstance(p, Mapping):
+        raise ValidationError(f"person {n}: not a map", field="people")
+    op = {"op": "person_put", **{k: p.get(k) for k in ("id", "name", "relation", "aliases", "owner",
+                                                      "external_id", "metadata")}}
+    op["created_at"] = _when(n, p.get("created_at"), "created_at")
+    op["updated_at"] = _when(n, p.get("updated_at") or p.get("created_at"), "updated_at")
+    try:
+        return person_from_op(op).to_op()
+    except ValidationError as exc:
+        raise ValidationError(f"person {n}: {exc.message}", field="people") from exc
 
 
 def _item(hit: SearchResult) -> ContextItem:

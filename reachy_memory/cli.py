@@ -252,42 +252,97 @@ def _export_pages(c: MemoryClient) -> Iterator[Memory]:
 
 def cmd_export(args: argparse.Namespace) -> int:
     out = open(args.file, "w", encoding="utf-8") if args.file != "-" else sys.stdout  # noqa: SIM115
-    n = 0
+    n = persons = 0
     try:
         with _client(args) as c:
+            for person in c.people():
+                out.write(json.dumps({"kind": "person", **person.to_dict()}, ensure_ascii=False) + "\n")
+                persons += 1
             for memory in _export_pages(c):
                 out.write(json.dumps(memory.to_dict(), ensure_ascii=False) + "\n")
                 n += 1
     finally:
         if out is not sys.stdout:
             out.close()
-    print(f"exported {n} memories", file=sys.stderr)
+    print(f"exported {persons} people and {n} memories", file=sys.stderr)
     return 0
 
 
 def cmd_import(args: argparse.Namespace) -> int:
     lines = Path(args.file).read_text(encoding="utf-8").splitlines()
-    items = [_import_item(n, line) for n, line in enumerate(lines, 1) if line.strip()]
+    entries = [_import_entry(n, line) for n, line in enumerate(lines, 1) if line.strip()]
+    people = [e for e in entries if e.get("kind") == "person"]
+    memories = [e for e in entries if e.get("kind") != "person"]
     progress = _progress("importing")
+    done = {"people": 0, "memories": 0}
     with _client(args) as c:
-        for start in range(0, len(items), 200):
-            c.store_batch(items[start : start + 200], timeout=max(args.timeout, 60))
+        for start in range(0, max(len(memories), 1), 200):
+            got = c.import_memories(memories[start : start + 200], people if start == 0 else None,
+                                    timeout=max(args.timeout, 60))
+            done = {k: done[k] + got[k] for k in done}
             if progress:
-                progress(min(start + 200, len(items)), len(items))
-    print(f"imported {len(items)} memories (already present ids were kept as they were)", file=sys.stderr)
+                progress(min(start + 200, len(memories)), len(memories))
+    print(f"imported {done['people']} people and {done['memories']} memories "
+          "(ids already present were kept as they were)", file=sys.stderr)
     return 0
 
 
-def _import_item(n: int, line: str) -> dict[str, Any]:
-    from datetime import datetime
-
+def _import_entry(n: int, line: str) -> dict[str, Any]:
     try:
         data = json.loads(line)
-        return {"id": data["id"], "content": data["content"], "memory_type": data["type"],
-                "metadata": data.get("metadata") or {},
-                "created_at": datetime.fromisoformat(data["created_at"]).timestamp()}
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-        raise ValidationError(f"line {n}: not an exported memory ({exc})", field="file") from exc
+    except json.JSONDecodeError as exc:
+        raise ValidationError(f"line {n}: not JSON ({exc})", field="file") from exc
+    if not isinstance(data, dict) or "id" not in data:
+        raise ValidationError(f"line {n}: not an exported memory or person", field="file")
+    return data
+
+
+def cmd_remember(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        stored: list[Memory] = c.remember(args.content, subjects=args.about or None, owner=args.owner,
+                                          shared=args.shared, name=args.name, aliases=args.alias or None)
+    _out(args, [m.to_dict() for m in stored], lambda _: "\n".join(f"remembered {m.id}" for m in stored))
+    return 0
+
+
+def cmd_recall(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        hits: list[SearchResult] = c.recall(args.query, about=args.about, owner=args.owner, limit=args.limit,
+                                            include_superseded=args.all)
+    _out(args, [{"score": h.score, "about": list(h.subject_names), **h.memory.to_dict()} for h in hits],
+         lambda _: "\n".join(f"{h.score:.3f}  {_memory_line(h.memory)}{_about(h)}" for h in hits) or "no match")
+    return 0
+
+
+def _about(hit: SearchResult) -> str:
+    return f"  (about {', '.join(hit.subject_names)})" if hit.subject_names else ""
+
+
+def cmd_people(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        people = c.people(args.owner)
+    _out(args, [p.to_dict() for p in people],
+         lambda _: "\n".join(f"{p.id}  {p.display_name}" + (f" ({p.relation})" if p.relation and p.name else "")
+                             + (f"  aka {', '.join(p.aliases)}" if p.aliases else "") for p in people)
+         or "(nobody yet)")
+    return 0
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        chain: list[Memory] = c.history(args.id)
+    _out(args, [m.to_dict() for m in chain],
+         lambda _: "\n".join(("  superseded  " if m.superseded_by else "  current     ") + _memory_line(m)
+                             for m in chain))
+    return 0
+
+
+def cmd_prompt(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        ctx = c.context_for(args.message, owner=args.owner, max_tokens=args.max_tokens)
+    _out(args, {"text": ctx.text, "tokens": ctx.tokens, "dropped_lines": ctx.dropped_lines},
+         lambda _: ctx.text or "(no context)")
+    return 0
 
 
 def cmd_model(args: argparse.Namespace) -> int:
@@ -381,6 +436,25 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="move an existing (stopped) store aside")
     add("export", cmd_export, "export memories as JSON Lines").add_argument("file", nargs="?", default="-")
     add("import", cmd_import, "import JSON Lines (idempotent: ids already present are kept)").add_argument("file")
+    p = add("remember", cmd_remember, "remember a fact about people (persons resolved or created)")
+    p.add_argument("content")
+    p.add_argument("--about", action="append", metavar="REF", help="who it is about: 'my wife', 'Sarah' (repeatable)")
+    p.add_argument("--owner", help="the user it belongs to")
+    p.add_argument("--shared", action="store_true", help="a household fact every user sees")
+    p.add_argument("--name", help="a unique note name")
+    p.add_argument("--alias", action="append", help="another name of the note (repeatable)")
+    p = add("recall", cmd_recall, "facts relevant to a question, optionally about a person")
+    p.add_argument("query")
+    p.add_argument("--about", help="a person: 'my wife', 'Sarah'")
+    p.add_argument("--owner")
+    p.add_argument("--limit", type=int, default=5)
+    p.add_argument("--all", action="store_true", help="include superseded facts")
+    add("people", cmd_people, "the persons the robot knows").add_argument("--owner")
+    add("history", cmd_history, "the supersession chain of a memory").add_argument("id")
+    p = add("prompt", cmd_prompt, "prompt-ready context for a message (context_for)")
+    p.add_argument("message")
+    p.add_argument("--owner")
+    p.add_argument("--max-tokens", type=int, default=800)
     p = add("model", cmd_model, "fetch and build the embedding model")
     p.add_argument("action", choices=["fetch", "build", "info"])
     add("reindex", cmd_reindex, "re-embed every memory with the configured model (daemon stopped)")

@@ -33,7 +33,9 @@ from .errors import ClosedError, ProtocolError, RequestTimeoutError
 from .model import Memory, MemoryType, SearchResult
 
 _IDEMPOTENT = frozenset({"ping", "health", "stats", "get", "get_context", "get_context_window", "search",
-                         "store", "store_batch", "remember_fact", "remember_conversation", "export"})
+                         "store", "store_batch", "remember_fact", "remember_conversation", "export", "import",
+                         "recall", "history", "find_person", "person_by_external_id", "people", "note",
+                         "context_for"})
 
 
 def _wire_type(memory_type: MemoryType | str) -> str:
@@ -259,6 +261,13 @@ class _Api:
         args = _given(message=message, owner=owner, max_tokens=max_tokens, max_memories=max_memories,
                       max_messages=max_messages, min_similarity=min_similarity)
         return self._call("context_for", args, proto.context_from_wire, timeout)
+
+
+    def import_memories(self, memories: list[dict[str, Any]], people: list[dict[str, Any]] | None = None, *,
+                        timeout: float | None = None) -> Any:
+        """Recreate exported memories and persons (``Memory.to_dict`` / ``Person.to_dict``
+        shapes) with their ids and links; present ids are kept. Returns the counts."""
+        return self._call("import", _given(memories=memories, people=people), timeout=timeout)
 
 
 def _given(**args: Any) -> dict[str, Any]:

@@ -576,6 +576,7 @@ _HANDLERS: dict[str, _Handler] = {
     "remove_note": lambda d, j: {"deleted": d.store.remove_note(j.args["name"])},
     "archive_conversation": lambda d, j: _memory(d.store.archive_conversation(**j.args)),
     "context_for": _context_for,
+    "import": lambda d, j: d.store.import_memories(j.args["memories"], j.args.get("people") or ()),
 }
 Daemon._handlers = _HANDLERS
 

@@ -79,3 +79,11 @@ class DaemonProcess:
             except subprocess.TimeoutExpired:
                 self.kill()
         return self.proc.returncode
+
+
+def run_cli(daemon: DaemonProcess, *argv: str) -> subprocess.CompletedProcess[str]:
+    """``reachy-memory ARGV --config <daemon's config>`` in a child process (bounded in time)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("REACHY_MEMORY_ENDPOINT", None)
+    return subprocess.run([sys.executable, "-m", "reachy_memory.cli", *argv, "--config", str(daemon.config_path)],
+                          capture_output=True, text=True, timeout=120, env=env)

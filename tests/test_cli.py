@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.daemon_util import ROOT, DaemonProcess
+from tests.daemon_util import DaemonProcess
+from tests.daemon_util import run_cli as cli
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -21,13 +19,6 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
     d = DaemonProcess(tmp_path_factory.mktemp("cli")).start()
     yield d
     d.stop()
-
-
-def cli(d: DaemonProcess, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("REACHY_MEMORY_ENDPOINT", None)
-    return subprocess.run([sys.executable, "-m", "reachy_memory.cli", *args, "--config", str(d.config_path)],
-                          capture_output=True, text=True, timeout=120, env=env)
 
 
 def test_store_search_get_forget(daemon: DaemonProcess) -> None:

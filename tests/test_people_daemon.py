@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from daemon_util import DaemonProcess
+from daemon_util import run_cli as cli
 
 from reachy_memory import MemoryClient, NotFoundError, ValidationError
 
@@ -95,3 +96,37 @@ def test_people_survive_a_daemon_restart(daemon: DaemonProcess, tmp_path: Path) 
     with daemon.client(timeout=10) as c:
         assert c.find_person("my sister").name == "Ana"
         assert c.get(memory.id).subjects == memory.subjects
+
+
+def test_export_then_import_into_an_empty_store_reproduces_people_and_links(
+        daemon: DaemonProcess, tmp_path_factory: pytest.TempPathFactory) -> None:
+    with daemon.client(timeout=10) as c:
+        c.remember("my friend Bea plays the cello", subjects=["my friend Bea"], name="bea music", aliases=["cello"])
+        old = c.remember("Bea's favorite composer is Bach", subjects=["Bea"])[0]
+        c.remember("Bea's favorite composer is Elgar", subjects=["Bea"])
+        c.remember("The house wifi is slow", owner="kim", shared=True)
+        people = sorted((p.to_dict() for p in c.people()), key=lambda p: p["id"])
+        memories = sorted((m.to_dict() for m in _all(c)), key=lambda m: m["id"])
+    dump = tmp_path_factory.mktemp("dump") / "all.jsonl"
+    assert cli(daemon, "export", str(dump)).returncode == 0
+    other = DaemonProcess(tmp_path_factory.mktemp("empty")).start()
+    try:
+        assert cli(other, "import", str(dump)).returncode == 0
+        assert cli(other, "import", str(dump)).returncode == 0  # again: nothing doubles
+        with other.client(timeout=10) as c:
+            assert sorted((p.to_dict() for p in c.people()), key=lambda p: p["id"]) == people
+            assert sorted((m.to_dict() for m in _all(c)), key=lambda m: m["id"]) == memories
+            assert c.get(old.id).superseded_by is not None and c.note("cello").name == "bea music"
+            assert "Bea" in cli(other, "recall", "cello", "--about", "Bea").stdout
+    finally:
+        assert other.stop() == 0
+
+
+def _all(c: MemoryClient) -> list:
+    out, cursor = [], None
+    while True:
+        page, cursor = c.export_page(cursor, 500)
+        out += page
+        if cursor is None:
+            return out
+
