@@ -1,7 +1,8 @@
 """``reachy-memory mcp``: the spec's memory tools for language models, over MCP.
 
 Serves the tool table of :mod:`reachy_memory.integrations.tools`
-(``search_memories``, ``store_memory``, ``forget_memory``) with the official
+(spec 000's ``search_memories``, ``store_memory``, ``forget_memory`` and spec
+004's people-aware ``remember`` and ``recall``) with the official
 MCP SDK (extra ``mcp``: ``pip install 'reachy-memory[mcp]'``):
 
 * on stdio (the default: what Claude Desktop, Cursor, ... start as a subprocess);
@@ -34,7 +35,8 @@ DEFAULT_PORT = 8765
 INSTRUCTIONS = (
     "Long-term memory of a Reachy Mini robot. Search it before answering questions about the user, people "
     "the robot knows or earlier conversations; store lasting facts as \"fact\", today's task or situation as "
-    "\"context\", notable things said as \"conversation\"; forget by id when asked to.")
+    "\"context\", notable things said as \"conversation\"; forget by id when asked to. Facts about people: "
+    "remember them with their subjects ('my wife', 'Sarah') and recall them with about=...")
 log = logging.getLogger("reachy_memory.mcp")
 
 

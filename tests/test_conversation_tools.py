@@ -21,6 +21,8 @@ from reachy_memory.integrations.conversation import (
     TOOLS_TXT,
     ForgetMemory,
     MemoryTool,
+    Recall,
+    Remember,
     SearchMemories,
     StoreMemory,
     aclose_default,
@@ -73,7 +75,8 @@ def run(coro: Any) -> Any:
 
 
 def test_specs_follow_the_app_interface_and_the_tool_table() -> None:
-    assert [c.name for c in TOOL_CLASSES] == ["search_memories", "store_memory", "forget_memory"]
+    assert [c.name for c in TOOL_CLASSES] == ["search_memories", "store_memory", "forget_memory", "remember",
+                                              "recall"]
     for cls, table in zip(TOOL_CLASSES, TOOLS, strict=True):
         spec = cls().spec()
         assert spec == {"type": "function", "name": table.name, "description": table.description,
@@ -86,13 +89,13 @@ def test_specs_follow_the_app_interface_and_the_tool_table() -> None:
     assert search["properties"]["limit"]["maximum"] == MAX_LIMIT
     assert StoreMemory.parameters_schema["properties"]["memory_type"]["default"] == "fact"
     assert "forever" in StoreMemory.description and "30 days" in StoreMemory.description
-    assert TOOLS_TXT.splitlines()[1:] == ["search_memories", "store_memory", "forget_memory"]
+    assert TOOLS_TXT.splitlines()[1:] == ["search_memories", "store_memory", "forget_memory", "remember", "recall"]
 
 
 def test_store_search_forget_through_the_dispatcher(daemon: DaemonProcess) -> None:
     async def scenario() -> list[dict[str, Any]]:
         tools = [cls(config=daemon.config) for cls in TOOL_CLASSES]
-        search, store, forget = tools
+        search, store, forget = tools[:3]
         stored = await dispatch(store, '{"content": "Sarah is allergic to peanuts", "metadata": {"person": "Sarah"}}')
         found = await dispatch(search, '{"query": "what is Sarah allergic to?", "memory_type": "fact", "limit": 3}')
         gone = await dispatch(forget, json.dumps({"memory_id": stored["id"]}))
@@ -157,8 +160,24 @@ def test_app_registry_finds_mixed_in_tools(daemon: DaemonProcess, monkeypatch: p
     classes = app_tool_classes(AppTool)
     # The app's registry: concrete subclasses of its Tool base, instantiated with no arguments.
     registry = {cls().name: cls() for cls in AppTool.__subclasses__() if not getattr(cls, "__abstractmethods__", None)}
-    assert set(registry) == {"search_memories", "store_memory", "forget_memory"}
+    assert set(registry) == {"search_memories", "store_memory", "forget_memory", "remember", "recall"}
     assert all(isinstance(t, AppTool) for t in registry.values())
     stored = run(dispatch(registry["store_memory"], '{"content": "Alex plays the cello"}'))
     assert stored["content"] == "Alex plays the cello"
     del classes
+
+
+def test_remember_and_recall_through_the_dispatcher(daemon: DaemonProcess) -> None:
+    async def scenario() -> list[dict[str, Any]]:
+        remember, recall = Remember(config=daemon.config), Recall(config=daemon.config)
+        stored = await dispatch(remember, '{"content": "my brother Leo is vegetarian", "subjects": ["my brother Leo"]}')
+        found = await dispatch(recall, '{"query": "what does Leo eat?", "about": "my brother"}')
+        bad = await dispatch(remember, '{"subjects": "Leo"}')
+        for tool in (remember, recall):
+            await tool.aclose()
+        return [stored, found, bad]
+
+    stored, found, bad = run(scenario())
+    assert stored["count"] == 1 and stored["stored"][0]["subjects"]
+    assert found["count"] >= 1 and found["results"][0]["about"] == ["Leo"]
+    assert "subjects must be a list" in bad["error"]

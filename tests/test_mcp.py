@@ -46,7 +46,7 @@ def test_tools_schemas_and_round_trip(daemon: DaemonProcess) -> None:
         ("forget_memory", {"memory_id": "placeholder"}),
     ])
     by_name = {t.name: t for t in tools.tools}
-    assert list(by_name) == ["search_memories", "store_memory", "forget_memory"]
+    assert list(by_name) == ["search_memories", "store_memory", "forget_memory", "remember", "recall"]
     assert by_name["search_memories"].input_schema["required"] == ["query"]
     assert by_name["forget_memory"].input_schema["required"] == ["memory_id"]
     assert not stored.is_error and stored.structured_content["type"] == "fact"
@@ -72,3 +72,19 @@ def test_in_process_data_dir(tmp_path: Path) -> None:
     ])
     assert stored.structured_content["type"] == "context"
     assert found.structured_content["result"][0]["content"] == "The garden gate sticks"
+
+
+def test_spec_004_remember_and_recall_through_the_sdk_client(daemon: DaemonProcess) -> None:
+    _, (stored, batch, found, bad) = session_run(["--config", str(daemon.config_path)], [
+        ("remember", {"content": "my wife's name is Sarah", "subjects": ["my wife"]}),
+        ("remember", {"facts": [{"content": "she likes Italian food", "subjects": ["my wife"]},
+                                {"content": "John plays chess", "subjects": ["John"]}]}),
+        ("recall", {"query": "what does my wife like to eat?", "about": "my wife"}),
+        ("remember", {"facts": [{"subjects": ["x"]}]}),  # a fact without content
+    ])
+    assert not stored.is_error and stored.structured_content["count"] == 1
+    wife = stored.structured_content["stored"][0]["subjects"]
+    assert batch.structured_content["stored"][0]["subjects"] == wife
+    hits = found.structured_content["result"]
+    assert hits and hits[0]["content"] == "she likes Italian food" and hits[0]["about"] == ["Sarah"]
+    assert bad.is_error and "content" in bad.content[0].text

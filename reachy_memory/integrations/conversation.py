@@ -38,7 +38,7 @@ from typing import Any, ClassVar
 from ..client import AsyncMemoryClient
 from ..config import Config, load_config
 from ..errors import ReachyMemoryError
-from .tools import FORGET_MEMORY, SEARCH_MEMORIES, STORE_MEMORY, Backend, DaemonBackend, ToolDef
+from .tools import FORGET_MEMORY, RECALL, REMEMBER, SEARCH_MEMORIES, STORE_MEMORY, Backend, DaemonBackend, ToolDef
 
 DEFAULT_TIMEOUT = 5.0
 # One daemon client per event loop: an asyncio ZeroMQ socket belongs to the loop it runs on.
@@ -145,8 +145,23 @@ class ForgetMemory(MemoryTool):
     definition = FORGET_MEMORY
 
 
-#: The tools in the spec's order.
-TOOL_CLASSES: tuple[type[MemoryTool], ...] = (SearchMemories, StoreMemory, ForgetMemory)
+class Remember(MemoryTool):
+    """``remember`` (spec 004): returns ``{"stored": [{"id", "content", "subjects"}], "count"}``."""
+
+    definition = REMEMBER
+
+
+class Recall(MemoryTool):
+    """``recall`` (spec 004): returns ``{"query", "results": [...], "count"}``, each result with ``about``."""
+
+    definition = RECALL
+
+    def _shape(self, kwargs: dict[str, Any], result: Any) -> dict[str, Any]:
+        return SearchMemories._shape(self, kwargs, result)  # type: ignore[arg-type]
+
+
+#: The tools in the specs' order (000's three, then 004's two).
+TOOL_CLASSES: tuple[type[MemoryTool], ...] = (SearchMemories, StoreMemory, ForgetMemory, Remember, Recall)
 
 #: Lines for a profile's ``tools.txt`` (or names for ``default_tools`` in ``profile.md``).
 TOOLS_TXT = "\n".join(["# reachy-memory: long-term memory", *(c.definition.name for c in TOOL_CLASSES)]) + "\n"
@@ -161,5 +176,6 @@ def app_tool_classes(tool_base: type) -> list[type]:
     return [type(c.__name__, (c, tool_base), {"__module__": __name__}) for c in TOOL_CLASSES]
 
 
-__all__ = ["TOOLS_TXT", "TOOL_CLASSES", "ForgetMemory", "MemoryTool", "SearchMemories", "StoreMemory",
+__all__ = ["TOOLS_TXT", "TOOL_CLASSES", "ForgetMemory", "MemoryTool", "Recall", "Remember", "SearchMemories",
+           "StoreMemory",
            "aclose_default", "app_tool_classes"]

@@ -54,6 +54,10 @@ class Backend(Protocol):
 
     async def forget(self, memory_id: str) -> bool: ...
 
+    async def remember(self, args: dict[str, Any]) -> list[Memory]: ...
+
+    async def recall(self, query: str, about: str | None, limit: int) -> list[SearchResult]: ...
+
     async def aclose(self) -> None: ...
 
 
@@ -102,6 +106,22 @@ def _problem(schema: dict[str, Any], value: Any) -> str | None:
             return f"must be between {schema['minimum']} and {schema['maximum']}, got {value}"
     elif kind == "object" and not isinstance(value, dict):
         return f"must be an object of key/value pairs, got {value!r}"
+    elif kind == "boolean" and not isinstance(value, bool):
+        return f"must be true or false, got {value!r}"
+    elif kind == "array":
+        return _array_problem(schema, value)
+    return None
+
+
+def _array_problem(schema: dict[str, Any], value: Any) -> str | None:
+    if not isinstance(value, list) or len(value) > schema.get("maxItems", 100):
+        return f"must be a list of at most {schema.get('maxItems', 100)} items, got {value!r}"
+    for item in value:
+        problem = _problem(schema["items"], item)
+        if problem:
+            return f"item {problem}"
+        if isinstance(item, dict) and not isinstance(item.get("content"), str):
+            return "items must each have a content string"
     return None
 
 
@@ -167,6 +187,17 @@ async def _forget(backend: Backend, a: dict[str, Any]) -> dict[str, Any]:
     return {"success": bool(await backend.forget(a["memory_id"])), "id": a["memory_id"]}
 
 
+async def _remember(backend: Backend, a: dict[str, Any]) -> dict[str, Any]:
+    stored = await backend.remember(a)
+    return {"stored": [{"id": m.id, "content": m.content, "subjects": list(m.subjects)} for m in stored],
+            "count": len(stored)}
+
+
+async def _recall(backend: Backend, a: dict[str, Any]) -> list[dict[str, Any]]:
+    hits = await backend.recall(a["query"], a["about"], int(a["limit"]))
+    return [_hit(h) | ({"about": list(h.subject_names)} if h.subject_names else {}) for h in hits]
+
+
 _TypeName = Literal["conversation", "fact", "context"]
 _TYPE_SCHEMA = {"type": "string", "enum": list(MEMORY_TYPES)}
 
@@ -222,8 +253,52 @@ FORGET_MEMORY = ToolDef(
     call=_forget, destructive=True,
 )
 
-#: The tool table (the spec's three tools, in its order).
-TOOLS: tuple[ToolDef, ...] = (SEARCH_MEMORIES, STORE_MEMORY, FORGET_MEMORY)
+_FACT_ITEM = {"type": "object", "properties": {"content": {"type": "string"},
+                                              "subjects": {"type": "array", "items": {"type": "string"}},
+                                              "expires_in_days": {"type": "integer"}, "shared": {"type": "boolean"}},
+              "required": ["content"]}
+
+REMEMBER = ToolDef(
+    name="remember",
+    description=(
+        "Store a fact or preference in long-term memory, with who it is about. Give subjects as the user "
+        "said them (['my wife'], ['Sarah', 'John']): known people are found, new ones are created and linked, "
+        "so a later 'my wife' or 'Sarah' finds the fact. Batch several facts with facts=[...] (preferred). A "
+        "new fact that contradicts an older one about the same people replaces it (the old one is kept in "
+        "history). Returns the stored facts with their ids and subject person ids."),
+    params=(
+        Param("content", {"type": "string", "minLength": 1}, str | None, "A single fact to remember.",
+              nullable=True),
+        Param("facts", {"type": "array", "items": _FACT_ITEM, "maxItems": 100}, list[dict[str, Any]] | None,
+              "Batch multiple facts in one call (preferred): [{content, subjects?, expires_in_days?, shared?}].",
+              nullable=True),
+        Param("subjects", {"type": "array", "items": {"type": "string"}, "maxItems": 16}, list[str] | None,
+              "Who this fact is about (e.g. ['Sarah'], ['my wife', 'John']).", nullable=True),
+        Param("expires_in_days", {"type": "integer", "minimum": 1, "maximum": 36500}, int | None,
+              "Days until the fact expires (omit: kept forever).", nullable=True),
+        Param("shared", {"type": "boolean"}, bool, "True for household facts every user sees.", default=False),
+    ),
+    call=_remember,
+)
+
+RECALL = ToolDef(
+    name="recall",
+    description=(
+        "Search long-term memory for facts relevant to a question, optionally only about one person "
+        "(about='my wife', 'Sarah'). Results carry who they are about. An empty list means nothing relevant is "
+        "remembered: say so instead of guessing."),
+    params=(
+        Param("query", {"type": "string", "minLength": 1}, str, "What to search for.", required=True),
+        Param("about", {"type": "string", "minLength": 1}, str | None,
+              "Filter to a person (e.g. 'my wife', 'Sarah').", nullable=True),
+        Param("limit", {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT}, int,
+              f"Maximum number of results (1 to {MAX_LIMIT}).", default=5),
+    ),
+    call=_recall, read_only=True, returns=list[dict[str, Any]],
+)
+
+#: The tool table: the spec's three tools (000), then spec 004's people-aware pair.
+TOOLS: tuple[ToolDef, ...] = (SEARCH_MEMORIES, STORE_MEMORY, FORGET_MEMORY, REMEMBER, RECALL)
 TOOLS_BY_NAME: dict[str, ToolDef] = {t.name: t for t in TOOLS}
 
 
@@ -266,6 +341,12 @@ class DaemonBackend:
     async def forget(self, memory_id: str) -> bool:
         return bool(await self._guard(self.client.forget(memory_id)))
 
+    async def remember(self, args: dict[str, Any]) -> list[Memory]:
+        return await self._guard(self.client.remember(**args))  # type: ignore[no-any-return]
+
+    async def recall(self, query: str, about: str | None, limit: int) -> list[SearchResult]:
+        return await self._guard(self.client.recall(query, about, limit=limit))  # type: ignore[no-any-return]
+
     async def aclose(self) -> None:
         if self._own:
             await self.client.close()
@@ -297,6 +378,12 @@ class LocalBackend:
     async def forget(self, memory_id: str) -> bool:
         return bool(await self._run(self.memory_store.forget, memory_id))
 
+    async def remember(self, args: dict[str, Any]) -> list[Memory]:
+        return await self._run(lambda: self.memory_store.remember(**args))  # type: ignore[no-any-return]
+
+    async def recall(self, query: str, about: str | None, limit: int) -> list[SearchResult]:
+        return await self._run(lambda: self.memory_store.recall(query, about, limit=limit))  # type: ignore[no-any-return]
+
     async def aclose(self) -> None:
         """Close the store on its own thread, then stop the thread; idempotent."""
         if not self._pool._shutdown:  # type: ignore[attr-defined]
@@ -309,5 +396,6 @@ def finite_score(score: float) -> float:
     return score if math.isfinite(score) else 0.0
 
 
-__all__ = ["MAX_LIMIT", "MEMORY_TYPES", "TOOLS", "TOOLS_BY_NAME", "Backend", "DaemonBackend", "LocalBackend",
+__all__ = ["MAX_LIMIT", "MEMORY_TYPES", "RECALL", "REMEMBER", "TOOLS", "TOOLS_BY_NAME", "Backend", "DaemonBackend",
+           "LocalBackend",
            "Param", "ToolDef"]
