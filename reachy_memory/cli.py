@@ -251,6 +251,8 @@ def _export_pages(c: MemoryClient) -> Iterator[Memory]:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    if args.format == "markdown":
+        return _export_markdown(args)
     out = open(args.file, "w", encoding="utf-8") if args.file != "-" else sys.stdout  # noqa: SIM115
     n = persons = 0
     try:
@@ -268,11 +270,31 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export_markdown(args: argparse.Namespace) -> int:
+    from ._markdown import render, write_dir
+
+    if args.file == "-":
+        raise ValidationError("--format markdown needs a folder", field="file")
+    with _client(args) as c:
+        people = [p.to_dict() for p in c.people()]
+        memories = [m.to_dict() for m in _export_pages(c)]
+    files = render(memories, people)
+    write_dir(files, args.file, force=args.force)
+    print(f"exported {len(people)} people and {len(memories)} memories as {len(files)} markdown files "
+          f"in {args.file}", file=sys.stderr)
+    return 0
+
+
 def cmd_import(args: argparse.Namespace) -> int:
-    lines = Path(args.file).read_text(encoding="utf-8").splitlines()
-    entries = [_import_entry(n, line) for n, line in enumerate(lines, 1) if line.strip()]
-    people = [e for e in entries if e.get("kind") == "person"]
-    memories = [e for e in entries if e.get("kind") != "person"]
+    if Path(args.file).is_dir():
+        from ._markdown import parse, read_dir
+
+        memories, people = parse(read_dir(args.file))
+    else:
+        lines = Path(args.file).read_text(encoding="utf-8").splitlines()
+        entries = [_import_entry(n, line) for n, line in enumerate(lines, 1) if line.strip()]
+        people = [e for e in entries if e.get("kind") == "person"]
+        memories = [e for e in entries if e.get("kind") != "person"]
     progress = _progress("importing")
     done = {"people": 0, "memories": 0}
     with _client(args) as c:
@@ -434,8 +456,12 @@ def _parser() -> argparse.ArgumentParser:
     p = add("restore", cmd_restore, "rebuild a data directory (--data-dir) from a backup file")
     p.add_argument("backup")
     p.add_argument("--force", action="store_true", help="move an existing (stopped) store aside")
-    add("export", cmd_export, "export memories as JSON Lines").add_argument("file", nargs="?", default="-")
-    add("import", cmd_import, "import JSON Lines (idempotent: ids already present are kept)").add_argument("file")
+    p = add("export", cmd_export, "export people and memories as JSON Lines, or as a folder of markdown files")
+    p.add_argument("file", nargs="?", default="-", help="a file (JSON Lines; - for stdout) or, for markdown, a folder")
+    p.add_argument("--format", choices=["jsonl", "markdown"], default="jsonl")
+    p.add_argument("--force", action="store_true", help="markdown: move an existing, non-empty folder aside")
+    add("import", cmd_import, "import JSON Lines or a markdown folder (idempotent: ids already present are kept)"
+        ).add_argument("file", help="an exported JSON Lines file, or a markdown folder")
     p = add("remember", cmd_remember, "remember a fact about people (persons resolved or created)")
     p.add_argument("content")
     p.add_argument("--about", action="append", metavar="REF", help="who it is about: 'my wife', 'Sarah' (repeatable)")

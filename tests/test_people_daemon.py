@@ -130,3 +130,27 @@ def _all(c: MemoryClient) -> list:
         if cursor is None:
             return out
 
+
+
+def test_markdown_export_and_import_round_trip(daemon: DaemonProcess,
+                                               tmp_path_factory: pytest.TempPathFactory) -> None:
+    with daemon.client(timeout=10) as c:
+        c.remember("my aunt Rosa grows tomatoes", subjects=["my aunt Rosa"])
+        c.add_to_context_window("user", "hello")
+        c.remember_conversation("we talked about tomatoes", {"role": "user"})
+        people = sorted((p.to_dict() for p in c.people()), key=lambda p: p["id"])
+        memories = sorted((m.to_dict() for m in _all(c)), key=lambda m: m["id"])
+    folder = tmp_path_factory.mktemp("md") / "export"
+    assert cli(daemon, "export", "--format", "markdown", str(folder)).returncode == 0
+    rosa = next(folder.glob("people/Rosa*.md")).read_text()
+    assert "relation: aunt" in rosa and "- my aunt Rosa grows tomatoes" in rosa  # readable by a person
+    assert list(folder.glob("daily/*.md"))  # the conversation turn, by day
+    other = DaemonProcess(tmp_path_factory.mktemp("md-empty")).start()
+    try:
+        out = cli(other, "import", str(folder))
+        assert out.returncode == 0, out.stderr
+        with other.client(timeout=10) as c:
+            assert sorted((p.to_dict() for p in c.people()), key=lambda p: p["id"]) == people
+            assert sorted((m.to_dict() for m in _all(c)), key=lambda m: m["id"]) == memories
+    finally:
+        assert other.stop() == 0
