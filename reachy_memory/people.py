@@ -235,12 +235,10 @@ class PersonRegistry:
         empty reference or a bare pronoun (resolve those with ``subjects_in``).
         """
         ref = _reference(reference)
-        found = self.find_person(reference, owner)
-        if found is not None:
-            return self._learn(found, ref)
-        if not create:
-            return Resolution(None, False, None)
-        return self.add_person(ref.name or "", ref.relation, owner=owner)
+        by_id = self.get(reference.strip())
+        if by_id is not None and _visible_to(by_id, owner):
+            return Resolution(by_id, False, None)
+        return self._resolve_ref(ref, owner, create)
 
     def _learn(self, person: Person, ref: Reference) -> Resolution:
         changes: dict[str, Any] = {}
