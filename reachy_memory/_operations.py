@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import ValidationError
+from .model import SEARCH_LIMIT, SEARCH_MIN_SCORE
 
 __all__ = ["OPERATIONS", "Arg", "Op", "check_args", "protocol_doc"]
 
@@ -78,6 +79,11 @@ class Op:
     client: str = ""  # the client method, when its name differs from the op's
 
     @property
+    def idempotent(self) -> bool:
+        """Safe to send again after a timeout: reads, and writes whose ids the client chose."""
+        return self.name in IDEMPOTENT
+
+    @property
     def client_method(self) -> str:
         return self.client or self.name
 
@@ -115,7 +121,8 @@ _ROWS = [
     _op("remember_conversation", "embed", [_req("content", STR), _opt("metadata", DICT), _opt("id", STR)],
         "memory", "Store a CONVERSATION turn (expires after the configured TTL)."),
     _op("get", "inline", [_req("id", STR)], "memory | null", "The live memory with that id."),
-    _op("search", "embed", [_req("query", STR), _MEMORY_TYPE, _opt("limit", INT, 5), _opt("min_score", NUM, 0.3),
+    _op("search", "embed", [_req("query", STR), _MEMORY_TYPE, _opt("limit", INT, SEARCH_LIMIT),
+                            _opt("min_score", NUM, SEARCH_MIN_SCORE),
                             _opt("where", DICT, doc="Chroma-style filter"),
                             _opt("mode", STR, doc="hybrid|vector|lexical"),
                             _opt("about", STR, doc="a person: 'my wife', 'Sarah'"), _OWNER,
@@ -144,7 +151,7 @@ _ROWS = [
                                _opt("expires_in_days", NUM), _opt("shared", BOOL, False), _OWNER,
                                _opt("name", STR, doc="a unique note name"), _opt("aliases", LIST)],
         "[memory]", "Store facts about people; persons are resolved or created; conflicting older facts superseded."),
-    _op("recall", "engine", [_req("query", STR), _opt("about", STR), _OWNER, _opt("limit", INT, 5),
+    _op("recall", "engine", [_req("query", STR), _opt("about", STR), _OWNER, _opt("limit", INT, SEARCH_LIMIT),
                              _opt("include_superseded", BOOL, False)],
         '[{"memory": memory, "score": float, "subject_names"?: [str]}]', "Facts relevant to a query."),
     _op("history", "engine", [_req("id", STR)], "[memory]", "The supersession chain through a memory, oldest first."),
@@ -188,6 +195,11 @@ _ROWS = [
         "{window, messages, memories, people, text, tokens, dropped_lines}",
         "Everything a prompt needs about a message, with prompt-ready text within a token budget."),
 ]
+# Retried by the clients after a timeout.  store/store_batch/remember_* carry ids the client
+# made, so a retry cannot duplicate; import keeps ids already present.
+IDEMPOTENT = frozenset({"ping", "health", "stats", "get", "get_context", "get_context_window", "search", "store",
+                        "store_batch", "remember_fact", "remember_conversation", "export", "import", "recall",
+                        "history", "find_person", "person_by_external_id", "people", "note", "context_for"})
 OPERATIONS: dict[str, Op] = {op.name: op for op in _ROWS}
 LANES = {lane: frozenset(o.name for o in _ROWS if o.lane == lane) for lane in ("inline", "embed", "engine")}
 
@@ -225,11 +237,12 @@ def protocol_doc() -> str:
              "`python -m reachy_memory._operations > docs/PROTOCOL.md`; the framing, errors and the",
              "memory map are described in `reachy_memory/protocol.py`. `name?` is optional, "
              "`name = value` has a default. Lanes: inline (I/O thread, never waits), embed",
-             "(embedding thread, then engine), engine (engine thread, in order).", "",
-             "| op | lane | args | result | what it does |", "|---|---|---|---|---|"]
+             "(embedding thread, then engine), engine (engine thread, in order). Retried: the clients send",
+             "it again after a timeout (reads, and writes with client-made ids).", "",
+             "| op | lane | retried | args | result | what it does |", "|---|---|---|---|---|---|"]
     for op in _ROWS:
         args = ", ".join(a.describe() for a in op.args) or "—"
-        cells = [f"`{op.name}`", op.lane, args, f"`{op.result}`", op.doc]
+        cells = [f"`{op.name}`", op.lane, "yes" if op.idempotent else "no", args, f"`{op.result}`", op.doc]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines) + "\n"
 

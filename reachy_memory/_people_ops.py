@@ -44,7 +44,7 @@ from ._mentions import extract_mentions, parse_reference
 from ._records import Record
 from ._supersession import decide
 from .errors import NotFoundError, ReachyMemoryError, ValidationError
-from .model import Memory, MemoryType, SearchResult
+from .model import SEARCH_LIMIT, SEARCH_MIN_SCORE, Memory, MemoryType, SearchResult
 from .people import Person, PersonRegistry, Resolution, person_from_op
 
 if TYPE_CHECKING:
@@ -86,14 +86,15 @@ class PeopleMixin:
     def embed_query(self, query: str) -> np.ndarray | None:
         raise NotImplementedError
 
-    def search(self, query: str, memory_type: MemoryType | str | None = None, limit: int = 5,
-               min_score: float = 0.3, where: dict[str, Any] | None = None, *, mode: str | None = None,
+    def search(self, query: str, memory_type: MemoryType | str | None = None, limit: int = SEARCH_LIMIT,
+               min_score: float = SEARCH_MIN_SCORE, where: dict[str, Any] | None = None, *, mode: str | None = None,
                now: Any = None, about: str | None = None, owner: str | None = None,
                include_superseded: bool = False) -> list[SearchResult]:
         raise NotImplementedError
 
     def search_vector(self, query: str, qvec: np.ndarray | None, memory_type: MemoryType | str | None = None,
-                      limit: int = 5, min_score: float = 0.3, where: dict[str, Any] | None = None, *,
+                      limit: int = SEARCH_LIMIT, min_score: float = SEARCH_MIN_SCORE,
+                      where: dict[str, Any] | None = None, *,
                       mode: str = "hybrid", now: Any = None, about: str | None = None, owner: str | None = None,
                       include_superseded: bool = False) -> list[SearchResult]:
         raise NotImplementedError
@@ -265,7 +266,7 @@ class PeopleMixin:
         wanted = set(new.subjects)
         return {s for s in same if set(self._state.by_slot[s].subjects) == wanted}
 
-    def recall(self, query: str, about: str | None = None, owner: str | None = None, limit: int = 5,
+    def recall(self, query: str, about: str | None = None, owner: str | None = None, limit: int = SEARCH_LIMIT,
                include_superseded: bool = False) -> list[SearchResult]:
         """Facts relevant to ``query`` (spec 004), optionally about a person."""
         return self.search(query, MemoryType.FACT, limit=limit, min_score=0.2, about=about, owner=owner,

@@ -27,7 +27,7 @@ from .errors import (
     StoreLockedError,
     ValidationError,
 )
-from .model import Memory, SearchResult
+from .model import SEARCH_LIMIT, SEARCH_MIN_SCORE, Memory, SearchResult
 
 EXIT = {ValidationError: 2, ConfigError: 2, NotFoundError: 3, RequestTimeoutError: 4, ServiceError: 4,
         StoreLockedError: 4}
@@ -427,8 +427,8 @@ def _parser() -> argparse.ArgumentParser:
     p = add("search", cmd_search, "search memories by meaning and words")
     p.add_argument("query")
     p.add_argument("--type", choices=["fact", "conversation", "context"])
-    p.add_argument("--limit", type=int, default=5)
-    p.add_argument("--min-score", type=float, default=0.3)
+    p.add_argument("--limit", type=int, default=SEARCH_LIMIT)
+    p.add_argument("--min-score", type=float, default=SEARCH_MIN_SCORE)
     p.add_argument("--where", help='metadata filter as JSON, e.g. \'{"speaker": "alex"}\'')
     p.add_argument("--mode", choices=["hybrid", "vector", "lexical"])
     add("get", cmd_get, "show one memory").add_argument("id")
@@ -473,7 +473,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("query")
     p.add_argument("--about", help="a person: 'my wife', 'Sarah'")
     p.add_argument("--owner")
-    p.add_argument("--limit", type=int, default=5)
+    p.add_argument("--limit", type=int, default=SEARCH_LIMIT)
     p.add_argument("--all", action="store_true", help="include superseded facts")
     add("people", cmd_people, "the persons the robot knows").add_argument("--owner")
     add("history", cmd_history, "the supersession chain of a memory").add_argument("id")

@@ -27,15 +27,13 @@ import zmq
 import zmq.asyncio
 
 from . import protocol as proto
+from ._operations import IDEMPOTENT
 from .config import Config, load_config
 from .endpoint import resolve_endpoint
 from .errors import ClosedError, ProtocolError, RequestTimeoutError
-from .model import Memory, MemoryType, SearchResult
+from .model import SEARCH_LIMIT, SEARCH_MIN_SCORE, Memory, MemoryType, SearchResult
 
-_IDEMPOTENT = frozenset({"ping", "health", "stats", "get", "get_context", "get_context_window", "search",
-                         "store", "store_batch", "remember_fact", "remember_conversation", "export", "import",
-                         "recall", "history", "find_person", "person_by_external_id", "people", "note",
-                         "context_for"})
+_IDEMPOTENT = IDEMPOTENT  # from the operations table
 
 
 def _wire_type(memory_type: MemoryType | str) -> str:
@@ -87,23 +85,22 @@ class _Api:
         """Store several memories atomically."""
         return self._call("store_batch", {"items": _with_ids(items)}, _memories, timeout)
 
-    def remember_fact(self, content: str, metadata: dict[str, Any] | None = None, *,
-                      timeout: float | None = None, **fields: Any) -> Any:
-        """Store a permanent FACT; metadata as a dict and/or keyword fields
-        (``timeout`` is the call's timeout, never a metadata field)."""
-        return self.store(content, MemoryType.FACT, {**(metadata or {}), **fields}, timeout=timeout)
+    def remember_fact(self, content: str, metadata: dict[str, Any] | None = None, *, id: str | None = None,
+                      timeout: float | None = None) -> Any:
+        """Store a permanent FACT (``metadata`` as a dict: no catch-all keywords)."""
+        return self.store(content, MemoryType.FACT, metadata, id=id, timeout=timeout)
 
     def remember_conversation(self, content: str, metadata: dict[str, Any] | None = None, *,
-                              timeout: float | None = None, **fields: Any) -> Any:
-        """Store a CONVERSATION memory; metadata as in :meth:`remember_fact`."""
-        return self.store(content, MemoryType.CONVERSATION, {**(metadata or {}), **fields}, timeout=timeout)
+                              id: str | None = None, timeout: float | None = None) -> Any:
+        """Store a CONVERSATION memory (expires after the configured TTL)."""
+        return self.store(content, MemoryType.CONVERSATION, metadata, id=id, timeout=timeout)
 
     def get(self, memory_id: str, *, timeout: float | None = None) -> Any:
         """The memory with that id, or None."""
         return self._call("get", {"id": memory_id}, proto.memory_from_wire, timeout)
 
-    def search(self, query: str, memory_type: MemoryType | str | None = None, limit: int = 5,
-               min_score: float = 0.3, where: dict[str, Any] | None = None, *, mode: str | None = None,
+    def search(self, query: str, memory_type: MemoryType | str | None = None, limit: int = SEARCH_LIMIT,
+               min_score: float = SEARCH_MIN_SCORE, where: dict[str, Any] | None = None, *, mode: str | None = None,
                about: str | None = None, owner: str | None = None, include_superseded: bool = False,
                timeout: float | None = None) -> Any:
         """Hybrid search; returns a list of SearchResult (``about``: a person; ``owner``: a user)."""
@@ -168,7 +165,7 @@ class _Api:
                       shared=shared, owner=owner, name=name, aliases=aliases)
         return self._call("remember", args, _memories, timeout)
 
-    def recall(self, query: str, about: str | None = None, owner: str | None = None, limit: int = 5,
+    def recall(self, query: str, about: str | None = None, owner: str | None = None, limit: int = SEARCH_LIMIT,
                include_superseded: bool = False, *, timeout: float | None = None) -> Any:
         """Facts relevant to ``query``, optionally about a person; [SearchResult]."""
         args = _given(query=query, about=about, owner=owner, limit=limit, include_superseded=include_superseded)
@@ -217,9 +214,14 @@ class _Api:
         """The persons an owner knows (everyone for None)."""
         return self._call("people", _given(owner=owner), lambda r: [proto.person_from_wire(p) for p in r], timeout)
 
-    def update_person(self, person_id: str, *, timeout: float | None = None, **fields: Any) -> Any:
-        """Change name, relation, aliases, external_id, metadata or owner; returns the Person."""
-        return self._call("update_person", {"id": person_id, **fields}, proto.person_from_wire, timeout)
+    def update_person(self, person_id: str, *, name: str | None = None, relation: str | None = None,
+                      aliases: list[str] | None = None, external_id: str | None = None,
+                      metadata: dict[str, Any] | None = None, owner: str | None = None,
+                      timeout: float | None = None) -> Any:
+        """Change the given fields of a person (None leaves a field as it is); returns the Person."""
+        args = _given(id=person_id, name=name, relation=relation, aliases=aliases, external_id=external_id,
+                      metadata=metadata, owner=owner)
+        return self._call("update_person", args, proto.person_from_wire, timeout)
 
     def merge_people(self, keep: str, other: str, *, timeout: float | None = None) -> Any:
         """Merge ``other`` into ``keep``; returns the kept Person."""

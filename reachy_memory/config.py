@@ -24,6 +24,7 @@ import yaml
 from .errors import ConfigError
 
 ENV_CONFIG = "REACHY_MEMORY_CONFIG"
+SUPPORTED_MODEL = "all-MiniLM-L6-v2"  # embedding.model: the one architecture the ONNX builder knows
 
 # Documented ranges, checked at load: (lowest, highest) inclusive; None = unbounded.
 # Why the bounds: a TTL beyond 100 years or a zero cleanup interval is a typo, and a
@@ -201,6 +202,10 @@ def _check_ranges(config: Config) -> None:
     from .model import resolve_timezone  # late: model imports errors only, but keep config light
 
     resolve_timezone(config.memory.timezone)  # ConfigError for an unknown zone
+    if config.embedding.model != SUPPORTED_MODEL:
+        raise ConfigError(f"embedding.model: {config.embedding.model!r} is not supported; the only model is "
+                          f"{SUPPORTED_MODEL!r} (other weights of that architecture: set embedding.model_dir)",
+                          key="embedding.model")
     if not isinstance(logging.getLevelName(config.server.log_level.upper()), int):
         raise ConfigError(f"server.log_level: unknown level {config.server.log_level!r}", key="server.log_level")
 

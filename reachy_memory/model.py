@@ -18,6 +18,11 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from .errors import ConfigError, ValidationError
 
+# Search defaults, stated once: the store, the protocol table, both clients, the CLI and the
+# LLM tools take them from here (tests/test_operations.py checks they agree).
+SEARCH_LIMIT = 5
+SEARCH_MIN_SCORE = 0.3
+
 
 class MemoryType(enum.Enum):
     """The three kinds of memory."""

@@ -52,7 +52,17 @@ from .errors import (
     ReachyMemoryError,
     ValidationError,
 )
-from .model import Expiry, Memory, MemoryType, SearchResult, resolve_timezone, to_datetime, to_epoch
+from .model import (
+    SEARCH_LIMIT,
+    SEARCH_MIN_SCORE,
+    Expiry,
+    Memory,
+    MemoryType,
+    SearchResult,
+    resolve_timezone,
+    to_datetime,
+    to_epoch,
+)
 
 log = logging.getLogger(__name__)
 
@@ -377,8 +387,8 @@ class MemoryStore(PeopleMixin):
     def __len__(self) -> int:
         return len(self._state.records)
 
-    def search(self, query: str, memory_type: MemoryType | str | None = None, limit: int = 5,
-               min_score: float = 0.3, where: dict[str, Any] | None = None, *,
+    def search(self, query: str, memory_type: MemoryType | str | None = None, limit: int = SEARCH_LIMIT,
+               min_score: float = SEARCH_MIN_SCORE, where: dict[str, Any] | None = None, *,
                mode: str | None = None, now: datetime_or_float = None, about: str | None = None,
                owner: str | None = None, include_superseded: bool = False) -> list[SearchResult]:
         """Find memories by meaning and by words, best first.
@@ -410,7 +420,8 @@ class MemoryStore(PeopleMixin):
         return None if vectors is None else vectors[0]
 
     def search_vector(self, query: str, qvec: np.ndarray | None, memory_type: MemoryType | str | None = None,
-                      limit: int = 5, min_score: float = 0.3, where: dict[str, Any] | None = None, *,
+                      limit: int = SEARCH_LIMIT, min_score: float = SEARCH_MIN_SCORE,
+                      where: dict[str, Any] | None = None, *,
                       mode: str = "hybrid", now: datetime_or_float = None, about: str | None = None,
                       owner: str | None = None, include_superseded: bool = False) -> list[SearchResult]:
         """:meth:`search` with the query already embedded (``qvec`` may be None)."""

@@ -43,6 +43,8 @@ def test_yaml_overrides_defaults(tmp_path: Path) -> None:
         ("server:\n  log_level: LOUD\n", "server.log_level"),  # not a logging level
         ("search:\n  vector_weight: 1.5\n", "search.vector_weight"),  # a weight is in [0, 1]
         ("embedding:\n  threads: 0\n", "embedding.threads"),  # onnxruntime needs one
+        ("embedding:\n  model: bge-small\n", "embedding.model"),  # a model the builder does not know
+        ("decay:\n  threshold: 2\n", "decay.threshold"),  # a confidence is in [0, 1]
     ],
 )
 def test_bad_config_names_the_key(tmp_path: Path, text: str, key: str) -> None:

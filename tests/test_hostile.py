@@ -151,8 +151,10 @@ def test_every_error_class_keeps_its_class_and_fields_over_the_wire(cls: type) -
 
 def test_remember_fact_timeout_is_a_timeout_not_metadata(daemon: DaemonProcess) -> None:
     with daemon.client() as c:
-        memory = c.remember_fact("Sarah likes tea", {"person": "Sarah"}, timeout=5, topic="drinks")
-        assert memory.metadata == {"person": "Sarah", "topic": "drinks"}  # no {"timeout": 5}
+        memory = c.remember_fact("Sarah likes tea", {"person": "Sarah"}, timeout=5)
+        assert memory.metadata == {"person": "Sarah"}  # no {"timeout": 5}
+        with pytest.raises(TypeError):  # no catch-all keywords next to the call's options
+            c.remember_fact("Sarah likes tea", topic="drinks")  # type: ignore[call-arg]
 
 
 def test_bad_requests_are_summarised_not_logged_one_by_one(caplog: pytest.LogCaptureFixture) -> None:

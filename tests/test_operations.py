@@ -57,3 +57,33 @@ def test_bad_arguments_name_the_field(op: str, args: dict[Any, Any], field: str)
 def test_defaults_are_filled_and_optional_nones_dropped() -> None:
     got = check_args(OPERATIONS["search"], {"query": "tea", "about": None})
     assert got == {"query": "tea", "limit": 5, "min_score": 0.3, "include_superseded": False}
+
+
+def test_search_defaults_are_stated_once() -> None:
+    from reachy_memory import MemoryStore
+    from reachy_memory.cli import _parser
+    from reachy_memory.model import SEARCH_LIMIT, SEARCH_MIN_SCORE
+
+    table = {a.name: a.default for a in OPERATIONS["search"].args}
+    assert (table["limit"], table["min_score"]) == (SEARCH_LIMIT, SEARCH_MIN_SCORE)
+    for fn in (MemoryStore.search, client_module._Api.search):
+        params = inspect.signature(fn).parameters
+        assert (params["limit"].default, params["min_score"].default) == (SEARCH_LIMIT, SEARCH_MIN_SCORE)
+    cli = _parser().parse_args(["search", "tea"])
+    assert (cli.limit, cli.min_score) == (SEARCH_LIMIT, SEARCH_MIN_SCORE)
+
+
+def test_clients_retry_exactly_the_operations_the_table_calls_idempotent() -> None:
+    assert {op.name for op in OPERATIONS.values() if op.idempotent} == client_module._IDEMPOTENT
+    assert not OPERATIONS["forget"].idempotent and not OPERATIONS["remember"].idempotent
+
+
+def test_cli_commands_reach_only_operations_of_the_table() -> None:
+    import ast
+
+    tree = ast.parse((ROOT / "reachy_memory" / "cli.py").read_text())
+    called = {node.func.attr for node in ast.walk(tree) if isinstance(node, ast.Call)
+              and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name)
+              and node.func.value.id == "c"}
+    methods = {op.client_method for op in OPERATIONS.values()}
+    assert called and called <= methods, f"CLI calls outside the table: {sorted(called - methods)}"

@@ -38,7 +38,7 @@ from typing import Any
 from ..client import MemoryClient
 from ..config import Config
 from ..errors import BusyError, ClosedError, ReachyMemoryError
-from ..model import Memory, MemoryType, SearchResult
+from ..model import SEARCH_LIMIT, Memory, MemoryType, SearchResult
 
 log = logging.getLogger("reachy_memory.bridge")
 
@@ -178,7 +178,7 @@ class MemoryBridge:
         return self._submit(lambda c: c.store(content, memory_type, metadata), "remember",
                             refresh=MemoryType.parse(memory_type) is MemoryType.FACT)
 
-    def search(self, query: str, memory_type: MemoryType | str | None = None, limit: int = 5,
+    def search(self, query: str, memory_type: MemoryType | str | None = None, limit: int = SEARCH_LIMIT,
                where: dict[str, Any] | None = None) -> Future[list[SearchResult]]:
         """Queue a search; the future gives the list of :class:`~reachy_memory.SearchResult`."""
         return self._submit(lambda c: c.search(query, memory_type, limit, where=where), "search")

@@ -33,7 +33,7 @@ from typing import Any, Literal, Protocol
 from ..client import AsyncMemoryClient
 from ..config import Config
 from ..errors import DaemonUnavailableError, RequestTimeoutError, ValidationError
-from ..model import Memory, MemoryType, SearchResult
+from ..model import SEARCH_LIMIT, Memory, MemoryType, SearchResult
 
 MEMORY_TYPES: tuple[str, ...] = tuple(m.value for m in MemoryType)
 MAX_LIMIT = 50
@@ -215,7 +215,7 @@ SEARCH_MEMORIES = ToolDef(
         Param("memory_type", _TYPE_SCHEMA, _TypeName | None,
               "Only search this type: \"fact\", \"conversation\" or \"context\". Omit to search all.", nullable=True),
         Param("limit", {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT}, int,
-              f"Maximum number of results (1 to {MAX_LIMIT}).", default=5),
+              f"Maximum number of results (1 to {MAX_LIMIT}).", default=SEARCH_LIMIT),
     ),
     call=_search, read_only=True, returns=list[dict[str, Any]],
 )
@@ -292,7 +292,7 @@ RECALL = ToolDef(
         Param("about", {"type": "string", "minLength": 1}, str | None,
               "Filter to a person (e.g. 'my wife', 'Sarah').", nullable=True),
         Param("limit", {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT}, int,
-              f"Maximum number of results (1 to {MAX_LIMIT}).", default=5),
+              f"Maximum number of results (1 to {MAX_LIMIT}).", default=SEARCH_LIMIT),
     ),
     call=_recall, read_only=True, returns=list[dict[str, Any]],
 )
