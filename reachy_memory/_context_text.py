@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, tzinfo
 from pathlib import Path
+from typing import Any
 
 from .errors import ModelError, ModelUnavailableError, ValidationError
 from .people import Person
@@ -103,6 +104,9 @@ def build_context(*, window: Sequence[Turn] = (), messages: Sequence[ContextItem
         "messages": [item_line(m, tz) for m in kept_messages],
         "window": [turn_line(t) for t in reversed(window)],  # newest first for admission
     }
+    prefetch = getattr(count_tokens, "many", None)
+    if prefetch is not None:
+        prefetch([*HEADERS.values(), *(line for lines in candidates.values() for line in lines)])
     chosen = _admit(candidates, count_tokens, max_tokens)
     text, tokens = _fit(chosen, count_tokens, max_tokens)
     total = sum(len(lines) for lines in candidates.values())
@@ -201,7 +205,37 @@ def token_counter(tokenizer_json: str | Path) -> CountTokens:
         raise ModelError(f"cannot load the tokenizer {tokenizer_json}: {exc}") from exc
     tokenizer.no_truncation()
     tokenizer.no_padding()
-    return lambda text: len(tokenizer.encode(text, add_special_tokens=False).ids)
+    return _CachedCounter(tokenizer)
+
+
+class _CachedCounter:
+    """Token counts with a bounded memo: the same people, facts and headers come back in
+    prompt after prompt, and one tokenizer call costs more than the lookup.  ``many``
+    counts a list in one batch call (the lines of one prompt)."""
+
+    def __init__(self, tokenizer: Any, size: int = 4096) -> None:
+        self._tokenizer = tokenizer
+        self._memo: dict[str, int] = {}
+        self._size = size
+
+    def __call__(self, text: str) -> int:
+        count = self._memo.get(text)
+        if count is None:
+            count = len(self._tokenizer.encode(text, add_special_tokens=False).ids)
+            self._remember(text, count)
+        return count
+
+    def many(self, texts: Sequence[str]) -> None:
+        """Count ``texts`` in one batch (later calls find them in the memo)."""
+        todo = [t for t in dict.fromkeys(texts) if t not in self._memo]
+        if todo:
+            for text, enc in zip(todo, self._tokenizer.encode_batch(todo, add_special_tokens=False), strict=True):
+                self._remember(text, len(enc.ids))
+
+    def _remember(self, text: str, count: int) -> None:
+        if len(self._memo) >= self._size:
+            self._memo.clear()  # simple and bounded; the working set refills within a prompt
+        self._memo[text] = count
 
 
 def tokenizer_path(config: object | None = None) -> Path:

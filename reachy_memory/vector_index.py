@@ -65,6 +65,8 @@ class VectorIndex:
         self._loader: threading.Thread | None = None
         self._loaded: dict[int, hnswlib.Index] = {}
         self._touched: set[int] = set()  # slots changed while cached graphs load
+        self._version = 0  # bumped by every change of the vectors (invalidates the scan memo)
+        self._memo: tuple[int, np.ndarray, np.ndarray] | None = None  # (version, query, sims) of the last scan
 
     def _new_graph(self, capacity: int) -> hnswlib.Index:
         graph = hnswlib.Index(space="ip", dim=self.dim)
@@ -88,6 +90,7 @@ class VectorIndex:
         """Insert (or replace) the vector of ``slot`` in ``group``."""
         self._grow(slot)
         self._unlink(slot)
+        self._version += 1
         self.vectors[slot] = vector
         if not self.alive[slot]:
             self.count += 1
@@ -98,6 +101,7 @@ class VectorIndex:
     def remove(self, slot: int) -> None:
         """Drop ``slot`` from results (a graph node stays, marked deleted)."""
         if slot < len(self.alive) and self.alive[slot]:
+            self._version += 1
             self._unlink(slot)
             self.alive[slot] = False
             self.count -= 1
@@ -175,13 +179,24 @@ class VectorIndex:
         if len(live) == 0:
             return _NONE
         top = int(live[-1]) + 1
-        sims = self.vectors[:top] @ query
+        sims = self._similarities(query, top)
         sims[~allowed[:top]] = -np.inf
         k = min(k, len(live))
         best = np.argpartition(-sims, k - 1)[:k] if k < top else np.arange(top)
         best = best[np.argsort(-sims[best], kind="stable")]
         best = best[np.isfinite(sims[best])]
         return best.astype(np.int64), sims[best].astype(np.float32)
+
+    def _similarities(self, query: np.ndarray, top: int) -> np.ndarray:
+        """``vectors[:top] @ query`` (a copy the caller may change).  Memoised for the last
+        query: one prompt's searches of several memory types scan the matrix once."""
+        memo = self._memo
+        if memo is not None and memo[0] == self._version and len(memo[2]) >= top and np.array_equal(memo[1], query):
+            return memo[2][:top].copy()
+        live = np.flatnonzero(self.alive)
+        sims = self.vectors[: max(top, int(live[-1]) + 1 if len(live) else 0)] @ query
+        self._memo = (self._version, query.copy(), sims)
+        return sims[:top].copy()
 
     def _graph_search(self, query: np.ndarray, k: int, allowed: np.ndarray | None,
                       groups: list[int] | None) -> tuple[np.ndarray, np.ndarray]:
@@ -364,6 +379,7 @@ class VectorIndex:
         matrix = np.frombuffer(data, np.float32).reshape(-1, self.dim)
         self.vectors = matrix if matrix.flags.writeable else matrix.copy()
         self.alive, self.group = alive.copy(), group.copy()
+        self._version += 1
         self.in_graph = np.zeros(len(alive), bool)
         self._in_graph_count = {}
         self.pending = set(np.flatnonzero(alive).tolist())

@@ -118,3 +118,23 @@ def test_saving_skips_a_large_pending_set_instead_of_stalling(tmp_path: Path) ->
     vi.maintain(budget=1000)
     vi.save_graph(tmp_path / "g.hnsw", "t")
     assert (tmp_path / "g.hnsw.meta").exists() and not vi.pending
+
+
+def test_the_scan_memo_never_serves_a_changed_matrix() -> None:
+    """Searches of one query reuse one matrix product; any change must invalidate it."""
+    rng = np.random.default_rng(5)
+    vi = VectorIndex(16)
+    vectors = rng.standard_normal((40, 16)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    for slot, v in enumerate(vectors):
+        vi.add(slot, v)
+    query = vectors[0].copy()
+    assert vi.search(query, 1)[0][0] == 0
+    vi.remove(0)  # the best match goes ...
+    assert vi.search(query, 1)[0][0] != 0
+    vi.add(40, query)  # ... and an exact copy arrives in a new slot
+    assert vi.search(query, 1)[0][0] == 40
+    mask = np.zeros(41, bool)
+    mask[:20] = True
+    slots, _ = vi.search(query, 3, mask)  # a filtered search of the same query reuses the product
+    assert set(slots.tolist()) <= set(range(1, 20))
