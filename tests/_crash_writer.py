@@ -17,6 +17,7 @@ with MemoryStore(config=config, embedder=None) as store:
             ids = [store.remember_conversation(f"turn {i} about topic {i % 13}", n=i).id]
         if i % 11 == 0:
             store.forget(ids[0])
+            print(f"FORGOT {ids[0]}", flush=True)  # acknowledged: must stay gone after any crash
             ids = ids[1:]
         for memory_id in ids:
             print(memory_id, flush=True)

@@ -50,6 +50,10 @@ def test_sigkill_loses_no_acknowledged_write(tmp_path: Path, policy: str) -> Non
     for round_no in range(6):
         acked += _run_and_kill(data, round_no * 100_000, rng, policy)
         with MemoryStore(config=Config().replace("memory", path=str(data)), embedder=None) as store:
-            missing = [i for i in acked if store.get(i) is None]
+            stored = [i for i in acked if not i.startswith("FORGOT ")]
+            forgotten = [i.removeprefix("FORGOT ") for i in acked if i.startswith("FORGOT ")]
+            missing = [i for i in stored if store.get(i) is None]
             assert not missing, f"round {round_no}: {len(missing)} acknowledged ids lost"
-    assert len(acked) > 100  # the test really exercised writes
+            back = [i for i in forgotten if store.get(i) is not None]
+            assert not back, f"round {round_no}: {len(back)} acknowledged forgets undone"
+    assert len(acked) > 100 and any(i.startswith("FORGOT ") for i in acked)  # writes and forgets ran
