@@ -51,6 +51,7 @@ RANGES: dict[str, tuple[float | None, float | None]] = {
     "search.hnsw_ef_search": (8, 4096),
     "search.blas_threads": (1, 64),
     "server.max_message_bytes": (1024, 1 << 30),
+    "server.max_reply_bytes": (64 * 1024, 1 << 30),
     "server.queue_size": (1, 1_000_000),
     "server.drain_seconds": (0.0, 3600.0),
     "decay.rate_per_day": (0.0, 10.0),
@@ -122,6 +123,7 @@ class ServerConfig:
 
     endpoint: str | None = None  # default: ipc socket in a private runtime directory
     max_message_bytes: int = 1024 * 1024
+    max_reply_bytes: int = 4 * 1024 * 1024  # a bigger result is answered too_large (ask for fewer)
     queue_size: int = 256
     curve_secret_key: str | None = None  # server's secret key file (zmq.auth), for non-loopback tcp
     curve_authorized_dir: str | None = None  # folder of allowed clients' public key files

@@ -43,6 +43,7 @@ from .errors import (
     ProtocolError,
     ReachyMemoryError,
     RequestTimeoutError,
+    TooLargeError,
     ValidationError,
 )
 from .model import to_epoch
@@ -50,7 +51,13 @@ from .store import MemoryStore
 
 log = logging.getLogger(__name__)
 REPLIES = "inproc://reachy-memory-replies"
-REPLY_HWM = 256  # queued replies per client before further ones are dropped (bounds daemon memory)
+# Replies queued per client before further ones are dropped and counted: with replies capped
+# at server.max_reply_bytes (4 MiB), a client that never reads holds at most 32 x 4 MiB.
+REPLY_HWM = 32
+# Reads whose result can outgrow their request are capped at server.max_reply_bytes (a write's
+# reply echoes what it stored, so it is bounded by the request limit, and is never refused
+# after the write was made durable).
+CAPPED = frozenset({"search", "recall", "export", "history", "context_for", "people"})
 INLINE = LANES["inline"]  # answered on the I/O thread (lock-free views)
 EMBEDDED = LANES["embed"]  # embedded on the embedding thread, committed on the engine thread
 
@@ -361,8 +368,14 @@ class Daemon:
             result = table[job.op](self, job)
         except Exception as exc:
             return self._failure(job, exc)
+        reply = proto.ok(job.request_id, result)
+        if job.op in CAPPED and len(reply) > self.config.server.max_reply_bytes:
+            limit = self.config.server.max_reply_bytes
+            return self._failure(job, TooLargeError(
+                f"{job.op}: the result is {len(reply)} bytes, over the {limit}-byte reply limit; ask for fewer "
+                "results (limit) or raise server.max_reply_bytes", field="result", size=len(reply), limit=limit))
         self._record(job.op, time.monotonic() - job.received, failed=False)
-        return proto.ok(job.request_id, result)
+        return reply
 
     def _failure(self, job: _Job, exc: Exception) -> bytes:
         self._record(job.op, time.monotonic() - job.received, failed=True)
@@ -503,7 +516,15 @@ def _export(d: Daemon, job: _Job) -> dict[str, Any]:
     if not 1 <= limit <= 5000:
         raise ValidationError("limit must be an integer from 1 to 5000", field="limit")
     page, cursor = d.store.export_page(job.args.get("after"), limit)
-    return {"memories": _memories(page), "next": cursor}
+    kept: list[Any] = []
+    size = 0
+    for memory in page:  # long memories: a shorter page, so the reply stays under the reply limit
+        size += len(memory.content) * 4 + 512
+        if kept and size > d.config.server.max_reply_bytes // 2:
+            cursor = kept[-1].id
+            break
+        kept.append(memory)
+    return {"memories": _memories(kept), "next": cursor}
 
 
 def _backup(d: Daemon, job: _Job) -> dict[str, Any]:

@@ -14,7 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from reachy_memory import ConfigError, MemoryClient, RequestTimeoutError, ValidationError, load_config
+from reachy_memory import (
+    ConfigError,
+    MemoryClient,
+    RequestTimeoutError,
+    TooLargeError,
+    ValidationError,
+    load_config,
+)
 from reachy_memory.endpoint import ENV_ENDPOINT, check_endpoint, prepare_ipc_dir, resolve_endpoint
 from tests.daemon_util import ROOT, DaemonProcess
 
@@ -203,3 +210,51 @@ def test_a_client_that_never_reads_cannot_grow_the_daemon(daemon: DaemonProcess)
     finally:
         greedy.close(linger=0)
         ctx.term()
+
+
+@pytest.mark.parametrize(("size", "answered"), [
+    (1024 * 1024 + 1, True),  # just over the 1 MiB limit: too_large at once
+    (8 * 1024 * 1024, True),  # far over it, under the hard cap: too_large too, not silence
+    (20 * 1024 * 1024, False),  # over the hard cap (16 x the limit): zmq drops the frame unread
+])
+def test_oversized_frames(daemon: DaemonProcess, size: int, answered: bool) -> None:
+    import msgpack
+    import zmq
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.linger = 0
+    sock.rcvtimeo = 3000
+    sock.connect(daemon.endpoint)
+    try:
+        sock.send(msgpack.packb({"v": 1, "id": 1, "op": "store", "args": {"content": "x" * size}}))
+        if answered:
+            reply = msgpack.unpackb(sock.recv())
+            assert reply["ok"] is False and reply["error"]["code"] == "too_large"
+        else:
+            with pytest.raises(zmq.Again):
+                sock.recv()
+    finally:
+        sock.close(linger=0)
+        ctx.term()
+    with daemon.client() as c:
+        assert c.ping()["pong"]  # the daemon serves on
+
+
+def test_a_result_over_the_reply_limit_is_too_large_and_export_pages_shrink(tmp_path: Path) -> None:
+    d = DaemonProcess(tmp_path, server={"max_reply_bytes": 64 * 1024}).start()
+    try:
+        with d.client(timeout=30) as c:
+            c.store_batch([{"content": f"long memory {i} " + "robots " * 2000} for i in range(20)])
+            with pytest.raises(TooLargeError, match="reply limit"):
+                c.search("robots", limit=20, min_score=0)
+            assert len(c.search("robots", limit=2, min_score=0)) == 2  # fewer results fit
+            page, cursor = c.export_page(None, 500)
+            assert 0 < len(page) < 20 and cursor is not None  # a shorter page, not an error
+            total = len(page)
+            while cursor is not None:
+                page, cursor = c.export_page(cursor, 500)
+                total += len(page)
+            assert total == 20
+    finally:
+        assert d.stop() == 0
