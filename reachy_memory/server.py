@@ -272,7 +272,7 @@ class Daemon:
             self._enqueue(router, job)
 
     def _parse(self, envelope: list[bytes], body: bytes) -> _Job:
-        message = proto.decode(body)
+        message = proto.decode(body, untrusted=True)
         request_id = message.get("id")
         if not isinstance(request_id, str | int) or isinstance(request_id, bool):
             raise ProtocolError("request 'id' must be a string or an integer")

@@ -258,3 +258,11 @@ def test_a_result_over_the_reply_limit_is_too_large_and_export_pages_shrink(tmp_
             assert total == 20
     finally:
         assert d.stop() == 0
+
+
+def test_a_huge_filter_is_refused_before_it_is_decoded(daemon: DaemonProcess) -> None:
+    where = {"$or": [{"n": i} for i in range(125_000)]}  # 868 KB: under the frame limit
+    with daemon.client(timeout=10) as c:
+        with pytest.raises(TooLargeError, match="more than"):
+            c.search("robots", where=where)
+        assert c.ping()["pong"]
