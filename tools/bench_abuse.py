@@ -119,7 +119,7 @@ def case_greedy(d: Daemon) -> None:
 def case_long(d: Daemon) -> None:
     with d.client(timeout=300) as c:
         for start in range(0, 1000, 50):
-            c.store_batch([{"content": f"long note {i} " + "the garden robot waters the plants " * 460}
+            c.store_batch([{"content": f"long note {i} " + "the garden robot waters the plants " * 450}
                            for i in range(start, start + 50)], timeout=300)
 
 
