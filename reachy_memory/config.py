@@ -123,7 +123,7 @@ class ServerConfig:
 
     endpoint: str | None = None  # default: ipc socket in a private runtime directory
     max_message_bytes: int = 1024 * 1024
-    max_reply_bytes: int = 4 * 1024 * 1024  # a bigger result is answered too_large (ask for fewer)
+    max_reply_bytes: int = 1024 * 1024  # a bigger read result is answered too_large (ask for fewer)
     queue_size: int = 256
     curve_secret_key: str | None = None  # server's secret key file (zmq.auth), for non-loopback tcp
     curve_authorized_dir: str | None = None  # folder of allowed clients' public key files

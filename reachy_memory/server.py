@@ -51,9 +51,10 @@ from .store import MemoryStore
 
 log = logging.getLogger(__name__)
 REPLIES = "inproc://reachy-memory-replies"
-# Replies queued per client before further ones are dropped and counted: with replies capped
-# at server.max_reply_bytes (4 MiB), a client that never reads holds at most 32 x 4 MiB.
-REPLY_HWM = 32
+# Replies queued per client before further ones are dropped and counted (a client may pipeline
+# a burst of requests, so not fewer); with reads capped at server.max_reply_bytes (1 MiB) a
+# client that never reads holds at most 256 MiB, and in practice far less (README, abuse).
+REPLY_HWM = 256
 # Reads whose result can outgrow their request are capped at server.max_reply_bytes (a write's
 # reply echoes what it stored, so it is bounded by the request limit, and is never refused
 # after the write was made durable).

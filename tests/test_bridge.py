@@ -178,7 +178,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
 
 def test_round_trip_with_the_daemon(daemon: DaemonProcess) -> None:
     with daemon.client() as c:
-        c.remember_fact("Alex likes green tea", person="Alex")
+        c.remember_fact("Alex likes green tea", {"person": "Alex"})
     with MemoryBridge(daemon.endpoint, config=daemon.config, refresh_interval=0.1) as bridge:
         bridge.set_current_person("Alex")
         assert bridge.record_turn("user", "I am back from Lyon")

@@ -87,7 +87,7 @@ def test_socket_is_private(daemon: DaemonProcess) -> None:
 def test_async_client_mirrors_the_spec_api(daemon: DaemonProcess) -> None:
     async def scenario() -> None:
         async with AsyncMemoryClient(daemon.endpoint, config=daemon.config) as c:
-            fact = await c.remember_fact("User prefers to be called Alex", category="user_profile")
+            fact = await c.remember_fact("User prefers to be called Alex", {"category": "user_profile"})
             await c.remember_conversation("we talked about dinosaurs")
             hits, window = await asyncio.gather(c.search("what is the user's name"), c.get_context_window())
             assert hits[0].memory.id == fact.id and window == []
