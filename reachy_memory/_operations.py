@@ -239,6 +239,10 @@ def protocol_doc() -> str:
              "`name = value` has a default. Lanes: inline (I/O thread, never waits), embed",
              "(embedding thread, then engine), engine (engine thread, in order). Retried: the clients send",
              "it again after a timeout (reads, and writes with client-made ids).", "",
+             "`where` filters mean what they mean in ChromaDB 1.5.9 (`$eq $ne $gt $gte $lt $lte $in $nin $and "
+             "$or`, nested;", "`$ne` and `$nin` also match memories that lack the key): 300 generated filters "
+             "recorded from ChromaDB", "are replayed by `tests/test_filters_chroma.py` "
+             "(`tools/record_chroma_filters.py` records them).", "",
              "| op | lane | retried | args | result | what it does |", "|---|---|---|---|---|---|"]
     for op in _ROWS:
         args = ", ".join(a.describe() for a in op.args) or "—"

@@ -77,7 +77,7 @@ def main() -> None:
     filters = [where(rng) for _ in range(300)]
     with tempfile.TemporaryDirectory() as tmp:
         client = chromadb.PersistentClient(path=tmp)
-        col = client.create_collection("m")
+        col = client.create_collection("memories")
         col.add(ids=[m["id"] for m in mems], documents=[m["content"] for m in mems],
                 metadatas=[m["metadata"] for m in mems], embeddings=[[float(i), 1.0] for i in range(len(mems))])
         answers = [sorted(col.get(where=f)["ids"]) for f in filters]
