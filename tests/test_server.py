@@ -40,13 +40,21 @@ def daemon(tmp_path: Path) -> Iterator[DaemonProcess]:
     assert d.stop() == 0, d.log.read_text()[-2000:]
 
 
+@pytest.fixture(scope="module")
+def shared_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+    """One daemon for the cases that need no fresh store (the bad-input table)."""
+    d = DaemonProcess(tmp_path_factory.mktemp("shared")).start()
+    yield d
+    assert d.stop() == 0, d.log.read_text()[-2000:]
+
+
 @pytest.fixture
-def raw(daemon: DaemonProcess) -> Iterator[zmq.Socket]:
+def raw(shared_daemon: DaemonProcess) -> Iterator[zmq.Socket]:
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.linger = 0
     sock.rcvtimeo = 5000
-    sock.connect(daemon.endpoint)
+    sock.connect(shared_daemon.endpoint)
     yield sock
     sock.close(linger=0)
     ctx.term()
@@ -133,7 +141,8 @@ def test_bad_input_gets_an_error_reply(raw: zmq.Socket, payload: bytes, code: st
     assert _send(raw, msgpack.packb({"v": 1, "id": "p", "op": "ping", "args": {}}))["ok"] is True
 
 
-def test_fuzzed_frames_never_take_the_daemon_down(daemon: DaemonProcess, raw: zmq.Socket) -> None:
+def test_fuzzed_frames_never_take_the_daemon_down(shared_daemon: DaemonProcess, raw: zmq.Socket) -> None:
+    daemon = shared_daemon
     rng = random.Random(7)
     valid = msgpack.packb({"v": 1, "id": "x", "op": "search", "args": {"query": "robots", "limit": 3}})
     raw.rcvtimeo = 0
