@@ -670,12 +670,17 @@ class MemoryStore(PeopleMixin):
 
 def _first_vkey(ops: list[list[Any]]) -> str | None:
     """The vector space named by the first stored memory in ``ops`` (a rebuild with no snapshot)."""
-    return next((decode(op[1]).vkey for op in ops if op[0] == "put" and decode(op[1]).vkey is not None), None)
+    return next((decode(op[1]).vkey for op in ops if _is_put(op) and decode(op[1]).vkey is not None), None)
 
 
 def _first_dim(ops: list[list[Any]]) -> int | None:
     """The dimension of the first stored vector in ``ops`` (a rebuild with no snapshot)."""
-    return next((len(op[2]) // 4 for op in ops if op[0] == "put" and op[2]), None)
+    return next((len(op[2]) // 4 for op in ops if _is_put(op) and op[2]), None)
+
+
+def _is_put(op: Any) -> bool:
+    """A memory put (person ops are maps, the others lists)."""
+    return isinstance(op, list) and bool(op) and op[0] == "put"
 
 
 def _both(a: np.ndarray | None, b: np.ndarray | None) -> np.ndarray | None:

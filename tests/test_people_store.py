@@ -282,3 +282,19 @@ def test_decay_archives_unused_facts_and_retrieval_refreshes_them(config: Config
     with MemoryStore(config=cfg, embedder=None) as store:  # the refresh was journaled on close
         at = 1_700_000_000.0 + 2 * day + 5 * day  # 5 days after the refresh: exp(-0.5) = 0.61
         assert old.id in {h.memory.id for h in store.search("spare key", now=at, min_score=0)}
+
+
+def test_a_damaged_snapshot_of_a_people_store_is_rebuilt(config: Config) -> None:
+    from reachy_memory import backup as bk
+
+    with MemoryStore(config=config, embedder=None) as s:  # one generation: no previous snapshot to start from
+        s.remember("my niece Ida likes kites", subjects=["my niece Ida"])
+        later = s.remember("my nephew Bo likes boats", subjects=["my nephew Bo"])[0]  # person ops in the journal
+    snapshot = config.data_dir / "snapshot.rms"
+    data = bytearray(snapshot.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    snapshot.write_bytes(bytes(data))
+    bk.repair(config.data_dir, config)
+    with MemoryStore(config=config, embedder=None) as s:
+        assert s.find_person("my nephew").name == "Bo" and s.find_person("my niece").name == "Ida"  # type: ignore[union-attr]
+        assert s.get(later.id).subjects == later.subjects  # type: ignore[union-attr]
