@@ -236,6 +236,8 @@ class PeopleMixin:
             return {}
         if name is None:
             raise ValidationError("aliases need a note name", field="aliases")
+        if isinstance(aliases, str) or len(aliases) > MAX_ALIASES:
+            raise ValidationError(f"aliases must be a list of at most {MAX_ALIASES} names", field="aliases")
         for label in (name, *aliases):
             taken = self._state.names.get(_label(label).casefold())
             if taken is not None:
@@ -413,6 +415,9 @@ class PeopleMixin:
         self._require_open()
         person_ops = [_person_op(n, p) for n, p in enumerate(people)]
         rows = [_import_row(n, m) for n, m in enumerate(memories)]
+        for row in rows:  # content and metadata too, so a bad last row writes nothing at all
+            ingest.validate_item({"content": row["content"], "memory_type": row["type"],
+                                  "metadata": row.get("metadata")}, self._config)
         with self._lock:
             fresh_people = [op for op in person_ops if self._people.get(op["id"]) is None]
             if fresh_people:
@@ -515,8 +520,9 @@ def _import_row(n: int, m: Any) -> dict[str, Any]:
         if m.get(key) is not None:
             row[field] = _when(n, m[key], key)
     for key, kind in (("owner", str), ("name", str), ("superseded_by", str)):
-        if m.get(key) is not None and not isinstance(m[key], kind):
-            raise ValidationError(f"memory {n}: {key} must be a string", field=key)
+        if m.get(key) is not None and (not isinstance(m[key], kind) or not 0 < len(m[key]) <= MAX_NAME_CHARS):
+            raise ValidationError(f"memory {n}: {key} must be a string of 1 to {MAX_NAME_CHARS} characters",
+                                  field=key)
         if m.get(key) is not None:
             row[key] = m[key]
     for key in ("subjects", "aliases"):

@@ -257,6 +257,7 @@ def test_a_store_written_before_people_aware_memory_opens(tmp_path: Path, base_c
     ({"content": "a", "subjects": "Sarah"}, "subjects"),  # a string, not a list
     ({"content": "a", "expires_in_days": -1}, "expires_in_days"),  # negative
     ({"content": "a", "aliases": ["x"]}, "aliases"),  # aliases without a name
+    ({"content": "a", "name": "n", "aliases": ["x"] * 33}, "aliases"),  # too many aliases
 ])
 def test_bad_remember_calls_are_refused_and_store_nothing(lexical_store: MemoryStore, kwargs: dict[str, object],
                                                           field: str) -> None:
@@ -298,3 +299,21 @@ def test_a_damaged_snapshot_of_a_people_store_is_rebuilt(config: Config) -> None
     with MemoryStore(config=config, embedder=None) as s:
         assert s.find_person("my nephew").name == "Bo" and s.find_person("my niece").name == "Ida"  # type: ignore[union-attr]
         assert s.get(later.id).subjects == later.subjects  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("memory", "field"), [
+    ({"id": "a", "content": "x", "created_at": "2026-01-01T00:00:00+00:00", "subjects": "p1"}, "subjects"),  # a str
+    ({"id": "a", "content": "x", "created_at": "yesterday"}, "created_at"),  # not a time
+    ({"id": "a", "content": "x", "created_at": 4_000_000_000_000.0}, "created_at"),  # out of range
+    ({"id": "a", "content": "x", "created_at": 1.7e9, "owner": 5}, "owner"),  # not a string
+    ({"id": "a", "content": "x", "created_at": 1.7e9, "shared": "yes"}, "shared"),  # not a bool
+    ({"id": "a", "content": "x", "created_at": 1.7e9, "name": "n" * 500}, "name"),  # too long
+    ({"id": "a", "content": "", "created_at": 1.7e9}, "content"),  # empty
+])
+def test_hostile_imports_are_refused_before_anything_is_written(lexical_store: MemoryStore,
+                                                                memory: dict[str, object], field: str) -> None:
+    good = {"id": "ok", "content": "kept out too", "created_at": 1.7e9}
+    person = {"id": "p1", "name": "Ida", "created_at": 1.7e9}
+    with pytest.raises(ValidationError) as err:
+        lexical_store.import_memories([good] * 1 + [memory], people=[person], batch=1)
+    assert err.value.field == field and len(lexical_store) == 0 and lexical_store.people() == []
