@@ -1,13 +1,25 @@
-# Sourced by tools/*.sh: creates .venv and installs the project with its test
-# and mcp extras once per change of pyproject.toml (stamp file). The robot
-# extra (reachy-mini, which needs apt packages: README "Reachy Mini
-# integration") is not installed here until tests use it.
+# Sourced by tools/*.sh: creates .venv and installs the project with its test, mcp and
+# robot extras once per change of pyproject.toml (stamp file).  The robot extra
+# (reachy-mini) builds PyGObject, which needs a few Debian packages: installed here
+# when missing and we are root (CI and the robot image are), else say what to install.
 VENV="${REACHY_MEMORY_VENV:-$PWD/.venv}"
+APT_PACKAGES="libcairo2-dev libgirepository1.0-dev gir1.2-gst-plugins-base-1.0 gir1.2-gst-plugins-bad-1.0 \
+gstreamer1.0-plugins-base gstreamer1.0-plugins-good gstreamer1.0-plugins-bad pkg-config"
 if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
 stamp="$VENV/.installed-$(sha256sum pyproject.toml | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
-  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e '.[test,mcp]'
+  extras="test,mcp"
+  if pkg-config --exists gobject-introspection-1.0 cairo 2>/dev/null; then
+    extras="test,mcp,robot"
+  elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "installing the Debian packages reachy-mini needs (once)..." >&2
+    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $APT_PACKAGES >/dev/null \
+      && extras="test,mcp,robot"
+  else
+    echo "note: robot tests will be skipped; to run them: sudo apt-get install $APT_PACKAGES" >&2
+  fi
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[$extras]"
   touch "$stamp"
 fi

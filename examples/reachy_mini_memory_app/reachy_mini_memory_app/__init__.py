@@ -1,0 +1,1 @@
+"""Demo Reachy Mini app using reachy-memory (see main.py)."""
