@@ -106,20 +106,37 @@ def new_records(items: list[Item], now: float, expiry: Expiry,
 
 def embedding_texts(recs: list[Record], previous: Record | None, config: Config) -> list[str]:
     """Each new record's text to embed (``previous``: the last turn stored before them)."""
-    texts = []
+    return [context_text(rec, before, config) for rec, before in zip(recs, turns_before(recs, previous), strict=True)]
+
+
+def turns_before(recs: list[Record], previous: Record | None) -> list[Record | None]:
+    """For each new record, the conversation turn it follows by the previous-turn rule
+    (None for other types and after a pause of over :data:`NEIGHBOUR_SECONDS`)."""
+    out: list[Record | None] = []
     for rec in recs:
-        texts.append(context_text(rec, previous, config))
-        if rec.type == MemoryType.CONVERSATION.value:
+        turn = rec.type == MemoryType.CONVERSATION.value
+        out.append(previous if turn and previous is not None and _close(previous, rec) else None)
+        if turn:
             previous = rec
-    return texts
+    return out
+
+
+def linked(recs: list[Record], previous: Record | None) -> list[Record]:
+    """``recs`` with ``follows`` set to the id of the turn each follows (or None)."""
+    return [rec.replace(follows=before.id if before is not None else None)
+            for rec, before in zip(recs, turns_before(recs, previous), strict=True)]
 
 
 def context_text(rec: Record, previous: Record | None, config: Config) -> str:
     """What is embedded for ``rec``: a conversation turn carries the turn before it."""
     if (config.embedding.neighbour_context and rec.type == MemoryType.CONVERSATION.value
-            and previous is not None and rec.created - previous.created <= NEIGHBOUR_SECONDS):
+            and previous is not None and _close(previous, rec)):
         return f"{previous.content}\n{rec.content}"
     return rec.content
+
+
+def _close(previous: Record, rec: Record) -> bool:
+    return rec.created - previous.created <= NEIGHBOUR_SECONDS
 
 
 def check_search(query: Any, limit: Any, min_score: Any, mode: str | None, config: Config) -> str:

@@ -6,6 +6,8 @@ at 0; lexical relevance is BM25 divided by the query's ceiling; hybrid is their
 weighted noisy-OR ``1 - (1 - cos)^(2w) (1 - lex)^(2(1 - w))`` with
 ``w = search.vector_weight``, plus ``search.entity_boost`` when the query names
 the memory's speaker or person (``search.entity_fields``), capped at 1.
+The store then adds its priors: time words (``temporal_boost``) and adjacent
+turns among the best candidates (``neighbour_boost``, :func:`neighbour_bonus`).
 """
 
 from __future__ import annotations
@@ -52,6 +54,22 @@ def rank(query: str, qvec: np.ndarray | None, mask: np.ndarray | None, limit: in
     if mode == "hybrid":
         scores = np.minimum(scores + entity_bonus(query, slots, indexes.fields, cfg), 1.0)
     return slots, scores
+
+
+def neighbour_bonus(scores: np.ndarray, ids: list[str], follows: list[str | None], weight: float) -> np.ndarray:
+    """``weight`` x the best score among each hit's adjacent turns in the same list.
+
+    ``follows[i]`` is the id of the turn hit ``i`` follows (``Record.follows``), so
+    adjacency is known both ways without an index of successors.
+    """
+    where = {memory_id: i for i, memory_id in enumerate(ids)}
+    best = np.zeros(len(scores))
+    for i, before in enumerate(follows):
+        j = where.get(before) if before is not None else None
+        if j is not None:
+            best[i] = max(best[i], scores[j])
+            best[j] = max(best[j], scores[i])
+    return weight * best
 
 
 def entity_bonus(query: str, slots: np.ndarray, fields: FieldIndex, cfg: Any) -> np.ndarray:

@@ -45,6 +45,7 @@ RANGES: dict[str, tuple[float | None, float | None]] = {
     "search.vector_weight": (0.0, 1.0),
     "search.entity_boost": (0.0, 1.0),
     "search.temporal_boost": (0.0, 1.0),
+    "search.neighbour_boost": (0.0, 1.0),
     "search.candidates": (1, 10_000),
     "search.hnsw_m": (2, 128),
     "search.hnsw_ef_construction": (8, 4096),
@@ -108,6 +109,10 @@ class SearchConfig:
     # issue 12 (retrieval): added to memories created inside the window a query's
     # time words name ("yesterday", "last week", "in May"); 0 turns it off.
     temporal_boost: float = 0.1
+    # issue 12: a hit gains this times the score of the turn before or after it when
+    # that turn is also among the best ``candidates``.  Off: it fails the cross rule
+    # with int8 (tuned on one dev conversation it lowers the other; README).
+    neighbour_boost: float = 0.0
     candidates: int = 40  # per retriever, before fusion (LoCoMo recall is flat from 30 to 100)
     exact_threshold: int = 2048  # filtered candidate sets up to this size: exact numpy search
     exact_below: int = 20_000  # indexes up to this size: exact search (faster than the graph there)

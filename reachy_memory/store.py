@@ -278,6 +278,7 @@ class MemoryStore(PeopleMixin):
                 for item in ingest.as_list(items, self._config.memory.max_batch)]
         created = time.time() if now is None else now
         recs, out_ids = ingest.new_records(rows, created, self._expiry, self._state.records)
+        recs = ingest.linked(recs, self._state.last_turn)
         texts = ingest.embedding_texts(recs, self._state.last_turn, self._config)
         vectors = self._embed_records(texts)
         key = self._state.current_key
@@ -298,11 +299,11 @@ class MemoryStore(PeopleMixin):
     def _with_current_context(self, fresh: list[tuple[list[Any], str | None]]) -> list[list[Any]]:
         """The ops, each conversation turn re-embedded if the turn before it is not the
         one prepare saw (another write committed in between).  Engine thread only."""
-        recs = [Record(**op[1]) for op, _ in fresh]
+        recs = ingest.linked([Record(**op[1]) for op, _ in fresh], self._state.last_turn)
         texts = ingest.embedding_texts(recs, self._state.last_turn, self._config)
         stale = [i for i, (op, seen) in enumerate(fresh) if seen is not None and texts[i] != seen]
         vectors = self._embed([texts[i] for i in stale]) if stale else None
-        ops = [op for op, _ in fresh]
+        ops = [["put", encode(rec), op[2]] for rec, (op, _) in zip(recs, fresh, strict=True)]
         for n, i in enumerate(stale):
             ops[i] = ["put", ops[i][1], vectors[n].astype(np.float32).tobytes() if vectors is not None else None]
         return ops
@@ -459,7 +460,20 @@ class MemoryStore(PeopleMixin):
         if mode == "hybrid" and cfg.temporal_boost and now is not None and len(slots):
             created = np.fromiter((state.by_slot[int(s)].created for s in slots), np.float64, len(slots))
             scores = np.minimum(scores + temporal_bonus(query, created, now, cfg.temporal_boost, self._tz), 1.0)
+        if mode == "hybrid" and cfg.neighbour_boost and len(slots) > 1:
+            scores = self._with_neighbours(slots, scores)
         return slots, scores
+
+    def _with_neighbours(self, slots: np.ndarray, scores: np.ndarray) -> np.ndarray:
+        """``scores`` plus the neighbour-turn prior over the best ``search.candidates``."""
+        cfg = self._config.search
+        pool = ranking.top_k(scores, cfg.candidates)
+        recs = [self._state.by_slot[int(s)] for s in slots[pool]]
+        bonus = ranking.neighbour_bonus(scores[pool], [r.id for r in recs], [r.follows for r in recs],
+                                        cfg.neighbour_boost)
+        out = scores.copy()
+        out[pool] = np.minimum(out[pool] + bonus, 1.0)
+        return out
 
     # -- context window and named context ---------------------------------------------
 

@@ -1,4 +1,4 @@
-"""The pure ranking functions: fusion bounds and monotonicity, top-k, lookup."""
+"""The pure ranking functions: fusion bounds and monotonicity, top-k, lookup, neighbour bonus."""
 
 from __future__ import annotations
 
@@ -40,3 +40,13 @@ def test_lookup_finds_present_keys_and_zero_elsewhere(table: dict[int, float], w
     values = np.array([table[k] for k in keys], np.float64)
     got = ranking.lookup(keys, values, np.array(wanted, np.int64))
     assert got.tolist() == [table.get(w, 0.0) for w in wanted]
+
+
+@given(scores=st.lists(unit, min_size=1, max_size=12), data=st.data())
+def test_neighbour_bonus_is_weight_times_the_best_adjacent_score(scores: list[float], data: st.DataObject) -> None:
+    ids = [f"m{i}" for i in range(len(scores))]
+    follows = [data.draw(st.sampled_from([None, *ids[:i]])) for i in range(len(ids))]  # a turn follows an older one
+    got = ranking.neighbour_bonus(np.array(scores), ids, follows, 0.5)
+    for i in range(len(ids)):
+        adjacent = [j for j in range(len(ids)) if follows[i] == ids[j] or follows[j] == ids[i]]
+        assert got[i] == 0.5 * max((scores[j] for j in adjacent), default=0.0)

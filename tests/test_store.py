@@ -432,6 +432,34 @@ def test_interleaved_prepares_embed_each_turn_with_the_turn_committed_before_it(
         assert "turn A\nturn B" in embedder.texts and np.allclose(got, expected)
 
 
+def test_each_turn_records_the_turn_it_follows_across_interleaving_and_restart(config: Config) -> None:
+    """``follows`` is resolved at commit (engine thread), like the embedded text, and persisted."""
+    with MemoryStore(config=config, embedder=HashEmbedder()) as store:
+        a = store.prepare([{"content": "turn A", "memory_type": "conversation"}])
+        b = store.prepare([{"content": "turn B", "memory_type": "conversation"}])
+        (first,) = store.commit(a)
+        (second,) = store.commit(b)
+        fact, third = store.store_batch([{"content": "a fact"}, {"content": "turn C", "memory_type": "conversation"}])
+    with MemoryStore(config=config, embedder=HashEmbedder()) as store:
+        follows = {m.id: store._state.records[m.id].follows for m in (first, second, fact, third)}
+    assert follows == {first.id: None, second.id: first.id, fact.id: None, third.id: second.id}
+
+
+def test_neighbour_boost_lifts_the_turn_next_to_a_strong_hit(tmp_path: Path) -> None:
+    cfg = Config().replace("memory", path=str(tmp_path))
+    turns = ["we should plan the trip to Lisbon", "sure, my cousin lives there", "filler about the weather",
+             "more filler on the weather", "a word on Lisbon trains"]
+    with MemoryStore(config=cfg, embedder=HashEmbedder()) as store:  # every turn is a vector candidate
+        store.store_batch([{"content": t, "memory_type": "conversation"} for t in turns])
+
+        def order(boost: float) -> list[str]:
+            store._config = cfg.replace("search", neighbour_boost=boost)
+            return [h.memory.content for h in store.search("Lisbon trip", min_score=0, limit=5)]
+
+        assert "sure, my cousin lives there" not in order(0.0)[:2]  # no word of the query in it
+        assert order(0.5)[:2] == ["we should plan the trip to Lisbon", "sure, my cousin lives there"]
+
+
 def test_cheap_reads_never_wait_for_the_store_lock(lexical_store: MemoryStore) -> None:
     """get, get_context, get_context_window and stats read views, not locked state:
     a compaction, backup or search holding the lock (held here) never delays them."""

@@ -8,7 +8,8 @@ dia_ids, per category and overall, for lexical-only, vector-only and hybrid.
     python tools/eval_locomo.py                       # ../shared/data/locomo-dev/*.json
     python tools/eval_locomo.py FILE.json ... [--json]
     python tools/eval_locomo.py --grid                # sweep fusion weights (tuning)
-    python tools/eval_locomo.py --cross               # tune on one file, report on the other
+    python tools/eval_locomo.py --cross [--param P]   # tune P on one file, report on the other
+    python tools/eval_locomo.py --latency [--param P] # search time with P at 0 vs configured
 
 Each turn is stored with its session date as ``created_at`` and questions are
 searched with ``now`` = the day after the last session (the time they are asked).
@@ -151,36 +152,36 @@ def grid(files: list[Path], config: Config, embedder: Any) -> None:
             store.close()
 
 
-TEMPORAL_BOOSTS = (0.0, 0.02, 0.05, 0.1, 0.2)
+GRIDS = {"temporal_boost": (0.0, 0.02, 0.05, 0.1, 0.2), "neighbour_boost": (0.0, 0.05, 0.1, 0.2, 0.3)}
 
 
-def cross(files: list[Path], config: Config, embedder: Any) -> None:
-    """Tune ``temporal_boost`` on each file, report hybrid recall on the others."""
+def cross(files: list[Path], config: Config, embedder: Any, param: str) -> None:
+    """Tune ``search.<param>`` on each file over its grid, report hybrid recall on the others
+    (against the same file with the parameter at 0, every other setting at its value)."""
+    grid = GRIDS[param]
     with tempfile.TemporaryDirectory(prefix="rm-locomo-") as tmp:
         stores = [(path.name, store, conv["qa"], asked_at(conv))
                   for path, store, conv in built_stores(files, Path(tmp), config, embedder)]
         scored = {}
         for name, store, qa, now in stores:
-            for boost in TEMPORAL_BOOSTS:
-                store._config = config.replace("search", temporal_boost=boost)
-                scored[name, boost] = summarise(recall(store, qa, "hybrid", now))["overall"]
-                print(f"{name} temporal_boost {boost:.2f}: R@5 {scored[name, boost]['R@5']:.3f} "
-                      f"R@10 {scored[name, boost]['R@10']:.3f}")
+            for value in grid:
+                store._config = config.replace("search", **{param: value})
+                scored[name, value] = summarise(recall(store, qa, "hybrid", now))["overall"]
+                print(f"{name} {param} {value:.2f}: R@5 {scored[name, value]['R@5']:.3f} "
+                      f"R@10 {scored[name, value]['R@10']:.3f}", flush=True)
         for name, store, *_ in stores:
-            best = max(TEMPORAL_BOOSTS, key=lambda b: (scored[name, b]["R@5"] + scored[name, b]["R@10"], -b))
+            best = max(grid, key=lambda v: (scored[name, v]["R@5"] + scored[name, v]["R@10"], -v))
             for other, *_ in stores:
                 if other != name:
                     base, got = scored[other, 0.0], scored[other, best]
-                    print(f"tune on {name}: temporal_boost {best:.2f} -> {other}: "
+                    print(f"tune on {name}: {param} {best:.2f} -> {other}: "
                           f"R@5 {base['R@5']:.3f} -> {got['R@5']:.3f}, R@10 {base['R@10']:.3f} -> {got['R@10']:.3f}")
             store.close()
 
 
-def latency(files: list[Path], config: Config, embedder: Any, repeat: int = 5) -> None:
-    """Search time with the temporal prior off and on, interleaved in one run.
-
-    Query vectors are computed once, so the figure is the ranking alone.
-    """
+def latency(files: list[Path], config: Config, embedder: Any, param: str, repeat: int = 5) -> None:
+    """Search time with ``search.<param>`` at 0 and at its configured value, interleaved
+    in one run.  Query vectors are computed once, so the figure is the ranking alone."""
     with tempfile.TemporaryDirectory(prefix="rm-locomo-") as tmp:
         for path in files:
             conv = json.loads(path.read_text())
@@ -188,51 +189,18 @@ def latency(files: list[Path], config: Config, embedder: Any, repeat: int = 5) -
                 store.store_batch(turns_of(conv))
                 qs = [(q["question"], store.embed_query(q["question"])) for q in conv["qa"] if q.get("question")]
                 now = asked_at(conv)
-                times: dict[float, list[float]] = {0.0: [], config.search.temporal_boost: []}
+                times: dict[float, list[float]] = {0.0: [], getattr(config.search, param): []}
                 for _ in range(repeat):
-                    for boost, out in times.items():
-                        store._config = config.replace("search", temporal_boost=boost)
+                    for value, out in times.items():
+                        store._config = config.replace("search", **{param: value})
                         for text, qvec in qs:
                             t0 = time.perf_counter()
                             store.search_vector(text, qvec, limit=10, min_score=0, now=now)
                             out.append(time.perf_counter() - t0)
-                for boost, out in times.items():
+                for value, out in times.items():
                     out.sort()
-                    print(f"{path.name} {len(store)} memories, temporal_boost {boost:.2f}: "
+                    print(f"{path.name} {len(store)} memories, {param} {value:.2f}: "
                           f"p50 {1e3 * out[len(out) // 2]:.3f} ms  p95 {1e3 * out[int(len(out) * 0.95)]:.3f} ms")
-
-
-NEIGHBOUR_WEIGHTS = (0.0, 0.1, 0.2, 0.3)
-
-
-def _adjacent(dia_id: str) -> list[str]:
-    session, index = dia_id[1:].split(":")
-    return [f"D{session}:{int(index) + step}" for step in (-1, 1)]
-
-
-def neighbour_probe(files: list[Path], config: Config, embedder: Any) -> None:
-    """Experiment (not in the store yet): re-rank the top 40 hybrid hits with
-    score + w * (best score of an adjacent turn among them), per file and w."""
-    with tempfile.TemporaryDirectory(prefix="rm-locomo-") as tmp:
-        for path in files:
-            conv = json.loads(path.read_text())
-            res: dict[float, dict[int, list[float]]] = {w: {5: [], 10: []} for w in NEIGHBOUR_WEIGHTS}
-            with open_store(Path(tmp), path.stem, embedder, config) as store:
-                store.store_batch(turns_of(conv))
-                for q in conv["qa"]:
-                    evidence = evidence_of(q)
-                    if not evidence or not q.get("question"):
-                        continue
-                    hits = store.search(q["question"], limit=40, min_score=0, now=asked_at(conv))
-                    score = {h.memory.metadata["dia_id"]: h.score for h in hits}
-                    for w, per_k in res.items():
-                        new = {d: s + w * max(score.get(n, 0.0) for n in _adjacent(d)) for d, s in score.items()}
-                        order = sorted(new, key=lambda d: -new[d])
-                        for k, values in per_k.items():
-                            values.append(len(evidence & set(order[:k])) / len(evidence))
-            for w, per_k in res.items():
-                print(f"{path.name} neighbour weight {w:.1f}: "
-                      + " ".join(f"R@{k} {sum(v) / len(v):.3f}" for k, v in per_k.items()))
 
 
 def print_table(summary: dict[str, dict[str, dict[str, float]]]) -> None:
@@ -250,9 +218,10 @@ def main() -> None:
     parser.add_argument("--config", type=Path, help="YAML config (search and embedding sections are used)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--grid", action="store_true", help="sweep fusion weights")
-    parser.add_argument("--neighbour-probe", action="store_true", help="experiment: neighbour-turn re-ranking")
-    parser.add_argument("--latency", action="store_true", help="search time, temporal prior off vs on")
-    parser.add_argument("--cross", action="store_true", help="tune on one file, report on the other")
+    parser.add_argument("--latency", action="store_true", help="search time, --param at 0 vs its configured value")
+    parser.add_argument("--cross", action="store_true", help="tune --param on one file, report on the other")
+    parser.add_argument("--param", choices=sorted(GRIDS), default="neighbour_boost",
+                        help="the search setting --cross and --latency vary (default: neighbour_boost)")
     parser.add_argument("--precision", choices=("fp32", "int8"), help="embedding precision (int8: 1 thread)")
     parser.add_argument("--no-neighbour", action="store_true", help="embed turns without the previous turn")
     args = parser.parse_args()
@@ -264,11 +233,11 @@ def main() -> None:
         config = config.replace("embedding", precision=args.precision, threads=1 if args.precision == "int8" else 2)
     embedder = load_embedder(config)
     started = time.perf_counter()
-    if args.latency or args.neighbour_probe:
-        (latency if args.latency else neighbour_probe)(files, config, embedder)
+    if args.latency or args.cross:
+        (latency if args.latency else cross)(files, config, embedder, args.param)
         return
-    if args.grid or args.cross:
-        (cross if args.cross else grid)(files, config, embedder)
+    if args.grid:
+        grid(files, config, embedder)
         return
     summary = evaluate(files, config, embedder)
     if args.json:
