@@ -10,13 +10,14 @@ as sentence-transformers' all-MiniLM-L6-v2 pipeline does.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 OPSET = 17
 
@@ -36,18 +37,63 @@ class BertShape:
                    float(config.get("layer_norm_eps", 1e-12)))
 
 
+class _Unprefixed:
+    """``weights[name]`` or ``weights["bert." + name]``, read on access: with lazily
+    loaded weights each tensor lives only until it is copied into the graph."""
+
+    def __init__(self, weights: Mapping[str, np.ndarray]) -> None:
+        self._weights = weights
+        self._prefix = "bert." if any(k.startswith("bert.") for k in weights) else ""
+        self._derived: dict[str, np.ndarray] = {}  # tensors computed while building (fused QKV)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name in self._derived:
+            return self._derived.pop(name)  # read once, by the op that uses it
+        return self._weights[self._prefix + name]
+
+    def __setitem__(self, name: str, value: np.ndarray) -> None:
+        self._derived[name] = value
+
+
+class LazyWeights(Mapping[str, np.ndarray]):
+    """The tensors of a safetensors file, each read from disk when asked for (not kept)."""
+
+    def __init__(self, path: Path) -> None:
+        from safetensors import safe_open
+
+        self._file = safe_open(str(path), framework="numpy")
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        try:
+            return self._file.get_tensor(name)  # type: ignore[no-any-return]
+        except Exception as exc:  # safetensors raises its own error types for a missing name
+            raise KeyError(name) from exc
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._file.keys())
+
+    def __len__(self) -> int:
+        return len(self._file.keys())
+
+
 class _Graph:
     """Accumulates nodes and initializers with unique names."""
 
-    def __init__(self, weights: dict[str, np.ndarray]) -> None:
-        self.w = {k.removeprefix("bert."): v for k, v in weights.items()}
+    def __init__(self, weights: Mapping[str, np.ndarray]) -> None:
+        self.w = _Unprefixed(weights)
+        self.model = onnx.ModelProto()
         self.nodes: list[onnx.NodeProto] = []
-        self.inits: list[onnx.TensorProto] = []
         self.weight_matmuls: list[str] = []
         self._n = 0
 
     def const(self, name: str, value: np.ndarray) -> str:
-        self.inits.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
+        """Add ``value`` as an initializer straight into the model (one copy of the bytes)."""
+        value = np.ascontiguousarray(value)
+        tensor = self.model.graph.initializer.add()
+        tensor.name = name
+        tensor.data_type = helper.np_dtype_to_tensor_dtype(value.dtype)
+        tensor.dims.extend(value.shape)
+        tensor.raw_data = value.astype(value.dtype.newbyteorder("<"), copy=False).tobytes()
         return name
 
     def op(self, op_type: str, inputs: list[str], **attrs: Any) -> str:
@@ -70,25 +116,25 @@ class _Graph:
         return self.op("LayerNormalization", [x, gamma, beta], axis=-1, epsilon=eps)
 
 
-def build_graph(weights: dict[str, np.ndarray], shape: BertShape) -> tuple[onnx.ModelProto, list[str]]:
-    """The ONNX model and the names of its weight MatMul nodes."""
+def build_graph(weights: Mapping[str, np.ndarray], shape: BertShape) -> tuple[onnx.ModelProto, list[str]]:
+    """The ONNX model and the names of its weight MatMul nodes (check it with
+    :func:`save_model`, which checks the saved file rather than a second copy in RAM)."""
     g = _Graph(weights)
     x = _embeddings(g, shape)
     mask_bias = _mask_bias(g)
     for i in range(shape.layers):
         x = _encoder_layer(g, x, mask_bias, f"encoder.layer.{i}", shape)
     out = _pool_and_normalise(g, x)
-    graph = helper.make_graph(
-        g.nodes, "minilm_sentence_embedding",
-        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
-         helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "seq"])],
-        [helper.make_tensor_value_info(out, TensorProto.FLOAT, ["batch", shape.hidden])],
-        g.inits,
-    )
-    graph.output[0].name = out
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="reachy-memory")
+    model = g.model  # built in place: copying a graph proto would copy every weight
+    graph = model.graph
+    graph.name = "minilm_sentence_embedding"
+    graph.node.extend(g.nodes)
+    graph.input.extend([helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
+                        helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "seq"])])
+    graph.output.extend([helper.make_tensor_value_info(out, TensorProto.FLOAT, ["batch", shape.hidden])])
+    model.opset_import.extend([helper.make_opsetid("", OPSET)])
+    model.producer_name = "reachy-memory"
     model.ir_version = 8
-    onnx.checker.check_model(model)
     return model, g.weight_matmuls
 
 
@@ -160,8 +206,10 @@ def _pool_and_normalise(g: _Graph, x: str) -> str:
 
 
 def save_model(model: onnx.ModelProto, path: Path) -> None:
-    """Serialise ``model`` to ``path`` (the caller handles atomicity)."""
+    """Serialise ``model`` to ``path`` and check the file (the caller handles atomicity).
+    Raises onnx's ValidationError for a malformed graph."""
     onnx.save_model(model, str(path))
+    onnx.checker.check_model(str(path))
 
 
 def quantize_int8(src: Path, dst: Path, weight_matmuls: list[str]) -> None:

@@ -207,16 +207,35 @@ def _identity(digest: str, precision: str) -> dict[str, Any]:
 
 
 def _build(source: Path, out_dir: Path, digest: str, precision: str, progress: Progress) -> None:
+    """Build the graph in a short-lived child process, relaying its progress lines:
+    the build peaks near 415 MB (int8; onnxruntime's quantiser is most of it) and a
+    daemon that built in-process would keep much of that heap for good.
+    Raises ModelUnavailableError with the child's last lines when it fails."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]),
+                                                                      os.environ.get("PYTHONPATH")]))}
+    code = "import sys; from reachy_memory.model_files import build_main; build_main(sys.argv[1:])"
+    cmd = [sys.executable, "-c", code, str(source), str(out_dir), digest, precision]
+    lines: list[str] = []
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as child:
+        assert child.stdout is not None
+        for line in child.stdout:
+            lines.append(line.rstrip())
+            progress(lines[-1])
+    if child.returncode != 0:
+        tail = "\n".join(lines[-15:])
+        raise ModelUnavailableError(f"building the ONNX graph from {source} failed (exit {child.returncode}):\n{tail}")
+
+
+def _build_here(source: Path, out_dir: Path, digest: str, precision: str, progress: Progress) -> None:
     """Build the ``precision`` graph from safetensors (int8 goes through a temporary
     fp32 graph that is not kept); an atomic rename into ``out_dir``."""
-    from safetensors.numpy import load_file
-
-    from ._bert_onnx import BertShape, build_graph, quantize_int8, save_model
+    from ._bert_onnx import BertShape, LazyWeights, build_graph, quantize_int8, save_model
 
     out_dir.mkdir(parents=True, exist_ok=True)
     progress(f"building the ONNX graph from {source / 'model.safetensors'} ...")
     shape = BertShape.from_config(json.loads((source / "config.json").read_text()))
-    model, matmuls = build_graph(load_file(str(source / "model.safetensors")), shape)
+    model, matmuls = build_graph(LazyWeights(source / "model.safetensors"), shape)
     target = out_dir / f"{MODEL_NAME}-{digest[:12]}-{precision}.onnx"
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
         save_model(model, Path(tmp) / "fp32.onnx")
@@ -226,3 +245,9 @@ def _build(source: Path, out_dir: Path, digest: str, precision: str, progress: P
             quantize_int8(Path(tmp) / "fp32.onnx", Path(tmp) / "int8.onnx", matmuls)
         os.replace(Path(tmp) / f"{precision}.onnx", target)
     progress(f"built {target.name} in {out_dir}")
+
+
+def build_main(argv: list[str]) -> None:
+    """The build child of :func:`_build`: ``SOURCE OUT_DIR DIGEST PRECISION``, progress on stdout."""
+    source, out_dir, digest, precision = argv
+    _build_here(Path(source), Path(out_dir), digest, precision, lambda m: print(m, flush=True))

@@ -87,6 +87,35 @@ def test_model_dir_with_safetensors_builds_into_cache(tmp_path: Path, base_confi
     assert emb.identity["sha256"].startswith("53aa51172d14")
 
 
+@pytest.mark.parametrize(("precision", "floor"), [
+    ("fp32", 0.9999),  # the graph is the same computation as sentence-transformers
+    ("int8", 0.97),  # weight-only int8: the parity kept by the README's figures
+])
+def test_a_fresh_build_in_the_child_process_matches_the_reference(
+        tmp_path: Path, base_config: Config, reference: tuple[list[str], np.ndarray], precision: str,
+        floor: float) -> None:
+    """The cached graphs other tests use may predate the builder: build anew here."""
+    cfg = base_config.replace("embedding", cache_dir=str(tmp_path / "built"), precision=precision)
+    emb = load_embedder(cfg)
+    assert [p.name.endswith(f"-{precision}.onnx") for p in (tmp_path / "built").iterdir()] == [True]
+    texts, expected = reference
+    got = emb.embed(texts[:40])
+    assert float((got * expected[:40]).sum(axis=1).min()) >= floor
+
+
+def test_a_build_that_fails_in_the_child_is_a_model_error(tmp_path: Path, base_config: Config) -> None:
+    source = Path(base_config.embedding.download_dir or Path.home() / ".cache/reachy-memory") / "all-MiniLM-L6-v2"
+    broken = tmp_path / "model"
+    broken.mkdir()
+    for name in ("config.json", "tokenizer.json"):
+        (broken / name).write_bytes((source / name).read_bytes())
+    (broken / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{bad json" + bytes(64))
+    cfg = load_config(embedding={"model_dir": str(broken), "cache_dir": str(tmp_path / "built")})
+    with pytest.raises(ModelUnavailableError, match="building the ONNX graph"):
+        load_embedder(cfg)
+    assert not list((tmp_path / "built").glob("*.onnx"))  # nothing half-built left to load
+
+
 def test_model_dir_missing_files_is_explained(tmp_path: Path) -> None:
     cfg = load_config(embedding={"model_dir": str(tmp_path)})
     with pytest.raises(ModelUnavailableError, match=r"tokenizer\.json"):
