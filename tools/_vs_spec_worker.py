@@ -87,30 +87,36 @@ class SpecDesign:
         pass
 
 
-class Engine:
+class _Reachy:
+    """What the in-process store and the client share: the same calls."""
+
+    _api: Any  # a MemoryStore or a MemoryClient
+
+    def store(self, content: str, memory_type: str) -> None:
+        self._api.store(content, memory_type)
+
+    def store_many(self, items: list[tuple[str, str]]) -> None:
+        for start in range(0, len(items), 500):
+            self._api.store_batch([{"content": c, "memory_type": t} for c, t in items[start : start + 500]])
+
+    def search(self, query: str, memory_type: str | None = None) -> int:
+        return len(self._api.search(query, memory_type, limit=5))
+
+    def close(self) -> None:
+        self._api.close()
+
+
+class Engine(_Reachy):
     """reachy-memory in-process."""
 
     def __init__(self, path: str, model_dir: str, threads: int) -> None:
         from reachy_memory import Config, MemoryStore
 
         config = Config().replace("memory", path=path, fsync="always").replace("embedding", threads=threads)
-        self._store = MemoryStore(config=config)
-
-    def store(self, content: str, memory_type: str) -> None:
-        self._store.store(content, memory_type)
-
-    def store_many(self, items: list[tuple[str, str]]) -> None:
-        for start in range(0, len(items), 500):
-            self._store.store_batch([{"content": c, "memory_type": t} for c, t in items[start : start + 500]])
-
-    def search(self, query: str, memory_type: str | None = None) -> int:
-        return len(self._store.search(query, memory_type, limit=5))
-
-    def close(self) -> None:
-        self._store.close()
+        self._api = MemoryStore(config=config)
 
 
-class Daemon:
+class Daemon(_Reachy):
     """reachy-memory as a daemon process, through the client."""
 
     def __init__(self, path: str, model_dir: str, threads: int) -> None:
@@ -127,7 +133,7 @@ class Daemon:
         env = {k: v for k, v in os.environ.items() if k != "REACHY_MEMORY_ENDPOINT"}
         self.proc = subprocess.Popen([sys.executable, "-m", "reachy_memory.cli", "serve", "--config", str(config_path)],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-        self._client = MemoryClient(self.endpoint, config=load_config(config_path), timeout=120, retries=0)
+        self._api = MemoryClient(self.endpoint, config=load_config(config_path), timeout=120, retries=0)
         self._wait_ready()
 
     def _wait_ready(self) -> None:
@@ -136,24 +142,14 @@ class Daemon:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and self.proc.poll() is None:
             try:
-                self._client.ping(timeout=0.5)
+                self._api.ping(timeout=0.5)
                 return
             except ReachyMemoryError:
                 time.sleep(0.02)
         raise RuntimeError("the daemon did not start")
 
-    def store(self, content: str, memory_type: str) -> None:
-        self._client.store(content, memory_type)
-
-    def store_many(self, items: list[tuple[str, str]]) -> None:
-        for start in range(0, len(items), 500):
-            self._client.store_batch([{"content": c, "memory_type": t} for c, t in items[start : start + 500]])
-
-    def search(self, query: str, memory_type: str | None = None) -> int:
-        return len(self._client.search(query, memory_type, limit=5))
-
     def close(self) -> None:
-        self._client.close()
+        super().close()
         self.proc.terminate()
         self.proc.wait(timeout=60)
 
