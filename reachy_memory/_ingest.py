@@ -116,7 +116,7 @@ def turns_before(recs: list[Record], previous: Record | None) -> list[Record | N
     for rec in recs:
         turn = rec.type == MemoryType.CONVERSATION.value
         out.append(previous if turn and previous is not None and _close(previous, rec) else None)
-        if turn:
+        if turn and (previous is None or rec.created >= previous.created):
             previous = rec
     return out
 
@@ -136,7 +136,8 @@ def context_text(rec: Record, previous: Record | None, config: Config) -> str:
 
 
 def _close(previous: Record, rec: Record) -> bool:
-    return rec.created - previous.created <= NEIGHBOUR_SECONDS
+    """``rec`` came at most :data:`NEIGHBOUR_SECONDS` after ``previous`` (never before it)."""
+    return 0 <= rec.created - previous.created <= NEIGHBOUR_SECONDS
 
 
 def check_search(query: Any, limit: Any, min_score: Any, mode: str | None, config: Config) -> str:

@@ -289,9 +289,11 @@ class PeopleMixin:
                                  "protected": old.protected}
             if old.name:
                 row |= {"name": old.name, "aliases": list(old.aliases)}
+            superseded = _supersede_fields(row["id"], row["created"])
+            if old.type == MemoryType.CONVERSATION.value:  # a corrected turn keeps its place in the dialogue
+                row |= {"created": old.created, "expires": old.expires, "follows": old.follows}
             release: dict[str, Any] = {"name": None, "aliases": []} if old.name else {}
-            self._commit([["update", old.id, release | _supersede_fields(row["id"], row["created"])],
-                          ["put", row, op[2]]])
+            self._commit([["update", old.id, release | superseded], ["put", row, op[2]]])
             return self._state.records[row["id"]].memory()
 
     def confirm(self, memory_id: str) -> Memory:
@@ -414,7 +416,8 @@ class PeopleMixin:
         Raises ValidationError naming the entry at fault."""
         self._require_open()
         person_ops = [_person_op(n, p) for n, p in enumerate(people)]
-        rows = [_import_row(n, m) for n, m in enumerate(memories)]
+        # In time order: a conversation turn links to the turn before it as it is stored.
+        rows = sorted((_import_row(n, m) for n, m in enumerate(memories)), key=lambda r: r["created"])
         for row in rows:  # content and metadata too, so a bad last row writes nothing at all
             ingest.validate_item({"content": row["content"], "memory_type": row["type"],
                                   "metadata": row.get("metadata")}, self._config)

@@ -147,8 +147,8 @@ class MemoryState:
         self.lexical.add(slot, rec.lexical_text)
         if indexed and vector is not None:
             self.vectors.add(slot, np.frombuffer(vector, np.float32), GROUP[rec.type])
-        if rec.type == MemoryType.CONVERSATION.value:
-            self.last_turn = rec
+        if rec.type == MemoryType.CONVERSATION.value and _not_older(rec, self.last_turn):
+            self.last_turn = rec  # an imported, re-embedded or back-dated turn is not the newest
 
     def _place(self, rec: Record) -> None:
         self.records[rec.id] = rec
@@ -224,6 +224,9 @@ class MemoryState:
                 group[rec.slot] = GROUP[rec.type]
         self._free = sorted(set(range(self.next_slot)) - set(self.by_slot))
         self.vectors.load_vectors(vectors, alive, group)
+        for rec in self.records.values():  # the newest turn (the last of equals: insertion order)
+            if rec.type == MemoryType.CONVERSATION.value and _not_older(rec, self.last_turn):
+                self.last_turn = rec
 
     def freeze(self, *, with_lexical: bool = True) -> Frozen:
         """The state now, for a snapshot; until :meth:`thaw`, freed slots are not reused.
@@ -312,3 +315,8 @@ def _decode_stored(obj: Any) -> Record:
         return decode(obj)
     except (ValidationError, TypeError) as exc:
         raise CorruptionError(f"bad record in snapshot: {exc}", path="", offset=-1) from exc
+
+
+def _not_older(rec: Record, newest: Record | None) -> bool:
+    """True when ``rec`` may be the newest conversation turn (ties: the later write wins)."""
+    return newest is None or rec.id == newest.id or rec.created >= newest.created

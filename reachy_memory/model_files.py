@@ -209,45 +209,56 @@ def _identity(digest: str, precision: str) -> dict[str, Any]:
 def _build(source: Path, out_dir: Path, digest: str, precision: str, progress: Progress) -> None:
     """Build the graph in a short-lived child process, relaying its progress lines:
     the build peaks near 415 MB (int8; onnxruntime's quantiser is most of it) and a
-    daemon that built in-process would keep much of that heap for good.
+    daemon that built in-process would keep much of that heap for good.  The child
+    works in a scratch folder this process removes, even when the child is killed.
     Raises ModelUnavailableError with the child's last lines when it fails."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]),
-                                                                      os.environ.get("PYTHONPATH")]))}
+    with tempfile.TemporaryDirectory(dir=out_dir, prefix=".build-") as scratch:
+        _run_child([str(source), str(out_dir), digest, precision, scratch], progress)
+
+
+def _run_child(args: list[str], progress: Progress) -> None:
+    """Run :func:`build_main` in a child.  Its output is relayed (undecodable bytes
+    replaced); raises ModelUnavailableError with its last lines when it fails."""
+    package_root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8",
+           "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
     code = "import sys; from reachy_memory.model_files import build_main; build_main(sys.argv[1:])"
-    cmd = [sys.executable, "-c", code, str(source), str(out_dir), digest, precision]
     lines: list[str] = []
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as child:
-        assert child.stdout is not None
-        for line in child.stdout:
-            lines.append(line.rstrip())
-            progress(lines[-1])
+    try:  # -P: a module in the working directory must not shadow onnx or reachy_memory
+        with subprocess.Popen([sys.executable, "-P", "-c", code, *args], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, encoding="utf-8", errors="replace", env=env) as child:
+            assert child.stdout is not None
+            for line in child.stdout:
+                lines.append(line.rstrip())
+                progress(lines[-1])
+    except OSError as exc:
+        raise ModelUnavailableError(f"could not start the model build ({sys.executable}): {exc}") from exc
     if child.returncode != 0:
-        tail = "\n".join(lines[-15:])
-        raise ModelUnavailableError(f"building the ONNX graph from {source} failed (exit {child.returncode}):\n{tail}")
+        raise ModelUnavailableError(f"building the ONNX graph from {args[0]} failed (exit {child.returncode}):\n"
+                                    + "\n".join(lines[-15:]))
 
 
-def _build_here(source: Path, out_dir: Path, digest: str, precision: str, progress: Progress) -> None:
-    """Build the ``precision`` graph from safetensors (int8 goes through a temporary
-    fp32 graph that is not kept); an atomic rename into ``out_dir``."""
+def _build_here(source: Path, out_dir: Path, digest: str, precision: str, scratch: Path,
+                progress: Progress) -> None:
+    """Build the ``precision`` graph from safetensors in ``scratch`` (int8 goes through
+    a temporary fp32 graph that is not kept); an atomic rename into ``out_dir``."""
     from ._bert_onnx import BertShape, LazyWeights, build_graph, quantize_int8, save_model
 
-    out_dir.mkdir(parents=True, exist_ok=True)
     progress(f"building the ONNX graph from {source / 'model.safetensors'} ...")
     shape = BertShape.from_config(json.loads((source / "config.json").read_text()))
     model, matmuls = build_graph(LazyWeights(source / "model.safetensors"), shape)
     target = out_dir / f"{MODEL_NAME}-{digest[:12]}-{precision}.onnx"
-    with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
-        save_model(model, Path(tmp) / "fp32.onnx")
-        del model  # the graph's weights: free them before quantising
-        if precision == "int8":
-            progress("quantising to int8 (weight MatMuls, per channel) ...")
-            quantize_int8(Path(tmp) / "fp32.onnx", Path(tmp) / "int8.onnx", matmuls)
-        os.replace(Path(tmp) / f"{precision}.onnx", target)
+    save_model(model, scratch / "fp32.onnx")
+    del model  # the graph's weights: free them before quantising
+    if precision == "int8":
+        progress("quantising to int8 (weight MatMuls, per channel) ...")
+        quantize_int8(scratch / "fp32.onnx", scratch / "int8.onnx", matmuls)
+    os.replace(scratch / f"{precision}.onnx", target)
     progress(f"built {target.name} in {out_dir}")
 
 
 def build_main(argv: list[str]) -> None:
-    """The build child of :func:`_build`: ``SOURCE OUT_DIR DIGEST PRECISION``, progress on stdout."""
-    source, out_dir, digest, precision = argv
-    _build_here(Path(source), Path(out_dir), digest, precision, lambda m: print(m, flush=True))
+    """The build child of :func:`_build`: ``SOURCE OUT_DIR DIGEST PRECISION SCRATCH``, progress on stdout."""
+    source, out_dir, digest, precision, scratch = argv
+    _build_here(Path(source), Path(out_dir), digest, precision, Path(scratch), lambda m: print(m, flush=True))

@@ -113,7 +113,17 @@ def test_a_build_that_fails_in_the_child_is_a_model_error(tmp_path: Path, base_c
     cfg = load_config(embedding={"model_dir": str(broken), "cache_dir": str(tmp_path / "built")})
     with pytest.raises(ModelUnavailableError, match="building the ONNX graph"):
         load_embedder(cfg)
-    assert not list((tmp_path / "built").glob("*.onnx"))  # nothing half-built left to load
+    assert not list((tmp_path / "built").iterdir())  # no model, no scratch folder left behind
+
+
+def test_a_build_child_that_cannot_start_is_a_model_error(tmp_path: Path, base_config: Config,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "no-python"))
+    cfg = base_config.replace("embedding", cache_dir=str(tmp_path / "built"))
+    with pytest.raises(ModelUnavailableError, match="could not start the model build"):
+        load_embedder(cfg)
 
 
 def test_model_dir_missing_files_is_explained(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
 import subprocess
 import sys
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -443,6 +444,38 @@ def test_each_turn_records_the_turn_it_follows_across_interleaving_and_restart(c
     with MemoryStore(config=config, embedder=HashEmbedder()) as store:
         follows = {m.id: store._state.records[m.id].follows for m in (first, second, fact, third)}
     assert follows == {first.id: None, second.id: first.id, fact.id: None, third.id: second.id}
+
+
+def test_links_follow_time_across_reopen_back_dating_and_correction(config: Config) -> None:
+    emb = HashEmbedder()
+    with MemoryStore(config=config, embedder=emb) as store:
+        a = store.store("turn A", "conversation")
+    with MemoryStore(config=config, embedder=emb) as store:  # close compacted: the link survives the snapshot
+        b = store.store("turn B", "conversation")
+        (old,) = store.store_batch([{"content": "a turn from yesterday", "memory_type": "conversation",
+                                     "created_at": time.time() - 86400}])
+        c = store.store("turn C", "conversation")
+        fixed = store.correct(b.id, "turn B, corrected")
+        d = store.store("turn D", "conversation")
+        follows = {m.content: store._state.records[m.id].follows for m in (b, old, c, fixed, d)}
+    assert follows == {"turn B": a.id,  # the newest turn before the reopen
+                       "a turn from yesterday": None,  # older than the newest turn: follows nothing
+                       "turn C": b.id,  # and it did not become the newest turn
+                       "turn B, corrected": a.id,  # a corrected turn keeps its place
+                       "turn D": c.id}  # the correction is not the newest turn
+
+
+def test_imported_turns_link_in_time_order_whatever_the_file_order(tmp_path: Path) -> None:
+    cfg = Config().replace("memory", path=str(tmp_path / "a"))
+    with MemoryStore(config=cfg, embedder=HashEmbedder()) as source:
+        start = time.time() - 3600
+        turns = source.store_batch([{"content": f"turn {i}", "memory_type": "conversation",
+                                     "created_at": start + 60 * i} for i in range(6)])
+        exported = [m.to_dict() for m in source.export_page(limit=100)[0]]  # id order, not time order
+    with MemoryStore(config=cfg.replace("memory", path=str(tmp_path / "b")), embedder=HashEmbedder()) as target:
+        target.import_memories(exported)
+        follows = [target._state.records[m.id].follows for m in turns]
+    assert follows == [None] + [m.id for m in turns[:-1]]
 
 
 def test_neighbour_boost_lifts_the_turn_next_to_a_strong_hit(tmp_path: Path) -> None:
