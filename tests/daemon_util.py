@@ -8,8 +8,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
+import zmq
 
 from reachy_memory import MemoryClient, load_config
 from reachy_memory.errors import ReachyMemoryError
@@ -61,6 +63,13 @@ class DaemonProcess:
                     time.sleep(0.05)
         raise RuntimeError(f"daemon not ready: {self.log.read_text()[-2000:]}")
 
+    def __enter__(self) -> DaemonProcess:
+        """Start the daemon (waiting until it answers); ``__exit__`` stops it."""
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
     def client(self, timeout: float = 10.0, retries: int = 0) -> MemoryClient:
         return MemoryClient(self.endpoint, config=self.config, timeout=timeout, retries=retries)
 
@@ -87,3 +96,14 @@ def run_cli(daemon: DaemonProcess, *argv: str) -> subprocess.CompletedProcess[st
     env.pop("REACHY_MEMORY_ENDPOINT", None)
     return subprocess.run([sys.executable, "-m", "reachy_memory.cli", *argv, "--config", str(daemon.config_path)],
                           capture_output=True, text=True, timeout=120, env=env)
+
+
+def never_reading_dealer(ctx: zmq.Context[Any], endpoint: str) -> zmq.Socket[Any]:
+    """A raw DEALER with the smallest receive queue and buffer, for clients that send
+    requests and never read the replies (the caller closes it)."""
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.RCVHWM, 1)
+    sock.setsockopt(zmq.RCVBUF, 4096)
+    sock.linger = 0
+    sock.connect(endpoint)
+    return sock

@@ -11,7 +11,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -171,9 +170,8 @@ def test_remember_future_gives_the_memory(bridge: MemoryBridge) -> None:
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    d = DaemonProcess(Path(tmp_path_factory.mktemp("bridge"))).start()
-    yield d
-    d.stop()
+    with DaemonProcess(tmp_path_factory.mktemp("bridge")) as d:
+        yield d
 
 
 def test_round_trip_with_the_daemon(daemon: DaemonProcess) -> None:

@@ -16,9 +16,8 @@ pytestmark = pytest.mark.timeout(240)
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    d = DaemonProcess(tmp_path_factory.mktemp("cli")).start()
-    yield d
-    d.stop()
+    with DaemonProcess(tmp_path_factory.mktemp("cli")) as d:
+        yield d
 
 
 def test_store_search_get_forget(daemon: DaemonProcess) -> None:

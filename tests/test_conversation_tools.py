@@ -65,9 +65,8 @@ async def dispatch(tool: MemoryTool, args_json: str, deps: Any = None) -> dict[s
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    d = DaemonProcess(Path(tmp_path_factory.mktemp("conv"))).start()
-    yield d
-    d.stop()
+    with DaemonProcess(tmp_path_factory.mktemp("conv")) as d:
+        yield d
 
 
 def run(coro: Any) -> Any:

@@ -23,14 +23,13 @@ from reachy_memory import (
     load_config,
 )
 from reachy_memory.endpoint import ENV_ENDPOINT, check_endpoint, prepare_ipc_dir, resolve_endpoint
-from tests.daemon_util import ROOT, DaemonProcess
+from tests.daemon_util import ROOT, DaemonProcess, never_reading_dealer
 
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    d = DaemonProcess(tmp_path_factory.mktemp("hostile")).start()
-    yield d
-    d.stop()
+    with DaemonProcess(tmp_path_factory.mktemp("hostile")) as d:
+        yield d
 
 
 def _free_port() -> int:
@@ -192,11 +191,7 @@ def test_a_client_that_never_reads_cannot_grow_the_daemon(daemon: DaemonProcess)
         c.store_batch([{"content": f"long memory {i} " + "about robots " * 300} for i in range(20)])
         before = c.stats()["replies_dropped"]
     ctx = zmq.Context()
-    greedy = ctx.socket(zmq.DEALER)
-    greedy.setsockopt(zmq.RCVHWM, 1)
-    greedy.setsockopt(zmq.RCVBUF, 4096)
-    greedy.linger = 0
-    greedy.connect(daemon.endpoint)
+    greedy = never_reading_dealer(ctx, daemon.endpoint)
     try:
         for i in range(1500):  # ~80 KB replies (or busy), never read
             greedy.send(msgpack.packb({"v": 1, "id": i, "op": "search",

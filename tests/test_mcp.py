@@ -21,9 +21,8 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    d = DaemonProcess(Path(tmp_path_factory.mktemp("mcp"))).start()
-    yield d
-    d.stop()
+    with DaemonProcess(tmp_path_factory.mktemp("mcp")) as d:
+        yield d
 
 
 def session_run(args: list[str], calls: list[tuple[str, dict[str, Any]]]) -> tuple[Any, list[Any]]:

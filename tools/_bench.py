@@ -38,12 +38,28 @@ def runs(fn: Callable[[], Any], repeat: int, n_runs: int = 3) -> dict[str, float
     return {k: float(np.median([r[k] for r in per_run])) for k in per_run[0]} | {"runs": n_runs}
 
 
+def timed_each(fn: Callable[..., Any], args_list: list[tuple[Any, ...]]) -> list[float]:
+    """Wall time of ``fn(*args)`` for each ``args`` in turn."""
+    out = []
+    for args in args_list:
+        start = time.perf_counter()
+        fn(*args)
+        out.append(time.perf_counter() - start)
+    return out
+
+
+def memory_mb(pid: int | str = "self") -> tuple[float, float]:
+    """(resident, peak resident) set size of a process in MB, from /proc."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
+
+
 def rss_mb() -> float:
     """Current resident set size in MB (from /proc)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    try:
+        return memory_mb()[0]
+    except (OSError, KeyError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _locomo() -> list[dict[str, Any]]:

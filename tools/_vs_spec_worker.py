@@ -21,30 +21,11 @@ searches and searches filtered to facts, then reports peak RSS.  Systems:
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 import uuid
 from pathlib import Path
 from typing import Any
-
-
-def peak_rss_mb(pid: int | str = "self") -> float:
-    """VmHWM (peak resident set) of a process in MB."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
-def timed(calls: list[Any]) -> list[float]:
-    """Milliseconds each zero-argument call took."""
-    out = []
-    for call in calls:
-        t0 = time.perf_counter()
-        call()
-        out.append(1000 * (time.perf_counter() - t0))
-    return out
 
 
 class SpecDesign:
@@ -117,41 +98,21 @@ class Engine(_Reachy):
 
 
 class Daemon(_Reachy):
-    """reachy-memory as a daemon process, through the client."""
+    """reachy-memory as a daemon process (``tests.daemon_util``), through the client."""
 
     def __init__(self, path: str, model_dir: str, threads: int) -> None:
-        from reachy_memory import MemoryClient, load_config
+        from tests.daemon_util import DaemonProcess
 
-        root = Path(path).parent
-        self.endpoint = f"ipc://{root}/run/memory.sock"
-        config_path = root / "daemon.yaml"
-        config_path.write_text(json.dumps({"memory": {"path": path, "fsync": "always"},
-                                           "embedding": {"threads": threads},
-                                           "server": {"endpoint": self.endpoint}}))
-        import subprocess
-
-        env = {k: v for k, v in os.environ.items() if k != "REACHY_MEMORY_ENDPOINT"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "reachy_memory.cli", "serve", "--config", str(config_path)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-        self._api = MemoryClient(self.endpoint, config=load_config(config_path), timeout=120, retries=0)
-        self._wait_ready()
-
-    def _wait_ready(self) -> None:
-        from reachy_memory.errors import ReachyMemoryError
-
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and self.proc.poll() is None:
-            try:
-                self._api.ping(timeout=0.5)
-                return
-            except ReachyMemoryError:
-                time.sleep(0.02)
-        raise RuntimeError("the daemon did not start")
+        # DaemonProcess keeps its data in <root>/data: the path the job names.
+        self.daemon = DaemonProcess(Path(path).parent, memory={"fsync": "always"},
+                                    embedding={"threads": threads}).start()
+        assert self.daemon.proc is not None
+        self.pid = self.daemon.proc.pid
+        self._api = self.daemon.client(timeout=120)
 
     def close(self) -> None:
         super().close()
-        self.proc.terminate()
-        self.proc.wait(timeout=60)
+        self.daemon.stop()
 
 
 SYSTEMS = {"spec": SpecDesign, "engine": Engine, "daemon": Daemon}
@@ -162,12 +123,16 @@ def measure(job: dict[str, Any], started: float) -> dict[str, Any]:
     system = SYSTEMS[job["system"]](job["data"], job["model_dir"], job["threads"])
     system.search(job["filtered"][0], "fact")
     cold = time.time() - started
-    out = {"cold_start_s": cold,
-           "store_ms": timed([lambda t=t: system.store(t, "fact") for t in job["new"]]),
-           "search_ms": timed([lambda q=q: system.search(q) for q in job["queries"]]),
-           "filtered_ms": timed([lambda q=q: system.search(q, "fact") for q in job["filtered"][1:]])}
+    from tools._bench import memory_mb, timed_each  # the project root is on sys.path now
+
+    def ms(fn: Any, args: list[Any]) -> list[float]:
+        return [1000 * t for t in timed_each(fn, [(a,) for a in args])]
+
+    out: dict[str, Any] = {"cold_start_s": cold, "store_ms": ms(lambda t: system.store(t, "fact"), job["new"]),
+                           "search_ms": ms(system.search, job["queries"]),
+                           "filtered_ms": ms(lambda q: system.search(q, "fact"), job["filtered"][1:])}
     out["hits"] = [system.search(q) for q in job["queries"][:3]]  # untimed: that each system finds something
-    out["rss_mb"] = peak_rss_mb(system.proc.pid if isinstance(system, Daemon) else "self")
+    out["rss_mb"] = memory_mb(system.pid if isinstance(system, Daemon) else "self")[1]
     system.close()
     return out
 

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -28,44 +26,14 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
-import yaml
 import zmq
 
-from reachy_memory import MemoryClient, ReachyMemoryError, load_config
-from tools._bench import dialogue_lines, percentiles, questions
+from reachy_memory import ReachyMemoryError
+from tests.daemon_util import DaemonProcess, never_reading_dealer
+from tools._bench import dialogue_lines, memory_mb, percentiles, questions
 
 
-class Daemon:
-    def __init__(self, tmp: Path) -> None:
-        self.endpoint = f"ipc://{tmp}/run/memory.sock"
-        settings = {"memory": {"path": str(tmp / "data")}, "server": {"endpoint": self.endpoint,
-                                                                       "log_level": "WARNING"}}
-        (tmp / "config.yaml").write_text(yaml.safe_dump(settings))
-        self.config = load_config(tmp / "config.yaml")
-        self.proc = subprocess.Popen([sys.executable, "-m", "reachy_memory.cli", "serve", "--config",
-                                      str(tmp / "config.yaml")], stderr=open(tmp / "log", "w"))  # noqa: SIM115
-        with self.client(0.5) as c:
-            for _ in range(240):
-                try:
-                    c.ping()
-                    return
-                except ReachyMemoryError:
-                    time.sleep(0.25)
-        raise RuntimeError("daemon did not start")
-
-    def client(self, timeout: float = 30.0) -> MemoryClient:
-        return MemoryClient(self.endpoint, config=self.config, timeout=timeout)
-
-    def memory_mb(self) -> tuple[float, float]:
-        fields = dict(line.split(":", 1) for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines())
-        return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=60)
-
-
-def probe(d: Daemon, stop: threading.Event, out: dict[str, list[float]], memory_id: str) -> None:
+def probe(d: DaemonProcess, stop: threading.Event, out: dict[str, list[float]], memory_id: str) -> None:
     calls = {"ping": lambda c: c.ping(), "get": lambda c: c.get(memory_id),
              "get_context_window": lambda c: c.get_context_window()}
     with d.client(timeout=60) as c:
@@ -78,7 +46,7 @@ def probe(d: Daemon, stop: threading.Event, out: dict[str, list[float]], memory_
             time.sleep(0.005)
 
 
-def seed(d: Daemon) -> str:
+def seed(d: DaemonProcess) -> str:
     lines = dialogue_lines()
     with d.client(timeout=120) as c:
         c.store_batch([{"content": line, "memory_type": "conversation"} for line in lines[:500]], timeout=120)
@@ -87,7 +55,7 @@ def seed(d: Daemon) -> str:
         return str(c.store("The charger is in the hallway").id)
 
 
-def case_bomb(d: Daemon) -> None:
+def case_bomb(d: DaemonProcess) -> None:
     where = {"$or": [{"n": i} for i in range(125_000)]}
     with d.client(timeout=60) as c:
         for _ in range(5):
@@ -98,16 +66,12 @@ def case_bomb(d: Daemon) -> None:
         print(f"    bomb answered: {type(last).__name__}: {str(last)[:80]}")
 
 
-def case_greedy(d: Daemon) -> None:
+def case_greedy(d: DaemonProcess) -> None:
     with d.client(timeout=120) as c:
         c.store_batch([{"content": f"long memory {i} " + "about robots and gardens " * 600} for i in range(60)],
                       timeout=120)
     ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.RCVHWM, 1)
-    sock.setsockopt(zmq.RCVBUF, 4096)
-    sock.linger = 0
-    sock.connect(d.endpoint)
+    sock = never_reading_dealer(ctx, d.endpoint)
     for i in range(120):
         sock.send(msgpack.packb({"v": 1, "id": i, "op": "search",
                                  "args": {"query": "robots", "limit": 1000, "min_score": 0}}))
@@ -116,14 +80,14 @@ def case_greedy(d: Daemon) -> None:
     ctx.term()
 
 
-def case_long(d: Daemon) -> None:
+def case_long(d: DaemonProcess) -> None:
     with d.client(timeout=300) as c:
         for start in range(0, 1000, 50):
             c.store_batch([{"content": f"long note {i} " + "the garden robot waters the plants " * 450}
                            for i in range(start, start + 50)], timeout=300)
 
 
-def case_load(d: Daemon, seconds: float = 20.0) -> None:
+def case_load(d: DaemonProcess, seconds: float = 20.0) -> None:
     qs = questions()
     stop = time.monotonic() + seconds
 
@@ -145,25 +109,22 @@ CASES = {"bomb": case_bomb, "greedy": case_greedy, "long": case_long, "load": ca
 
 
 def run_case(name: str) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory() as tmp:
-        d = Daemon(Path(tmp))
-        try:
-            memory_id = seed(d)
-            before = d.memory_mb()
-            samples: dict[str, list[float]] = {"ping": [], "get": [], "get_context_window": []}
-            stop = threading.Event()
-            thread = threading.Thread(target=probe, args=(d, stop, samples, memory_id))
-            thread.start()
-            start = time.perf_counter()
-            CASES[name](d)
-            took = time.perf_counter() - start
-            stop.set()
-            thread.join()
-            after = d.memory_mb()
-            with d.client() as c:
-                dropped = c.stats()["replies_dropped"]
-        finally:
-            d.stop()
+    with tempfile.TemporaryDirectory() as tmp, DaemonProcess(Path(tmp), server={"log_level": "WARNING"}) as d:
+        assert d.proc is not None
+        memory_id = seed(d)
+        before = memory_mb(d.proc.pid)
+        samples: dict[str, list[float]] = {"ping": [], "get": [], "get_context_window": []}
+        stop = threading.Event()
+        thread = threading.Thread(target=probe, args=(d, stop, samples, memory_id))
+        thread.start()
+        start = time.perf_counter()
+        CASES[name](d)
+        took = time.perf_counter() - start
+        stop.set()
+        thread.join()
+        after = memory_mb(d.proc.pid)
+        with d.client() as c:
+            dropped = c.stats()["replies_dropped"]
     return {"case": name, "seconds": took, "rss_before": before[0], "rss_after": after[0], "peak": after[1],
             "dropped": dropped, **{k: percentiles(v) for k, v in samples.items() if v}}
 

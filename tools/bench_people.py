@@ -19,11 +19,10 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 from reachy_memory import MemoryStore, load_config
-from tools._bench import dialogue_lines, percentiles, questions
+from tools._bench import dialogue_lines, percentiles, questions, timed_each
 
 NAMES = ["Sarah", "John", "Maria", "Tom", "Ana", "Leo", "Kim", "Paul", "Rosa", "Bea", "Alex", "Lily"]
 
@@ -44,15 +43,6 @@ def build(path: Path, count: int) -> MemoryStore:
     return store
 
 
-def timed(fn, args_list):  # type: ignore[no-untyped-def]
-    out = []
-    for args in args_list:
-        start = time.perf_counter()
-        fn(*args)
-        out.append(time.perf_counter() - start)
-    return out
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--memories", type=int, default=10_000)
@@ -65,12 +55,12 @@ def main() -> None:
         samples: dict[str, list[float]] = {"search": [], "context_for": [], "store": [], "remember": []}
         for r in range(args.rounds):
             batch = qs[r * 2 * args.per_round : (r + 1) * 2 * args.per_round]  # distinct questions: no cache hit
-            samples["search"] += timed(store.search, [(q,) for q in batch[0::2]])
-            samples["context_for"] += timed(store.context_for, [(q,) for q in batch[1::2]])
+            samples["search"] += timed_each(store.search, [(q,) for q in batch[0::2]])
+            samples["context_for"] += timed_each(store.context_for, [(q,) for q in batch[1::2]])
             batch = batch[0::2]
             facts = [(f"fact {r}-{i}: {q}",) for i, q in enumerate(batch)]
-            samples["store"] += timed(store.store, facts)
-            samples["remember"] += timed(lambda c: store.remember(c, subjects=[NAMES[len(c) % len(NAMES)]]),
+            samples["store"] += timed_each(store.store, facts)
+            samples["remember"] += timed_each(lambda c: store.remember(c, subjects=[NAMES[len(c) % len(NAMES)]]),
                                          [(f"note {r}-{i}: {q}",) for i, q in enumerate(batch)])
             print(f"  round {r + 1} done", flush=True)
         store.close()
