@@ -39,7 +39,7 @@ from reachy_mini.utils import create_head_pose
 from reachy_memory import MemoryClient
 from reachy_memory.integrations.reachy_mini import MemoryBridge
 from tests.daemon_util import ROOT, DaemonProcess
-from tools._bench import percentiles
+from tools._bench import memory_mb, percentiles
 from tools._reachy_sim import SimDaemon
 
 TICK = 0.02
@@ -152,6 +152,8 @@ def main() -> None:
                     for mode in MODES:
                         results[mode].append(scenario(mini, memory, mode, args.seconds))
                         print(f"run {r + 1}" + summary(mode, results[mode][-1:]), flush=True)
+            assert memory.proc is not None
+            rss, peak = memory_mb(memory.proc.pid)
         finally:
             memory.stop()
     print(
@@ -163,7 +165,8 @@ def main() -> None:
     gap = np.median([percentiles(d)["p99"] for d in results["bridge+load"]]) - np.median(
         [percentiles(d)["p99"] for d in results["plain+load"]]
     )
-    print(f"\nbridge+load p99 minus plain+load p99: {gap:+.2f} ms (target: within 1 ms, 0 missed)")
+    print(f"\nmemory daemon RSS at the end {rss:.0f} MB, peak {peak:.0f} MB (the unit's MemoryMax is 512M)")
+    print(f"bridge+load p99 minus plain+load p99: {gap:+.2f} ms (target: within 1 ms, 0 missed)")
 
 
 if __name__ == "__main__":
