@@ -1,4 +1,4 @@
-"""Native thread pools pinned to the configuration.
+"""Native runtime settings: thread pools pinned to the configuration, a bounded heap.
 
 numpy's BLAS (OpenBLAS) starts one thread per core and spins them between
 calls; beside onnxruntime's own pool and a 50 Hz control loop on a 2-core robot
@@ -7,11 +7,20 @@ under load took 9.9 ms with OpenBLAS on 2 threads, 0.69 ms on 1).  The store
 and the daemon call :func:`pin_native_threads` when they start, so nobody has
 to set ``OPENBLAS_NUM_THREADS`` by hand.  onnxruntime's pool is sized by
 ``embedding.threads`` in :mod:`reachy_memory.embedding`.
+
+The daemon also calls :func:`bound_native_heap`: onnxruntime frees a batch's
+activations (tens of MB for 8 texts of 256 tokens) to glibc, whose adaptive
+mmap threshold then keeps such blocks on the heap, and the daemon's RSS stays
+at the peak of the largest batch ever seen (issue 11: the loaded model's RSS
+after long batches 132-168 MB; with the threshold fixed, 36-43 MB).
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import logging
+import os
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -33,3 +42,21 @@ def pin_native_threads(blas_threads: int) -> dict[str, int]:
     _pinned = threadpool_limits(limits=blas_threads, user_api="blas")
     threadpool_limits(limits=blas_threads, user_api="openmp")
     return {info["internal_api"]: int(info["num_threads"]) for info in threadpool_info()}
+
+
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
+HEAP_MMAP_THRESHOLD = 256 * 1024
+
+
+def bound_native_heap(threshold: int = HEAP_MMAP_THRESHOLD) -> bool:
+    """Have glibc serve every allocation of ``threshold`` bytes or more by its own
+    mapping, returned to the system when freed (a fixed threshold also stops glibc
+    raising it after each large free).  Returns True when set; False where the C
+    library is not glibc or ``MALLOC_MMAP_THRESHOLD_`` already says what to do."""
+    if os.environ.get("MALLOC_MMAP_THRESHOLD_") is not None:
+        return False  # the operator's setting wins
+    try:
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+    except (OSError, AttributeError):  # no mallopt: not glibc
+        return False
+    return bool(mallopt(M_MMAP_THRESHOLD, threshold))

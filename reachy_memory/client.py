@@ -17,14 +17,15 @@ plus ``get``, ``store_batch``, ``ping``, ``health``, ``stats``, ``backup``.
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import zmq
-import zmq.asyncio
+
+if TYPE_CHECKING:  # imported when an AsyncMemoryClient is made: asyncio costs the daemon ~9 MB RSS
+    import asyncio
 
 from . import protocol as proto
 from ._operations import IDEMPOTENT
@@ -371,6 +372,8 @@ class AsyncMemoryClient(_Base):
 
     def __init__(self, endpoint: str | None = None, *, config: Config | None = None, timeout: float = 5.0,
                  retries: int = 0) -> None:
+        import zmq.asyncio  # here, not at module level: see the imports above
+
         super().__init__(endpoint, config, timeout, retries)
         self._ctx = zmq.asyncio.Context()
         self._sock = self._socket(self._ctx)
@@ -391,6 +394,8 @@ class AsyncMemoryClient(_Base):
         raise AssertionError("unreachable")
 
     async def _roundtrip(self, op: str, args: dict[str, Any], timeout: float) -> dict[str, Any]:
+        import asyncio
+
         request_id, frame = self._encode(op, args, timeout)
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future

@@ -49,7 +49,7 @@ class VectorIndex:
     """Slots -> unit vectors, grouped, with approximate and exact cosine search."""
 
     def __init__(self, dim: int, *, m: int = 16, ef_construction: int = 200, ef_search: int = 96,
-                 exact_threshold: int = 2048, exact_below: int = 20_000) -> None:
+                 exact_threshold: int = 2048, exact_below: int = 8192) -> None:
         self.dim = dim
         self._m, self._efc, self._ef = m, ef_construction, ef_search
         self.exact_threshold = exact_threshold
@@ -174,7 +174,7 @@ class VectorIndex:
         return self._graph_search(query, k, None if mask is None else allowed, groups)
 
     def _scan(self, query: np.ndarray, allowed: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Exact search by one matrix-vector product over every slot (fast below ~20k)."""
+        """Exact search by one matrix-vector product over every slot (fast below ~8k)."""
         live = np.flatnonzero(allowed)
         if len(live) == 0:
             return _NONE

@@ -1,5 +1,8 @@
 """Parity with sentence-transformers (the shared ground truth) and loader behaviour."""
 
+import os
+import platform
+import sys
 import time
 from pathlib import Path
 
@@ -160,3 +163,44 @@ def test_blas_threads_are_pinned_as_configured(tmp_path: Path, threads: int) -> 
                           capture_output=True, text=True, timeout=60)
     counts = json.loads(done.stdout.strip().splitlines()[-1])
     assert counts and set(counts) == {threads}, done.stderr
+
+
+_HEAP = """
+import ctypes, json, sys
+from reachy_memory._threads import bound_native_heap
+bounded = bound_native_heap() if sys.argv[1] == "bounded" else False
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+
+def rss():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096
+
+def churn(size=8 << 20):  # what onnxruntime does with a long batch's activations
+    block = libc.malloc(size)
+    ctypes.memset(block, 1, size)
+    libc.free(block)
+
+churn()  # the first large free raises glibc's adaptive threshold to 8 MB
+start = rss()
+for _ in range(3):
+    churn()
+print(json.dumps({"bounded": bounded, "grew": rss() - start}))
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux" or not os.path.exists("/proc/self/statm") or
+                    platform.libc_ver()[0] != "glibc", reason="glibc's malloc on Linux only")
+@pytest.mark.parametrize(("mode", "kept"), [
+    ("default", True),  # glibc alone keeps a freed 8 MB block on the heap: the test can fail
+    ("bounded", False),  # with bound_native_heap it goes back to the system
+])
+def test_native_heap_returns_large_blocks(mode: str, kept: bool) -> None:
+    import json
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    done = subprocess.run([sys.executable, "-c", _HEAP, mode], env=env, capture_output=True, text=True, timeout=60)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["bounded"] == (mode == "bounded"), done.stderr
+    assert (result["grew"] >= 6 << 20) == kept, result

@@ -405,3 +405,13 @@ def test_sigterm_during_startup_exits_cleanly(tmp_path: Path) -> None:
     while "starting (pid" not in d.log.read_text() and time.monotonic() < deadline:
         time.sleep(0.01)
     assert d.stop() == 0, d.log.read_text()[-2000:]
+
+
+def test_the_daemon_does_not_load_asyncio() -> None:
+    """asyncio (AsyncMemoryClient's) costs a daemon ~9 MB RSS it never uses (issue 11)."""
+    import subprocess
+    import sys
+
+    code = "import sys, reachy_memory, reachy_memory.server, reachy_memory.cli; print('asyncio' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "False", done.stderr

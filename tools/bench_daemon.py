@@ -103,6 +103,16 @@ def busy_core(seconds: float) -> mp.Process:
     return proc
 
 
+def wait_for_graphs(c: MemoryClient, limit: float = 120.0) -> None:
+    """Wait until the daemon's idle time has put every vector into its graphs (a store
+    written in-process leaves them pending), so the latencies are the steady state."""
+    start = time.monotonic()
+    while (index := c.stats()["store"]["index"])["pending"] > 0 and time.monotonic() - start < limit:
+        time.sleep(0.5)
+    print(f"vector index: {index['vectors']} vectors, {index['graph_elements']} in graphs, {index['pending']} "
+          f"pending (waited {time.monotonic() - start:.1f} s)")
+
+
 def latency(c: MemoryClient, repeat: int, label: str = "") -> None:
     qs = questions()
     counter = iter(range(10**9))
@@ -239,6 +249,7 @@ def main() -> None:
                         break
                     except Exception:
                         time.sleep(0.1)
+                wait_for_graphs(c)
                 latency(c, args.repeat)
                 if args.busy_core:
                     spinner = busy_core(3600)
