@@ -62,7 +62,8 @@ def rank(query: str, qvec: np.ndarray | None, mask: np.ndarray | None, limit: in
 
     def first_pass(wanted: np.ndarray) -> np.ndarray:
         cos = indexes.vectors.similarity(vec_q, wanted) if vec_q is not None else np.zeros(len(wanted), np.float32)
-        scores = fuse(np.maximum(cos, 0.0), lookup(lex[0], lex[1], wanted), cfg, use_vec=vec_q is not None, use_lex=use_lex)
+        bm25 = lookup(lex[0], lex[1], wanted)
+        scores = fuse(np.maximum(cos, 0.0), bm25, cfg, use_vec=vec_q is not None, use_lex=use_lex)
         if mode == "hybrid":
             scores = np.minimum(scores + entity_bonus(query, wanted, indexes.fields, cfg), 1.0)
         return scores
