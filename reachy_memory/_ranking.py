@@ -69,11 +69,6 @@ def rank(query: str, qvec: np.ndarray | None, mask: np.ndarray | None, limit: in
         return scores
 
     scores = first_pass(slots)
-    if mode == "hybrid" and cfg.feedback_vector and vec_q is not None:
-        vec_q = rocchio(vec_q, slots[top_k(scores, FEEDBACK_DOCS)], indexes.vectors, cfg.feedback_vector)
-        extra = np.setdiff1d(indexes.vectors.search(vec_q, n_cand, mask, groups)[0], slots)
-        slots = np.concatenate([slots, extra])
-        scores = first_pass(slots)
     if mode == "hybrid" and cfg.feedback_weight and indexes.text is not None:
         texts = [indexes.text(int(s)) for s in slots[top_k(scores, FEEDBACK_DOCS)]]
         fb_slots, fb_scores = feedback_scores(query, texts, mask, indexes.lexical)
@@ -82,17 +77,6 @@ def rank(query: str, qvec: np.ndarray | None, mask: np.ndarray | None, limit: in
             slots, scores = np.concatenate([slots, extra]), np.concatenate([scores, first_pass(extra)])
         scores = np.minimum(scores + cfg.feedback_weight * lookup(fb_slots, fb_scores, slots), 1.0)
     return slots, scores
-
-
-def rocchio(qvec: np.ndarray, top: np.ndarray, vectors: VectorIndex, weight: float) -> np.ndarray:
-    """The unit vector along ``qvec + weight x`` the centroid of the ``top`` slots' vectors."""
-    top = top[top < len(vectors.alive)]
-    top = top[vectors.alive[top]]
-    if len(top) == 0:
-        return qvec
-    moved = qvec + weight * vectors.vectors[top].mean(axis=0)
-    norm = float(np.linalg.norm(moved))
-    return (moved / norm).astype(qvec.dtype) if norm > 0 else qvec
 
 
 def feedback_scores(query: str, texts: list[str], mask: np.ndarray | None,

@@ -47,7 +47,6 @@ RANGES: dict[str, tuple[float | None, float | None]] = {
     "search.temporal_boost": (0.0, 1.0),
     "search.neighbour_boost": (0.0, 1.0),
     "search.feedback_weight": (0.0, 1.0),
-    "search.feedback_vector": (0.0, 4.0),
     "search.candidates": (1, 10_000),
     "search.hnsw_m": (2, 128),
     "search.hnsw_ef_construction": (8, 4096),
@@ -119,7 +118,6 @@ class SearchConfig:
     # best 3 first-pass hits the query lacks run as a second BM25 query; candidates
     # gain this times its relevance.  0 turns it off (see README for the cross rule).
     feedback_weight: float = 0.0
-    feedback_vector: float = 0.0
     candidates: int = 40  # per retriever, before fusion (LoCoMo recall is flat from 30 to 100)
     exact_threshold: int = 2048  # filtered candidate sets up to this size: exact numpy search
     exact_below: int = 20_000  # indexes up to this size: exact search (faster than the graph there)
