@@ -106,7 +106,9 @@ class SearchConfig:
     mode: Literal["hybrid", "vector", "lexical"] = "hybrid"
     vector_weight: float = 0.3
     entity_fields: list[str] = field(default_factory=lambda: ["speaker", "person"])
-    entity_boost: float = 0.03  # added when the query names a memory's speaker/person
+    # Added when the query names a memory's speaker/person; 0.06 by the cross rule
+    # (issue 12: tuned on either dev conversation, it lifts the other; README).
+    entity_boost: float = 0.06
     # issue 12 (retrieval): added to memories created inside the window a query's
     # time words name ("yesterday", "last week", "in May"); 0 turns it off.
     temporal_boost: float = 0.1
