@@ -133,3 +133,31 @@ def test_feedback_weight_defaults_off() -> None:
     # Off until the cross rule says otherwise (README, issue 12).
     assert load_config().search.feedback_weight == 0.0
     assert load_config(search={"feedback_weight": 0.2}).search.feedback_weight == 0.2
+
+
+# -- name matching (search.entity_boost) ---------------------------------------------
+
+@pytest.mark.parametrize(("query", "lifted"), [
+    ("what did Caroline paint", True),  # names the speaker of the second turn
+    ("what did caroline's friend paint", True),  # any case; the possessive is a separate word
+    ("what did Carol paint", False),  # a different name is no match
+    ("what did Mary paint", False),  # only part of "Mary Ann": every word of the name is needed
+])
+def test_entity_boost_lifts_turns_of_the_named_speaker(tmp_path: Path, query: str, lifted: bool) -> None:
+    # Two turns with the same words; only the speaker metadata tells them apart.
+    turns = [{"content": "I painted a sunset", "metadata": {"speaker": "Mary Ann"}},
+             {"content": "I painted a sunset", "metadata": {"speaker": "Caroline"}}]
+    with MemoryStore(config=Config().replace("memory", path=str(tmp_path)), embedder=None) as store:
+        store.store_batch([{**t, "memory_type": "conversation"} for t in turns])
+        store._config = store.config.replace("search", entity_boost=0.06)
+        hits = store.search(query, min_score=0, limit=2)
+        first = hits[0].memory.metadata["speaker"]
+        assert (first == "Caroline" and hits[0].score > hits[1].score) == lifted
+
+
+def test_entity_boost_zero_scores_every_speaker_alike(tmp_path: Path) -> None:
+    turns = [{"content": "I painted a sunset", "metadata": {"speaker": s}} for s in ("Mary Ann", "Caroline")]
+    with MemoryStore(config=Config().replace("memory", path=str(tmp_path)), embedder=None) as store:
+        store.store_batch([{**t, "memory_type": "conversation"} for t in turns])
+        store._config = store.config.replace("search", entity_boost=0.0)
+        assert len({h.score for h in store.search("what did Caroline paint", min_score=0)}) == 1
