@@ -34,7 +34,7 @@ _WORDS = re.compile(r"\w+")
 # handful; conversation turns are short) and a bound on the expansion's length,
 # which bounds the second pass's cost (one BM25 query of at most this many terms).
 FEEDBACK_DOCS = 3
-FEEDBACK_TERMS = 40
+FEEDBACK_TERMS = 20
 
 
 @dataclass(frozen=True)
@@ -96,9 +96,13 @@ def expansion(query: str, texts: list[str], terms: Callable[[str], list[str]]) -
     whose terms the query does not hold."""
     asked = set(terms(query))
     out: dict[str, None] = {}
+    seen: set[str] = set()
     for word in (w for text in texts for w in _WORDS.findall(text.lower())):
+        if word in seen:
+            continue
+        seen.add(word)
         stems = terms(word)
-        if stems and asked.isdisjoint(stems) and word not in out:
+        if stems and asked.isdisjoint(stems):
             out[word] = None
             if len(out) == FEEDBACK_TERMS:
                 break
