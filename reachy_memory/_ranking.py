@@ -8,7 +8,7 @@ weighted noisy-OR ``1 - (1 - cos)^(2w) (1 - lex)^(2(1 - w))`` with
 the memory's speaker or person (``search.entity_fields``), capped at 1.
 With ``search.feedback_weight`` > 0 a hybrid search also runs a second,
 pseudo-relevance-feedback pass (:func:`feedback_scores`): the words of the
-best ``FEEDBACK_DOCS`` first-pass hits that the query does not already hold
+best ``FEEDBACK_DOCS`` lexical hits that the query does not already hold
 form a BM25 query of their own, its best matches join the candidates, and every
 candidate gains ``feedback_weight`` x that relevance (capped at 1).
 The store then adds its priors: time words (``temporal_boost``) and adjacent
@@ -30,7 +30,7 @@ from .vector_index import VectorIndex
 
 EMPTY = (np.zeros(0, np.int64), np.zeros(0, np.float64))
 _WORDS = re.compile(r"\w+")
-# Pseudo-relevance feedback: how many first-pass hits lend their words (RM3 uses a
+# Pseudo-relevance feedback: how many of the best lexical hits lend their words (RM3 uses a
 # handful; conversation turns are short) and a bound on the expansion's length,
 # which bounds the second pass's cost (one BM25 query of at most this many terms).
 FEEDBACK_DOCS = 3
@@ -53,36 +53,33 @@ def rank(query: str, qvec: np.ndarray | None, mask: np.ndarray | None, limit: in
     """Candidate slots and their fused scores (unordered), for ``mode`` hybrid, vector or lexical."""
     n_cand = max(cfg.candidates, 4 * limit)
     vec_q = qvec if mode != "lexical" and indexes.vectors.count > 0 else None
-    use_lex = mode != "vector" or vec_q is None
+    use_vec = vec_q is not None
+    use_lex = mode != "vector" or not use_vec
     vec_slots = indexes.vectors.search(vec_q, n_cand, mask, groups)[0] if vec_q is not None else EMPTY[0]
-    lex = indexes.lexical.scores(query, mask) if use_lex else EMPTY
-    slots = np.unique(np.concatenate([vec_slots, lex[0][top_k(lex[1], n_cand)]]))
+    lex_slots, lex_scores = indexes.lexical.scores(query, mask) if use_lex else EMPTY
+    pools = [vec_slots, lex_slots[top_k(lex_scores, n_cand)]]
+    feedback = EMPTY
+    if mode == "hybrid" and cfg.feedback_weight and indexes.text is not None:
+        best = top_k(lex_scores, FEEDBACK_DOCS)
+        best = lex_slots[best[np.argsort(-lex_scores[best], kind="stable")]]
+        feedback = feedback_scores(query, [indexes.text(int(s)) for s in best], mask, indexes.lexical)
+        pools.append(feedback[0][top_k(feedback[1], n_cand)])  # turns only feedback finds are candidates too
+    slots = np.unique(np.concatenate(pools))
     if len(slots) == 0:
         return EMPTY
-
-    def first_pass(wanted: np.ndarray) -> np.ndarray:
-        cos = indexes.vectors.similarity(vec_q, wanted) if vec_q is not None else np.zeros(len(wanted), np.float32)
-        bm25 = lookup(lex[0], lex[1], wanted)
-        scores = fuse(np.maximum(cos, 0.0), bm25, cfg, use_vec=vec_q is not None, use_lex=use_lex)
-        if mode == "hybrid":
-            scores = np.minimum(scores + entity_bonus(query, wanted, indexes.fields, cfg), 1.0)
-        return scores
-
-    scores = first_pass(slots)
-    if mode == "hybrid" and cfg.feedback_weight and indexes.text is not None:
-        texts = [indexes.text(int(s)) for s in slots[top_k(scores, FEEDBACK_DOCS)]]
-        fb_slots, fb_scores = feedback_scores(query, texts, mask, indexes.lexical)
-        extra = np.setdiff1d(fb_slots[top_k(fb_scores, n_cand)], slots)
-        if len(extra):  # turns only the second pass found join the candidates
-            slots, scores = np.concatenate([slots, extra]), np.concatenate([scores, first_pass(extra)])
-        scores = np.minimum(scores + cfg.feedback_weight * lookup(fb_slots, fb_scores, slots), 1.0)
+    cos = indexes.vectors.similarity(vec_q, slots) if vec_q is not None else np.zeros(len(slots), np.float32)
+    bm25 = lookup(lex_slots, lex_scores, slots)
+    scores = fuse(np.maximum(cos, 0.0), bm25, cfg, use_vec=use_vec, use_lex=use_lex)
+    if mode == "hybrid":
+        bonus = entity_bonus(query, slots, indexes.fields, cfg) + cfg.feedback_weight * lookup(*feedback, slots)
+        scores = np.minimum(scores + bonus, 1.0)
     return slots, scores
 
 
 def feedback_scores(query: str, texts: list[str], mask: np.ndarray | None,
                     lexical: LexicalIndex) -> tuple[np.ndarray, np.ndarray]:
     """(sorted slots, relevance in [0, 1]) for the BM25 query made of the words of
-    ``texts`` (the best first-pass hits) that the query lacks (:func:`expansion`).
+    ``texts`` (the best lexical hits, best first) that the query lacks (:func:`expansion`).
 
     BM25's idf does the term weighting: words rare in the store (a place, a hobby)
     dominate the second pass, words every turn holds (a speaker's name) barely count.

@@ -117,7 +117,7 @@ class SearchConfig:
     # with int8 (tuned on one dev conversation it lowers the other; README).
     neighbour_boost: float = 0.0
     # issue 12: pseudo-relevance feedback for multi-hop questions.  The words of the
-    # best 3 first-pass hits the query lacks run as a second BM25 query; candidates
+    # best 3 lexical hits the query lacks run as a second BM25 query; candidates
     # gain this times its relevance.  0 turns it off (see README for the cross rule).
     feedback_weight: float = 0.0
     candidates: int = 40  # per retriever, before fusion (LoCoMo recall is flat from 30 to 100)
