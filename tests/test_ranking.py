@@ -3,6 +3,7 @@ pseudo-relevance feedback."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -161,3 +162,15 @@ def test_entity_boost_zero_scores_every_speaker_alike(tmp_path: Path) -> None:
         store.store_batch([{**t, "memory_type": "conversation"} for t in turns])
         store._config = store.config.replace("search", entity_boost=0.0)
         assert len({h.score for h in store.search("what did Caroline paint", min_score=0)}) == 1
+
+
+def test_an_expired_hit_lends_no_words(tmp_path: Path) -> None:
+    # The conversation turn matches the query and expires after 30 days; the fact
+    # shares only its other words.  Past the expiry the turn is not shown, and it
+    # must not pull its neighbours in by the words it held either.
+    with MemoryStore(config=Config().replace("memory", path=str(tmp_path)), embedder=None) as store:
+        turn = store.store("I went to the LGBTQ support group, it was powerful", "conversation")
+        store.store("LGBTQ pride is powerful", "fact")
+        later = turn.created_at + timedelta(days=40)
+        assert "LGBTQ pride is powerful" in _search(store, "support group", 0.3)
+        assert _search(store, "support group", 0.3, now=later) == []
