@@ -35,6 +35,7 @@ _WORDS = re.compile(r"\w+")
 # which bounds the second pass's cost (one BM25 query of at most this many terms).
 FEEDBACK_DOCS = 3
 FEEDBACK_TERMS = 20
+FEEDBACK_CHARS = 2000  # of each hit's text: a long memory (up to max_content_chars) costs no more
 
 
 @dataclass(frozen=True)
@@ -89,12 +90,12 @@ def feedback_scores(query: str, texts: list[str], mask: np.ndarray | None,
 
 
 def expansion(query: str, texts: list[str], terms: Callable[[str], list[str]]) -> list[str]:
-    """Distinct non-stopword words of ``texts`` (in order, at most ``FEEDBACK_TERMS``)
-    whose terms the query does not hold."""
+    """Distinct non-stopword words of ``texts`` (in order, at most ``FEEDBACK_TERMS``, read
+    from the first ``FEEDBACK_CHARS`` of each) whose terms the query does not hold."""
     asked = set(terms(query))
     out: dict[str, None] = {}
     seen: set[str] = set()
-    for word in (w for text in texts for w in _WORDS.findall(text.lower())):
+    for word in (m.group() for text in texts for m in _WORDS.finditer(text[:FEEDBACK_CHARS].lower())):
         if word in seen:
             continue
         seen.add(word)

@@ -87,6 +87,9 @@ def test_expansion_keeps_new_content_words_only() -> None:
 def test_expansion_is_bounded() -> None:
     text = " ".join(f"word{i}" for i in range(3 * ranking.FEEDBACK_TERMS))
     assert len(ranking.expansion("query", [text], Tokenizer().terms)) == ranking.FEEDBACK_TERMS
+    # Only the start of a long memory is read: its cost does not grow with its length.
+    long = "the " * (ranking.FEEDBACK_CHARS // 4) + "zebra"
+    assert ranking.expansion("query", [long, "giraffe"], Tokenizer().terms) == ["giraffe"]
 
 
 def test_feedback_brings_in_a_turn_that_shares_words_with_the_top_hit(tmp_path: Path) -> None:
