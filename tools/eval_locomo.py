@@ -235,6 +235,8 @@ def main() -> None:
     parser.add_argument("--no-neighbour", action="store_true", help="embed turns without the previous turn")
     args = parser.parse_args()
     files = args.files or sorted(DEFAULT_DIR.glob("*.json"))
+    if not files:  # a silent run over nothing reads like a pass
+        parser.error(f"no LoCoMo files in {DEFAULT_DIR}: pass FILE.json ... or set REACHY_MEMORY_SHARED")
     config = load_config(args.config)
     if args.no_neighbour:
         config = config.replace("embedding", neighbour_context=False)
