@@ -6,6 +6,11 @@ at 0; lexical relevance is BM25 divided by the query's ceiling; hybrid is their
 weighted noisy-OR ``1 - (1 - cos)^(2w) (1 - lex)^(2(1 - w))`` with
 ``w = search.vector_weight``, plus ``search.entity_boost`` when the query names
 the memory's speaker or person (``search.entity_fields``), capped at 1.
+With ``search.feedback_weight`` > 0 a hybrid search also runs a second,
+pseudo-relevance-feedback pass (:func:`feedback_scores`): the words of the
+best ``FEEDBACK_DOCS`` lexical hits that the query does not already hold
+form a BM25 query of their own, its best matches join the candidates, and every
+candidate gains ``feedback_weight`` x that relevance (capped at 1).
 The store then adds its priors: time words (``temporal_boost``) and adjacent
 turns among the best candidates (``neighbour_boost``, :func:`neighbour_bonus`).
 """
@@ -13,6 +18,7 @@ turns among the best candidates (``neighbour_boost``, :func:`neighbour_bonus`).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +30,12 @@ from .vector_index import VectorIndex
 
 EMPTY = (np.zeros(0, np.int64), np.zeros(0, np.float64))
 _WORDS = re.compile(r"\w+")
+# Pseudo-relevance feedback: how many of the best lexical hits lend their words (RM3 uses a
+# handful; conversation turns are short) and a bound on the expansion's length,
+# which bounds the second pass's cost (one BM25 query of at most this many terms).
+FEEDBACK_DOCS = 3
+FEEDBACK_TERMS = 20
+FEEDBACK_CHARS = 2000  # of each hit's text: a long memory (up to max_content_chars) costs no more
 
 
 @dataclass(frozen=True)
@@ -33,6 +45,8 @@ class Indexes:
     vectors: VectorIndex
     lexical: LexicalIndex
     fields: FieldIndex
+    # A slot's text for pseudo-relevance feedback ("" hides it); None: no feedback.
+    text: Callable[[int], str] | None = None
 
 
 def rank(query: str, qvec: np.ndarray | None, mask: np.ndarray | None, limit: int, mode: str,
@@ -44,16 +58,53 @@ def rank(query: str, qvec: np.ndarray | None, mask: np.ndarray | None, limit: in
     use_lex = mode != "vector" or not use_vec
     vec_slots = indexes.vectors.search(vec_q, n_cand, mask, groups)[0] if vec_q is not None else EMPTY[0]
     lex_slots, lex_scores = indexes.lexical.scores(query, mask) if use_lex else EMPTY
-    lex_top = lex_slots[top_k(lex_scores, n_cand)]
-    slots = np.unique(np.concatenate([vec_slots, lex_top]))
+    pools = [vec_slots, lex_slots[top_k(lex_scores, n_cand)]]
+    feedback = EMPTY
+    if mode == "hybrid" and cfg.feedback_weight and indexes.text is not None:
+        best = top_k(lex_scores, FEEDBACK_DOCS)
+        best = lex_slots[best[np.argsort(-lex_scores[best], kind="stable")]]
+        feedback = feedback_scores(query, [indexes.text(int(s)) for s in best], mask, indexes.lexical)
+        pools.append(feedback[0][top_k(feedback[1], n_cand)])  # turns only feedback finds are candidates too
+    slots = np.unique(np.concatenate(pools))
     if len(slots) == 0:
         return EMPTY
     cos = indexes.vectors.similarity(vec_q, slots) if vec_q is not None else np.zeros(len(slots), np.float32)
     bm25 = lookup(lex_slots, lex_scores, slots)
     scores = fuse(np.maximum(cos, 0.0), bm25, cfg, use_vec=use_vec, use_lex=use_lex)
     if mode == "hybrid":
-        scores = np.minimum(scores + entity_bonus(query, slots, indexes.fields, cfg), 1.0)
+        bonus = entity_bonus(query, slots, indexes.fields, cfg) + cfg.feedback_weight * lookup(*feedback, slots)
+        scores = np.minimum(scores + bonus, 1.0)
     return slots, scores
+
+
+def feedback_scores(query: str, texts: list[str], mask: np.ndarray | None,
+                    lexical: LexicalIndex) -> tuple[np.ndarray, np.ndarray]:
+    """(sorted slots, relevance in [0, 1]) for the BM25 query made of the words of
+    ``texts`` (the best lexical hits, best first) that the query lacks (:func:`expansion`).
+
+    BM25's idf does the term weighting: words rare in the store (a place, a hobby)
+    dominate the second pass, words every turn holds (a speaker's name) barely count.
+    """
+    words = expansion(query, texts, lexical.tokenizer.terms)
+    return lexical.scores(" ".join(words), mask) if words else EMPTY
+
+
+def expansion(query: str, texts: list[str], terms: Callable[[str], list[str]]) -> list[str]:
+    """Distinct non-stopword words of ``texts`` (in order, at most ``FEEDBACK_TERMS``, read
+    from the first ``FEEDBACK_CHARS`` of each) whose terms the query does not hold."""
+    asked = set(terms(query))
+    out: dict[str, None] = {}
+    seen: set[str] = set()
+    for word in (m.group() for text in texts for m in _WORDS.finditer(text[:FEEDBACK_CHARS].lower())):
+        if word in seen:
+            continue
+        seen.add(word)
+        stems = terms(word)
+        if stems and asked.isdisjoint(stems):
+            out[word] = None
+            if len(out) == FEEDBACK_TERMS:
+                break
+    return list(out)
 
 
 def neighbour_bonus(scores: np.ndarray, ids: list[str], follows: list[str | None], weight: float) -> np.ndarray:

@@ -455,8 +455,13 @@ class MemoryStore(PeopleMixin):
         inside the window the query's time words name (:mod:`._temporal`)."""
         cfg, state = self._config.search, self._state
         groups = [GROUP[mtype]] if mtype is not None else None
-        slots, scores = ranking.rank(query, qvec, mask, limit, mode, groups,
-                                     indexes=ranking.Indexes(state.vectors, state.lexical, state.fields), cfg=cfg)
+
+        def text(slot: int) -> str:  # for pseudo-relevance feedback; an expired hit lends nothing
+            rec = state.by_slot[slot]
+            return "" if now is not None and rec.expired(now) else rec.content
+
+        slots, scores = ranking.rank(query, qvec, mask, limit, mode, groups, cfg=cfg,
+                                     indexes=ranking.Indexes(state.vectors, state.lexical, state.fields, text))
         if mode == "hybrid" and cfg.temporal_boost and now is not None and len(slots):
             created = np.fromiter((state.by_slot[int(s)].created for s in slots), np.float64, len(slots))
             scores = np.minimum(scores + temporal_bonus(query, created, now, cfg.temporal_boost, self._tz), 1.0)

@@ -1,13 +1,22 @@
-"""The pure ranking functions: fusion bounds and monotonicity, top-k, lookup, neighbour bonus."""
+"""The ranking functions: fusion bounds and monotonicity, top-k, lookup, neighbour bonus,
+pseudo-relevance feedback."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from reachy_memory import Config, ConfigError, MemoryStore, load_config
 from reachy_memory import _ranking as ranking
 from reachy_memory.config import SearchConfig
+from reachy_memory.lexical_index import Tokenizer
+from tests.conftest import HashEmbedder
 
 unit = st.floats(0.0, 1.0, allow_nan=False)
 
@@ -50,3 +59,121 @@ def test_neighbour_bonus_is_weight_times_the_best_adjacent_score(scores: list[fl
     for i in range(len(ids)):
         adjacent = [j for j in range(len(ids)) if follows[i] == ids[j] or follows[j] == ids[i]]
         assert got[i] == 0.5 * max((scores[j] for j in adjacent), default=0.0)
+
+
+# -- pseudo-relevance feedback (search.feedback_weight) ------------------------------
+
+TURNS = [
+    "Caroline: I went to the LGBTQ support group yesterday, it was so powerful",
+    "Melanie: painting a sunset with my kids this weekend",
+    "Caroline: the pride parade was powerful, so many LGBTQ families",  # no word of the query
+    "Melanie: we went camping by the lake",
+    "Caroline: researching adoption agencies this month",
+]
+
+
+def _search(store: MemoryStore, query: str, weight: float, **kwargs: Any) -> list[str]:
+    store._config = store.config.replace("search", feedback_weight=weight)
+    return [h.memory.content for h in store.search(query, min_score=0, limit=5, **kwargs)]
+
+
+def test_expansion_keeps_new_content_words_only() -> None:
+    terms = Tokenizer().terms
+    words = ranking.expansion("Where did Caroline go to the support group?",
+                              ["Caroline: I went to the LGBTQ support groups, so powerful"], terms)
+    assert words == ["went", "lgbtq", "powerful"]  # "groups" stems to a query term; stopwords go
+
+
+def test_expansion_is_bounded() -> None:
+    text = " ".join(f"word{i}" for i in range(3 * ranking.FEEDBACK_TERMS))
+    assert len(ranking.expansion("query", [text], Tokenizer().terms)) == ranking.FEEDBACK_TERMS
+    # Only the start of a long memory is read: its cost does not grow with its length.
+    long = "the " * (ranking.FEEDBACK_CHARS // 4) + "zebra"
+    assert ranking.expansion("query", [long, "giraffe"], Tokenizer().terms) == ["giraffe"]
+
+
+def test_feedback_brings_in_a_turn_that_shares_words_with_the_top_hit(tmp_path: Path) -> None:
+    with MemoryStore(config=Config().replace("memory", path=str(tmp_path)), embedder=None) as store:
+        store.store_batch([{"content": t, "memory_type": "conversation"} for t in TURNS])
+        assert TURNS[2] not in _search(store, "support group", 0.0)  # lexical only: no shared word
+        with_feedback = _search(store, "support group", 0.3)
+        assert with_feedback[0] == TURNS[0]  # the query's own match stays first
+        assert TURNS[2] in with_feedback
+        assert with_feedback.index(TURNS[2]) < with_feedback.index(TURNS[4])  # LGBTQ, powerful > Caroline
+
+
+def test_feedback_respects_the_type_filter(tmp_path: Path) -> None:
+    with MemoryStore(config=Config().replace("memory", path=str(tmp_path)), embedder=None) as store:
+        store.store_batch([{"content": t, "memory_type": "conversation"} for t in TURNS[:2]])
+        store.store("LGBTQ pride is powerful", "fact")
+        assert "LGBTQ pride is powerful" in _search(store, "support group", 0.3)
+        assert "LGBTQ pride is powerful" not in _search(store, "support group", 0.3, memory_type="conversation")
+
+
+def test_feedback_at_zero_is_the_plain_ranking(tmp_path: Path) -> None:
+    with MemoryStore(config=Config().replace("memory", path=str(tmp_path)), embedder=HashEmbedder()) as store:
+        store.store_batch([{"content": t, "memory_type": "conversation"} for t in TURNS])
+        state = store._state
+        qvec = store.embed_query("support group")
+        plain = ranking.Indexes(state.vectors, state.lexical, state.fields)  # no text: feedback impossible
+        with_text = ranking.Indexes(state.vectors, state.lexical, state.fields, lambda s: state.by_slot[s].content)
+
+        def ranked(indexes: ranking.Indexes, weight: float) -> dict[int, float]:
+            cfg = SearchConfig(feedback_weight=weight)
+            slots, scores = ranking.rank("support group", qvec, None, 5, "hybrid", None, indexes=indexes, cfg=cfg)
+            return dict(zip(slots.tolist(), scores.tolist(), strict=True))
+
+        assert ranked(with_text, 0.0) == ranked(plain, 0.0)
+        assert ranked(with_text, 0.3) != ranked(plain, 0.3)  # the comparison can fail
+
+
+@pytest.mark.parametrize("value", [-0.1, 1.5, "high"])  # below, above the range; not a number
+def test_feedback_weight_is_validated(value: object) -> None:
+    with pytest.raises(ConfigError, match=r"search\.feedback_weight"):
+        load_config(search={"feedback_weight": value})
+
+
+def test_feedback_weight_defaults_off() -> None:
+    # Off until the cross rule says otherwise (README, issue 12).
+    assert load_config().search.feedback_weight == 0.0
+    assert load_config(search={"feedback_weight": 0.2}).search.feedback_weight == 0.2
+
+
+# -- name matching (search.entity_boost) ---------------------------------------------
+
+@pytest.mark.parametrize(("query", "lifted"), [
+    ("what did Caroline paint", True),  # names the speaker of the second turn
+    ("what did caroline's friend paint", True),  # any case; the possessive is a separate word
+    ("what did Carol paint", False),  # a different name is no match
+    ("what did Mary paint", False),  # only part of "Mary Ann": every word of the name is needed
+])
+def test_entity_boost_lifts_turns_of_the_named_speaker(tmp_path: Path, query: str, lifted: bool) -> None:
+    # Two turns with the same words; only the speaker metadata tells them apart.
+    turns = [{"content": "I painted a sunset", "metadata": {"speaker": "Mary Ann"}},
+             {"content": "I painted a sunset", "metadata": {"speaker": "Caroline"}}]
+    with MemoryStore(config=Config().replace("memory", path=str(tmp_path)), embedder=None) as store:
+        store.store_batch([{**t, "memory_type": "conversation"} for t in turns])
+        store._config = store.config.replace("search", entity_boost=0.06)
+        hits = store.search(query, min_score=0, limit=2)
+        first = hits[0].memory.metadata["speaker"]
+        assert (first == "Caroline" and hits[0].score > hits[1].score) == lifted
+
+
+def test_entity_boost_zero_scores_every_speaker_alike(tmp_path: Path) -> None:
+    turns = [{"content": "I painted a sunset", "metadata": {"speaker": s}} for s in ("Mary Ann", "Caroline")]
+    with MemoryStore(config=Config().replace("memory", path=str(tmp_path)), embedder=None) as store:
+        store.store_batch([{**t, "memory_type": "conversation"} for t in turns])
+        store._config = store.config.replace("search", entity_boost=0.0)
+        assert len({h.score for h in store.search("what did Caroline paint", min_score=0)}) == 1
+
+
+def test_an_expired_hit_lends_no_words(tmp_path: Path) -> None:
+    # The conversation turn matches the query and expires after 30 days; the fact
+    # shares only its other words.  Past the expiry the turn is not shown, and it
+    # must not pull its neighbours in by the words it held either.
+    with MemoryStore(config=Config().replace("memory", path=str(tmp_path)), embedder=None) as store:
+        turn = store.store("I went to the LGBTQ support group, it was powerful", "conversation")
+        store.store("LGBTQ pride is powerful", "fact")
+        later = turn.created_at + timedelta(days=40)
+        assert "LGBTQ pride is powerful" in _search(store, "support group", 0.3)
+        assert _search(store, "support group", 0.3, now=later) == []

@@ -1,10 +1,12 @@
 """Retrieval quality guard on the LoCoMo dev set (the full figures live in README)."""
 
+from pathlib import Path
+
 import pytest
 
 from reachy_memory import Config
 from tests.conftest import LOCOMO
-from tools.eval_locomo import evaluate
+from tools.eval_locomo import asked_at, built_stores, evaluate, recall, summarise
 
 
 @pytest.mark.skipif(not (LOCOMO / "30.json").exists(), reason="LoCoMo dev set not present")
@@ -25,3 +27,20 @@ def test_temporal_prior_does_not_lose_recall(base_config: Config, embedder: obje
     without = evaluate([LOCOMO / "26.json"], off, embedder)["hybrid"]["overall"]
     assert with_prior["R@5"] >= without["R@5"]
     assert with_prior["R@10"] >= without["R@10"]
+
+
+@pytest.mark.skipif(not (LOCOMO / "30.json").exists() or not (LOCOMO / "26.json").exists(),
+                    reason="LoCoMo dev set not present")
+def test_entity_boost_does_not_lose_recall_on_either_dev_conversation(base_config: Config, embedder: object,
+                                                                      tmp_path: Path) -> None:
+    # The shipped name-matching weight, against the same stores with it at 0: the
+    # cross rule's "no direction loses" (README, issue 12), per conversation.
+    assert base_config.search.entity_boost > 0
+    for _, store, conv in built_stores([LOCOMO / "26.json", LOCOMO / "30.json"], tmp_path, base_config, embedder):
+        with store:
+            now = asked_at(conv)
+            shipped = summarise(recall(store, conv["qa"], "hybrid", now))["overall"]
+            store._config = base_config.replace("search", entity_boost=0.0)
+            off = summarise(recall(store, conv["qa"], "hybrid", now))["overall"]
+        assert shipped["R@5"] >= off["R@5"] - 1e-9  # a tie is no loss (means summed in another order)
+        assert shipped["R@10"] >= off["R@10"] - 1e-9
