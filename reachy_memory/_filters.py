@@ -100,6 +100,10 @@ class FieldIndex:
         self._types: dict[str, set[int]] = {}
         self._capacity = 0
         self._cache: dict[tuple[str | None, bytes], np.ndarray] = {}
+        # Slots of a mass removal (:meth:`hide`) whose metadata entries are still
+        # indexed until :meth:`bury`; left out of every answer meanwhile.
+        self._ghosts: set[int] = set()
+        self._ghost_mask = np.zeros(0, bool)
 
     def add(self, slot: int, memory_type: str, metadata: dict[str, Any]) -> None:
         """Index ``slot``'s type and metadata."""
@@ -115,6 +119,30 @@ class FieldIndex:
         """Forget ``slot``'s entries (the inverse of :meth:`add`)."""
         self._cache.clear()
         self._types.get(memory_type, set()).discard(slot)
+        self._forget(slot, metadata)
+
+    def hide(self, slots: np.ndarray, types: dict[str, np.ndarray]) -> None:
+        """The first half of :meth:`remove` for many slots at once (a mass expiry):
+        ``types`` maps each memory type to its slots among them.  The metadata
+        entries stay, hidden, until :meth:`bury` removes them (the slots must not be
+        reused before)."""
+        self._cache.clear()
+        for memory_type, gone in types.items():
+            self._types.get(memory_type, set()).difference_update(gone.tolist())
+        if len(self._ghost_mask) < self._capacity:
+            self._ghost_mask = np.concatenate([self._ghost_mask,
+                                               np.zeros(self._capacity - len(self._ghost_mask), bool)])
+        self._ghost_mask[slots] = True
+        self._ghosts.update(slots.tolist())
+
+    def bury(self, slot: int, metadata: dict[str, Any]) -> None:
+        """The second half of :meth:`remove` for a slot of :meth:`hide`."""
+        self._cache.clear()
+        self._forget(slot, metadata)
+        self._ghosts.discard(slot)
+        self._ghost_mask[slot] = False
+
+    def _forget(self, slot: int, metadata: dict[str, Any]) -> None:
         for key, value in metadata.items():
             values = self._fields.get(key, {})
             for item in value if isinstance(value, list) else (value,):
@@ -129,13 +157,18 @@ class FieldIndex:
         return {memory_type: len(slots) for memory_type, slots in self._types.items()}
 
     def string_values(self, key: str) -> dict[str, set[int]]:
-        """The string values of metadata ``key`` and the slots holding each."""
+        """The string values of metadata ``key`` and the slots holding each, hidden
+        slots (:meth:`hide`) included: for scoring slots already known to be live."""
         values = self._fields.get(key, {})
         return {v: slots for (kind, v), slots in values.items() if kind == "s" and isinstance(v, str)}
 
     def slots_with(self, key: str, value: Scalar) -> set[int]:
         """Slots whose metadata ``key`` equals (or contains) ``value``."""
-        return self._fields.get(key, {}).get(_key(value), set())
+        return self._visible(self._fields.get(key, {}).get(_key(value), set()))
+
+    def _visible(self, slots: set[int]) -> set[int]:
+        """``slots`` without hidden ones (a copy only while some are hidden)."""
+        return slots - self._ghosts if self._ghosts and not slots.isdisjoint(self._ghosts) else slots
 
     def mask(self, memory_type: str | None, where: dict[str, Any] | None) -> np.ndarray | None:
         """Boolean mask over slots, or None when nothing restricts the search.
@@ -165,6 +198,9 @@ class FieldIndex:
             mask = self._to_mask(self._types.get(memory_type, set()))
         if where:
             mask &= self._eval(where)
+        if self._ghosts:
+            n = min(len(mask), len(self._ghost_mask))
+            mask[:n] &= ~self._ghost_mask[:n]
         return mask
 
     def _to_mask(self, slots: set[int]) -> np.ndarray:

@@ -17,7 +17,6 @@ final switch.  At most one background compaction runs at a time.
 from __future__ import annotations
 
 import contextlib
-import gc
 import logging
 import sys
 import threading
@@ -32,6 +31,7 @@ from . import journal as jr
 from ._persistence import GRAPH_FILE, JOURNAL_FILE
 from ._records import RECORD_VERSION
 from ._state import Frozen, MemoryState, snapshot_sections
+from ._threads import gc_paused
 from .config import Config
 from .errors import CorruptionError, ReachyMemoryError, ReadOnlyError, StorageError
 from .lexical_index import LexicalIndex
@@ -86,8 +86,7 @@ class Storage:
     def apply(self, ops: list[list[Any]]) -> None:
         """Apply journaled ops to the state; a malformed op is CorruptionError naming the journal."""
         try:
-            for op in ops:
-                self.state.apply(op)
+            self.state.apply_all(ops)
         except CorruptionError as exc:
             where = self.journal.path if hasattr(self, "journal") else self.path
             raise CorruptionError(f"{where}: {exc.message}", path=str(where), offset=-1) from exc
@@ -317,15 +316,13 @@ def _short_gil_slices(seconds: float = 0.0005) -> Iterator[None]:
     runs: a thread that holds the store lock and waits for the GIL after a system call
     would otherwise wait up to the default 5 ms each time, and a commit makes several.
     The garbage collector waits too (the rows made here hold no cycles)."""
-    before, collecting = sys.getswitchinterval(), gc.isenabled()
+    before = sys.getswitchinterval()
     sys.setswitchinterval(min(before, seconds))
-    gc.disable()  # the snapshot's 100k short-lived rows would trigger full collections (GIL-long pauses)
     try:
-        yield
+        with gc_paused():  # the snapshot's 100k short-lived rows would trigger full collections
+            yield
     finally:
         sys.setswitchinterval(before)
-        if collecting:
-            gc.enable()
 
 
 def _lexical_state(frozen: Frozen) -> dict[str, Any]:

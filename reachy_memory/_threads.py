@@ -17,14 +17,42 @@ after long batches 132-168 MB; with the threshold fixed, 36-43 MB).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
+import gc
 import logging
 import os
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 log = logging.getLogger(__name__)
 _pinned: Any = None  # the threadpoolctl limiter: kept alive so the limit stays
+_gc_lock = threading.Lock()
+_gc_pauses = [0, False]  # [holders, whether the collector was enabled before the first]
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """No garbage collection while any thread is inside (nesting and threads allowed).
+
+    For bulk work that allocates tens of thousands of objects without cycles (a
+    mass expiry, a snapshot): with a store of 100k memories every full collection
+    walks ~400k objects, and creating 66k small lists took 234 ms with the
+    collector on against 16 ms with it off (issue 11)."""
+    with _gc_lock:
+        if _gc_pauses[0] == 0:
+            _gc_pauses[1] = gc.isenabled()
+            gc.disable()
+        _gc_pauses[0] += 1
+    try:
+        yield
+    finally:
+        with _gc_lock:
+            _gc_pauses[0] -= 1
+            if _gc_pauses[0] == 0 and _gc_pauses[1]:
+                gc.enable()
 
 
 def pin_native_threads(blas_threads: int) -> dict[str, int]:

@@ -140,6 +140,19 @@ class LexicalIndex:
         self._doc_len[slot] = 0
         self._stale[slot] = text
 
+    def hide(self, slots: np.ndarray) -> None:
+        """:meth:`remove` for many slots at once (a mass expiry), without their texts:
+        each is passed later to :meth:`bury`, before the slot is reused."""
+        slots = slots[slots < len(self._doc_len)]
+        lengths = self._doc_len[slots]
+        self.n_docs -= int(np.count_nonzero(lengths))
+        self._total_len -= float(lengths.sum(dtype=np.float64))
+        self._doc_len[slots] = 0
+
+    def bury(self, slot: int, text: str) -> None:
+        """The text of a slot of :meth:`hide`: its postings are purged lazily."""
+        self._stale[slot] = text
+
     def _purge(self, slot: int, text: str) -> None:
         for term in set(self.tokenizer.terms(text)):
             posting = self._postings.get(term)

@@ -43,7 +43,7 @@ from ._records import Record, decode, encode
 from ._state import GROUP, MemoryState
 from ._storage import Storage
 from ._temporal import temporal_bonus
-from ._threads import pin_native_threads
+from ._threads import gc_paused, pin_native_threads
 from .config import Config
 from .errors import (
     ClosedError,
@@ -356,10 +356,10 @@ class MemoryStore(PeopleMixin):
         """Delete every memory expired at ``now`` (default: now); returns the count."""
         self._require_open()
         at = _epoch(now)
-        with self._lock:
-            expired = [r.id for r in self._state.records.values() if r.expired(at)]
-            for start in range(0, len(expired), 5000):
-                self._commit([["del", i] for i in expired[start : start + 5000]])
+        with self._lock, gc_paused():  # 66k ops and records freed: no full collection midway
+            expired = self._state.expired_ids(at)
+            if expired:  # one frame: all or nothing, applied in bulk (MemoryState.delete_many)
+                self._commit([["del", i] for i in expired])
         return len(expired)
 
     # -- reading ---------------------------------------------------------------------
@@ -533,13 +533,15 @@ class MemoryStore(PeopleMixin):
     # -- maintenance -------------------------------------------------------------------
 
     def maintain(self, budget: int = 256) -> int:
-        """Idle-time upkeep (the daemon calls it between requests): inserts a
-        batch of pending vectors into the graph, and journals the decay clock
-        refreshes at most once a minute; returns how many vectors it inserted."""
+        """Idle-time upkeep (the daemon calls it between requests): finishes a step of
+        a mass expiry's index work (:meth:`MemoryState.bury`), inserts a batch of pending
+        vectors into the graph, and journals the decay clock refreshes at most once a
+        minute; returns how many vectors it inserted."""
         self._require_open()
         with self._lock:
             if self._touched and time.monotonic() - self._touches_flushed > TOUCH_FLUSH_SECONDS:
                 self._flush_touches()
+            self._state.bury(budget)
             return self._state.vectors.maintain(budget)
 
     def _decayed(self, rec: Record, now: float) -> bool:

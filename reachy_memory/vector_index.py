@@ -65,6 +65,7 @@ class VectorIndex:
         self._loader: threading.Thread | None = None
         self._loaded: dict[int, hnswlib.Index] = {}
         self._touched: set[int] = set()  # slots changed while cached graphs load
+        self._unmarked: set[int] = set()  # dead slots still live in their graph (see remove_many)
         self._version = 0  # bumped by every change of the vectors (invalidates the scan memo)
         self._memo: tuple[int, np.ndarray, np.ndarray] | None = None  # (version, query, sims) of the last scan
 
@@ -107,10 +108,35 @@ class VectorIndex:
             self.count -= 1
             self.pending.discard(slot)
 
+    def remove_many(self, slots: np.ndarray) -> None:
+        """Drop ``slots`` from results at once (a mass expiry).  Their graph nodes are
+        marked deleted later (:meth:`settle`, at idle time): marking costs ~1 us a node
+        in hnswlib, and until then every search filters the graphs by liveness."""
+        slots = slots[slots < len(self.alive)]
+        slots = slots[self.alive[slots]]
+        if not len(slots):
+            return
+        self._version += 1
+        self.alive[slots] = False
+        self.count -= len(slots)
+        listed = slots.tolist()
+        self.pending.difference_update(listed)
+        if self._loader is not None:
+            self._touched.update(listed)
+        self._unmarked.update(slots[self.in_graph[slots]].tolist())
+
+    def settle(self, budget: int | None = None) -> int:
+        """Mark up to ``budget`` (None: all) nodes of :meth:`remove_many` deleted in
+        their graphs; returns how many are left to mark."""
+        for _ in range(len(self._unmarked) if budget is None else min(budget, len(self._unmarked))):
+            self._unlink(self._unmarked.pop())
+        return len(self._unmarked)
+
     def _unlink(self, slot: int) -> None:
         """Take ``slot`` out of its graph (the node must not keep a stale vector)."""
         if self._loader is not None:
             self._touched.add(slot)
+        self._unmarked.discard(slot)
         if self.in_graph[slot]:
             group = int(self.group[slot])
             self._graphs[group].mark_deleted(slot)
@@ -171,7 +197,8 @@ class VectorIndex:
             # A filter across every group keeping under a quarter of the index:
             # gathering those rows costs less than over-fetching from each graph.
             return self.exact(query, np.flatnonzero(allowed), k)
-        return self._graph_search(query, k, None if mask is None else allowed, groups)
+        # Nodes of a mass expiry not yet marked deleted are filtered out like a mask.
+        return self._graph_search(query, k, None if mask is None and not self._unmarked else allowed, groups)
 
     def _scan(self, query: np.ndarray, allowed: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Exact search by one matrix-vector product over every slot (fast below ~8k)."""
@@ -278,6 +305,7 @@ class VectorIndex:
             # maintenance (or searches) will, and a later compaction caches them.
             return
         self._adopt_loaded(wait=True)
+        self.settle()  # a saved graph must not hold dead nodes as live
         for graph in self._graphs.values():
             graph.set_num_threads(os.cpu_count() or 1)
         self.flush()
@@ -382,6 +410,7 @@ class VectorIndex:
         self._version += 1
         self.in_graph = np.zeros(len(alive), bool)
         self._in_graph_count = {}
+        self._unmarked = set()
         self.pending = set(np.flatnonzero(alive).tolist())
         self.count = int(np.count_nonzero(alive))
 
@@ -394,6 +423,7 @@ class VectorIndex:
     def stats(self) -> dict[str, Any]:
         """Counts for health and stats replies."""
         return {"vectors": self.count, "slots": len(self.alive), "pending": len(self.pending),
+                "unmarked": len(self._unmarked),
                 "graph_elements": sum(g.element_count for g in self._graphs.values())}
 
 

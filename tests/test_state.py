@@ -163,3 +163,93 @@ def test_unknown_record_fields_are_refused() -> None:
     row = encode(Record("a", "b", "fact", 1.0, None, {})) | {"from_the_future": 1}
     with pytest.raises(ValidationError, match="from_the_future"):
         decode(row)
+
+
+# -- mass deletion (an expiry sweep): delete_many and bury -------------------------------------
+
+def _bulk_puts(n: int) -> list[list[Any]]:
+    """``n`` memories of every type, some with vectors, some named context."""
+    return [_put(f"b{i}", [WORDS[i % 8], WORDS[(i * 3) % 8]], TYPES[i % 3], seed=i if i % 4 else None,
+                 key="kj"[i % 2]) for i in range(n)]
+
+
+def _observed(state: MemoryState) -> dict[str, Any]:
+    """What readers can see, by memory id (slots may differ between two equal states)."""
+    ids = {slot: rec.id for slot, rec in state.by_slot.items()}
+
+    def named(slots: Any) -> list[str]:
+        return sorted(ids[int(s)] for s in slots)
+
+    masks = {f"{t}/{w}": named(np.flatnonzero(m)) if (m := state.fields.mask(t, w)) is not None else None
+             for t in (None, *TYPES) for w in (None, {"n": {"$gte": 2}}, {"context_key": "k"}, {"n": {"$ne": 2}})}
+    query = np.frombuffer(_vector(7), np.float32)
+    found, sims = state.vectors.search(query, 5)
+    return {
+        "records": {r.id: (r.content, r.type, r.created, r.metadata, r.vkey) for r in state.records.values()},
+        "views": {k: sorted(r.id for r in v) for k, v in state.context_view.items() if v},
+        "context": {k: sorted(r.id for r in state.context_records(k)) for k in "kj"},
+        "lexical": {w: dict(zip(named(s), np.round(x, 9).tolist(), strict=True))
+                    for w in WORDS for s, x in [state.lexical.scores(w)]},
+        "masks": masks, "types": {t: n for t, n in state.fields.type_counts().items() if n},
+        "vectors": (named(found), np.round(np.sort(sims), 5).tolist()),
+        "last_turn": state.last_turn.id if state.last_turn else None,
+    }
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(ops, max_size=15), st.lists(ops, max_size=15), st.integers(0, 40))
+def test_a_bulk_deletion_ends_as_deleting_one_by_one(before: list[list[Any]], after: list[list[Any]],
+                                                    keep: int) -> None:
+    one, bulk = _state(), _state()
+    for op in before + _bulk_puts(300):
+        one.apply(op)
+        bulk.apply(op)
+    deletions = [["del", f"b{i}"] for i in range(keep, 300)] + [["del", i] for i in IDS[:3]]
+    for op in deletions:
+        one.apply(op)
+    bulk.apply_all(deletions)
+    assert bulk._ghosts  # the bulk path was taken: index work left for idle time
+    assert _observed(bulk) == _observed(one)
+    _check_invariants(bulk)
+    for op in after:  # a put may reuse a slot: the bulk state buries first
+        one.apply(op)
+        bulk.apply(op)
+    assert _observed(bulk) == _observed(one)
+    assert bulk.bury(10**6) == 0 and not bulk._ghosts
+    assert _observed(bulk) == _observed(one)
+    _check_invariants(bulk)
+
+
+def test_slots_of_a_bulk_deletion_are_reused_only_once_buried() -> None:
+    state = _state()
+    for op in _bulk_puts(300):
+        state.apply(op)
+    state.apply_all([["del", f"b{i}"] for i in range(300)])
+    assert not state._free and len(state._ghosts) == 300
+    assert state.bury(100) > 0 and len(state._free) == 100
+    state.apply(_put("new", ["piano"], "fact", seed=3))
+    assert state.records["new"].slot in range(300)
+    assert [state.by_slot[int(s)].id for s in state.lexical.scores("piano")[0]] == ["new"]  # no stale postings
+    assert state.fields.mask(None, {"n": 1}) is not None and state.by_slot[
+        int(np.flatnonzero(state.fields.mask(None, {"n": 1}))[0])].id == "new"
+
+
+def test_a_snapshot_taken_while_deletions_wait_for_burial_round_trips(tmp_path: Path) -> None:
+    state = _state()
+    for op in _bulk_puts(300):
+        state.apply(op)
+    state.apply_all([["del", f"b{i}"] for i in range(0, 300, 2)] + [["del", f"b{i}"] for i in range(1, 200, 2)])
+    loaded = _round_trip(state, tmp_path)
+    seen, expected = _observed(loaded), _observed(state)
+    del seen["last_turn"], expected["last_turn"]  # a reload takes the newest remaining turn (as ever)
+    assert seen == expected
+    assert len(loaded.records) == 50
+
+
+@pytest.mark.parametrize("run", [
+    [["del", 5]] * 300,  # an id that is not a string
+    [["del", "a"]] * 299 + [["del", ["x"]]],  # one unhashable id among many
+])
+def test_a_malformed_bulk_run_is_corruption(run: list[list[Any]]) -> None:
+    with pytest.raises(CorruptionError):
+        _state().apply_all(run)

@@ -18,6 +18,7 @@ from reachy_memory import (
     TooLargeError,
     ValidationError,
 )
+from tests import store_util
 from tests.conftest import HashEmbedder
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
@@ -540,3 +541,34 @@ def test_a_store_written_in_fp32_still_opens_after_int8_became_the_default(confi
         assert store.reindex() == 1 and store.embedder.identity["precision"] == "int8"
     with MemoryStore(config=config) as store:
         assert store.embedder.identity["precision"] == "int8"
+
+
+def test_a_mass_expiry_is_gone_everywhere_and_after_a_crash(tmp_path: Path) -> None:
+    cfg = Config().replace("memory", path=str(tmp_path))
+    rows = [{"content": f"chat {i} about {'tea' if i % 2 else 'trains'}", "memory_type": "conversation",
+             "metadata": {"speaker": f"user{i % 3}"}} for i in range(400)]
+    later = time.time() + 31 * 86400
+    with MemoryStore(config=cfg, embedder=HashEmbedder()) as s:
+        s.store_batch(rows)
+        facts = s.store_batch([{"content": f"fact {i} about tea", "metadata": {"speaker": "user1"}}
+                               for i in range(20)])
+        assert s.cleanup_expired(now=later) == 400
+        assert s._state._ghosts  # the bulk path: index work left for idle time
+        survivors = {m.id for m in facts}
+
+        def check(store: MemoryStore) -> None:
+            assert len(store) == 20 and store.stats()["by_type"]["conversation"] == 0
+            assert {h.memory.id for h in store.search("tea trains chat", limit=50, min_score=0)} <= survivors
+            assert {h.memory.id for h in store.search("tea", where={"speaker": "user1"}, limit=50,
+                                                      min_score=0)} == survivors
+            assert store.search("chat", memory_type="conversation", min_score=0) == []
+
+        check(s)
+        while s.maintain() or s._state.bury(0):
+            pass
+        check(s)
+        store_util.abandon(s)  # a crash: the sweep is replayed from the journal
+    with MemoryStore(config=cfg, embedder=HashEmbedder()) as again:
+        check(again)
+        fresh = again.store("a new chat about tea", "conversation", {"speaker": "user1"})
+        assert fresh.id in {h.memory.id for h in again.search("new chat", where={"speaker": "user1"}, min_score=0)}

@@ -138,3 +138,51 @@ def test_the_scan_memo_never_serves_a_changed_matrix() -> None:
     mask[:20] = True
     slots, _ = vi.search(query, 3, mask)  # a filtered search of the same query reuses the product
     assert set(slots.tolist()) <= set(range(1, 20))
+
+
+@pytest.mark.parametrize("settled", [
+    0,  # every removed node still unmarked in its graph: searches must filter them
+    100,  # some marked, some not
+    None,  # all marked
+])
+def test_a_mass_removal_is_never_returned_and_leaves_the_rest_findable(settled: int | None) -> None:
+    vi, vectors = filled(900)
+    vi.flush()
+    gone = np.flatnonzero(np.arange(900) % 3 != 1)  # groups 0 and 2 entirely: 600 slots
+    vi.remove_many(gone)
+    assert vi.count == 300 and vi.stats()["unmarked"] == 600
+    vi.settle(settled)
+    alive = np.ones(900, bool)
+    alive[gone] = False
+    hits = 0
+    for q in unit(np.random.default_rng(2), 30):
+        got = vi.search(q, 10)[0].tolist()
+        assert len(got) == 10 and not set(got) & set(gone.tolist())
+        hits += len(set(got) & brute(vectors, q, alive, 10))
+    assert hits / 300 >= 0.95
+    assert_counts_consistent(vi) if settled is None else None
+
+
+def test_a_saved_graph_holds_no_node_of_a_mass_removal(tmp_path: Path) -> None:
+    vi, vectors = filled(900, exact_below=0)
+    vi.flush()
+    vi.remove_many(np.arange(0, 900, 2))
+    vi.save_graph(tmp_path / "g.hnsw", "t")
+    assert vi.stats()["unmarked"] == 0
+    again = VectorIndex(16, exact_below=0, exact_threshold=20)
+    again.load_vectors(vectors.tobytes(), vi.alive[:900], vi.group[:900])
+    again.load_graph(tmp_path / "g.hnsw", "t")
+    assert again._adopt_loaded(wait=True) and not again.pending  # the cache was taken
+    for q in unit(np.random.default_rng(3), 10):
+        assert all(slot % 2 for slot in again.search(q, 10)[0].tolist())
+
+
+def test_a_removed_slot_reused_before_settling_is_searched_with_its_new_vector() -> None:
+    vi, vectors = filled(900)
+    vi.flush()
+    vi.remove_many(np.arange(300))
+    vi.add(5, -vectors[5], group=1)
+    vi.flush()
+    assert vi.search(-vectors[5], 1)[0][0] == 5 and 5 not in vi.search(vectors[5], 10)[0]
+    assert vi.settle() == 0
+    assert_counts_consistent(vi)

@@ -2,6 +2,8 @@
 
     python tools/bench_engine.py            # 10k and 100k
     python tools/bench_engine.py --quick    # 10k only
+    python tools/bench_engine.py --cleanup-only [--against OTHER_CHECKOUT]
+                                            # the 100k expiry sweep, alternating with other code
 
 Prints store/search latency percentiles (median of 3 runs), open time,
 cleanup time, vector recall@10 against exact search and RSS.
@@ -93,6 +95,61 @@ def open_time(path: Path, n_runs: int = 3) -> list[float]:
     return out
 
 
+_SWEEP = """
+import sys, time
+sys.path.insert(0, ROOT)
+from tools.bench_engine import Precomputed, config
+from reachy_memory import MemoryStore
+store = MemoryStore(config=config(PATH), embedder=Precomputed())
+vectors = store._state.vectors
+if hasattr(vectors, "_adopt_loaded"):
+    vectors._adopt_loaded(wait=True)  # the daemon at steady state: cached graphs in place
+time.sleep(0.3)
+query = Precomputed(5).embed(["q"])[0]
+t0 = time.perf_counter()
+deleted = store.cleanup_expired(now=time.time() + 40 * 86400)
+sweep = time.perf_counter() - t0
+t0 = time.perf_counter()
+hits = store.search_vector("words", query, limit=5, min_score=0)
+first = time.perf_counter() - t0
+left = getattr(store._state, "bury", lambda budget: 0)  # older code leaves no idle-time work
+t0, steps = time.perf_counter(), 0
+while steps < 100000 and store.maintain() + left(0):
+    steps += 1
+idle = time.perf_counter() - t0
+print(deleted, sweep, first, idle, steps, len(hits))
+store.close()
+"""
+
+
+def bench_cleanup(n: int, rounds: int, tmp: Path, against: Path | None) -> None:
+    """The expiry sweep at ``n`` memories (two thirds expire), each round in a fresh
+    process on a fresh copy, alternating with the code of ``against`` when given."""
+    source = tmp / "sweep-source"
+    fill(source, n)
+    with MemoryStore(config=config(source), embedder=Precomputed()):
+        pass  # a snapshot and a graph cache, as a daemon that has run a while has
+    roots = {"this": Path(__file__).resolve().parents[1]} | ({"against": against.resolve()} if against else {})
+    times: dict[str, list[list[float]]] = {name: [] for name in roots}
+    for r in range(rounds):
+        for name, root in roots.items():
+            work = tmp / f"sweep-{name}-{r}"
+            shutil.copytree(source, work)
+            code = _SWEEP.replace("ROOT", repr(str(root))).replace("PATH", repr(str(work)))
+            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+            deleted, *figures = out.split()
+            times[name].append([float(x) for x in figures[:3]])
+            shutil.rmtree(work)
+            print(f"\r  round {r + 1}/{rounds} {name}: {deleted} expired, sweep {1000 * times[name][-1][0]:.0f} ms",
+                  end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    for name, rows in times.items():
+        sweep, first, idle = (np.array(col) * 1000 for col in zip(*rows, strict=True))
+        print(f"{name:8s} cleanup_expired of {deleted} at {n // 1000}k: median {np.median(sweep):6.1f} ms "
+              f"(min {sweep.min():.1f}, max {sweep.max():.1f}); first search after "
+              f"{np.median(first):.2f} ms; idle-time index work {np.median(idle):.0f} ms in all")
+
+
 def recall_real(k: int = 10) -> tuple[float, int]:
     """Recall@10 of the graph vs exact on real MiniLM embeddings of LoCoMo turns."""
     from reachy_memory import load_config, load_embedder
@@ -144,9 +201,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="10k only")
     parser.add_argument("--repeat", type=int, default=500)
+    parser.add_argument("--cleanup-only", action="store_true", help="only the 100k expiry sweep")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of --cleanup-only")
+    parser.add_argument("--against", type=Path, help="another checkout to alternate with (--cleanup-only)")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="rm-bench-"))
     try:
+        if args.cleanup_only:
+            bench_cleanup(100_000, args.rounds, tmp, args.against)
+            return
         for n in [10_000] if args.quick else [10_000, 100_000]:
             bench_size(n, args.repeat, tmp)
         try:
