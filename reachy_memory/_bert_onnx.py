@@ -51,7 +51,7 @@ class BertShape:
     def from_config(cls, config: object) -> BertShape:
         """Checked field by field: ``hidden_size`` (<= 4096), ``num_attention_heads``
         (dividing it) and ``num_hidden_layers`` (<= 48) positive ints, ``layer_norm_eps``
-        (default 1e-12) a positive finite number.  Raises ValueError naming the field."""
+        (default 1e-12) a number in (0, 1).  Raises ValueError naming the field."""
         if not isinstance(config, dict):
             raise ValueError(f"config.json must hold a JSON object, not {type(config).__name__}")
         hidden = _config_int(config, "hidden_size", _MAX_HIDDEN)
