@@ -17,18 +17,25 @@ the int8 graph plus one weight at a time.
 
 from __future__ import annotations
 
+import io
 import json
 import math
+import os
+import stat
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
 OPSET = 17
+
+
+_MAX_HIDDEN, _MAX_LAYERS = 4096, 48  # far above any sentence encoder we would run on a robot
+_MAX_CONFIG = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -41,9 +48,50 @@ class BertShape:
     eps: float = 1e-12
 
     @classmethod
-    def from_config(cls, config: dict[str, Any]) -> BertShape:
-        return cls(config["hidden_size"], config["num_attention_heads"], config["num_hidden_layers"],
-                   float(config.get("layer_norm_eps", 1e-12)))
+    def from_config(cls, config: object) -> BertShape:
+        """Checked field by field: ``hidden_size`` (<= 4096), ``num_attention_heads``
+        (dividing it) and ``num_hidden_layers`` (<= 48) positive ints, ``layer_norm_eps``
+        (default 1e-12) a number in (0, 1).  Raises ValueError naming the field."""
+        if not isinstance(config, dict):
+            raise ValueError(f"config.json must hold a JSON object, not {type(config).__name__}")
+        hidden = _config_int(config, "hidden_size", _MAX_HIDDEN)
+        heads = _config_int(config, "num_attention_heads", hidden)
+        if hidden % heads:
+            raise ValueError(f"config.json: num_attention_heads {heads} does not divide hidden_size {hidden}")
+        eps = config.get("layer_norm_eps", 1e-12)
+        if type(eps) not in (int, float) or not 0 < eps < 1:  # NaN and inf fail the range too
+            raise ValueError(f"config.json: layer_norm_eps must be a number in (0, 1), not {eps!r}")
+        return cls(hidden, heads, _config_int(config, "num_hidden_layers", _MAX_LAYERS), float(eps))
+
+    @classmethod
+    def from_file(cls, path: Path) -> BertShape:
+        """:meth:`from_config` of a config.json: a regular file of at most 1 MiB, or ValueError."""
+        with _open_regular(path) as fh:
+            raw = fh.read(_MAX_CONFIG + 1)
+        if len(raw) > _MAX_CONFIG:
+            raise ValueError(f"{path} is over {_MAX_CONFIG} bytes: not a model config")
+        try:
+            return cls.from_config(json.loads(raw))
+        except RecursionError as exc:  # deeply nested JSON
+            raise ValueError(f"{path} is not a readable config: {exc}") from exc
+
+
+def _config_int(config: dict[str, Any], field: str, cap: int) -> int:
+    value = config.get(field)
+    if type(value) is not int or not 1 <= value <= cap:  # type(): True is an int to isinstance
+        raise ValueError(f"config.json: {field} must be an integer in [1, {cap}], not {value!r}")
+    return value
+
+
+def _open_regular(path: Path) -> io.BufferedReader:
+    """``path`` opened for reading if it is a regular file (after symlinks), else
+    ValueError.  Opened non-blocking and checked on the open file: a FIFO neither
+    blocks the open nor slips in between a check and the open."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ValueError(f"{path} is not a regular file")
+    return os.fdopen(fd, "rb")
 
 
 class _Unprefixed:
@@ -58,58 +106,121 @@ class _Unprefixed:
     def __getitem__(self, name: str) -> np.ndarray:
         if name in self._derived:
             return self._derived.pop(name)  # read once, by the op that uses it
-        return self._weights[self._prefix + name]
+        return _finite(name, self._weights[self._prefix + name])
 
     def __setitem__(self, name: str, value: np.ndarray) -> None:
         self._derived[name] = value
 
 
+def _finite(name: str, array: np.ndarray) -> np.ndarray:
+    """``array``, or ValueError naming the tensor when it holds NaN or inf (a graph
+    built from them would embed every text as NaN).  Checked in slices: no
+    temporary as large as the 47 MB word table."""
+    if array.dtype.kind == "f":
+        flat = array.reshape(-1)
+        for start in range(0, flat.size, 1 << 20):
+            if not np.isfinite(flat[start:start + (1 << 20)]).all():
+                raise ValueError(f"weight {name} holds NaN or infinite values")
+    return array
+
+
 _DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32,
            "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
-_MAX_HEADER = 100 << 20
+_MAX_HEADER = 8 << 20  # the 90 MB MiniLM's header is 13 KB
+_MAX_TENSOR = 1 << 30  # bytes: the largest tensor we allocate (the MiniLM word table is 47 MB)
+_MAX_DIMS = 8
+
+
+@dataclass(frozen=True)
+class _Entry:
+    dtype: np.dtype[Any]
+    shape: tuple[int, ...]
+    begin: int
+    end: int
 
 
 class LazyWeights(Mapping[str, np.ndarray]):
     """The tensors of a safetensors file, each read from disk when asked for (not kept).
 
     Read with plain file reads, not a memory map: the pages of a mapped 90 MB
-    file count in the build's resident set once touched.  Raises ValueError for
-    a file that is not safetensors or holds a tensor type numpy lacks (bf16)."""
+    file count in the build's resident set once touched.  The whole header is
+    checked at open, so a read allocates only what the file holds.  Raises
+    ValueError for a path that is not a regular file, a file that is not
+    safetensors, a header whose entries disagree with the data (types, shapes,
+    offsets, overlaps), a tensor over 1 GiB or of a type numpy lacks (bf16)."""
 
     def __init__(self, path: Path) -> None:
         self._path = path
-        with open(path, "rb") as fh:
+        with _open_regular(path) as fh:
+            data_size = os.fstat(fh.fileno()).st_size - 8
             size = int.from_bytes(fh.read(8), "little")
-            if not 2 <= size <= _MAX_HEADER:
+            if not 2 <= size <= min(_MAX_HEADER, data_size):
                 raise ValueError(f"{path} is not a safetensors file (header size {size})")
             try:
                 header = json.loads(fh.read(size))
-            except ValueError as exc:
+            except (ValueError, RecursionError) as exc:
                 raise ValueError(f"{path} has an unreadable safetensors header: {exc}") from exc
         if not isinstance(header, dict):
-            raise ValueError(f"{path} has an unreadable safetensors header")
-        header.pop("__metadata__", None)
-        self._entries: dict[str, dict[str, Any]] = header
+            raise ValueError(f"{path} has an unreadable safetensors header: not a JSON object")
+        self._entries = _check_header(header, data_size - size, path)
         self._data_start = 8 + size
 
     def __getitem__(self, name: str) -> np.ndarray:
         entry = self._entries[name]  # KeyError for a missing name, as a Mapping promises
-        dtype = np.dtype(_DTYPES.get(str(entry.get("dtype")), np.void)).newbyteorder("<")  # safetensors: little-endian
-        begin, end = entry["data_offsets"]
-        array = np.empty(entry["shape"], dtype)
-        if dtype.kind == "V" or end - begin != array.nbytes:
-            raise ValueError(f"tensor {name} of {self._path}: type {entry.get('dtype')} or size not readable")
-        with open(self._path, "rb") as fh:
-            fh.seek(self._data_start + begin)
+        array = np.empty(entry.shape, entry.dtype)
+        with _open_regular(self._path) as fh:
+            fh.seek(self._data_start + entry.begin)
             if fh.readinto(array.reshape(-1).view(np.uint8)) != array.nbytes:  # type: ignore[arg-type]  # stubs lack __buffer__
-                raise ValueError(f"tensor {name} of {self._path} is cut short")
-        return array.astype(dtype.newbyteorder("="), copy=False)  # a no-op on little-endian machines
+                raise ValueError(f"tensor {name} of {self._path} is cut short")  # the file shrank since open
+        return array.astype(entry.dtype.newbyteorder("="), copy=False)  # a no-op on little-endian machines
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._entries)
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+def _check_header(header: dict[str, Any], data_size: int, path: Path) -> dict[str, _Entry]:
+    """The header's tensors, checked against the ``data_size`` bytes after it: no two
+    tensors share bytes, so together they never claim more than the file holds."""
+    metadata = header.pop("__metadata__", {})
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise ValueError(f"{path}: __metadata__ must map names to strings")
+    entries = {name: _check_entry(name, raw, data_size, path) for name, raw in header.items()}
+    end = 0
+    for entry in sorted(entries.values(), key=lambda e: (e.begin, e.end)):
+        if entry.begin < end:
+            raise ValueError(f"{path}: tensors overlap at byte {entry.begin}")
+        end = entry.end
+    return entries
+
+
+def _check_entry(name: str, raw: object, data_size: int, path: Path) -> _Entry:
+    """One header entry as an :class:`_Entry`, or ValueError saying what is wrong."""
+    where = f"tensor {name} of {path}"
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where}: entry is not a JSON object")
+    kind = raw.get("dtype")
+    if not isinstance(kind, str) or kind not in _DTYPES:
+        raise ValueError(f"{where}: tensor type {kind!r} is not readable")
+    dtype = np.dtype(_DTYPES[kind]).newbyteorder("<")  # safetensors: little-endian
+    shape, offsets = raw.get("shape"), raw.get("data_offsets")
+    if not _ints(shape) or len(shape) > _MAX_DIMS:
+        raise ValueError(f"{where}: shape {shape!r} is not a list of at most {_MAX_DIMS} non-negative integers")
+    if not _ints(offsets) or len(offsets) != 2 or not offsets[0] <= offsets[1] <= data_size:
+        raise ValueError(f"{where}: data_offsets {offsets!r} are not within the {data_size} data bytes")
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes > _MAX_TENSOR:
+        raise ValueError(f"{where}: shape {shape} takes {nbytes} bytes, over the {_MAX_TENSOR} allowed")
+    if nbytes != offsets[1] - offsets[0]:
+        raise ValueError(f"{where}: shape {shape} ({nbytes} bytes) does not match data_offsets {offsets}")
+    return _Entry(dtype, tuple(shape), offsets[0], offsets[1])
+
+
+def _ints(value: object) -> TypeGuard[list[int]]:
+    """A list of non-negative ints (not bools, which are ints to isinstance)."""
+    return isinstance(value, list) and all(type(v) is int and v >= 0 for v in value)
 
 
 def quantize_per_channel(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

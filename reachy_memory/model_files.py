@@ -27,9 +27,11 @@ import logging
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -179,6 +181,7 @@ def ensure_model(config: Config, data_dir: Path | None = None, progress: Progres
         raise ModelUnavailableError(f"no {MODEL_NAME} model found; {FIX}")
     precision = config.embedding.precision
     if (source / "model.onnx").exists() and not (source / "model.safetensors").exists():
+        _regular(source / "model.onnx")
         digest = sha256_of(source / "model.onnx")
         return ModelFiles(source / "model.onnx", source / "tokenizer.json", _identity(digest, precision))
     digest = _weights_digest(source / "model.safetensors")
@@ -195,30 +198,72 @@ def built_path(out_dir: Path, digest: str, precision: str) -> Path:
 
 
 def _remove_older_builds(target: Path) -> None:
-    """Delete graphs of the same weights and precision made by older builders (a
-    process still running one keeps its loaded copy; the file only wastes disk)."""
+    """Delete graphs of the same weights and precision made by older builders: no
+    builder suffix or ``-g<N>`` below ours (a process still running one keeps its
+    loaded copy; the file only wastes disk).  A newer builder's graph is kept."""
     stem = re.escape(target.name.removesuffix(f"-{BUILDER}.onnx"))
+    ours = int(BUILDER.removeprefix("g"))
     for old in target.parent.glob("*.onnx"):
-        if old != target and re.fullmatch(rf"{stem}(-g\d+)?\.onnx", old.name):
+        found = re.fullmatch(rf"{stem}(?:-g(\d+))?\.onnx", old.name)
+        if found and int(found[1] or 0) < ours:
             with contextlib.suppress(OSError):
                 old.unlink()
 
 
-def _weights_digest(weights: Path) -> str:
-    """sha256 of the weights, memoised beside them (hashing 90 MB costs ~0.2 s)."""
-    memo = weights.with_name(weights.name + ".sha256")
-    stat = weights.stat()
-    stamp = f"{stat.st_size}:{stat.st_mtime_ns}"
+def _regular(path: Path) -> os.stat_result:
+    """``path``'s stat if it is a regular file (after symlinks), else ModelUnavailableError:
+    reading a FIFO or /dev/zero would block or never end."""
     try:
-        saved = json.loads(memo.read_text())
-        if saved.get("stamp") == stamp:
-            return str(saved["sha256"])
-    except (OSError, ValueError, KeyError):
-        pass
+        found = path.stat()
+    except OSError as exc:
+        raise ModelUnavailableError(f"cannot read {path}: {exc}") from exc
+    if not stat.S_ISREG(found.st_mode):
+        raise ModelUnavailableError(f"{path} is not a regular file")
+    return found
+
+
+def _weights_digest(weights: Path) -> str:
+    """sha256 of the weights, memoised beside them (hashing 90 MB costs ~0.2 s).  A memo
+    that is not a small regular file with 64 lowercase hex digits is ignored: the digest
+    names the cached graph, so it must not name a path elsewhere.  Raises
+    ModelUnavailableError when the weights are not a regular file."""
+    memo = weights.with_name(weights.name + ".sha256")
+    found = _regular(weights)
+    stamp = f"{found.st_size}:{found.st_mtime_ns}"
+    saved = _read_memo(memo)
+    if saved.get("stamp") == stamp and re.fullmatch(r"[0-9a-f]{64}", str(saved.get("sha256"))):
+        return str(saved["sha256"])
     digest = sha256_of(weights)
-    with contextlib.suppress(OSError):  # a read-only model folder: hash again next time
-        memo.write_text(json.dumps({"stamp": stamp, "sha256": digest}))
+    _write_memo(memo, {"stamp": stamp, "sha256": digest})
     return digest
+
+
+def _write_memo(memo: Path, saved: dict[str, str]) -> None:
+    """Write ``memo`` as a new file renamed over it: what is there is never opened (a
+    planted FIFO would block) and readers never see half a file.  Best effort: in a
+    read-only model folder the weights are hashed again next time."""
+    try:
+        fd, staged = tempfile.mkstemp(dir=memo.parent, prefix=f".{memo.name}.")
+    except OSError:
+        return
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(json.dumps(saved))
+        os.replace(staged, memo)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(staged)
+
+
+def _read_memo(memo: Path) -> dict[str, Any]:
+    """The memo's JSON object, or {} when it is missing, not a small regular file or not an object."""
+    try:
+        if _regular(memo).st_size > 4096:
+            return {}
+        saved = json.loads(memo.read_text())
+    except (ModelUnavailableError, OSError, ValueError):
+        return {}
+    return saved if isinstance(saved, dict) else {}
 
 
 def _identity(digest: str, precision: str) -> dict[str, Any]:
@@ -231,8 +276,20 @@ def _build(source: Path, out_dir: Path, digest: str, precision: str, progress: P
     works in a scratch folder this process removes, even when the child is killed.
     Raises ModelUnavailableError with the child's last lines when it fails."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    _remove_stale_scratch(out_dir)
     with tempfile.TemporaryDirectory(dir=out_dir, prefix=".build-") as scratch:
         _run_child([str(source), str(out_dir), digest, precision, scratch], progress)
+
+
+def _remove_stale_scratch(out_dir: Path, max_age: float = 3600.0) -> None:
+    """Remove ``.build-*`` folders older than ``max_age`` seconds, left by a build whose
+    parent was killed too; a younger one may belong to a concurrent build and stays."""
+    now = time.time()
+    for scratch in out_dir.glob(".build-*"):
+        with contextlib.suppress(OSError):
+            found = scratch.lstat()  # lstat: a symlink is not followed, nor removed
+            if stat.S_ISDIR(found.st_mode) and now - found.st_mtime > max_age:
+                shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _run_child(args: list[str], progress: Progress) -> None:
@@ -265,7 +322,7 @@ def _build_here(source: Path, out_dir: Path, digest: str, precision: str, scratc
 
     what = "int8 weight MatMuls, per channel" if precision == "int8" else "fp32"
     progress(f"building the ONNX graph ({what}) from {source / 'model.safetensors'} ...")
-    shape = BertShape.from_config(json.loads((source / "config.json").read_text()))
+    shape = BertShape.from_file(source / "config.json")
     model = build_graph(LazyWeights(source / "model.safetensors"), shape, precision)
     progress("writing and checking the graph ...")
     save_model(model, scratch / "model.onnx")
@@ -278,4 +335,8 @@ def _build_here(source: Path, out_dir: Path, digest: str, precision: str, scratc
 def build_main(argv: list[str]) -> None:
     """The build child of :func:`_build`: ``SOURCE OUT_DIR DIGEST PRECISION SCRATCH``, progress on stdout."""
     source, out_dir, digest, precision, scratch = argv
-    _build_here(Path(source), Path(out_dir), digest, precision, Path(scratch), lambda m: print(m, flush=True))
+    try:
+        _build_here(Path(source), Path(out_dir), digest, precision, Path(scratch), lambda m: print(m, flush=True))
+    except ValueError as exc:  # unusable model files: the reason, not a traceback
+        print(f"unusable model files: {exc}", flush=True)
+        sys.exit(1)

@@ -9,6 +9,9 @@ weights), which the parity figures in the README were measured with.
 from __future__ import annotations
 
 import json
+import os
+import re
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -199,8 +202,10 @@ _F32 = {"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}
 @pytest.mark.parametrize(("content", "match"), [
     (b"", "header size 0"),  # empty file
     (_safetensors(_F32, size=1 << 40), "header size"),  # a hostile header length
-    (_safetensors(_F32)[:20], "unreadable safetensors header"),  # header cut short
-    (_safetensors(["not", "a", "dict"]), "unreadable safetensors header"),  # JSON, wrong shape
+    (_safetensors(_F32)[:20], "header size"),  # header cut short: longer than the file
+    ((10).to_bytes(8, "little") + b"{bad json}" + bytes(8), "unreadable safetensors header"),  # not JSON
+    (_safetensors(["not", "a", "dict"]), "not a JSON object"),  # JSON, wrong shape
+    (b"\x40\x42\x0f\x00\x00\x00\x00\x00" + b"[" * 1_000_000, "unreadable safetensors header"),  # nesting
 ])
 def test_lazy_weights_refuses_a_broken_header(tmp_path: Path, content: bytes, match: str) -> None:
     path = tmp_path / "w.safetensors"
@@ -209,14 +214,153 @@ def test_lazy_weights_refuses_a_broken_header(tmp_path: Path, content: bytes, ma
         LazyWeights(path)
 
 
-@pytest.mark.parametrize(("header", "data", "match"), [
-    ({"w": {"dtype": "BF16", "shape": [2], "data_offsets": [0, 4]}}, bytes(4), "BF16"),  # numpy has no bf16
-    ({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}}, bytes(4), "size"),  # offsets disagree with shape
-    (_F32, bytes(4), "cut short"),  # data shorter than the header says
+def _entry(dtype: object = "F32", shape: object = (2,), offsets: object = (0, 8)) -> dict[str, object]:
+    return {"dtype": dtype, "shape": list(shape) if isinstance(shape, tuple) else shape,
+            "data_offsets": list(offsets) if isinstance(offsets, tuple) else offsets}
+
+
+@pytest.mark.parametrize(("header", "match"), [
+    ({"w": 5}, "not a JSON object"),
+    ({"w": _entry(dtype="BF16")}, "BF16"),  # numpy has no bf16
+    ({"w": _entry(dtype=["F32"])}, "tensor type"),  # not even a string
+    ({"w": _entry(shape="2")}, "shape"),
+    ({"w": _entry(shape=(-2,), offsets=(0, 0))}, "shape"),
+    ({"w": _entry(shape=[True, 2])}, "shape"),  # a bool is not a dimension
+    ({"w": _entry(shape=[2.0])}, "shape"),
+    ({"w": _entry(shape=(1,) * 9 + (2,))}, "shape"),  # more dimensions than a weight has
+    ({"w": _entry(shape=(1 << 40, 1 << 40))}, "over the"),  # absurd dims, refused before np.empty
+    ({"w": _entry(shape=(1,))}, "does not match"),  # offsets disagree with the shape
+    ({"w": _entry(offsets=(0,))}, "data_offsets"),
+    ({"w": _entry(offsets=(0, 16))}, "data_offsets"),  # beyond the data: the file is cut short
+    ({"w": _entry(offsets=(8, 0))}, "data_offsets"),
+    ({"w": _entry(offsets=(-8, 0))}, "data_offsets"),
+    ({"w": _entry(offsets="0-8")}, "data_offsets"),
+    ({"a": _entry(), "b": _entry(shape=(1,), offsets=(4, 8))}, "overlap"),
+    ({"__metadata__": [], "w": _entry()}, "__metadata__"),
+    ({"__metadata__": {"format": 1}, "w": _entry()}, "__metadata__"),
 ])
-def test_lazy_weights_refuses_a_broken_tensor(tmp_path: Path, header: dict[str, Any], data: bytes,
-                                              match: str) -> None:
+def test_lazy_weights_checks_every_entry_at_open(tmp_path: Path, header: dict[str, Any], match: str) -> None:
+    """Each hostile entry is refused when the file is opened, before any tensor is read."""
     path = tmp_path / "w.safetensors"
-    path.write_bytes(_safetensors(header, data))
+    path.write_bytes(_safetensors(header, bytes(8)))
     with pytest.raises(ValueError, match=match):
-        LazyWeights(path)["w"]
+        LazyWeights(path)
+
+
+def _sparse(path: Path, header: object, total: int, size: int | None = None) -> Path:
+    """A safetensors file of ``total`` bytes, most of them a hole (no disk, no RAM)."""
+    path.write_bytes(_safetensors(header, size=size))
+    os.truncate(path, total)
+    return path
+
+
+def test_lazy_weights_refuses_a_tensor_over_1_gib_without_allocating_it(tmp_path: Path) -> None:
+    n = (1 << 28) + 1  # float32: just over 1 GiB, and the file really holds that many bytes
+    path = _sparse(tmp_path / "w.safetensors", {"w": _entry(shape=(n,), offsets=(0, 4 * n))}, 4 * n + 200)
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError, match="1073741828 bytes, over the 1073741824 allowed"):
+            LazyWeights(path)
+        assert tracemalloc.get_traced_memory()[1] < 1 << 20
+    finally:
+        tracemalloc.stop()
+
+
+def test_lazy_weights_refuses_a_header_over_8_mib(tmp_path: Path) -> None:
+    path = _sparse(tmp_path / "w.safetensors", {}, 16 << 20, size=(8 << 20) + 1)
+    with pytest.raises(ValueError, match="header size"):
+        LazyWeights(path)
+
+
+@pytest.mark.timeout(20)  # a FIFO opened for reading would block until a writer comes
+@pytest.mark.parametrize("kind", ["fifo", "directory", "device"])
+def test_lazy_weights_refuses_what_is_not_a_regular_file(tmp_path: Path, kind: str) -> None:
+    path = tmp_path / "w.safetensors"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "directory":
+        path.mkdir()
+    else:
+        path.symlink_to("/dev/zero")  # endless: a symlink is followed, and its target refused
+    with pytest.raises(ValueError, match="not a regular file"):
+        LazyWeights(path)
+
+
+def test_lazy_weights_reads_through_a_symlink(tmp_path: Path) -> None:
+    """The Hugging Face cache links every file into its blob store."""
+    (tmp_path / "blob").write_bytes(_safetensors(_F32, np.array([1.5, -2], "<f4").tobytes()))
+    (tmp_path / "w.safetensors").symlink_to(tmp_path / "blob")
+    np.testing.assert_array_equal(LazyWeights(tmp_path / "w.safetensors")["w"], [1.5, -2])
+
+
+def test_lazy_weights_says_when_the_file_shrank_after_open(tmp_path: Path) -> None:
+    path = tmp_path / "w.safetensors"
+    path.write_bytes(_safetensors(_F32, bytes(8)))
+    weights = LazyWeights(path)
+    os.truncate(path, path.stat().st_size - 4)
+    with pytest.raises(ValueError, match="cut short"):
+        weights["w"]
+
+
+# -- refusing weights and configs a graph cannot be built from -------------------------
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("embeddings.word_embeddings.weight", np.nan),
+    ("encoder.layer.1.attention.self.key.weight", np.inf),  # read into the fused QKV
+    ("encoder.layer.0.output.LayerNorm.bias", -np.inf),
+])
+def test_weights_that_are_not_finite_are_refused_by_name(name: str, value: float) -> None:
+    weights = tiny_weights(0)
+    weights[name].flat[-1] = value
+    for precision in ("fp32", "int8"):
+        with pytest.raises(ValueError, match=re.escape(f"weight {name} holds NaN or infinite")):
+            build_graph(weights, TINY, precision)
+
+
+_CONFIG = {"hidden_size": 384, "num_attention_heads": 12, "num_hidden_layers": 6, "layer_norm_eps": 1e-12}
+
+
+def test_config_gives_the_shape() -> None:
+    assert BertShape.from_config(_CONFIG) == BertShape()
+    assert BertShape.from_config(_CONFIG | {"layer_norm_eps": 1e-5}).eps == 1e-5
+    assert BertShape.from_config({k: v for k, v in _CONFIG.items() if k != "layer_norm_eps"}).eps == 1e-12
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    ({"hidden_size": None}, "hidden_size"),  # missing (None: dropped below)
+    ({"hidden_size": "384"}, "hidden_size"),
+    ({"hidden_size": 384.0}, "hidden_size"),
+    ({"hidden_size": True}, "hidden_size"),
+    ({"hidden_size": 0}, "hidden_size"),
+    ({"hidden_size": 1 << 20}, "hidden_size"),  # a graph too large to build
+    ({"num_attention_heads": None}, "num_attention_heads"),
+    ({"num_attention_heads": 5}, "num_attention_heads 5 does not divide"),
+    ({"num_attention_heads": -12}, "num_attention_heads"),
+    ({"num_hidden_layers": None}, "num_hidden_layers"),
+    ({"num_hidden_layers": 0}, "num_hidden_layers"),
+    ({"num_hidden_layers": 10_000}, "num_hidden_layers"),
+    ({"layer_norm_eps": 0.0}, "layer_norm_eps"),
+    ({"layer_norm_eps": -1e-12}, "layer_norm_eps"),
+    ({"layer_norm_eps": float("nan")}, "layer_norm_eps"),
+    ({"layer_norm_eps": float("inf")}, "layer_norm_eps"),
+    ({"layer_norm_eps": "1e-12"}, "layer_norm_eps"),
+])
+def test_config_fields_are_checked_by_name(change: dict[str, Any], field: str) -> None:
+    config = {k: v for k, v in (_CONFIG | change).items() if v is not None}
+    with pytest.raises(ValueError, match=f"config.json: {field}"):
+        BertShape.from_config(config)
+
+
+@pytest.mark.parametrize("content", [b"[384, 12, 6]", b"null", b"[" * 100_000, b"{" + b" " * (1 << 20) + b"}"])
+def test_config_file_that_is_not_a_small_json_object_is_refused(tmp_path: Path, content: bytes) -> None:
+    path = tmp_path / "config.json"
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match="config"):
+        BertShape.from_file(path)
+
+
+@pytest.mark.timeout(20)
+def test_config_file_that_is_a_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "config.json")
+    with pytest.raises(ValueError, match="not a regular file"):
+        BertShape.from_file(tmp_path / "config.json")

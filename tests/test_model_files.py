@@ -1,0 +1,154 @@
+"""model_files against hostile or broken model folders and caches: refused with
+ModelUnavailableError, never blocking, never pointed outside the cache."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from reachy_memory import ModelUnavailableError, load_config
+from reachy_memory import model_files as mf
+from tests.test_bert_onnx import TINY, tiny_weights
+
+_TINY_CONFIG = {"hidden_size": TINY.hidden, "num_attention_heads": TINY.heads, "num_hidden_layers": TINY.layers}
+
+
+def _model_dir(folder: Path, weights: dict[str, np.ndarray], config: object = _TINY_CONFIG) -> Path:
+    """A model_dir with tiny BERT weights (the tokenizer is only looked for, not read, by a build)."""
+    from safetensors.numpy import save_file
+
+    folder.mkdir()
+    save_file(weights, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "tokenizer.json").write_text("{}")
+    return folder
+
+
+def _ensure(source: Path, cache: Path) -> mf.ModelFiles:
+    return mf.ensure_model(load_config(embedding={"model_dir": str(source), "cache_dir": str(cache)}),
+                           progress=lambda _line: None)
+
+
+def test_a_tiny_model_dir_builds(tmp_path: Path) -> None:
+    """The hostile cases below differ from this one by one file."""
+    found = _ensure(_model_dir(tmp_path / "m", tiny_weights(0)), tmp_path / "built")
+    assert found.onnx.parent == tmp_path / "built" and found.onnx.stat().st_size > 0
+
+
+def test_weights_with_nan_are_a_model_error_naming_the_tensor(tmp_path: Path) -> None:
+    weights = tiny_weights(0)
+    weights["encoder.layer.1.output.dense.bias"][2] = np.nan
+    with pytest.raises(ModelUnavailableError, match=re.escape("weight encoder.layer.1.output.dense.bias holds NaN")):
+        _ensure(_model_dir(tmp_path / "m", weights), tmp_path / "built")
+    assert not list((tmp_path / "built").iterdir())  # no graph, no scratch folder
+
+
+@pytest.mark.parametrize(("config", "match"), [
+    (_TINY_CONFIG | {"num_hidden_layers": 1000}, "num_hidden_layers"),
+    ({k: v for k, v in _TINY_CONFIG.items() if k != "hidden_size"}, "hidden_size"),
+    ([8, 2, 2], "JSON object"),
+])
+def test_a_bad_config_is_a_model_error_naming_the_field(tmp_path: Path, config: object, match: str) -> None:
+    with pytest.raises(ModelUnavailableError, match=match):
+        _ensure(_model_dir(tmp_path / "m", tiny_weights(0), config), tmp_path / "built")
+
+
+@pytest.mark.timeout(30)  # hashing a FIFO would block, /dev/zero would never end
+@pytest.mark.parametrize("kind", ["fifo", "directory", "device"])
+def test_weights_that_are_not_a_regular_file_are_refused(tmp_path: Path, kind: str) -> None:
+    source = _model_dir(tmp_path / "m", tiny_weights(0))
+    weights = source / "model.safetensors"
+    weights.unlink()
+    if kind == "fifo":
+        os.mkfifo(weights)
+    elif kind == "directory":
+        weights.mkdir()
+    else:
+        weights.symlink_to("/dev/zero")
+    with pytest.raises(ModelUnavailableError, match="not a regular file"):
+        _ensure(source, tmp_path / "built")
+
+
+def _weights_with_memo(tmp_path: Path, memo: object) -> tuple[Path, str]:
+    """A weights file, its true sha256, and a memo beside it with the right stamp."""
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"weights")
+    found = weights.stat()
+    saved = memo if not isinstance(memo, dict) else {"stamp": f"{found.st_size}:{found.st_mtime_ns}", **memo}
+    (tmp_path / "model.safetensors.sha256").write_text(json.dumps(saved))
+    return weights, mf.sha256_of(weights)
+
+
+def test_a_valid_memo_saves_hashing(tmp_path: Path) -> None:
+    weights, _ = _weights_with_memo(tmp_path, {"sha256": "ab" * 32})
+    assert mf._weights_digest(weights) == "ab" * 32
+
+
+@pytest.mark.parametrize("memo", [
+    {"sha256": "../../../elsewhere/" + "a" * 45},  # would name a graph outside the cache
+    {"sha256": "AB" * 32},  # not as sha256_of writes it
+    {"sha256": "ab" * 31},
+    {"sha256": "ab" * 32 + "\n"},
+    {"sha256": 12},
+    {},
+    ["not", "an", "object"],
+    "x" * 10_000,
+])
+def test_a_hostile_memo_is_ignored_and_rewritten(tmp_path: Path, memo: object) -> None:
+    weights, true = _weights_with_memo(tmp_path, memo)
+    assert mf._weights_digest(weights) == true
+    assert json.loads((tmp_path / "model.safetensors.sha256").read_text())["sha256"] == true
+    assert mf.built_path(tmp_path / "built", true, "int8").parent == tmp_path / "built"
+
+
+@pytest.mark.timeout(30)  # reading or writing a FIFO would block
+def test_a_fifo_memo_neither_blocks_nor_stays(tmp_path: Path) -> None:
+    weights, true = _weights_with_memo(tmp_path, {})
+    memo = tmp_path / "model.safetensors.sha256"
+    memo.unlink()
+    os.mkfifo(memo)
+    assert mf._weights_digest(weights) == true
+    assert memo.is_file() and json.loads(memo.read_text())["sha256"] == true
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors", memo.name]  # no temporary left
+
+
+def test_only_graphs_of_older_builders_are_removed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(mf, "BUILDER", "g5")
+    stem = "all-MiniLM-L6-v2-0123456789ab-int8"
+    removed = [f"{stem}.onnx", f"{stem}-g1.onnx", f"{stem}-g4.onnx"]
+    kept = [f"{stem}-g5.onnx", f"{stem}-g6.onnx", f"{stem}-g10.onnx",  # ours, and newer builders'
+            f"{stem}-notes.onnx", "all-MiniLM-L6-v2-0123456789ab-fp32-g1.onnx",  # not a graph; other precision
+            "all-MiniLM-L6-v2-ba9876543210-int8-g1.onnx"]  # other weights
+    for name in removed + kept:
+        (tmp_path / name).write_bytes(b"graph")
+    mf._remove_older_builds(tmp_path / f"{stem}-g5.onnx")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(kept)
+
+
+def test_a_build_removes_stale_scratch_folders_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A killed build leaves its .build-* folder; one under an hour old may be a
+    concurrent build's, and a symlink's target is never touched."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("x")
+    built = tmp_path / "built"
+    (built / ".build-stale" / "sub").mkdir(parents=True)
+    (built / ".build-fresh").mkdir()
+    (built / ".build-link").symlink_to(outside)
+    (built / ".build-file").write_text("x")
+    hours_ago = time.time() - 2 * 3600
+    for name in (".build-stale", ".build-link", ".build-file"):
+        os.utime(built / name, (hours_ago, hours_ago), follow_symlinks=False)
+    os.utime(outside, (hours_ago, hours_ago))
+    children: list[list[str]] = []
+    monkeypatch.setattr(mf, "_run_child", lambda args, progress: children.append(args))
+    mf._build(tmp_path, built, "ab" * 32, "int8", lambda _line: None)
+    assert len(children) == 1
+    assert sorted(p.name for p in built.iterdir()) == [".build-file", ".build-fresh", ".build-link"]
+    assert (outside / "keep").exists()
