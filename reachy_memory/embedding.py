@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from ._threads import TRIM_TOKENS, release_free_heap
 from .config import Config, load_config
 from .errors import ModelError
 from .model_files import ModelFiles, ensure_model
@@ -89,9 +90,13 @@ class OnnxEmbedder:
             raise ModelError(f"tokenisation failed: {exc}") from exc
         order = sorted(range(len(texts)), key=lambda i: len(encodings[i].ids))
         result = np.empty((len(texts), self.dim), np.float32)
+        tokens = 0
         for start in range(0, len(order), BATCH):
             chunk = order[start : start + BATCH]
             result[chunk] = self._infer([encodings[i].ids for i in chunk])
+            tokens += len(chunk) * len(encodings[chunk[-1]].ids)  # sorted: the last is the widest
+        if tokens >= TRIM_TOKENS:
+            release_free_heap()  # the freed activations would otherwise keep RSS at this call's peak
         return result
 
     def _infer(self, ids_list: list[list[int]]) -> np.ndarray:

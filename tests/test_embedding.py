@@ -167,8 +167,7 @@ def test_blas_threads_are_pinned_as_configured(tmp_path: Path, threads: int) -> 
 
 _HEAP = """
 import ctypes, json, sys
-from reachy_memory._threads import bound_native_heap
-bounded = bound_native_heap() if sys.argv[1] == "bounded" else False
+from reachy_memory._threads import release_free_heap
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype = ctypes.c_void_p
 libc.free.argtypes = [ctypes.c_void_p]
@@ -185,7 +184,8 @@ churn()  # the first large free raises glibc's adaptive threshold to 8 MB
 start = rss()
 for _ in range(3):
     churn()
-print(json.dumps({"bounded": bounded, "grew": rss() - start}))
+released = release_free_heap() if sys.argv[1] == "released" else False
+print(json.dumps({"released": released, "grew": rss() - start}))
 """
 
 
@@ -193,7 +193,7 @@ print(json.dumps({"bounded": bounded, "grew": rss() - start}))
                     platform.libc_ver()[0] != "glibc", reason="glibc's malloc on Linux only")
 @pytest.mark.parametrize(("mode", "kept"), [
     ("default", True),  # glibc alone keeps a freed 8 MB block on the heap: the test can fail
-    ("bounded", False),  # with bound_native_heap it goes back to the system
+    ("released", False),  # release_free_heap gives it back to the system
 ])
 def test_native_heap_returns_large_blocks(mode: str, kept: bool) -> None:
     import json
@@ -202,5 +202,16 @@ def test_native_heap_returns_large_blocks(mode: str, kept: bool) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     done = subprocess.run([sys.executable, "-c", _HEAP, mode], env=env, capture_output=True, text=True, timeout=60)
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["bounded"] == (mode == "bounded"), done.stderr
+    assert result["released"] == (mode == "released"), done.stderr
     assert (result["grew"] >= 6 << 20) == kept, result
+
+
+def test_a_large_embedding_call_gives_its_heap_back(embedder: OnnxEmbedder, monkeypatch: pytest.MonkeyPatch) -> None:
+    import reachy_memory.embedding as embedding_module
+
+    calls: list[int] = []
+    monkeypatch.setattr(embedding_module, "release_free_heap", lambda: calls.append(1) or True)
+    embedder.embed(["a short question"])  # one query: never trimmed (it would cost ~10 ms)
+    assert calls == []
+    embedder.embed([f"{'a long turn about the garden and the trains ' * 30} {i}" for i in range(16)])  # 16 x 256 tokens
+    assert calls == [1]  # one trim for the whole call, not one per batch
