@@ -188,10 +188,11 @@ def _observed(state: MemoryState) -> dict[str, Any]:
         "records": {r.id: (r.content, r.type, r.created, r.metadata, r.vkey) for r in state.records.values()},
         "views": {k: sorted(r.id for r in v) for k, v in state.context_view.items() if v},
         "context": {k: sorted(r.id for r in state.context_records(k)) for k in "kj"},
-        "lexical": {w: dict(zip(named(s), np.round(x, 9).tolist(), strict=True))
+        "lexical": {w: {ids[slot]: score for slot, score in zip(s.tolist(), np.round(x, 9).tolist(), strict=True)}
                     for w in WORDS for s, x in [state.lexical.scores(w)]},
         "masks": masks, "types": {t: n for t, n in state.fields.type_counts().items() if n},
-        "vectors": (named(found), np.round(np.sort(sims), 5).tolist()),
+        "vectors": sorted(zip([ids[int(f)] for f in found], np.round(sims, 5).tolist(),
+                              strict=True)),
         "last_turn": state.last_turn.id if state.last_turn else None,
     }
 
