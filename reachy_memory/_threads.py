@@ -8,13 +8,15 @@ and the daemon call :func:`pin_native_threads` when they start, so nobody has
 to set ``OPENBLAS_NUM_THREADS`` by hand.  onnxruntime's pool is sized by
 ``embedding.threads`` in :mod:`reachy_memory.embedding`.
 
-The embedder calls :func:`release_free_heap` after a large call: onnxruntime
-frees a batch's activations (tens of MB for 8 texts of 256 tokens) to glibc,
-whose adaptive mmap threshold then keeps such blocks on the heap, and a
-process's RSS would stay at the peak of the largest batch ever seen.  A fixed
-256 KiB mmap threshold (tried first) kept RSS as low but made every array of
-more than 256 KiB a fresh mapping: gathering 2,000 vectors for a filtered
-search went from 0.24 to 2.5 ms (README, "Embedder").
+onnxruntime frees a batch's activations (tens of MB for 8 texts of 256 tokens)
+to glibc, whose adaptive mmap threshold then keeps such blocks on the heap, and
+a process's RSS would stay at the peak of the largest batch ever seen.  So the
+embedder calls :func:`release_free_heap` after a large call, and the daemon
+also calls :func:`bound_native_heap` (a fixed 4 MiB mmap threshold, two arenas:
+daemon RSS under the mixed load 195 -> 180 MB peak, README).  A 256 KiB
+threshold (tried first) made every array over 256 KiB a fresh mapping,
+page-faulted on this VM at ~2.6 us a page: a 2,000-vector gather went from 0.24
+to 2.5 ms; exact search now gathers through a reused buffer instead.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import ctypes
 import ctypes.util
 import gc
 import logging
+import os
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -71,6 +74,27 @@ def pin_native_threads(blas_threads: int) -> dict[str, int]:
     _pinned = threadpool_limits(limits=blas_threads, user_api="blas")
     threadpool_limits(limits=blas_threads, user_api="openmp")
     return {info["internal_api"]: int(info["num_threads"]) for info in threadpool_info()}
+
+
+M_MMAP_THRESHOLD, M_ARENA_MAX = -3, -8  # glibc's mallopt parameter numbers
+HEAP_MMAP_THRESHOLD = 4 << 20
+HEAP_ARENAS = 2
+
+
+def bound_native_heap() -> bool:
+    """The daemon's heap policy (glibc): blocks of 4 MiB or more get their own
+    mapping, returned when freed (a fixed threshold also stops glibc raising it
+    to 32 MiB after each large free), and two malloc arenas instead of one per
+    thread, whose free space no other thread could reuse.  Returns True when
+    set; False where the C library is not glibc or the environment already says
+    (``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_ARENA_MAX``: the operator's word wins)."""
+    if {"MALLOC_MMAP_THRESHOLD_", "MALLOC_ARENA_MAX"} & set(os.environ):
+        return False
+    try:
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+    except (OSError, AttributeError):  # no mallopt: not glibc
+        return False
+    return bool(mallopt(M_MMAP_THRESHOLD, HEAP_MMAP_THRESHOLD)) and bool(mallopt(M_ARENA_MAX, HEAP_ARENAS))
 
 
 TRIM_TOKENS = 2048  # an embedding call that ran this many (padded) tokens gives its heap back

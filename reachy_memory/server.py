@@ -34,6 +34,7 @@ import zmq
 from . import protocol as proto
 from ._operations import LANES, OPERATIONS, check_args
 from ._systemd import notify, watchdog_interval
+from ._threads import bound_native_heap
 from .config import Config
 from .embedding import describe
 from .endpoint import EndpointLock, check_endpoint, ipc_path, prepare_ipc_dir, resolve_endpoint
@@ -125,6 +126,7 @@ class Daemon:
         self._endpoint_lock = EndpointLock(self.endpoint)
         self._endpoint_lock.acquire()
         try:
+            bound_native_heap()  # before the model loads and the threads start (arenas are per thread)
             self.store = store or MemoryStore(config=config)
         except BaseException:
             self._endpoint_lock.release()

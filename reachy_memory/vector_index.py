@@ -43,6 +43,7 @@ from .journal import fsync_dir, pack, unpack
 
 log = logging.getLogger(__name__)
 _NONE = (np.zeros(0, np.int64), np.zeros(0, np.float32))
+GATHER_ROWS = 1024  # rows per step of an exact search's gather (1.5 MB at 384 dimensions)
 
 
 class VectorIndex:
@@ -68,6 +69,7 @@ class VectorIndex:
         self._unmarked: set[int] = set()  # dead slots still live in their graph (see remove_many)
         self._version = 0  # bumped by every change of the vectors (invalidates the scan memo)
         self._memo: tuple[int, np.ndarray, np.ndarray] | None = None  # (version, query, sims) of the last scan
+        self._gather_buffer = np.empty((GATHER_ROWS, dim), np.float32)  # see _gather_dot (engine thread only)
 
     def _new_graph(self, capacity: int) -> hnswlib.Index:
         graph = hnswlib.Index(space="ip", dim=self.dim)
@@ -274,12 +276,26 @@ class VectorIndex:
         """Exact top ``k`` among ``slots`` by dot product (cosine for unit vectors)."""
         if len(slots) == 0:
             return _NONE
-        sims = self.vectors[slots] @ query
+        sims = self._gather_dot(slots, query)
         if len(slots) > k:
             top = np.argpartition(-sims, k - 1)[:k]
             slots, sims = slots[top], sims[top]
         order = np.argsort(-sims, kind="stable")
         return slots[order], sims[order]
+
+    def _gather_dot(self, slots: np.ndarray, query: np.ndarray) -> np.ndarray:
+        """``vectors[slots] @ query`` through a reused 1.5 MB buffer, ``GATHER_ROWS`` rows
+        at a time: no allocation the size of the gather (with the daemon's fixed mmap
+        threshold each would be a fresh mapping, page-faulted row by row), and the
+        rows stay in cache for their product.  20,000 of 100k rows: 6.6 -> 3.8 ms."""
+        sims = np.empty(len(slots), np.float32)
+        buffer = self._gather_buffer
+        for start in range(0, len(slots), GATHER_ROWS):
+            part = slots[start : start + GATHER_ROWS]
+            # mode="clip": with the default "raise" numpy gathers into a temporary first
+            rows = np.take(self.vectors, part, axis=0, out=buffer[: len(part)], mode="clip")
+            np.matmul(rows, query, out=sims[start : start + len(part)])
+        return sims
 
     def similarity(self, query: np.ndarray, slots: np.ndarray) -> np.ndarray:
         """Cosine similarity of ``query`` to each of ``slots`` (0 for vector-less slots)."""

@@ -167,7 +167,8 @@ def test_blas_threads_are_pinned_as_configured(tmp_path: Path, threads: int) -> 
 
 _HEAP = """
 import ctypes, json, sys
-from reachy_memory._threads import release_free_heap
+from reachy_memory._threads import bound_native_heap, release_free_heap
+bounded = bound_native_heap() if sys.argv[1] == "bounded" else False
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype = ctypes.c_void_p
 libc.free.argtypes = [ctypes.c_void_p]
@@ -185,7 +186,7 @@ start = rss()
 for _ in range(3):
     churn()
 released = release_free_heap() if sys.argv[1] == "released" else False
-print(json.dumps({"released": released, "grew": rss() - start}))
+print(json.dumps({"released": released, "bounded": bounded, "grew": rss() - start}))
 """
 
 
@@ -194,6 +195,7 @@ print(json.dumps({"released": released, "grew": rss() - start}))
 @pytest.mark.parametrize(("mode", "kept"), [
     ("default", True),  # glibc alone keeps a freed 8 MB block on the heap: the test can fail
     ("released", False),  # release_free_heap gives it back to the system
+    ("bounded", False),  # the daemon's policy: a block over 4 MiB has its own mapping
 ])
 def test_native_heap_returns_large_blocks(mode: str, kept: bool) -> None:
     import json
@@ -202,7 +204,7 @@ def test_native_heap_returns_large_blocks(mode: str, kept: bool) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     done = subprocess.run([sys.executable, "-c", _HEAP, mode], env=env, capture_output=True, text=True, timeout=60)
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["released"] == (mode == "released"), done.stderr
+    assert result["released"] == (mode == "released") and result["bounded"] == (mode == "bounded"), done.stderr
     assert (result["grew"] >= 6 << 20) == kept, result
 
 

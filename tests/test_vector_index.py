@@ -186,3 +186,12 @@ def test_a_removed_slot_reused_before_settling_is_searched_with_its_new_vector()
     assert vi.search(-vectors[5], 1)[0][0] == 5 and 5 not in vi.search(vectors[5], 10)[0]
     assert vi.settle() == 0
     assert_counts_consistent(vi)
+
+
+def test_an_exact_search_over_several_gather_steps_equals_brute_force() -> None:
+    vi, vectors = filled(2 * 1024 + 37)  # three steps of the reused gather buffer, the last partial
+    q = unit(np.random.default_rng(4), 1)[0]
+    slots = np.arange(len(vectors))[::-1].copy()  # any order
+    got, sims = vi.exact(q, slots, 25)
+    assert got.tolist() == np.argsort(-(vectors @ q), kind="stable")[:25].tolist()
+    assert np.allclose(sims, (vectors @ q)[got], atol=1e-6)
