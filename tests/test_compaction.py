@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -189,3 +190,35 @@ def test_background_compaction_copies_late_writes_in_two_steps(config: Config, m
 
 def _raise_full(directory: Path, frames: Any) -> None:
     raise StorageFullError("disk full", path=str(directory))
+
+
+def test_an_expiry_sweep_during_a_background_compaction_is_buried_after_the_thaw(config: Config) -> None:
+    """The sweep's slots are buried into quarantine while the frozen view is held, reused
+    only after the thaw; a crash then replays the sweep and loses none of the rest."""
+    later = time.time() + 40 * 86400
+    store = _reopened(config)
+    store.store_batch([{"content": f"chat {i} about tea", "memory_type": "conversation"} for i in range(300)])
+    kept = [m.id for m in store.store_batch([{"content": f"fact {i} about tea"} for i in range(20)])]
+    original = store._storage._write_snapshot
+    seen: dict[str, int] = {}
+
+    def write(job: Any) -> None:
+        seen["swept"] = store.cleanup_expired(now=later)
+        while store.maintain() or store._state.bury(0):
+            pass
+        kept.extend(m.id for m in store.store_batch([{"content": f"during {i} about tea"} for i in range(10)]))
+        seen["quarantined"], seen["free"] = len(store._state._quarantine or []), len(store._state._free)
+        original(job)
+
+    store._storage._write_snapshot = write  # type: ignore[method-assign]
+    with store._lock:
+        store._storage.compact_in_background()
+    store._storage.wait()
+    assert seen == {"swept": 300, "quarantined": 300, "free": 0}  # nothing the frozen view names was reused
+    assert len(store._state._free) == 300
+    kept.extend(m.id for m in store.store_batch([{"content": f"after {i} about tea"} for i in range(10)]))
+    assert max(store._state.records[i].slot for i in kept[-10:]) < 300  # the thawed slots are reused
+    abandon(store)
+    with _reopened(config) as again:
+        assert sorted(again._state.records) == sorted(kept)
+        assert {h.memory.id for h in again.search("chat tea", limit=100, min_score=0)} <= set(kept)

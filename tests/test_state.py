@@ -16,7 +16,7 @@ from reachy_memory import Config, CorruptionError, ValidationError
 from reachy_memory import journal as jr
 from reachy_memory._persistence import read_snapshot
 from reachy_memory._records import Record, decode, encode, record_id
-from reachy_memory._state import MemoryState, snapshot_sections
+from reachy_memory._state import MemoryState, _and, snapshot_sections
 
 DIM = 8
 KEY = "test/space/8"
@@ -254,3 +254,108 @@ def test_a_snapshot_taken_while_deletions_wait_for_burial_round_trips(tmp_path: 
 def test_a_malformed_bulk_run_is_corruption(run: list[list[Any]]) -> None:
     with pytest.raises(CorruptionError):
         _state().apply_all(run)
+
+
+# A wider differential test: people-aware fields, updates, frozen views, graphs and burial
+# in any order; what a reader sees must equal deleting one by one at every step.
+PEOPLE, OWNERS = ["p1", "p2", "p3"], [None, "u1", "u2"]
+N_RICH = 400
+
+
+def _rich_put(i: int, j: int, seed: int, with_vector: bool) -> list[Any]:
+    mtype = TYPES[j % 3]
+    metadata = {"context_key": "kj"[j % 2]} if mtype == "context" else {"n": j % 4, "tag": ["a", "b"][: j % 3]}
+    rec = Record(f"b{i}", f"{WORDS[j % 8]} {WORDS[(j * 5) % 8]}", mtype, 1_700_000_000.0 + seed,
+                 1_700_000_500.0 + j if j % 2 else None, metadata, vkey=KEY if with_vector else None,
+                 subjects=tuple(PEOPLE[: j % 4]), owner=OWNERS[j % 3], shared=j % 5 == 0,
+                 name=f"note{i}" if mtype == "fact" and j % 7 == 0 else None,
+                 superseded_at=1.0 if j % 11 == 0 else None)
+    return ["put", encode(rec), _vector(seed) if with_vector else None]
+
+
+_rich_id = st.integers(0, N_RICH - 1)
+rich_ops = st.one_of(
+    st.builds(_rich_put, _rich_id, st.integers(0, 50), st.integers(0, 10**6), st.booleans()),
+    st.builds(lambda i: ["del", f"b{i}"], _rich_id),
+    st.builds(lambda i, p, o: ["update", f"b{i}", {"subjects": [p], "owner": o}], _rich_id,
+              st.sampled_from(PEOPLE), st.sampled_from(OWNERS)),
+    st.builds(lambda i: ["update", f"b{i}", {"superseded_at": 2.0, "superseded_by": "x"}], _rich_id),
+    st.builds(lambda i, n: ["update", f"b{i}", {"name": f"nm{n}", "metadata": {"n": n}}], _rich_id,
+              st.integers(0, 3)),
+    st.builds(lambda start, n: ("bulk", start, n), st.integers(0, N_RICH), st.integers(256, 400)),
+    st.builds(lambda budget: ("bury", budget), st.integers(0, 300)),
+    st.just(("freeze",)), st.just(("thaw",)), st.just(("flush",)),
+)
+
+
+def _rich_state() -> MemoryState:
+    cfg = Config().replace("memory", context_window_size=2).replace(
+        "search", exact_below=64, exact_threshold=16, hnsw_ef_search=512)  # graphs in use, exact at this size
+    return MemoryState(cfg, DIM, KEY, KEY)
+
+
+def _rich_observed(state: MemoryState) -> dict[str, Any]:
+    """:func:`_observed` plus scopes (owner, about, superseded), names, subjects, expiry, graph search."""
+    ids = {slot: rec.id for slot, rec in state.by_slot.items()}
+
+    def named(mask: np.ndarray | None) -> list[str] | None:
+        return None if mask is None else sorted(ids[int(s)] for s in np.flatnonzero(mask) if int(s) in ids)
+
+    out = _observed(state)
+    out["masks"] |= {f"{t}/{w}": named(state.fields.mask(t, w)) for t in (None, *TYPES)
+                     for w in ({"tag": "a"}, {"tag": {"$nin": ["b"]}})}
+    out["scopes"] = {f"{o}/{about}/{hidden}": named(state.scope_mask(o, about, hidden))
+                     for o in OWNERS for about in (None, ["p1"], ["p2", "p3"]) for hidden in (False, True)}
+    out["records"] = {r.id: (r.content, r.type, r.metadata, r.vkey, r.subjects, r.owner, r.shared, r.name,
+                             r.superseded_at) for r in state.records.values()}
+    out["names"] = dict(state.names)
+    out["subjects"] = {p: named(_and(None, slots, state.next_slot)) for p, slots in state.by_subject.items() if slots}
+    out["expired"] = sorted(state.expired_ids(1_700_000_520.0))
+    out["counts"] = (state.lexical.n_docs, state.vectors.count)
+    for group in (0, 1):
+        query = np.frombuffer(_vector(8 + group), np.float32)
+        found = state.vectors.search(query, 5, state.fields.mask(TYPES[group], None), [group])[0]
+        out[f"vectors{group}"] = sorted(ids[int(s)] for s in found)
+    return out
+
+
+def _step(one: MemoryState, bulk: MemoryState, op: Any, background: bool) -> None:
+    if op[0] == "bulk":
+        deletions = [["del", f"b{(op[1] + k) % N_RICH}"] for k in range(op[2])]
+        for deletion in deletions:
+            one.apply(deletion)
+        bulk.apply_all(deletions)
+    elif op[0] == "bury":
+        bulk.bury(op[1])
+    elif op[0] == "freeze":
+        one.freeze(with_lexical=True)
+        bulk.freeze(with_lexical=not background)  # a background compaction leaves the ghosts alone
+    elif op[0] == "thaw":
+        one.thaw()
+        bulk.thaw()
+    elif op[0] == "flush":
+        one.vectors.flush()
+        bulk.vectors.flush()
+    else:
+        one.apply(op)
+        bulk.apply_all([op])
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(rich_ops, min_size=5, max_size=25), st.booleans(), st.booleans())
+def test_bulk_deletions_interleaved_with_anything_read_as_one_by_one(sequence: list[Any], background: bool,
+                                                                   graphs: bool) -> None:
+    one, bulk = _rich_state(), _rich_state()
+    for i in range(N_RICH):
+        put = _rich_put(i, i, i, i % 4 != 0)
+        one.apply(put)
+        bulk.apply(put)
+    if graphs:
+        one.vectors.flush()
+        bulk.vectors.flush()
+    for op in sequence:
+        _step(one, bulk, op, background)
+        assert _rich_observed(bulk) == _rich_observed(one), op
+    bulk.bury(10**6)
+    assert not bulk._ghosts and _rich_observed(bulk) == _rich_observed(one)
+    _check_invariants(bulk)
