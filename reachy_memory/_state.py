@@ -131,7 +131,7 @@ class MemoryState:
             if kind == "put":
                 self._put(decode(op[1]), op[2])
             elif kind == "del":
-                self._delete(op[1])
+                self._delete(_memory_id(op[1]))
             elif kind == "win":
                 self._window.append(tuple(op[1:]))
                 self.window_view = tuple(self._window)
@@ -407,6 +407,13 @@ def snapshot_sections(frozen: Frozen, head: dict[str, Any], lexical: dict[str, A
     return [head, Packed(pack_gently({"records": rows, "people": frozen.people})), RawBin(frozen.vectors),
             Packed(pack_gently({"lexical": lexical})),
             {"window": [list(turn) for turn in frozen.window]}, {"end": len(rows)}]
+
+
+def _memory_id(value: Any) -> str:
+    """A deletion's id: a string (what every writer writes), else ValidationError."""
+    if not isinstance(value, str):
+        raise ValidationError(f"a memory id must be a string, not {type(value).__name__}", field="id")
+    return value
 
 
 def _all_deletions(ops: list[Any]) -> list[Any] | None:

@@ -248,7 +248,8 @@ def test_a_snapshot_taken_while_deletions_wait_for_burial_round_trips(tmp_path: 
 
 
 @pytest.mark.parametrize("run", [
-    [["del", 5]] * 300,  # an id that is not a string
+    [["del", 5]],  # an id that is not a string, alone ...
+    [["del", 5]] * 300,  # ... or in a bulk run: the same answer either way
     [["del", "a"]] * 299 + [["del", ["x"]]],  # one unhashable id among many
 ])
 def test_a_malformed_bulk_run_is_corruption(run: list[list[Any]]) -> None:
