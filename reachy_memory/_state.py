@@ -112,11 +112,9 @@ class MemoryState:
         self._delete_run(run)
 
     def _delete_run(self, ids: list[Any]) -> None:
-        if len(ids) < BULK:
-            for memory_id in ids:
+        if len(ids) < BULK or set(map(type, ids)) != {str}:
+            for memory_id in ids:  # one by one: a bad id is reported as a lone deletion's would be
                 self.apply(["del", memory_id])
-        elif set(map(type, ids)) != {str}:
-            raise CorruptionError("malformed 'del' operation: the id is not a string", path="", offset=-1)
         else:
             self.delete_many(ids)
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import gc
 import logging
 import os
@@ -90,9 +91,8 @@ def bound_native_heap() -> bool:
     (``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_ARENA_MAX``: the operator's word wins)."""
     if {"MALLOC_MMAP_THRESHOLD_", "MALLOC_ARENA_MAX"} & set(os.environ):
         return False
-    try:
-        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
-    except (OSError, AttributeError):  # no mallopt: not glibc
+    mallopt = _glibc_call("mallopt")
+    if mallopt is None:
         return False
     return bool(mallopt(M_MMAP_THRESHOLD, HEAP_MMAP_THRESHOLD)) and bool(mallopt(M_ARENA_MAX, HEAP_ARENAS))
 
@@ -104,9 +104,18 @@ def release_free_heap() -> bool:
     """Give the C heap's free memory back to the system (glibc ``malloc_trim``);
     False where the C library has no such call.  Costs ~10 ms on a large heap:
     called after big embedding calls only (:data:`TRIM_TOKENS`), never per query."""
-    try:
-        trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-    except (OSError, AttributeError):  # not glibc
+    trim = _glibc_call("malloc_trim")
+    if trim is None:
         return False
     trim(0)  # ctypes releases the GIL for the call: other threads go on
     return True
+
+
+@functools.cache
+def _glibc_call(name: str) -> Any:
+    """The C library's function ``name``, or None where there is none (not glibc).
+    Looked up once: ``find_library`` runs ``ldconfig`` in a subprocess (~2.6 ms)."""
+    try:
+        return getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), name)
+    except (OSError, AttributeError):
+        return None
