@@ -173,3 +173,20 @@ def test_real_full_disk_loses_no_acknowledged_write(tmp_path: Path, base_config:
             assert missing == [] and len(acked) > 100
     finally:
         subprocess.run(["umount", "-l", str(disk)], capture_output=True, timeout=10)
+
+
+def test_disk_full_during_an_expiry_sweep_deletes_nothing_and_a_retry_does_it_all(
+        config: Config, faults: Faults) -> None:
+    store = MemoryStore(config=config, embedder=None)
+    chats = store.store_batch([{"content": f"chat {i}", "memory_type": "conversation"} for i in range(300)])
+    fact = store.store("a fact that never expires")
+    later = chats[0].created_at.timestamp() + 31 * 86400
+    faults.write(_half_then_enospc())  # the sweep's one frame is cut halfway by a full disk
+    with pytest.raises(StorageFullError):
+        store.cleanup_expired(now=later)
+    faults.clear()
+    assert len(store) == 301 and not store._state._ghosts  # all or nothing: nothing applied
+    assert store.cleanup_expired(now=later) == 300  # space is back: the retry deletes them all
+    abandon(store)
+    with MemoryStore(config=config, embedder=None) as reopened:  # the replay agrees
+        assert len(reopened) == 1 and reopened.get(fact.id) is not None
