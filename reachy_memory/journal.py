@@ -45,8 +45,8 @@ from types import SimpleNamespace
 from typing import Any, Literal
 
 import msgpack
-import numpy as np
 
+from ._threads import big_buffer
 from .errors import (
     CorruptionError,
     FormatVersionError,
@@ -262,13 +262,13 @@ def read_file(path: Path, kind: bytes, raw: frozenset[int] = frozenset()) -> Rea
 
 
 def read_bytes(path: Path) -> memoryview:
-    """The whole file in one writable buffer (each fresh large buffer costs page faults)."""
+    """The whole file in one writable buffer, page-aligned (so data frames stay
+    aligned as in the file), in a :func:`big_buffer`: a reader done with a large
+    part of it gives that part back with :func:`release_pages`."""
     try:
         with open(path, "rb") as fh:
             size = os.fstat(fh.fileno()).st_size
-            raw = np.empty(size + ALIGN, np.uint8)  # aligned like the file: data frames stay aligned
-            start = -raw.ctypes.data % ALIGN
-            buf = raw.data[start : start + size]
+            buf = memoryview(big_buffer(size))[:size]
             fh.readinto(buf)
         return buf
     except OSError as exc:

@@ -195,3 +195,57 @@ def test_an_exact_search_over_several_gather_steps_equals_brute_force() -> None:
     got, sims = vi.exact(q, slots, 25)
     assert got.tolist() == np.argsort(-(vectors @ q), kind="stable")[:25].tolist()
     assert np.allclose(sims, (vectors @ q)[got], atol=1e-6)
+
+
+def test_the_matrix_grows_in_place_and_keeps_every_row() -> None:
+    """Growing resizes the matrix's own mapping (no second copy) and keeps the rows."""
+    vi, vectors = filled(1024)
+    mapping = vi._map
+    extra = unit(np.random.default_rng(1), 3000)
+    for slot, v in enumerate(extra, start=1024):
+        vi.add(slot, v)
+    assert len(vi.vectors) >= 4024 and vi._map is mapping  # resized, not replaced
+    np.testing.assert_array_equal(vi.vectors[:1024], vectors)
+    np.testing.assert_array_equal(vi.vectors[1024:4024], extra)
+    assert not vi.vectors[4024:].any()  # new rows read as zeros
+
+
+def test_growing_while_a_snapshot_holds_a_view_copies_and_leaves_the_view_intact() -> None:
+    vi, vectors = filled(1024)
+    held = vi.vector_bytes()  # what a background snapshot writes from
+    before = bytes(held)
+    for slot, v in enumerate(unit(np.random.default_rng(2), 2000), start=1024):
+        vi.add(slot, v)
+    assert bytes(held) == before  # the snapshot's rows are untouched by the growth
+    np.testing.assert_array_equal(vi.vectors[:1024], vectors)
+    del held
+    mapping = vi._map
+    for slot, v in enumerate(unit(np.random.default_rng(3), 5000), start=3024):
+        vi.add(slot, v)
+    assert vi._map is mapping  # no view held any more: in place again
+
+
+def test_loading_copies_the_rows_and_gives_the_snapshot_buffer_back(tmp_path: Path) -> None:
+    from reachy_memory import journal as jr
+
+    rows = unit(np.random.default_rng(4), 5000)  # 320 KB: many pages to give back
+    path = tmp_path / "raw"
+    path.write_bytes(b"x" * 100 + rows.tobytes() + b"y" * 100)  # unaligned like a frame
+    buffer = jr.read_bytes(path)
+    source = buffer[100 : 100 + rows.nbytes]
+    vi = VectorIndex(16)
+    vi.load_vectors(source, np.ones(5000, bool), np.zeros(5000, np.int8))
+    np.testing.assert_array_equal(vi.vectors, rows)
+    released = np.frombuffer(buffer, np.uint8)
+    assert not released[4096 : 4096 * 70].any()  # whole pages inside the rows read as zeros now
+    assert bytes(buffer[:100]) == b"x" * 100 and bytes(buffer[-100:]) == b"y" * 100  # the rest is kept
+    assert vi.search(rows[7], 1)[0][0] == 7
+
+
+def test_loading_from_plain_bytes_copies_and_gives_nothing_back() -> None:
+    rows = unit(np.random.default_rng(5), 40)
+    data = bytearray(rows.tobytes())
+    vi = VectorIndex(16)
+    vi.load_vectors(memoryview(data), np.ones(40, bool), np.zeros(40, np.int8))
+    assert bytes(data) == rows.tobytes()
+    np.testing.assert_array_equal(vi.vectors, rows)
