@@ -108,8 +108,8 @@ _ROWS = [
     _op("ping", "inline", [], '{"pong": true, "time": float}', "Round trip; answered on the I/O thread."),
     _op("health", "inline", [], "{status, embedder, memories, last_cleanup, uptime_s, ...}",
         "Whether the daemon and its model are usable (status ok | degraded | read_only)."),
-    _op("stats", "inline", [], "{ops: {op: {count, errors, p50_ms, p99_ms}}, store: {...}, uptime_s}",
-        "Per-operation counts and latencies, store sizes."),
+    _op("stats", "inline", [], "{ops: {op: {count, errors, p50_ms, p99_ms, stages_p50_ms}}, store: {...}, uptime_s}",
+        "Per-operation counts and latencies (p50 per stage: wait, embed, engine), store sizes."),
     # -- memories -------------------------------------------------------------------------
     _op("store", "embed", [_req("content", STR), _opt("memory_type", STR, "fact"), _opt("metadata", DICT),
                            _opt("id", STR, doc="client-chosen: a retry never duplicates")],

@@ -75,6 +75,7 @@ class _Job:
     deadline: float | None
     received: float
     prepared: Any = None
+    stages: dict[str, float] = field(default_factory=dict)  # seconds spent per stage (see stats)
 
 
 @dataclass
@@ -82,6 +83,8 @@ class _OpStats:
     count: int = 0
     errors: int = 0
     latencies: deque[float] = field(default_factory=lambda: deque(maxlen=2048))
+    # Where a request's time went: "wait" (in queues and handoffs), "embed", "engine".
+    stages: dict[str, deque[float]] = field(default_factory=dict)
 
 
 class BadRequestLog:
@@ -322,7 +325,9 @@ class Daemon:
         while (job := self._embed_q.get()) is not None:
             try:
                 self._check_deadline(job)
+                started = time.monotonic()
                 job.prepared = self._prepare(job)
+                job.stages["embed"] = time.monotonic() - started
                 self._engine_q.put(job, timeout=1.0)
             except queue.Full:
                 push.send_multipart([*job.envelope, proto.error_from(job.request_id, BusyError("engine queue full"))])
@@ -366,18 +371,21 @@ class Daemon:
         return push
 
     def _run(self, job: _Job, table: dict[str, Callable[[Daemon, _Job], Any]]) -> bytes:
+        started = time.monotonic()
         try:
             self._check_deadline(job)
             result = table[job.op](self, job)
         except Exception as exc:
             return self._failure(job, exc)
+        if job.op not in INLINE:  # an inline op's whole time is its work on the I/O thread
+            job.stages["engine"] = time.monotonic() - started
         reply = proto.ok(job.request_id, result)
         if job.op in CAPPED and len(reply) > self.config.server.max_reply_bytes:
             limit = self.config.server.max_reply_bytes
             return self._failure(job, TooLargeError(
                 f"{job.op}: the result is {len(reply)} bytes, over the {limit}-byte reply limit; ask for fewer "
                 "results (limit) or raise server.max_reply_bytes", field="result", size=len(reply), limit=limit))
-        self._record(job.op, time.monotonic() - job.received, failed=False)
+        self._record(job.op, time.monotonic() - job.received, failed=False, stages=job.stages)
         return reply
 
     def _failure(self, job: _Job, exc: Exception) -> bytes:
@@ -392,11 +400,14 @@ class Daemon:
         if job.deadline is not None and time.monotonic() > job.deadline:
             raise RequestTimeoutError(f"{job.op}: deadline passed before the work started")
 
-    def _record(self, op: str, seconds: float, *, failed: bool) -> None:
+    def _record(self, op: str, seconds: float, *, failed: bool, stages: dict[str, float] | None = None) -> None:
         stats = self._stats[op]
         stats.count += 1
         stats.errors += failed
         stats.latencies.append(seconds)
+        if stages:  # what the stages do not account for waited in queues and handoffs
+            for name, spent in (stages | {"wait": seconds - sum(stages.values())}).items():
+                stats.stages.setdefault(name, deque(maxlen=2048)).append(spent)
 
     # -- op implementations ------------------------------------------------------------
 
@@ -427,11 +438,14 @@ class Daemon:
 
     def stats(self) -> dict[str, Any]:
         """Per-op counts and latency percentiles, store sizes, queue depths, uptime."""
-        ops = {}
+        ops: dict[str, dict[str, Any]] = {}
         for op, s in sorted(self._stats.items()):
             lat = np.asarray(s.latencies) * 1000 if s.latencies else np.zeros(1)
             ops[op] = {"count": s.count, "errors": s.errors, "p50_ms": round(float(np.percentile(lat, 50)), 3),
                        "p99_ms": round(float(np.percentile(lat, 99)), 3)}
+            if s.stages:
+                ops[op]["stages_p50_ms"] = {name: round(1000 * float(np.percentile(v, 50)), 3)
+                                            for name, v in sorted(s.stages.items())}
         return {"ops": ops, "store": self.store.stats(), "uptime_s": round(time.time() - self._started, 3),
                 "queues": {"embed": self._embed_q.qsize(), "engine": self._engine_q.qsize()},
                 "replies_dropped": self.replies_dropped}

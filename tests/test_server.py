@@ -84,6 +84,12 @@ def test_every_op_round_trips(daemon: DaemonProcess) -> None:
         assert health["status"] == "ok" and health["embedder"]["state"] == "ready"
         assert health["last_cleanup"] is not None  # the start-up sweep ran
         assert stats["ops"]["store"]["count"] == 1 and stats["store"]["memories"] == 4
+        search = stats["ops"]["search"]  # where a search's time went: queues, embedding, the engine
+        assert set(search["stages_p50_ms"]) == {"wait", "embed", "engine"}
+        assert search["stages_p50_ms"]["embed"] > 0 and search["stages_p50_ms"]["engine"] > 0
+        assert sum(search["stages_p50_ms"].values()) <= 3 * search["p50_ms"]  # parts of the whole, not extra time
+        assert set(stats["ops"]["forget"]["stages_p50_ms"]) == {"wait", "engine"}  # nothing to embed
+        assert "stages_p50_ms" not in stats["ops"]["ping"]  # answered inline
 
 
 def test_socket_is_private(daemon: DaemonProcess) -> None:

@@ -133,6 +133,10 @@ def latency(c: MemoryClient, repeat: int, label: str = "") -> None:
     }
     for name, fn in cases.items():
         print(row(name + label, measure(fn, repeat)))
+    ops = c.stats()["ops"]  # the daemon's own split of its latest 2,048 requests per op
+    for op in ("search", "store"):
+        stages = ", ".join(f"{k} {v:.3f}" for k, v in ops[op].get("stages_p50_ms", {}).items())
+        print(f"  inside the daemon, {op}: p50 {ops[op]['p50_ms']:.3f} ms = {stages} ms (p50 of each){label}")
 
 
 def measure(fn: Callable[[], object], repeat: int) -> dict[str, float]:
