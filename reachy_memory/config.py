@@ -47,6 +47,7 @@ RANGES: dict[str, tuple[float | None, float | None]] = {
     "search.temporal_boost": (0.0, 1.0),
     "search.neighbour_boost": (0.0, 1.0),
     "search.feedback_weight": (0.0, 1.0),
+    "search.diversity": (0.0, 1.0),
     "search.candidates": (1, 10_000),
     "search.hnsw_m": (2, 128),
     "search.hnsw_ef_construction": (8, 4096),
@@ -120,6 +121,10 @@ class SearchConfig:
     # best 3 lexical hits the query lacks run as a second BM25 query; candidates
     # gain this times its relevance.  0 turns it off (see README for the cross rule).
     feedback_weight: float = 0.0
+    # issue 12: result diversity for multi-hop questions.  The best max(2 x limit, 20)
+    # hybrid hits are re-ordered by maximal marginal relevance: score minus this times
+    # the cosine to the closest hit already taken (scores are unchanged).  0 turns it off.
+    diversity: float = 0.0
     candidates: int = 40  # per retriever, before fusion (LoCoMo recall is flat from 30 to 100)
     exact_threshold: int = 2048  # filtered candidate sets up to this size: exact numpy search
     # indexes up to this size: exact search.  With BLAS on one thread (blas_threads) the

@@ -435,16 +435,25 @@ class MemoryStore(PeopleMixin):
             mask = _both(self._state.fields.mask(mtype, where),
                          self._state.scope_mask(owner, self._about_ids(about, owner), include_superseded))
             slots, scores = self._rank(query, qvec, mask, limit, mode, mtype, at)
-            results = []
+            diversity = self._config.search.diversity if mode == "hybrid" else 0.0
+            want = max(2 * limit, ranking.MMR_POOL) if diversity else limit
+            hits: list[tuple[int, Record]] = []  # (position in slots, record): the best shown hits, by score
             for i in np.argsort(-scores, kind="stable"):
                 if scores[i] < min_score:
                     break
                 rec = self._state.by_slot[int(slots[i])]
                 if not rec.expired(at) and (include_superseded or not self._decayed(rec, at)):
-                    results.append(SearchResult(rec.memory(), float(scores[i]), self.subject_names(rec)))
-                    self._touch(rec, at)
-                    if len(results) == limit:
+                    hits.append((int(i), rec))
+                    if len(hits) == want:
                         break
+            if diversity and len(hits) > 2:
+                pos = np.array([i for i, _ in hits])
+                vectors = ranking.unit_vectors(self._state.vectors, slots[pos])
+                hits = [hits[k] for k in ranking.mmr_order(scores[pos], vectors, diversity, limit)]
+            results = []
+            for i, rec in hits[:limit]:
+                results.append(SearchResult(rec.memory(), float(scores[i]), self.subject_names(rec)))
+                self._touch(rec, at)
             return results
 
     def _rank(self, query: str, qvec: np.ndarray | None, mask: np.ndarray | None,

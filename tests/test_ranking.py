@@ -177,3 +177,93 @@ def test_an_expired_hit_lends_no_words(tmp_path: Path) -> None:
         later = turn.created_at + timedelta(days=40)
         assert "LGBTQ pride is powerful" in _search(store, "support group", 0.3)
         assert _search(store, "support group", 0.3, now=later) == []
+
+
+# -- result diversity (search.diversity, maximal marginal relevance) -----------------
+
+def _unit(*rows: list[float]) -> np.ndarray:
+    out = np.array(rows, np.float32)
+    return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
+
+
+@given(st.lists(unit, min_size=1, max_size=15), st.integers(0, 2**32 - 1))
+def test_mmr_at_zero_diversity_keeps_the_score_order(scores: list[float], seed: int) -> None:
+    ordered = np.array(sorted(scores, reverse=True))
+    vectors = _unit(*np.random.default_rng(seed).standard_normal((len(scores), 4)).tolist())
+    assert ranking.mmr_order(ordered, vectors, 0.0, len(ordered)).tolist() == list(range(len(scores)))
+
+
+def test_mmr_drops_a_near_duplicate_of_the_top_hit_below_a_distinct_hit() -> None:
+    scores = np.array([0.9, 0.85, 0.8, 0.3])
+    vectors = _unit([1, 0, 0], [0.99, 0.1, 0], [0, 1, 0], [0, 0, 0])  # the last has no vector
+
+    def order(diversity: float, k: int = 4) -> list[int]:
+        return ranking.mmr_order(scores, vectors, diversity, k).tolist()
+
+    assert order(0.0) == [0, 1, 2, 3]
+    assert order(0.03) == [0, 1, 2, 3]  # 0.05 apart: a mild rule keeps the duplicate second
+    assert order(0.5) == [0, 2, 1, 3]
+    # Strong enough, even the vector-less hit (like nothing) passes the near-duplicate.
+    assert order(0.9) == [0, 2, 3, 1]
+    assert order(0.9, k=2) == [0, 2]  # only the head the caller shows is computed
+
+
+TOPICS = ("pottery", "camping", "painting")
+
+
+class TopicEmbedder:
+    """One axis per topic word a text holds (plus a little of a shared axis): turns on the
+    same topic are near-duplicates, turns on different topics are orthogonal."""
+
+    dim = len(TOPICS) + 1
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        return _unit(*[[float(t in text.lower()) for t in TOPICS] + [0.1] for text in texts])
+
+
+DIVERSE = [
+    "Melanie: pottery class today, my pottery bowl came out great",
+    "Melanie: back at pottery class, another pottery bowl",
+    "Melanie: we went camping by the lake with the kids",
+    "Melanie: painting a sunset this weekend",
+]
+
+
+def _diverse(store: MemoryStore, diversity: float, mode: str = "hybrid", limit: int = 3) -> list[tuple[str, float]]:
+    store._config = store.config.replace("search", diversity=diversity)
+    query = "What does Melanie do, pottery class or camping?"
+    return [(h.memory.content, h.score) for h in store.search(query, min_score=0, limit=limit, mode=mode)]
+
+
+def test_diversity_reorders_the_store_results_and_keeps_their_scores(tmp_path: Path) -> None:
+    pottery, camping = set(DIVERSE[:2]), DIVERSE[2]
+    with MemoryStore(config=Config().replace("memory", path=str(tmp_path)), embedder=TopicEmbedder()) as store:
+        store.store_batch([{"content": t, "memory_type": "fact"} for t in DIVERSE])
+        plain = _diverse(store, 0.0, limit=4)
+        assert {c for c, _ in plain[:2]} == pottery and plain[2][0] == camping  # by score: pottery twice first
+        assert [s for _, s in plain] == sorted((s for _, s in plain), reverse=True)
+        diverse = _diverse(store, 0.9, limit=4)
+        assert diverse[0] == plain[0]  # the best hit stays first
+        assert [c for c, _ in diverse[1:3]] == [camping, DIVERSE[3]]  # the other topics before the duplicate
+        assert diverse[3][0] in pottery
+        assert sorted(diverse) == sorted(plain)  # same hits, each with its own relevance (not the MMR objective)
+        assert diverse[2][1] < diverse[3][1]  # so the list is no longer sorted by score
+        assert _diverse(store, 0.9, mode="lexical") == _diverse(store, 0.0, mode="lexical")  # hybrid only
+
+
+def test_diversity_can_bring_a_hit_from_below_the_limit(tmp_path: Path) -> None:
+    with MemoryStore(config=Config().replace("memory", path=str(tmp_path)), embedder=TopicEmbedder()) as store:
+        store.store_batch([{"content": t, "memory_type": "fact"} for t in DIVERSE])
+        assert DIVERSE[2] not in [c for c, _ in _diverse(store, 0.0, limit=2)]
+        assert [c for c, _ in _diverse(store, 0.9, limit=2)][1] == DIVERSE[2]
+
+
+@pytest.mark.parametrize("value", [-0.1, 1.5, "high"])
+def test_diversity_is_validated(value: object) -> None:
+    with pytest.raises(ConfigError, match=r"search\.diversity"):
+        load_config(search={"diversity": value})
+
+
+def test_diversity_defaults_off() -> None:
+    assert load_config().search.diversity == 0.0
+    assert load_config(search={"diversity": 0.3}).search.diversity == 0.3

@@ -153,7 +153,8 @@ def grid(files: list[Path], config: Config, embedder: Any) -> None:
 
 
 GRIDS = {"temporal_boost": (0.0, 0.02, 0.05, 0.1, 0.2), "neighbour_boost": (0.0, 0.05, 0.1, 0.2, 0.3),
-         "feedback_weight": (0.0, 0.1, 0.2, 0.4, 0.6, 0.8), "entity_boost": (0.0, 0.01, 0.03, 0.06, 0.1)}
+         "feedback_weight": (0.0, 0.1, 0.2, 0.4, 0.6, 0.8), "entity_boost": (0.0, 0.01, 0.03, 0.06, 0.1),
+         "diversity": (0.0, 0.05, 0.1, 0.2, 0.3, 0.5)}
 
 
 def cross(files: list[Path], config: Config, embedder: Any, param: str) -> None:
