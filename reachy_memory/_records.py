@@ -11,6 +11,7 @@ Journal operations (``docs/FORMAT.md``, "Operations")::
 
     ["put", record, vector | None]   store or replace a memory
     ["del", id]                      delete a memory
+    ["expire", time]                 delete every memory expired at ``time`` (a sweep)
     ["win", role, content, time]     append a turn to the context window
     ["winclr"]                       clear the context window
     ["model", key]                   the vector space of the stored vectors
@@ -34,7 +35,7 @@ from .model import Memory, MemoryType, to_datetime
 __all__ = ["MUTABLE_FIELDS", "OP_KINDS", "RECORD_FIELDS", "RECORD_VERSION", "Record", "decode", "encode", "record_id"]
 
 RECORD_VERSION = 2
-OP_KINDS = frozenset({"put", "del", "win", "winclr", "model", "update"})
+OP_KINDS = frozenset({"put", "del", "expire", "win", "winclr", "model", "update"})
 
 _V1_FIELDS = ("id", "content", "type", "created", "expires", "metadata", "slot", "vkey")
 # Optional fields and their defaults: left out of the encoded map when at the default.

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import operator
 from collections import deque
 from dataclasses import dataclass
@@ -130,6 +131,8 @@ class MemoryState:
                 self._put(decode(op[1]), op[2])
             elif kind == "del":
                 self._delete(_memory_id(op[1]))
+            elif kind == "expire":
+                self.expire(_instant(op[1]))
             elif kind == "win":
                 self._window.append(tuple(op[1:]))
                 self.window_view = tuple(self._window)
@@ -237,12 +240,34 @@ class MemoryState:
 
     def delete_many(self, ids: list[str]) -> None:
         """Delete the memories ``ids`` (unknown ones skipped) as :meth:`_delete` would one
-        by one, in a fraction of the time (a mass expiry): the indexes hide them with
+        by one, in a fraction of the time (a mass deletion): the indexes hide them with
         array and set operations, and :meth:`bury` finishes at idle time what needs
         each record (metadata entries, postings); their slots are reused after that."""
         # map() keeps the per-record loops in C: at 66k records each pass counts.
         recs = list(filter(None, map(self.records.pop, ids, itertools.repeat(None))))
-        slots = np.fromiter(map(_SLOT, recs), np.int64, len(recs))
+        self._drop(recs, np.fromiter(map(_SLOT, recs), np.int64, len(recs)))
+
+    def expire(self, at: float) -> int:
+        """Delete every memory expired at ``at`` (the ``expire`` op, written by a sweep);
+        returns how many.  A replay deletes the same memories: the state at that point of
+        the journal is the same, and expiry times are the records' own."""
+        slots = np.flatnonzero(self._expires[: self.next_slot] <= at)
+        recs = list(map(self.by_slot.__getitem__, slots.tolist()))
+        if len(recs) < BULK:
+            for rec in recs:
+                self._delete(rec.id)
+        else:
+            deque(map(self.records.pop, map(_ID, recs)), maxlen=0)
+            self._drop(recs, slots)
+        return len(recs)
+
+    def count_expired(self, at: float) -> int:
+        """How many memories :meth:`expire` would delete at ``at``."""
+        return int(np.count_nonzero(self._expires[: self.next_slot] <= at))
+
+    def _drop(self, recs: list[Record], slots: np.ndarray) -> None:
+        """The bulk part of :meth:`delete_many`: ``recs`` (at ``slots``, already out of
+        ``records``) leave every index; what needs each record waits for :meth:`bury`."""
         listed = slots.tolist()
         deque(map(self.by_slot.pop, listed), maxlen=0)
         self._expires[slots] = np.inf
@@ -412,6 +437,13 @@ def _memory_id(value: Any) -> str:
     if not isinstance(value, str):
         raise ValidationError(f"a memory id must be a string, not {type(value).__name__}", field="id")
     return value
+
+
+def _instant(value: Any) -> float:
+    """An ``expire`` op's time: a finite number of epoch seconds, else ValidationError."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValidationError(f"an expiry time must be a finite number, not {value!r}", field="at")
+    return float(value)
 
 
 def _all_deletions(ops: list[Any]) -> list[Any] | None:

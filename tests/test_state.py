@@ -16,7 +16,7 @@ from reachy_memory import Config, CorruptionError, ValidationError
 from reachy_memory import journal as jr
 from reachy_memory._persistence import read_snapshot
 from reachy_memory._records import Record, decode, encode, record_id
-from reachy_memory._state import MemoryState, _and, snapshot_sections
+from reachy_memory._state import BULK, MemoryState, _and, snapshot_sections
 
 DIM = 8
 KEY = "test/space/8"
@@ -248,6 +248,10 @@ def test_a_snapshot_taken_while_deletions_wait_for_burial_round_trips(tmp_path: 
 
 
 @pytest.mark.parametrize("run", [
+    [["expire", "soon"]],  # a sweep's time that is not a number
+    [["expire", float("nan")]],  # ... or not finite
+    [["expire", True]],  # ... or a bool
+    [["expire"]],  # no time at all
     [["del", 5]],  # an id that is not a string, alone ...
     [["del", 5]] * 300,  # ... or in a bulk run: the same answer either way
     [["del", "a"]] * 299 + [["del", ["x"]]],  # one unhashable id among many
@@ -285,6 +289,7 @@ rich_ops = st.one_of(
               st.integers(0, 3)),
     st.builds(lambda start, n: ("bulk", start, n), st.integers(0, N_RICH), st.integers(256, 400)),
     st.builds(lambda budget: ("bury", budget), st.integers(0, 300)),
+    st.builds(lambda at: ("expire", at), st.floats(1_700_000_490.0, 1_700_000_560.0)),  # a sweep: a few due
     st.just(("freeze",)), st.just(("thaw",)), st.just(("flush",)),
 )
 
@@ -328,6 +333,10 @@ def _step(one: MemoryState, bulk: MemoryState, op: Any, background: bool) -> Non
         bulk.apply_all(deletions)
     elif op[0] == "bury":
         bulk.bury(op[1])
+    elif op[0] == "expire":
+        for memory_id in one.expired_ids(op[1]):
+            one.apply(["del", memory_id])
+        bulk.apply_all([["expire", op[1]]])
     elif op[0] == "freeze":
         one.freeze(with_lexical=True)
         bulk.freeze(with_lexical=not background)  # a background compaction leaves the ghosts alone
@@ -360,3 +369,29 @@ def test_bulk_deletions_interleaved_with_anything_read_as_one_by_one(sequence: l
     bulk.bury(10**6)
     assert not bulk._ghosts and _rich_observed(bulk) == _rich_observed(one)
     _check_invariants(bulk)
+
+
+@pytest.mark.parametrize("n_due", [
+    0,  # nothing due: the op changes nothing
+    10,  # a few: deleted one by one
+    255,  # just under the bulk threshold
+    256,  # at it: the bulk path
+    420,  # most of the store
+])
+def test_an_expire_op_reads_as_deleting_the_expired_one_by_one(n_due: int) -> None:
+    one, swept = _rich_state(), _rich_state()
+    for i in range(450):
+        put = _rich_put(i, 2 * i + 1, i, i % 4 != 0)  # odd j: every memory expires, at 1_700_000_501 + 2i
+        one.apply(put)
+        swept.apply(put)
+    at = 1_700_000_500.0 + 2 * n_due
+    assert swept.count_expired(at) == n_due
+    for memory_id in one.expired_ids(at):
+        one.apply(["del", memory_id])
+    swept.apply_all([["expire", at]])
+    assert bool(swept._ghosts) == (n_due >= BULK)  # the bulk path from the threshold on
+    assert _rich_observed(swept) == _rich_observed(one)
+    assert swept.count_expired(at) == 0 and swept.expire(at) == 0  # a second sweep finds nothing
+    swept.bury(10**6)
+    assert _rich_observed(swept) == _rich_observed(one) and len(swept.records) == 450 - n_due
+    _check_invariants(swept)
