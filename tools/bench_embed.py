@@ -2,6 +2,7 @@
 
     python tools/bench_embed.py [--repeat 300]
     python tools/bench_embed.py --build      # the model build: time and peak RSS, 3 runs
+    python tools/bench_embed.py --ops        # where one query's time goes, by operator (int8, 1 thread)
 
 Prints, for fp32 and int8 at 1 and 2 threads: embed() latency for one short
 query (tokenise + run + pool; fresh texts, so the LRU cache is not hit),
@@ -87,13 +88,52 @@ def throughput(emb: OnnxEmbedder, texts: list[str]) -> float:
     return float(np.median(rates))
 
 
+OPS_QUERY = "What did Caroline research about adoption agencies last week? 17"
+
+
+def op_profile(repeat: int) -> None:
+    """onnxruntime's own profile of ``repeat`` runs of one query, by operator type."""
+    import onnxruntime as ort
+    from tokenizers import Tokenizer
+
+    from reachy_memory.model_files import ensure_model
+
+    files = ensure_model(load_config())
+    tokenizer = Tokenizer.from_file(str(files.tokenizer))
+    tokenizer.no_padding()
+    ids = np.array([tokenizer.encode(OPS_QUERY).ids], np.int64)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads, options.enable_cpu_mem_arena = 1, 1, False
+    options.enable_profiling = True
+    with tempfile.TemporaryDirectory() as tmp:
+        options.profile_file_prefix = str(Path(tmp) / "ops")
+        session = ort.InferenceSession(str(files.onnx), options, providers=["CPUExecutionProvider"])
+        feed = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+        for _ in range(repeat):
+            session.run(None, feed)
+        events = json.loads(Path(session.end_profiling()).read_text())
+    by_op: dict[str, float] = {}
+    for e in events:
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
+            by_op[e["args"]["op_name"]] = by_op.get(e["args"]["op_name"], 0.0) + e["dur"] / repeat / 1000
+    runs_ms = [e["dur"] / 1000 for e in events if e.get("cat") == "Session" and e["name"] == "model_run"]
+    print(f"{files.onnx.name}: one query of {ids.shape[1]} tokens, {repeat} runs, 1 thread, "
+          f"model_run median {np.median(runs_ms):.3f} ms (profiling on); by operator (ms per run):")
+    for op, ms in sorted(by_op.items(), key=lambda kv: -kv[1])[:8]:
+        print(f"  {op:<26} {ms:7.3f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=300)
     parser.add_argument("--build", action="store_true", help="measure the model build instead")
+    parser.add_argument("--ops", action="store_true", help="profile one query by operator instead")
     args = parser.parse_args()
     if args.build:
         build_costs()
+        return
+    if args.ops:
+        op_profile(args.repeat)
         return
     lines = dialogue_lines()
     for precision in ("fp32", "int8"):
