@@ -100,15 +100,16 @@ class VectorIndex:
         resized in place, the kernel moving the pages, so growing never holds two
         copies (a 10k-memory daemon's peak RSS was 17 MB higher for one copy at its
         first store after opening); it is copied only when a view of the old rows
-        is still held (a background snapshot writing them).  Raises MemoryError
-        with the matrix unchanged."""
+        is still held (a background snapshot writing them), or where the system
+        cannot resize a mapping (no mremap: macOS).  Raises MemoryError with the
+        matrix unchanged."""
         used, nbytes, mapping = len(self.vectors), rows * self.dim * 4, self._map
         if mapping is not None:
             self.vectors = _NO_ROWS  # our own view: a mapping with views cannot be resized
             try:
                 mapping.resize(nbytes)
                 used = rows
-            except BufferError:
+            except (BufferError, SystemError):  # a view held; SystemError: no mremap here
                 pass
             except OSError as exc:
                 raise MemoryError(f"cannot grow the vector matrix to {rows} rows: {exc.strerror}") from exc

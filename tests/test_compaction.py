@@ -11,7 +11,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+from conftest import HashEmbedder
 from store_util import abandon
 
 from reachy_memory import Config, MemoryStore, StorageFullError
@@ -222,3 +224,43 @@ def test_an_expiry_sweep_during_a_background_compaction_is_buried_after_the_thaw
     with _reopened(config) as again:
         assert sorted(again._state.records) == sorted(kept)
         assert {h.memory.id for h in again.search("chat tea", limit=100, min_score=0)} <= set(kept)
+
+
+def test_the_vector_matrix_grows_during_a_background_snapshot_and_both_stay_right(config: Config) -> None:
+    """A growth while the compaction thread writes the frozen rows copies the matrix
+    (the snapshot's view keeps the old mapping); after the thaw it grows in place
+    again; the snapshot file and the reopened store hold the right vectors."""
+    emb = HashEmbedder()
+    store = MemoryStore(config=config, embedder=emb)
+    store.store_batch([{"content": f"fact {i}"} for i in range(1000)])
+    vectors = store._state.vectors
+    first = vectors._map
+    original = store._storage._write_snapshot
+    moved: list[bool] = []
+
+    def write(job: Any) -> None:
+        store.store_batch([{"content": f"late {i}"} for i in range(100)])  # past 1024 rows: growth
+        moved.append(vectors._map is not first)
+        original(job)
+
+    store._storage._write_snapshot = write  # type: ignore[method-assign]
+    with store._lock:
+        store._storage.compact_in_background()
+    store._storage.wait()
+    rows = {mid: vectors.vectors[rec.slot].copy() for mid, rec in store._state.records.items()}
+    snapshot = files.read_snapshot(store.path / files.SNAPSHOT_FILE)
+    matrix = np.frombuffer(snapshot["vectors"], np.float32).reshape(-1, emb.dim)
+    assert moved == [True] and len(snapshot["records"]) == 1000
+    assert all(np.array_equal(matrix[obj["slot"]], rows[obj["id"]]) for obj in snapshot["records"])
+    grown = vectors._map
+    store.store_batch([{"content": f"more {i}"} for i in range(1000)])
+    assert vectors._map is grown  # no view held any more: in place
+    rows = {mid: vectors.vectors[rec.slot].copy() for mid, rec in store._state.records.items()}
+    query = emb.embed(["late 7"])[0]
+    found = [store._state.by_slot[int(s)].id for s in vectors.search(query, 10)[0]]
+    abandon(store)
+    with MemoryStore(config=config, embedder=emb) as again:
+        assert len(again) == len(rows) == 2100
+        got = again._state.vectors
+        assert all(np.array_equal(got.vectors[again._state.records[m].slot], v) for m, v in rows.items())
+        assert [again._state.by_slot[int(s)].id for s in got.search(query, 10)[0]] == found

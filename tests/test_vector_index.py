@@ -1,10 +1,14 @@
 """VectorIndex: exact and graph paths agree, filters, groups, pending, the cache."""
 
+import errno
+import mmap
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from reachy_memory import vector_index
 from reachy_memory.vector_index import VectorIndex
 
 
@@ -249,3 +253,41 @@ def test_loading_from_plain_bytes_copies_and_gives_nothing_back() -> None:
     vi.load_vectors(memoryview(data), np.ones(40, bool), np.zeros(40, np.int8))
     assert bytes(data) == rows.tobytes()
     np.testing.assert_array_equal(vi.vectors, rows)
+
+
+class _NoRemap(mmap.mmap):
+    """An anonymous mapping as on a platform without mremap (macOS): CPython's resize
+    raises SystemError there."""
+
+    def resize(self, newsize: int) -> None:
+        raise SystemError("mmap: resizing not available--no mremap()")
+
+
+class _NoRoom(mmap.mmap):
+    def resize(self, newsize: int) -> None:
+        raise OSError(errno.ENOMEM, "Cannot allocate memory")
+
+
+def _mapped_by(kind: type[mmap.mmap]) -> Callable[[int], mmap.mmap]:
+    return lambda nbytes: kind(-1, max(nbytes, 1), flags=mmap.MAP_PRIVATE)
+
+
+def test_growing_where_mappings_cannot_be_resized_copies_instead(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(vector_index, "big_buffer", _mapped_by(_NoRemap))
+    vi, vectors = filled(1024)
+    extra = unit(np.random.default_rng(6), 1500)
+    for slot, v in enumerate(extra, start=1024):
+        vi.add(slot, v)  # raised SystemError (after the journal append, in the store) at each growth
+    assert len(vi.vectors) == len(vi.alive) >= 2524
+    np.testing.assert_array_equal(vi.vectors[:2524], np.concatenate([vectors, extra]))
+    assert vi.search(extra[3], 1)[0].tolist() == [1027]
+
+
+def test_a_failed_growth_raises_memory_error_and_leaves_the_index_as_it_was(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(vector_index, "big_buffer", _mapped_by(_NoRoom))
+    vi, vectors = filled(1024)
+    with pytest.raises(MemoryError):
+        vi.add(1024, vectors[0])
+    assert vi.vectors.shape == (1024, 16) and len(vi.alive) == len(vi.in_graph) == len(vi.group) == 1024
+    np.testing.assert_array_equal(vi.vectors, vectors)
+    assert vi.count == 1024 and vi.search(vectors[9], 1)[0].tolist() == [9]
