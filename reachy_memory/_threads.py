@@ -30,6 +30,7 @@ import logging
 import mmap
 import os
 import threading
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -124,6 +125,9 @@ def _glibc_call(name: str) -> Any:
         return None
 
 
+_big_buffers: weakref.WeakSet[mmap.mmap] = weakref.WeakSet()  # what release_pages may give back
+
+
 def big_buffer(nbytes: int) -> mmap.mmap:
     """``nbytes`` of zeroed memory in an anonymous private mapping, for a large
     buffer that grows or is given back in parts: ``resize`` moves its pages
@@ -137,14 +141,17 @@ def big_buffer(nbytes: int) -> mmap.mmap:
         raise MemoryError(f"cannot map {nbytes} bytes: {exc.strerror}") from exc
     with contextlib.suppress(AttributeError, OSError):  # an advice, not a need
         mapping.madvise(mmap.MADV_HUGEPAGE)
+    _big_buffers.add(mapping)
     return mapping
 
 
 def release_pages(view: memoryview) -> None:
     """Give back the pages wholly inside ``view``, a part of a :func:`big_buffer`
-    nobody will read again (they read as zeros after).  Other buffers: no-op."""
+    nobody will read again (they read as zeros after).  Any other buffer (a file's
+    mapping, whose pages would be re-read from the file), an empty or a
+    non-contiguous view: no-op."""
     mapping = view.obj
-    if not isinstance(mapping, mmap.mmap) or not view.nbytes:
+    if not (isinstance(mapping, mmap.mmap) and mapping in _big_buffers and view.nbytes and view.contiguous):
         return
     base = np.frombuffer(mapping, np.uint8, 1).ctypes.data
     start = np.frombuffer(view, np.uint8, 1).ctypes.data - base

@@ -291,3 +291,23 @@ def test_a_failed_growth_raises_memory_error_and_leaves_the_index_as_it_was(monk
     assert vi.vectors.shape == (1024, 16) and len(vi.alive) == len(vi.in_graph) == len(vi.group) == 1024
     np.testing.assert_array_equal(vi.vectors, vectors)
     assert vi.count == 1024 and vi.search(vectors[9], 1)[0].tolist() == [9]
+
+
+def test_release_pages_touches_only_our_own_contiguous_buffers(tmp_path: Path) -> None:
+    import mmap
+
+    from reachy_memory._threads import big_buffer, release_pages
+
+    other = mmap.mmap(-1, 3 * mmap.PAGESIZE, flags=mmap.MAP_PRIVATE)  # an anonymous map not made by big_buffer
+    other[:] = b"\x01" * len(other)
+    release_pages(memoryview(other))
+    assert other[:] == b"\x01" * len(other)
+    ours = big_buffer(3 * mmap.PAGESIZE)
+    ours[:] = b"\x02" * len(ours)
+    release_pages(memoryview(ours)[::2])  # not contiguous: left alone, no error
+    release_pages(memoryview(ours)[:0])  # empty
+    assert ours[:] == b"\x02" * len(ours)
+    release_pages(memoryview(ours)[1 : 2 * mmap.PAGESIZE + 1])  # only page 1 lies wholly inside
+    assert ours[: mmap.PAGESIZE] == b"\x02" * mmap.PAGESIZE
+    assert ours[mmap.PAGESIZE : 2 * mmap.PAGESIZE] == bytes(mmap.PAGESIZE)
+    assert ours[2 * mmap.PAGESIZE :] == b"\x02" * mmap.PAGESIZE
