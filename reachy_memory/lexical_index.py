@@ -67,29 +67,38 @@ class Tokenizer:
 
 
 class _Posting:
-    """Slots holding a term and their term frequencies (arrays or a dict)."""
+    """Slots holding a term and their term frequencies: two arrays, plus the changes
+    made since they were built (``slot -> tf``, 0 for a removal), merged in when the
+    posting is next read.  Only the changes are Python objects: a dict of every entry
+    (the way before) cost ~70 bytes an entry, 4.4 MB of a 10k-memory daemon's heap
+    after 2,000 stores had turned 405 postings into dicts."""
 
-    __slots__ = ("arrays", "docs")
+    __slots__ = ("changes", "slots", "tfs")
 
     def __init__(self, arrays: tuple[np.ndarray, np.ndarray] | None = None) -> None:
-        self.docs: dict[int, int] | None = None if arrays is not None else {}
-        self.arrays = arrays
+        self.slots, self.tfs = arrays if arrays is not None else (_NO_SLOTS, _NO_TFS)
+        self.changes: dict[int, int] = {}
 
-    def writable(self) -> dict[int, int]:
-        if self.docs is None:
-            slots, tfs = self.arrays  # type: ignore[misc]
-            self.docs = dict(zip(slots.tolist(), tfs.tolist(), strict=True))
-        self.arrays = None
-        return self.docs
+    def set(self, slot: int, tf: int) -> None:
+        """``slot`` holds the term ``tf`` times (0: not at all)."""
+        self.changes[slot] = tf
+
+    def empty(self) -> bool:
+        """True when no slot holds the term (cheap: decided without merging when possible)."""
+        if len(self.slots) > len(self.changes) or any(self.changes.values()):
+            return False
+        return len(self.readable()[0]) == 0
 
     def readable(self) -> tuple[np.ndarray, np.ndarray]:
-        if self.arrays is None:
-            docs = self.docs or {}
-            self.arrays = (
-                np.fromiter(docs.keys(), np.int64, len(docs)),
-                np.fromiter(docs.values(), np.float32, len(docs)),
-            )
-        return self.arrays
+        """(slots, term frequencies) with every change merged in."""
+        if self.changes:
+            changed = np.fromiter(self.changes, np.int64, len(self.changes))
+            counts = np.fromiter(self.changes.values(), np.float32, len(self.changes))
+            keep = ~np.isin(self.slots, changed)
+            self.slots = np.concatenate([self.slots[keep], changed[counts > 0]])
+            self.tfs = np.concatenate([self.tfs[keep], counts[counts > 0]])
+            self.changes = {}
+        return self.slots, self.tfs
 
 
 class LexicalIndex:
@@ -125,7 +134,7 @@ class LexicalIndex:
             posting = self._postings.get(term)
             if posting is None:
                 posting = self._postings[term] = _Posting()
-            posting.writable()[slot] = tf
+            posting.set(slot, tf)
         # An all-stopword text still counts as a (length 1) document.
         self._doc_len[slot] = max(len(terms), 1)
         self.n_docs += 1
@@ -157,8 +166,8 @@ class LexicalIndex:
         for term in set(self.tokenizer.terms(text)):
             posting = self._postings.get(term)
             if posting is not None:
-                posting.writable().pop(slot, None)
-                if not posting.docs:
+                posting.set(slot, 0)
+                if posting.empty():
                     del self._postings[term]
 
     def scores(self, query: str, mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -202,7 +211,8 @@ class LexicalIndex:
         terms = {}
         for term, posting in self._postings.items():
             slots, tfs = posting.readable()
-            terms[term] = [slots.astype(np.int32).tobytes(), tfs.astype(np.uint16).tobytes()]
+            if len(slots):  # a term whose last holder went, not yet dropped (see _Posting.empty)
+                terms[term] = [slots.astype(np.int32).tobytes(), tfs.astype(np.uint16).tobytes()]
         return {"terms": terms, "doc_len": self._doc_len.tobytes(), "n": self.n_docs}
 
     def load_state(self, state: dict[str, Any]) -> None:

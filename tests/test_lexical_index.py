@@ -2,6 +2,8 @@
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from reachy_memory.lexical_index import LexicalIndex, Tokenizer
 
@@ -62,3 +64,45 @@ def test_state_round_trip_gives_identical_scores() -> None:
     assert scores(restored, "red ball sofa") == pytest.approx(scores(index, "red ball sofa"))
     restored.add(2, "green ball")  # still incremental after loading
     assert 2 in scores(restored, "ball")
+
+
+_texts = st.lists(st.sampled_from(["tea", "garden", "piano", "robot", "blue", "train", "the"]), max_size=5)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["add", "remove", "search", "snapshot"]), st.integers(0, 11), _texts),
+                max_size=60))
+def test_incremental_index_scores_as_one_built_from_scratch(steps: list[tuple[str, int, list[str]]]) -> None:
+    """Adds, removals and reads in any order score exactly as an index built from the live texts."""
+    index, live = LexicalIndex(), {}
+    for action, slot, words in steps:
+        if action == "add" and slot not in live:
+            index.add(slot, " ".join(words))
+            live[slot] = " ".join(words)
+        elif action == "remove" and slot in live:
+            index.remove(slot, live.pop(slot))
+        elif action == "search":
+            index.scores("tea garden piano robot")
+        elif action == "snapshot":
+            index.state()
+    fresh = LexicalIndex()
+    for slot, text in live.items():
+        fresh.add(slot, text)
+    for query in ("tea", "garden piano", "robot blue train tea"):
+        (a, x), (b, y) = index.scores(query), fresh.scores(query)
+        assert a.tolist() == b.tolist()
+        np.testing.assert_allclose(x, y, rtol=1e-12)
+    assert all(not p.changes for p in index._postings.values() if p.readable())  # merged once read
+
+
+def test_postings_keep_only_changes_as_python_objects() -> None:
+    index = LexicalIndex()
+    for slot in range(500):
+        index.add(slot, "tea garden")
+    index.scores("tea")
+    posting = index._postings["tea"]
+    assert not posting.changes and len(posting.slots) == 500  # arrays only once read
+    index.remove(3, "tea garden")
+    index.add(3, "piano")  # the slot's reuse purges its old postings: one change each, not a dict of all
+    assert posting.changes == {3: 0} and len(posting.slots) == 500
+    assert 3 not in index.scores("tea")[0].tolist() and len(index.scores("tea")[0]) == 499
