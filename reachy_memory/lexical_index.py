@@ -76,7 +76,9 @@ class _Posting:
     __slots__ = ("changes", "slots", "tfs")
 
     def __init__(self, arrays: tuple[np.ndarray, np.ndarray] | None = None) -> None:
-        self.slots, self.tfs = arrays if arrays is not None else (_NO_SLOTS, _NO_TFS)
+        slots, tfs = arrays if arrays is not None else (_NO_SLOTS, _NO_TFS)
+        self.slots: np.ndarray = slots
+        self.tfs: np.ndarray = tfs
         self.changes: dict[int, int] = {}
 
     def set(self, slot: int, tf: int) -> None:
