@@ -210,7 +210,24 @@ def _mixed(config_path: str, k: int, stop_at: float, out: mp.Queue) -> None:
     out.put(counts)
 
 
-def load_test(config_path: Path, pid: int, minutes: float) -> None:
+def rss_parts(pid: int) -> dict[str, float]:
+    """Resident MB by kind of mapping: the C heap (brk), other anonymous memory
+    (malloc's mappings and arenas, Python's arenas, the vector matrix, hnswlib),
+    and files (code, the page cache of mapped files)."""
+    parts = {"heap": 0.0, "anonymous": 0.0, "files": 0.0}
+    kind = "anonymous"
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        fields = line.split()
+        if fields and "-" in fields[0] and len(fields) >= 5 and ":" in fields[3]:  # a mapping's first line
+            name = fields[5] if len(fields) > 5 else ""
+            kind = "heap" if name == "[heap]" else "files" if name.startswith("/") else "anonymous"
+        elif fields and fields[0] == "Rss:":
+            parts[kind] += int(fields[1]) / 1024
+    return parts
+
+
+def load_test(config_path: Path, pid: int, minutes: float, memories: Callable[[], int]) -> None:
+    before, count = rss_parts(pid), memories()
     out: mp.Queue = mp.Queue()
     stop_at = time.time() + minutes * 60
     procs = [mp.Process(target=_mixed, args=(str(config_path), k, stop_at, out)) for k in range(8)]
@@ -231,6 +248,9 @@ def load_test(config_path: Path, pid: int, minutes: float) -> None:
     print(f"daemon RSS during the load test: start {samples[0][1]:.0f} MB, max {max(m for _, m in samples):.0f} MB, "
           f"end {samples[-1][1]:.0f} MB, trend over the second half {slope:+.2f} MB/min; "
           f"peak since start {memory_mb(pid)[1]:.0f} MB")
+    after = rss_parts(pid)
+    print(f"  what it added: {memories() - count:+d} memories; resident " +
+          ", ".join(f"{k} {before[k]:.0f} -> {after[k]:.0f} MB" for k in before))
 
 
 def main() -> None:
@@ -264,7 +284,8 @@ def main() -> None:
             print(f"daemon RSS with the default model and {args.memories} memories: {rss_of(proc.pid):.0f} MB")
             cheap_under_load(config_path, args.repeat)
             if args.minutes > 0:
-                load_test(config_path, proc.pid, args.minutes)
+                with MemoryClient(config=load_config(config_path), timeout=60) as c:
+                    load_test(config_path, proc.pid, args.minutes, lambda: int(c.stats()["store"]["memories"]))
         finally:
             stop(proc)
 
