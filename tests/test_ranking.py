@@ -127,16 +127,18 @@ def test_feedback_at_zero_is_the_plain_ranking(tmp_path: Path) -> None:
         assert ranked(with_text, 0.3) != ranked(plain, 0.3)  # the comparison can fail
 
 
+@pytest.mark.parametrize("setting", ["feedback_weight", "diversity"])  # the knobs the cross rule kept off
 @pytest.mark.parametrize("value", [-0.1, 1.5, "high"])  # below, above the range; not a number
-def test_feedback_weight_is_validated(value: object) -> None:
-    with pytest.raises(ConfigError, match=r"search\.feedback_weight"):
-        load_config(search={"feedback_weight": value})
+def test_off_by_default_knobs_are_validated(setting: str, value: object) -> None:
+    with pytest.raises(ConfigError, match=rf"search\.{setting}"):
+        load_config(search={setting: value})
 
 
-def test_feedback_weight_defaults_off() -> None:
+@pytest.mark.parametrize("setting", ["feedback_weight", "diversity"])
+def test_off_by_default_knobs_default_off_and_can_be_set(setting: str) -> None:
     # Off until the cross rule says otherwise (README, issue 12).
-    assert load_config().search.feedback_weight == 0.0
-    assert load_config(search={"feedback_weight": 0.2}).search.feedback_weight == 0.2
+    assert getattr(load_config().search, setting) == 0.0
+    assert getattr(load_config(search={setting: 0.2}).search, setting) == 0.2
 
 
 # -- name matching (search.entity_boost) ---------------------------------------------
@@ -256,14 +258,3 @@ def test_diversity_can_bring_a_hit_from_below_the_limit(tmp_path: Path) -> None:
         store.store_batch([{"content": t, "memory_type": "fact"} for t in DIVERSE])
         assert DIVERSE[2] not in [c for c, _ in _diverse(store, 0.0, limit=2)]
         assert [c for c, _ in _diverse(store, 0.9, limit=2)][1] == DIVERSE[2]
-
-
-@pytest.mark.parametrize("value", [-0.1, 1.5, "high"])
-def test_diversity_is_validated(value: object) -> None:
-    with pytest.raises(ConfigError, match=r"search\.diversity"):
-        load_config(search={"diversity": value})
-
-
-def test_diversity_defaults_off() -> None:
-    assert load_config().search.diversity == 0.0
-    assert load_config(search={"diversity": 0.3}).search.diversity == 0.3
