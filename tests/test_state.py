@@ -241,9 +241,7 @@ def test_a_snapshot_taken_while_deletions_wait_for_burial_round_trips(tmp_path: 
         state.apply(op)
     state.apply_all([["del", f"b{i}"] for i in range(0, 300, 2)] + [["del", f"b{i}"] for i in range(1, 200, 2)])
     loaded = _round_trip(state, tmp_path)
-    seen, expected = _observed(loaded), _observed(state)
-    del seen["last_turn"], expected["last_turn"]  # a reload takes the newest remaining turn (as ever)
-    assert seen == expected
+    assert _observed(loaded) == _observed(state)  # last_turn included: the newest remaining turn in both
     assert len(loaded.records) == 50
 
 
@@ -395,3 +393,35 @@ def test_an_expire_op_reads_as_deleting_the_expired_one_by_one(n_due: int) -> No
     swept.bury(10**6)
     assert _rich_observed(swept) == _rich_observed(one) and len(swept.records) == 450 - n_due
     _check_invariants(swept)
+
+
+@pytest.mark.parametrize("bulk", [False, True])  # one deletion; a run of them (the bulk path)
+def test_deleting_the_newest_turn_falls_back_to_the_newest_remaining_as_a_reload_does(
+        tmp_path: Path, bulk: bool) -> None:
+    state = _state()
+    for i in range(300):
+        state.apply(_put(f"t{i}", ["tea"], "conversation", seed=i))  # created in order: t299 newest
+    state.apply(_put("fact", ["tea"], "fact", seed=10**6))  # newer, but not a turn
+    doomed = [f"t{i}" for i in range(299, 299 - (BULK if bulk else 1), -1)]
+    state.apply_all([["del", memory_id] for memory_id in doomed])
+    newest = f"t{299 - len(doomed)}"
+    assert state.last_turn is not None and state.last_turn.id == newest
+    assert _round_trip(state, tmp_path).last_turn.id == newest  # what a restart would take
+    state.apply_all([["del", f"t{i}"] for i in range(300 - len(doomed))])
+    assert state.last_turn is None  # no turn left
+
+
+def test_the_newest_remaining_turn_is_found_once_however_many_newest_turns_go(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    state = _state()
+    for i in range(50):
+        state.apply(_put(f"t{i}", ["tea"], "conversation", seed=i))
+    scans: list[int] = []
+    real = MemoryState._newest_turn
+    monkeypatch.setattr(MemoryState, "_newest_turn", lambda self: scans.append(1) or real(self))
+    for i in range(49, 19, -1):  # forget the 30 newest turns one by one
+        state.apply(["del", f"t{i}"])
+    assert scans == []  # nothing scanned yet: each deletion only notes that the newest went
+    assert state.last_turn is not None and state.last_turn.id == "t19" and len(scans) == 1
+    state.apply(_put("t50", ["tea"], "conversation", seed=50))
+    assert state.last_turn.id == "t50" and len(scans) == 1  # a newer turn needs no scan
