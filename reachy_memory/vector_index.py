@@ -460,6 +460,7 @@ class VectorIndex:
         """
         data = memoryview(data).cast("B")
         rows = len(data) // (4 * self.dim)
+        data = data[: rows * self.dim * 4]  # whole rows only
         self._map = big_buffer(rows * self.dim * 4)
         self.vectors = _rows(self._map, rows, self.dim)
         flat = self.vectors.reshape(-1).view(np.uint8)

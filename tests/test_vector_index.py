@@ -311,3 +311,10 @@ def test_release_pages_touches_only_our_own_contiguous_buffers(tmp_path: Path) -
     assert ours[: mmap.PAGESIZE] == b"\x02" * mmap.PAGESIZE
     assert ours[mmap.PAGESIZE : 2 * mmap.PAGESIZE] == bytes(mmap.PAGESIZE)
     assert ours[2 * mmap.PAGESIZE :] == b"\x02" * mmap.PAGESIZE
+
+
+def test_loading_a_block_with_a_partial_row_keeps_the_whole_rows() -> None:
+    rows = unit(np.random.default_rng(6), 3)
+    vi = VectorIndex(16)
+    vi.load_vectors(memoryview(bytearray(rows.tobytes() + b"\x00" * 10)), np.ones(3, bool), np.zeros(3, np.int8))
+    np.testing.assert_array_equal(vi.vectors, rows)
