@@ -60,6 +60,8 @@ REPLY_HWM = 256
 # reply echoes what it stored, so it is bounded by the request limit, and is never refused
 # after the write was made durable).
 CAPPED = frozenset({"search", "recall", "export", "history", "context_for", "people"})
+IDLE_STEP = 8  # vectors (or buried records) per upkeep step: 2-4 ms of graph insertion on this VM
+IDLE_SLICE = 0.04  # seconds of upkeep per idle tick (the engine then checks its queue again)
 INLINE = LANES["inline"]  # answered on the I/O thread (lock-free views)
 EMBEDDED = LANES["embed"]  # embedded on the embedding thread, committed on the engine thread
 
@@ -142,6 +144,7 @@ class Daemon:
         self.replies_dropped = 0  # I/O thread only
         self._started = time.time()
         self._engine_beat = time.monotonic()
+        self._upkeep_left = False  # engine thread: the last idle slice ended with index work left
         self.last_cleanup: dict[str, Any] | None = None
         self._auth: Any = None
 
@@ -339,10 +342,10 @@ class Daemon:
         push = self._push_socket()
         while True:
             self._engine_beat = time.monotonic()
-            try:
-                item = self._engine_q.get(timeout=0.05)
+            try:  # with upkeep left, idle time starts 5 ms after the last request, not 50
+                item = self._engine_q.get(timeout=0.005 if self._upkeep_left else 0.05)
             except queue.Empty:
-                self._idle()
+                self._upkeep_left = self._idle()
                 continue
             if item is None:
                 break
@@ -358,11 +361,21 @@ class Daemon:
         except Exception:  # maintenance must never take the daemon down
             log.exception("maintenance task failed")
 
-    def _idle(self) -> None:
+    def _idle(self) -> bool:
+        """Index upkeep in small steps (``IDLE_STEP`` vectors, 2-4 ms) for up to
+        ``IDLE_SLICE`` seconds, stopping as soon as a request is in flight: one step
+        of 256 vectors held the engine ~50 ms, and a search arriving then waited for
+        it (p99 43.5 ms, max 76 ms while 3,000 new vectors went into the graphs).
+        Returns True when work is left (the engine then comes back sooner)."""
+        until = time.monotonic() + IDLE_SLICE
         try:
-            self.store.maintain()
+            while self._engine_q.empty() and self._inflight <= 0 and time.monotonic() < until:
+                if not self.store.maintain(budget=IDLE_STEP):
+                    return False  # nothing left, or nothing doable yet (graphs still loading)
         except ReachyMemoryError as exc:
             log.warning("index maintenance failed: %s", exc)
+            return False
+        return True
 
     def _push_socket(self) -> zmq.Socket:
         push = self._ctx.socket(zmq.PUSH)

@@ -545,13 +545,15 @@ class MemoryStore(PeopleMixin):
         """Idle-time upkeep (the daemon calls it between requests): finishes a step of
         a mass expiry's index work (:meth:`MemoryState.bury`), inserts a batch of pending
         vectors into the graph, and journals the decay clock refreshes at most once a
-        minute; returns how many vectors it inserted."""
+        minute; returns how much it did (vectors inserted, deletions buried, graph
+        nodes marked): 0 when nothing is left, or nothing can be done yet."""
         self._require_open()
         with self._lock:
             if self._touched and time.monotonic() - self._touches_flushed > TOUCH_FLUSH_SECONDS:
                 self._flush_touches()
-            self._state.bury(budget)
-            return self._state.vectors.maintain(budget)
+            left = self._state.bury(0)  # how much deletion work waits (none is done by 0)
+            buried = left - self._state.bury(budget)
+            return buried + self._state.vectors.maintain(budget)
 
     def _decayed(self, rec: Record, now: float) -> bool:
         decay = self._config.decay

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import msgpack
 import pytest
@@ -421,3 +422,61 @@ def test_the_daemon_does_not_load_asyncio() -> None:
     code = "import sys, reachy_memory, reachy_memory.server, reachy_memory.cli; print('asyncio' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "False", done.stderr
+
+
+class _UpkeepStore:
+    """A store whose maintain() reports ``work`` units done per call (then 0)."""
+
+    def __init__(self, work: list[int], on_call: Callable[[int], None] = lambda n: None) -> None:
+        self.work, self.on_call = work, on_call
+        self.budgets: list[int] = []
+
+    def maintain(self, budget: int) -> int:
+        self.budgets.append(budget)
+        self.on_call(len(self.budgets))
+        return self.work.pop(0) if self.work else 0
+
+
+def _idle_daemon(store: _UpkeepStore) -> Any:
+    import queue
+
+    from reachy_memory import server
+
+    daemon = server.Daemon.__new__(server.Daemon)  # only what _idle reads
+    daemon.store, daemon._engine_q, daemon._inflight = store, queue.Queue(), 0
+    return daemon
+
+
+@pytest.mark.parametrize(("work", "calls"), [
+    ([], 1),  # nothing to do: one look, no spinning
+    ([5, 5, 5], 4),  # three small steps, then a look that finds nothing left
+])
+def test_idle_upkeep_runs_in_small_steps_until_nothing_is_left(work: list[int], calls: int) -> None:
+    from reachy_memory import server
+
+    store = _UpkeepStore(list(work))
+    assert _idle_daemon(store)._idle() is False  # nothing left: the engine may wait the long way
+    assert store.budgets == [server.IDLE_STEP] * calls
+
+
+def test_idle_upkeep_stops_as_soon_as_a_request_is_in_flight() -> None:
+    daemon: Any = None
+
+    def arrive(n: int) -> None:
+        if n == 3:
+            daemon._inflight = 1  # a request came in during step 3
+
+    store = _UpkeepStore([1] * 100, arrive)
+    daemon = _idle_daemon(store)
+    assert daemon._idle() is True  # work left: the engine comes back to it soon
+    assert len(store.budgets) == 3
+
+
+def test_idle_upkeep_gives_the_engine_back_after_its_slice() -> None:
+    from reachy_memory import server
+
+    store = _UpkeepStore([1] * 10_000, lambda n: time.sleep(0.005))  # ~50 s of work in 5 ms steps
+    started = time.monotonic()
+    assert _idle_daemon(store)._idle() is True
+    assert time.monotonic() - started < server.IDLE_SLICE + 0.5  # bounded, not until the work is done
+    assert 1 <= len(store.budgets) <= server.IDLE_SLICE / 0.005 + 1

@@ -4,6 +4,7 @@
     python tools/bench_daemon.py --minutes 1     # shorter load test
     python tools/bench_daemon.py --minutes 0     # latency figures only
     python tools/bench_daemon.py --minutes 1 --busy-core   # latencies again with one core kept busy
+    python tools/bench_daemon.py --minutes 0 --import-stall 3000  # searches during a bulk import's indexing
 
 Prints: cold start (launch to READY=1 and to the first answered search) with
 10k memories, daemon RSS, end-to-end latencies through MemoryClient (search
@@ -139,6 +140,24 @@ def latency(c: MemoryClient, repeat: int, label: str = "") -> None:
         print(f"  inside the daemon, {op}: p50 {ops[op]['p50_ms']:.3f} ms = {stages} ms (p50 of each){label}")
 
 
+def import_stall(c: MemoryClient, n: int) -> None:
+    """Search latency while the daemon puts ``n`` freshly imported vectors into its
+    graphs (at idle time, and a step per search while too many wait): a search every
+    70 ms, so the engine has idle time between them, until nothing is pending."""
+    texts = sentences(n, seed=5)
+    for i in range(0, n, 250):
+        c.store_batch([{"content": t, "memory_type": "fact"} for t in texts[i : i + 250]])
+    qs, samples = questions(), []
+    started = time.monotonic()
+    while (c.stats()["store"]["index"]["pending"] > 0 or len(samples) < 30) and time.monotonic() - started < 120:
+        time.sleep(0.07)
+        t = time.perf_counter()
+        c.search(f"{qs[len(samples) % len(qs)]} {len(samples)}")
+        samples.append(time.perf_counter() - t)
+    print(row(f"search e2e while {n} imported vectors enter the graphs", percentiles(samples)) +
+          f"  ({len(samples)} searches, {time.monotonic() - started:.1f} s)")
+
+
 def measure(fn: Callable[[], object], repeat: int) -> dict[str, float]:
     """Percentiles of ``repeat`` calls, median over 3 runs."""
     per_run = []
@@ -258,6 +277,8 @@ def main() -> None:
     parser.add_argument("--memories", type=int, default=10_000)
     parser.add_argument("--minutes", type=float, default=3.0)
     parser.add_argument("--repeat", type=int, default=300)
+    parser.add_argument("--import-stall", type=int, default=0, metavar="N",
+                        help="also measure searches while N imported vectors enter the graphs")
     parser.add_argument("--busy-core", action="store_true", help="measure latencies again with one core busy")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="rm-daemon-bench-") as tmp_name:
@@ -275,6 +296,8 @@ def main() -> None:
                         time.sleep(0.1)
                 wait_for_graphs(c)
                 latency(c, args.repeat)
+                if args.import_stall:
+                    import_stall(c, args.import_stall)
                 if args.busy_core:
                     spinner = busy_core(3600)
                     try:
