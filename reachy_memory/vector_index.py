@@ -53,6 +53,16 @@ SEARCH_CATCH_UP = 16
 LOAD_STEP = 4 << 20  # bytes copied from the snapshot buffer before that part is given back
 
 
+def _make_room(graph: hnswlib.Index, more: int) -> None:
+    """Room in ``graph`` for ``more`` new nodes, doubling as it fills: a graph holds
+    only its own group's nodes (marked-deleted ones included), and every place costs
+    ~46 bytes in hnswlib even unused (a mutex, a level, a visited mark), so sizing
+    each group's graph to every slot cost 2 MB at 10k memories and 20 MB at 100k."""
+    needed = graph.element_count + more
+    if graph.get_max_elements() < needed:
+        graph.resize_index(max(2 * needed, 1024))
+
+
 def _rows(mapping: mmap.mmap, rows: int, dim: int) -> np.ndarray:
     """The first ``rows`` float32 rows of ``mapping`` as a writable (rows, dim) view."""
     return np.frombuffer(mapping, np.float32, rows * dim).reshape(rows, dim)
@@ -191,9 +201,8 @@ class VectorIndex:
         batch = np.sort(np.fromiter(self.pending, np.int64, len(self.pending)))[:limit]
         for group in np.unique(self.group[batch]).tolist():
             slots = batch[self.group[batch] == group]
-            graph = self._graphs.get(group) or self._graphs.setdefault(group, self._new_graph(len(self.alive)))
-            if graph.get_max_elements() < len(self.alive):
-                graph.resize_index(len(self.alive))
+            graph = self._graphs.get(group) or self._graphs.setdefault(group, self._new_graph(1024))
+            _make_room(graph, len(slots))
             # Re-adding a deleted label un-deletes it and updates it in place
             # (allow_replace_deleted stays off: its label bookkeeping breaks reuse).
             graph.add_items(self.vectors[slots], slots)
@@ -398,7 +407,7 @@ class VectorIndex:
                 log.warning("vector graph cache %s fails its checksum; rebuilding in the background", path)
                 return None
             graph = hnswlib.Index(space="ip", dim=self.dim)
-            graph.load_index(str(path), max_elements=max(len(self.alive), 1024))
+            graph.load_index(str(path), max_elements=0)  # as saved: flush makes room when needed
             return graph
         except (OSError, RuntimeError, MemoryError) as exc:
             log.warning("vector graph cache %s unreadable (%s); rebuilding in the background", path, exc)
@@ -440,8 +449,7 @@ class VectorIndex:
         """Adopt ``graph``; slots changed during the load are re-inserted from pending."""
         graph.set_ef(self._ef)
         graph.set_num_threads(1)
-        if graph.get_max_elements() < len(self.alive):
-            graph.resize_index(len(self.alive))
+        _make_room(graph, len(self._touched))
         labels = set(graph.get_ids_list())
         for slot in self._touched & labels:
             with contextlib.suppress(RuntimeError):  # already marked deleted in the cached graph

@@ -318,3 +318,28 @@ def test_loading_a_block_with_a_partial_row_keeps_the_whole_rows() -> None:
     vi = VectorIndex(16)
     vi.load_vectors(memoryview(bytearray(rows.tobytes() + b"\x00" * 10)), np.ones(3, bool), np.zeros(3, np.int8))
     np.testing.assert_array_equal(vi.vectors, rows)
+
+
+def test_each_graph_is_sized_to_its_own_group_not_to_every_slot(tmp_path: Path) -> None:
+    vi = VectorIndex(16, exact_below=50, exact_threshold=20)
+    vectors = unit(np.random.default_rng(7), 5000)
+    for slot, v in enumerate(vectors):
+        vi.add(slot, v, group=0 if slot < 4990 else 1)  # a big group and a small one
+    vi.flush()
+    big, small = vi._graphs[0], vi._graphs[1]
+    assert big.element_count == 4990 and big.get_max_elements() >= 4990
+    assert small.element_count == 10 and small.get_max_elements() <= 1024  # not 5,000+ places
+    vi.save_graph(tmp_path / "g", "tag")
+    loaded = VectorIndex(16, exact_below=50, exact_threshold=20)
+    for slot, v in enumerate(vectors):
+        loaded.add(slot, v, group=0 if slot < 4990 else 1)
+    loaded.pending.clear()  # as after a snapshot load: the cached graphs bring them
+    loaded.pending.update(range(5000))
+    loaded.load_graph(tmp_path / "g", "tag")
+    loaded._adopt_loaded(wait=True)
+    extra = unit(np.random.default_rng(8), 600)
+    for slot, v in enumerate(extra, start=5000):
+        loaded.add(slot, v, group=1)  # the small graph grows past its saved size
+    loaded.flush()
+    assert loaded._graphs[1].element_count == 610
+    assert loaded.search(extra[5], 1, groups=[1])[0][0] == 5005
