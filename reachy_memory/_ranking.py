@@ -150,15 +150,6 @@ def mmr_order(scores: np.ndarray, vectors: np.ndarray, diversity: float, k: int)
     return np.array(order, np.int64)
 
 
-def unit_vectors(vectors: VectorIndex, slots: np.ndarray) -> np.ndarray:
-    """The stored unit vectors of ``slots``; a zero row for a slot without one."""
-    out = np.zeros((len(slots), vectors.dim), np.float32)
-    ok = slots < len(vectors.alive)
-    ok[ok] = vectors.alive[slots[ok]]
-    out[ok] = vectors.vectors[slots[ok]]
-    return out
-
-
 def entity_bonus(query: str, slots: np.ndarray, fields: FieldIndex, cfg: Any) -> np.ndarray:
     """``entity_boost`` for memories whose speaker/person the query names."""
     bonus = np.zeros(len(slots))

@@ -252,7 +252,7 @@ class MemoryState:
         """Delete every memory expired at ``at`` (the ``expire`` op, written by a sweep);
         returns how many.  A replay deletes the same memories: the state at that point of
         the journal is the same, and expiry times are the records' own."""
-        slots = np.flatnonzero(self._expires[: self.next_slot] <= at)
+        slots = self._due(at)
         recs = list(map(self.by_slot.__getitem__, slots.tolist()))
         if len(recs) < BULK:
             for rec in recs:
@@ -264,7 +264,11 @@ class MemoryState:
 
     def count_expired(self, at: float) -> int:
         """How many memories :meth:`expire` would delete at ``at``."""
-        return int(np.count_nonzero(self._expires[: self.next_slot] <= at))
+        return len(self._due(at))
+
+    def _due(self, at: float) -> np.ndarray:
+        """Slots of the memories expired at ``at`` (one comparison over a per-slot array)."""
+        return np.flatnonzero(self._expires[: self.next_slot] <= at)
 
     def _drop(self, recs: list[Record], slots: np.ndarray) -> None:
         """The bulk part of :meth:`delete_many`: ``recs`` (at ``slots``, already out of
@@ -308,9 +312,8 @@ class MemoryState:
         return len(self._ghosts) + self.vectors.settle(8 * budget)
 
     def expired_ids(self, at: float) -> list[str]:
-        """Ids of the memories expired at ``at`` (one vectorised comparison)."""
-        slots = np.flatnonzero(self._expires[: self.next_slot] <= at)
-        return list(map(_ID, map(self.by_slot.__getitem__, slots.tolist())))
+        """Ids of the memories expired at ``at``."""
+        return list(map(_ID, map(self.by_slot.__getitem__, self._due(at).tolist())))
 
     def _release(self, slots: list[int]) -> None:
         """Make freed ``slots`` reusable (after :meth:`thaw` while a frozen view is held)."""

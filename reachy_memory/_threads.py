@@ -1,4 +1,5 @@
-"""Native runtime settings: thread pools pinned to the configuration, a bounded heap.
+"""Native runtime settings: thread pools pinned to the configuration, a bounded heap,
+large buffers in their own mappings (:func:`big_buffer`, :func:`release_pages`).
 
 numpy's BLAS (OpenBLAS) starts one thread per core and spins them between
 calls; beside onnxruntime's own pool and a 50 Hz control loop on a 2-core robot

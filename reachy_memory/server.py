@@ -122,7 +122,7 @@ class Daemon:
     def __init__(self, config: Config, *, store: MemoryStore | None = None, endpoint: str | None = None,
                  insecure_tcp: bool = False) -> None:
         self._stopping = threading.Event()
-        self._inflight = 0
+        self._inflight = 0  # I/O thread writes; the engine thread only reads it (idle upkeep yields)
         self._install_signals()  # first: a SIGTERM while the model loads must still stop cleanly
         log.info("starting (pid %d): SIGTERM/SIGINT now stop cleanly", os.getpid())
         self.config = config

@@ -448,7 +448,7 @@ class MemoryStore(PeopleMixin):
                         break
             if diversity and len(hits) > 2:
                 pos = np.array([i for i, _ in hits])
-                vectors = ranking.unit_vectors(self._state.vectors, slots[pos])
+                vectors = self._state.vectors.unit_rows(slots[pos])
                 hits = [hits[k] for k in ranking.mmr_order(scores[pos], vectors, diversity, limit)]
             results = []
             for i, rec in hits[:limit]:

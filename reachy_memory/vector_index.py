@@ -344,6 +344,14 @@ class VectorIndex:
             np.matmul(rows, query, out=sims[start : start + len(part)])
         return sims
 
+    def unit_rows(self, slots: np.ndarray) -> np.ndarray:
+        """The stored unit vectors of ``slots``; a zero row for a slot without one."""
+        out = np.zeros((len(slots), self.dim), np.float32)
+        ok = slots < len(self.alive)
+        ok[ok] = self.alive[slots[ok]]
+        out[ok] = self.vectors[slots[ok]]
+        return out
+
     def similarity(self, query: np.ndarray, slots: np.ndarray) -> np.ndarray:
         """Cosine similarity of ``query`` to each of ``slots`` (0 for vector-less slots)."""
         inside = slots < len(self.alive)
@@ -449,7 +457,6 @@ class VectorIndex:
         """Adopt ``graph``; slots changed during the load are re-inserted from pending."""
         graph.set_ef(self._ef)
         graph.set_num_threads(1)
-        _make_room(graph, len(self._touched))
         labels = set(graph.get_ids_list())
         for slot in self._touched & labels:
             with contextlib.suppress(RuntimeError):  # already marked deleted in the cached graph
