@@ -398,13 +398,34 @@ def _pool_and_normalise(g: _Graph, x: str) -> str:
     return "sentence_embedding"
 
 
-def save_model(model: onnx.ModelProto, path: Path) -> None:
+def save_model(model: onnx.ModelProto, path: Path, weights: str | None = None) -> None:
     """Serialise ``model`` to ``path`` and empty it, record the tensor shapes and
-    check the file (the caller handles atomicity).  Raises onnx's ValidationError
-    or InferenceError for a malformed graph."""
-    onnx.save_model(model, str(path))
+    check the file (the caller handles atomicity).  With ``weights`` (a file name),
+    the tensors go to that file beside ``path`` instead: onnxruntime then maps them
+    rather than parsing a copy, ~12 MB less RSS for the int8 graph (README).  Both
+    files are flushed to disk.  Raises onnx's ValidationError or InferenceError for
+    a malformed graph."""
+    if weights is None:
+        onnx.save_model(model, str(path))
+    else:
+        # Tensors under 1 KiB (shapes, scalars) stay in the graph, where shape inference reads them.
+        onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=weights, size_threshold=1024)
+        path.with_name(weights).touch()  # a graph too small to have one still gets its (empty) file
     model.Clear()  # its bytes are on disk: free them before the checks load the file
     # The shapes let onnxruntime fuse Add + LayerNormalization into
     # SkipLayerNormalization at load; done file to file, no second copy in RAM.
     onnx.shape_inference.infer_shapes_path(str(path), str(path), check_type=True, strict_mode=True)
     onnx.checker.check_model(str(path))
+    for written in (path, path.with_name(weights)) if weights else (path,):
+        _fsync(written)
+
+
+def _fsync(path: Path) -> None:
+    """Flush ``path``'s bytes to disk: the cache is renamed into place after this, and a
+    graph cut short by a power loss would otherwise pass for a built one."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

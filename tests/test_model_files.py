@@ -41,6 +41,35 @@ def test_a_tiny_model_dir_builds(tmp_path: Path) -> None:
     assert found.onnx.parent == tmp_path / "built" and found.onnx.stat().st_size > 0
 
 
+def test_the_graph_keeps_its_tensors_in_a_weights_file_named_relative_to_it(tmp_path: Path) -> None:
+    """onnxruntime maps the weights file instead of parsing a copy of every tensor;
+    the reference is a bare file name, so the cache folder can move."""
+    import onnx
+
+    weights = tiny_weights(0)  # with a word table over the 1 KiB that keeps a tensor in the graph
+    weights["embeddings.word_embeddings.weight"] = np.random.default_rng(1).normal(size=(400, TINY.hidden))
+    found = _ensure(_model_dir(tmp_path / "m", weights), tmp_path / "built")
+    data = mf.weights_path(found.onnx)
+    assert data.stat().st_size >= 400 * TINY.hidden  # the int8 word table at least
+    graph = onnx.load(str(found.onnx), load_external_data=False)
+    locations = {entry.value for t in graph.graph.initializer for entry in t.external_data if entry.key == "location"}
+    assert locations == {data.name}
+
+
+@pytest.mark.parametrize("damage", [
+    "unlink",  # the weights file was deleted (or a build was cut before the graph's rename)
+    "graph",  # only the weights are there: the graph is renamed in last
+])
+def test_a_half_present_build_is_built_again(tmp_path: Path, damage: str) -> None:
+    source, cache = _model_dir(tmp_path / "m", tiny_weights(0)), tmp_path / "built"
+    found = _ensure(source, cache)
+    data = mf.weights_path(found.onnx)
+    good = data.read_bytes()
+    (data if damage == "unlink" else found.onnx).unlink()
+    again = _ensure(source, cache)
+    assert again.onnx == found.onnx and mf.weights_path(again.onnx).read_bytes() == good
+
+
 def test_weights_with_nan_are_a_model_error_naming_the_tensor(tmp_path: Path) -> None:
     weights = tiny_weights(0)
     weights["encoder.layer.1.output.dense.bias"][2] = np.nan
@@ -126,6 +155,8 @@ def test_only_graphs_of_older_builders_are_removed(tmp_path: Path, monkeypatch: 
     kept = [f"{stem}-g5.onnx", f"{stem}-g6.onnx", f"{stem}-g10.onnx",  # ours, and newer builders'
             f"{stem}-notes.onnx", "all-MiniLM-L6-v2-0123456789ab-fp32-g1.onnx",  # not a graph; other precision
             "all-MiniLM-L6-v2-ba9876543210-int8-g1.onnx"]  # other weights
+    removed += [f"{stem}-g4.onnx.data"]  # an older graph's weights go with it
+    kept += [f"{stem}-g5.onnx.data", f"{stem}-g6.onnx.data"]
     for name in removed + kept:
         (tmp_path / name).write_bytes(b"graph")
     mf._remove_older_builds(tmp_path / f"{stem}-g5.onnx")
