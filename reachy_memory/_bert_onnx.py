@@ -412,6 +412,8 @@ def save_model(model: onnx.ModelProto, path: Path, weights: str | None = None) -
         onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
                         location=weights, size_threshold=1024)
         path.with_name(weights).touch()  # a graph too small to have one still gets its (empty) file
+        # onnx creates it 0600: give it the graph's mode, so whoever may load the graph may map its tensors.
+        path.with_name(weights).chmod(stat.S_IMODE(path.stat().st_mode))
     model.Clear()  # its bytes are on disk: free them before the checks load the file
     # The shapes let onnxruntime fuse Add + LayerNormalization into
     # SkipLayerNormalization at load; done file to file, no second copy in RAM.

@@ -191,9 +191,45 @@ def ensure_model(config: Config, data_dir: Path | None = None, progress: Progres
     digest = _weights_digest(source / "model.safetensors")
     out_dir = cache_dir(config, data_dir)
     onnx_path = built_path(out_dir, digest, precision)
-    if not (onnx_path.exists() and weights_path(onnx_path).exists()):  # the graph is renamed in last
+    if _needs_build(onnx_path):
         _build(source, out_dir, digest, precision, progress)
     return ModelFiles(onnx_path, source / "tokenizer.json", _identity(digest, precision))
+
+
+def _needs_build(graph: Path) -> bool:
+    """Whether ``graph`` must be built (again): it is missing, or it or its weights file no
+    longer match the sums recorded when they were built.  A flipped bit on an SD card
+    would otherwise give wrong embeddings silently; checking costs a read of the weights
+    (~13 ms for int8, README) at each load."""
+    if not graph.exists():  # the graph is renamed in last: a build cut short has none
+        return True
+    damage = _damage(graph)
+    if damage:
+        log.warning("the built model %s is damaged (%s): building it again", graph.name, damage)
+    return damage is not None
+
+
+def _damage(graph: Path) -> str | None:
+    """What is wrong with a built ``graph`` and its weights file, or None when both match its sums file."""
+    recorded = _read_memo(sums_path(graph))
+    if not recorded:
+        return f"{sums_path(graph).name} is missing or unreadable"
+    try:
+        for role, path in (("graph", graph), ("weights", weights_path(graph))):
+            if recorded.get(role) != _fingerprint(path, recorded.get(role)):
+                return f"{path.name} does not match its recorded size and sha256"
+    except (ModelUnavailableError, OSError) as exc:
+        return str(exc)
+    return None
+
+
+def _fingerprint(path: Path, expected: object = None) -> dict[str, Any]:
+    """``path``'s size and sha256; the sha256 is skipped (left empty) when the size
+    already differs from ``expected``'s.  Raises ModelUnavailableError for a non-regular file."""
+    size = _regular(path).st_size
+    if isinstance(expected, dict) and expected.get("size") != size:
+        return {"size": size, "sha256": ""}
+    return {"size": size, "sha256": sha256_of(path)}
 
 
 def built_path(out_dir: Path, digest: str, precision: str) -> Path:
@@ -206,6 +242,16 @@ def weights_path(graph: Path) -> Path:
     return graph.with_name(graph.name + ".data")
 
 
+def sums_path(graph: Path) -> Path:
+    """The file beside a built ``graph`` recording its and its weights file's size and sha256."""
+    return graph.with_name(graph.name + ".sums")
+
+
+def _build_files(graph: Path) -> tuple[Path, Path, Path]:
+    """Every file of a built ``graph``, in the order a build renames them into place."""
+    return weights_path(graph), sums_path(graph), graph
+
+
 def _remove_older_builds(target: Path) -> None:
     """Delete graphs of the same weights and precision made by older builders: no
     builder suffix or ``-g<N>`` below ours (a process still running one keeps its
@@ -215,7 +261,7 @@ def _remove_older_builds(target: Path) -> None:
     for old in target.parent.glob("*.onnx"):
         found = re.fullmatch(rf"{stem}(?:-g(\d+))?\.onnx", old.name)
         if found and int(found[1] or 0) < ours:
-            for path in (old, weights_path(old)):  # builders before g3 wrote no weights file
+            for path in _build_files(old):  # builders before g3 wrote no weights or sums file
                 with contextlib.suppress(OSError):
                     path.unlink()
 
@@ -336,13 +382,22 @@ def _build_here(source: Path, out_dir: Path, digest: str, precision: str, scratc
     model = build_graph(LazyWeights(source / "model.safetensors"), shape, precision)
     progress("writing and checking the graph ...")
     target = built_path(out_dir, digest, precision)
-    data = weights_path(target)
-    save_model(model, scratch / "model.onnx", weights=data.name)
-    # Weights first, graph last: a graph in the cache means its weights are there too.
-    os.replace(scratch / data.name, data)
-    os.replace(scratch / "model.onnx", target)
+    save_model(model, scratch / target.name, weights=weights_path(target).name)
+    _write_sums(scratch / target.name)
+    # The graph last: a graph in the cache means its weights and sums are there too.
+    for path in _build_files(target):
+        os.replace(scratch / path.name, path)
     _remove_older_builds(target)
     progress(f"built {target.name} in {out_dir}")
+
+
+def _write_sums(graph: Path) -> None:
+    """Record the size and sha256 of ``graph`` and its weights file beside them, flushed to disk."""
+    sums = {"graph": _fingerprint(graph), "weights": _fingerprint(weights_path(graph))}
+    with open(sums_path(graph), "w") as out:
+        out.write(json.dumps(sums))
+        out.flush()
+        os.fsync(out.fileno())
 
 
 def build_main(argv: list[str]) -> None:

@@ -56,18 +56,68 @@ def test_the_graph_keeps_its_tensors_in_a_weights_file_named_relative_to_it(tmp_
     assert locations == {data.name}
 
 
-@pytest.mark.parametrize("damage", [
-    "unlink",  # the weights file was deleted (or a build was cut before the graph's rename)
-    "graph",  # only the weights are there: the graph is renamed in last
-])
-def test_a_half_present_build_is_built_again(tmp_path: Path, damage: str) -> None:
+def _flip(path: Path, at: float) -> None:
+    """Invert one byte of ``path``, ``at`` of the way into it."""
+    raw = bytearray(path.read_bytes())
+    raw[int(at * (len(raw) - 1))] ^= 0xFF
+    path.write_bytes(bytes(raw))
+
+
+def _replace_by_fifo(path: Path) -> None:
+    path.unlink()
+    os.mkfifo(path)
+
+
+_DAMAGE = {
+    "weights unlinked": lambda g: mf.weights_path(g).unlink(),  # or a build cut before its rename
+    "sums unlinked": lambda g: mf.sums_path(g).unlink(),  # or a cache built before sums were kept
+    "graph unlinked": lambda g: g.unlink(),  # only weights and sums: the graph is renamed in last
+    "weights byte flipped": lambda g: _flip(mf.weights_path(g), 0.5),  # bit rot on an SD card
+    "weights last byte flipped": lambda g: _flip(mf.weights_path(g), 1.0),
+    "graph byte flipped": lambda g: _flip(g, 0.3),
+    "weights truncated": lambda g: os.truncate(mf.weights_path(g), mf.weights_path(g).stat().st_size // 2),
+    "weights grown": lambda g: mf.weights_path(g).write_bytes(mf.weights_path(g).read_bytes() + b"\0"),
+    "weights a FIFO": lambda g: _replace_by_fifo(mf.weights_path(g)),  # must not block the check
+    "sums garbage": lambda g: mf.sums_path(g).write_text("{not json"),
+    "sums of another build": lambda g: mf.sums_path(g).write_text(json.dumps(
+        {"graph": {"size": 1, "sha256": "0" * 64}, "weights": {"size": 1, "sha256": "0" * 64}})),
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("damage", list(_DAMAGE))
+def test_a_damaged_or_half_present_build_is_built_again(
+        tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The built files are checked against the sums recorded at build time at every load:
+    whatever changed them, the next load builds them again, byte for byte the same."""
+    weights = tiny_weights(0)  # with a word table over the 1 KiB that keeps a tensor in the graph
+    weights["embeddings.word_embeddings.weight"] = np.random.default_rng(1).normal(size=(400, TINY.hidden))
+    source, cache = _model_dir(tmp_path / "m", weights), tmp_path / "built"
+    found = _ensure(source, cache)
+    good = {p.name: p.read_bytes() for p in mf._build_files(found.onnx)}
+    _DAMAGE[damage](found.onnx)
+    assert mf._needs_build(found.onnx)
+    again = _ensure(source, cache)
+    assert again.onnx == found.onnx
+    assert {p.name: p.read_bytes() for p in mf._build_files(again.onnx)} == good
+    assert not mf._needs_build(again.onnx)
+    if damage != "graph unlinked":  # a missing graph is simply not built yet
+        assert "is damaged" in caplog.text
+
+
+def test_an_intact_build_is_not_built_again(tmp_path: Path) -> None:
     source, cache = _model_dir(tmp_path / "m", tiny_weights(0)), tmp_path / "built"
     found = _ensure(source, cache)
-    data = mf.weights_path(found.onnx)
-    good = data.read_bytes()
-    (data if damage == "unlink" else found.onnx).unlink()
-    again = _ensure(source, cache)
-    assert again.onnx == found.onnx and mf.weights_path(again.onnx).read_bytes() == good
+    stamps = [p.stat().st_mtime_ns for p in mf._build_files(found.onnx)]
+    time.sleep(0.01)
+    _ensure(source, cache)
+    assert [p.stat().st_mtime_ns for p in mf._build_files(found.onnx)] == stamps
+
+
+def test_the_weights_file_has_the_graphs_mode(tmp_path: Path) -> None:
+    """onnx creates it 0600; whoever may read the graph must be able to map its tensors."""
+    found = _ensure(_model_dir(tmp_path / "m", tiny_weights(0)), tmp_path / "built")
+    assert mf.weights_path(found.onnx).stat().st_mode == found.onnx.stat().st_mode
 
 
 def test_weights_with_nan_are_a_model_error_naming_the_tensor(tmp_path: Path) -> None:
@@ -155,8 +205,8 @@ def test_only_graphs_of_older_builders_are_removed(tmp_path: Path, monkeypatch: 
     kept = [f"{stem}-g5.onnx", f"{stem}-g6.onnx", f"{stem}-g10.onnx",  # ours, and newer builders'
             f"{stem}-notes.onnx", "all-MiniLM-L6-v2-0123456789ab-fp32-g1.onnx",  # not a graph; other precision
             "all-MiniLM-L6-v2-ba9876543210-int8-g1.onnx"]  # other weights
-    removed += [f"{stem}-g4.onnx.data"]  # an older graph's weights go with it
-    kept += [f"{stem}-g5.onnx.data", f"{stem}-g6.onnx.data"]
+    removed += [f"{stem}-g4.onnx.data", f"{stem}-g4.onnx.sums"]  # an older graph's weights and sums go with it
+    kept += [f"{stem}-g5.onnx.data", f"{stem}-g6.onnx.data", f"{stem}-g6.onnx.sums"]
     for name in removed + kept:
         (tmp_path / name).write_bytes(b"graph")
     mf._remove_older_builds(tmp_path / f"{stem}-g5.onnx")
