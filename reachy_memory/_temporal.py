@@ -161,15 +161,14 @@ def window_bonus(window: TimeWindow | None, created: np.ndarray, boost: float) -
     return np.where(window.contains(created), boost, 0.0)
 
 
-def temporal_bonus(query: str, created: np.ndarray, now: float, boost: float, tz: tzinfo) -> np.ndarray:
-    """The search hook: ``boost`` for ``created`` times inside the query's window.
+def query_window(query: str, now: float, tz: tzinfo) -> TimeWindow | None:
+    """The search hook: the window the query's time words name, or None.
 
     ``now`` is epoch seconds; calendar words are read in ``tz`` (memory.timezone).
-    A ``now`` outside the calendar (year 1 or beyond 9999) gives no prior rather
+    A ``now`` outside the calendar (year 1 or beyond 9999) gives no window rather
     than an error: the prior is optional, the search must still answer.
     """
     try:
-        window = parse_window(query, datetime.fromtimestamp(now, tz))
+        return parse_window(query, datetime.fromtimestamp(now, tz))
     except (ValueError, OverflowError, OSError):
-        window = None
-    return window_bonus(window, created, boost)
+        return None

@@ -42,7 +42,7 @@ from ._persistence import GRAPH_FILE, JOURNAL_FILE, SNAPSHOT_FILE, read_snapshot
 from ._records import Record, decode, encode
 from ._state import GROUP, MemoryState
 from ._storage import Storage
-from ._temporal import temporal_bonus
+from ._temporal import query_window, window_bonus
 from ._threads import gc_paused, pin_native_threads
 from .config import Config
 from .errors import (
@@ -471,9 +471,12 @@ class MemoryStore(PeopleMixin):
 
         slots, scores = ranking.rank(query, qvec, mask, limit, mode, groups, cfg=cfg,
                                      indexes=ranking.Indexes(state.vectors, state.lexical, state.fields, text))
+        window = None
         if mode == "hybrid" and cfg.temporal_boost and now is not None and len(slots):
+            window = query_window(query, now, self._tz)
+        if window is not None:  # most queries name no time: no creation times gathered
             created = np.fromiter((state.by_slot[int(s)].created for s in slots), np.float64, len(slots))
-            scores = np.minimum(scores + temporal_bonus(query, created, now, cfg.temporal_boost, self._tz), 1.0)
+            scores = np.minimum(scores + window_bonus(window, created, cfg.temporal_boost), 1.0)
         if mode == "hybrid" and cfg.neighbour_boost and len(slots) > 1:
             scores = self._with_neighbours(slots, scores)
         return slots, scores
