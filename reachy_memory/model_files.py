@@ -200,7 +200,7 @@ def _needs_build(graph: Path) -> bool:
     """Whether ``graph`` must be built (again): it is missing, or it or its weights file no
     longer match the sums recorded when they were built.  A flipped bit on an SD card
     would otherwise give wrong embeddings silently; checking costs a read of the weights
-    (~13 ms for int8, README) at each load."""
+    (~16 ms for int8, README) at each load."""
     if not graph.exists():  # the graph is renamed in last: a build cut short has none
         return True
     damage = _damage(graph)
