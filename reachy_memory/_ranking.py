@@ -61,13 +61,13 @@ def rank(query: str, qvec: np.ndarray | None, mask: np.ndarray | None, limit: in
     use_vec = vec_q is not None
     use_lex = mode != "vector" or not use_vec
     vec_slots = indexes.vectors.search(vec_q, n_cand, mask, groups)[0] if vec_q is not None else EMPTY[0]
-    lex_slots, lex_scores = indexes.lexical.scores(query, mask) if use_lex else EMPTY
+    lex_slots, lex_scores = indexes.lexical.scores(query, mask, cfg.bm25_b) if use_lex else EMPTY
     pools = [vec_slots, lex_slots[top_k(lex_scores, n_cand)]]
     feedback = EMPTY
     if mode == "hybrid" and cfg.feedback_weight and indexes.text is not None:
         best = top_k(lex_scores, FEEDBACK_DOCS)
         best = lex_slots[best[np.argsort(-lex_scores[best], kind="stable")]]
-        feedback = feedback_scores(query, [indexes.text(int(s)) for s in best], mask, indexes.lexical)
+        feedback = feedback_scores(query, [indexes.text(int(s)) for s in best], mask, indexes.lexical, cfg.bm25_b)
         pools.append(feedback[0][top_k(feedback[1], n_cand)])  # turns only feedback finds are candidates too
     slots = np.unique(np.concatenate(pools))
     if len(slots) == 0:
@@ -82,7 +82,7 @@ def rank(query: str, qvec: np.ndarray | None, mask: np.ndarray | None, limit: in
 
 
 def feedback_scores(query: str, texts: list[str], mask: np.ndarray | None,
-                    lexical: LexicalIndex) -> tuple[np.ndarray, np.ndarray]:
+                    lexical: LexicalIndex, b: float) -> tuple[np.ndarray, np.ndarray]:
     """(sorted slots, relevance in [0, 1]) for the BM25 query made of the words of
     ``texts`` (the best lexical hits, best first) that the query lacks (:func:`expansion`).
 
@@ -90,7 +90,7 @@ def feedback_scores(query: str, texts: list[str], mask: np.ndarray | None,
     dominate the second pass, words every turn holds (a speaker's name) barely count.
     """
     words = expansion(query, texts, lexical.tokenizer.terms)
-    return lexical.scores(" ".join(words), mask) if words else EMPTY
+    return lexical.scores(" ".join(words), mask, b) if words else EMPTY
 
 
 def expansion(query: str, texts: list[str], terms: Callable[[str], list[str]]) -> list[str]:

@@ -44,6 +44,7 @@ RANGES: dict[str, tuple[float | None, float | None]] = {
     "embedding.lru_size": (0, 1_000_000),
     "search.vector_weight": (0.0, 1.0),
     "search.entity_boost": (0.0, 1.0),
+    "search.bm25_b": (0.0, 1.0),
     "search.temporal_boost": (0.0, 1.0),
     "search.neighbour_boost": (0.0, 1.0),
     "search.feedback_weight": (0.0, 1.0),
@@ -57,6 +58,7 @@ RANGES: dict[str, tuple[float | None, float | None]] = {
     "server.max_reply_bytes": (64 * 1024, 1 << 30),
     "server.queue_size": (1, 1_000_000),
     "server.drain_seconds": (0.0, 3600.0),
+    "server.heap_trim_seconds": (0.0, 3600.0),
     "decay.rate_per_day": (0.0, 10.0),
     "decay.threshold": (0.0, 1.0),
 }
@@ -125,6 +127,10 @@ class SearchConfig:
     # hybrid hits are re-ordered by maximal marginal relevance: score minus this times
     # the cosine to the closest hit already taken (scores are unchanged).  0 turns it off.
     diversity: float = 0.0
+    # BM25's length normalisation (0: none, 1: full).  Memories are single
+    # utterances: a longer one is not less on-topic, it says more.  0.3 by the cross
+    # rule (issue 12: tuned on either dev conversation it lifts the other; README).
+    bm25_b: float = 0.3
     candidates: int = 40  # per retriever, before fusion (LoCoMo recall is flat from 30 to 100)
     exact_threshold: int = 2048  # filtered candidate sets up to this size: exact numpy search
     # indexes up to this size: exact search.  With BLAS on one thread (blas_threads) the
@@ -151,6 +157,7 @@ class ServerConfig:
     drain_seconds: float = 10.0  # on SIGTERM, time allowed to finish in-flight requests
     watchdog: bool = True
     log_level: str = "INFO"
+    heap_trim_seconds: float = 10.0  # between returns of the C heap's free pages to the system (0: never)
 
 
 @dataclass(frozen=True)

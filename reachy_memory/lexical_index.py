@@ -34,7 +34,7 @@ STOPWORDS = frozenset(
     """.split()
 )
 K1 = 1.2
-B = 0.75
+B = 0.3  # length normalisation; the store passes search.bm25_b (why 0.3: config.py)
 _NO_SLOTS = np.zeros(0, np.int64)
 _NO_TFS = np.zeros(0, np.float32)
 
@@ -172,7 +172,7 @@ class LexicalIndex:
                 if posting.empty():
                     del self._postings[term]
 
-    def scores(self, query: str, mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def scores(self, query: str, mask: np.ndarray | None = None, b: float = B) -> tuple[np.ndarray, np.ndarray]:
         """(sorted slots, relevance in [0, 1]) for live slots matching a query term and ``mask``.
 
         Relevance is BM25 divided by the query's ceiling, the score of a
@@ -197,7 +197,7 @@ class LexicalIndex:
             if live.any():
                 tf, dl = tfs[live], dl[live]
                 idx_parts.append(slots[live])
-                w_parts.append(idf * tf * (K1 + 1) / (tf + K1 * (1 - B + B * dl / avg)))
+                w_parts.append(idf * tf * (K1 + 1) / (tf + K1 * (1 - b + b * dl / avg)))
         if not idx_parts:
             return empty
         # A dense accumulator is linear; np.unique would sort every posting.

@@ -36,6 +36,21 @@ def test_scores_rank_and_stay_in_unit_range() -> None:
     assert all(0 < v < 1 for v in got.values())
 
 
+@pytest.mark.parametrize("b, short_wins", [
+    (0.0, False),  # no length normalisation: one "basil" scores the same in a long memory
+    (0.3, True),  # the default: a long memory is a little behind
+    (1.0, True),  # full normalisation
+])
+def test_b_sets_how_much_length_counts(b: float, short_wins: bool) -> None:
+    index = LexicalIndex()
+    index.add(0, "basil")
+    index.add(1, "basil grows on the kitchen window sill next to the old radio and the fruit bowl")
+    index.add(2, "the robot charges in the hallway")
+    slots, values = index.scores("basil", b=b)
+    got = dict(zip(slots.tolist(), values.tolist(), strict=True))
+    assert (got[0] > got[1]) is short_wins and (got[0] >= got[1])
+
+
 def test_remove_then_reuse_slot_forgets_old_terms() -> None:
     index = LexicalIndex()
     index.add(0, "apples and pears")

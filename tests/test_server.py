@@ -93,6 +93,23 @@ def test_every_op_round_trips(daemon: DaemonProcess) -> None:
         assert "stages_p50_ms" not in stats["ops"]["ping"]  # answered inline
 
 
+@pytest.mark.parametrize("every, expect_trims", [
+    (0.2, True),  # due every 0.2 s: trims run between requests and are counted
+    (0.0, False),  # 0 turns them off
+])
+def test_heap_is_trimmed_as_configured(tmp_path: Path, every: float, expect_trims: bool) -> None:
+    with DaemonProcess(tmp_path, server={"heap_trim_seconds": every}) as d, d.client() as c:
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:
+            c.store("the robot waters the basil on sundays", memory_type="fact")
+            c.search("basil", limit=3)
+            time.sleep(0.05)
+        trims = c.stats()["heap_trims"]
+    assert (trims["recent"] > 0) is expect_trims, trims
+    if expect_trims:
+        assert 0 <= trims["p50_ms"] <= trims["max_ms"]
+
+
 def test_socket_is_private(daemon: DaemonProcess) -> None:
     sock = Path(daemon.endpoint[len("ipc://"):])
     assert stat.S_IMODE(sock.stat().st_mode) == 0o600

@@ -5,6 +5,7 @@
     python tools/bench_daemon.py --minutes 0     # latency figures only
     python tools/bench_daemon.py --minutes 1 --busy-core   # latencies again with one core kept busy
     python tools/bench_daemon.py --minutes 0 --import-stall 3000  # searches during a bulk import's indexing
+    python tools/bench_daemon.py --minutes 2 --heap-trim 0   # the load test without the daemon's heap trims
 
 Prints: cold start (launch to READY=1 and to the first answered search) with
 10k memories, daemon RSS, end-to-end latencies through MemoryClient (search
@@ -29,6 +30,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import yaml
@@ -39,9 +41,12 @@ from reachy_memory import MemoryClient, MemoryStore, load_config  # noqa: E402
 from tools._bench import memory_mb, percentiles, questions, row, sentences  # noqa: E402
 
 
-def prepare(tmp: Path, n: int) -> Path:
+def prepare(tmp: Path, n: int, heap_trim: float | None = None) -> Path:
     config_path = tmp / "config.yaml"
-    settings = {"memory": {"path": str(tmp / "data")}, "server": {"endpoint": f"ipc://{tmp}/run/memory.sock"}}
+    server: dict[str, object] = {"endpoint": f"ipc://{tmp}/run/memory.sock"}
+    if heap_trim is not None:
+        server["heap_trim_seconds"] = heap_trim
+    settings = {"memory": {"path": str(tmp / "data")}, "server": server}
     config_path.write_text(yaml.safe_dump(settings))
     config = load_config(config_path)
     texts = sentences(n, seed=1)
@@ -245,8 +250,11 @@ def rss_parts(pid: int) -> dict[str, float]:
     return parts
 
 
-def load_test(config_path: Path, pid: int, minutes: float, memories: Callable[[], int]) -> None:
-    before, count = rss_parts(pid), memories()
+REST_AFTER_LOAD = 30.0  # seconds
+
+
+def load_test(config_path: Path, pid: int, minutes: float, stats: Callable[[], dict[str, Any]]) -> None:
+    before, count = rss_parts(pid), stats()["store"]["memories"]
     out: mp.Queue = mp.Queue()
     stop_at = time.time() + minutes * 60
     procs = [mp.Process(target=_mixed, args=(str(config_path), k, stop_at, out)) for k in range(8)]
@@ -268,8 +276,12 @@ def load_test(config_path: Path, pid: int, minutes: float, memories: Callable[[]
           f"end {samples[-1][1]:.0f} MB, trend over the second half {slope:+.2f} MB/min; "
           f"peak since start {memory_mb(pid)[1]:.0f} MB")
     after = rss_parts(pid)
-    print(f"  what it added: {memories() - count:+d} memories; resident " +
+    now = stats()
+    print(f"  what it added: {now['store']['memories'] - count:+d} memories; resident " +
           ", ".join(f"{k} {before[k]:.0f} -> {after[k]:.0f} MB" for k in before))
+    print(f"  the daemon's heap trims (the last 100): {now.get('heap_trims')}")
+    time.sleep(REST_AFTER_LOAD)
+    print(f"daemon RSS {REST_AFTER_LOAD:.0f} s after the load: {rss_of(pid):.0f} MB")
 
 
 def main() -> None:
@@ -279,11 +291,13 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=300)
     parser.add_argument("--import-stall", type=int, default=0, metavar="N",
                         help="also measure searches while N imported vectors enter the graphs")
+    parser.add_argument("--heap-trim", type=float, metavar="SECONDS",
+                        help="the daemon's server.heap_trim_seconds (default: the config's; 0: no trims)")
     parser.add_argument("--busy-core", action="store_true", help="measure latencies again with one core busy")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="rm-daemon-bench-") as tmp_name:
         tmp = Path(tmp_name)
-        config_path = prepare(tmp, args.memories)
+        config_path = prepare(tmp, args.memories, args.heap_trim)
         cold_start(config_path, tmp)
         proc = start(config_path)
         try:
@@ -308,7 +322,7 @@ def main() -> None:
             cheap_under_load(config_path, args.repeat)
             if args.minutes > 0:
                 with MemoryClient(config=load_config(config_path), timeout=60) as c:
-                    load_test(config_path, proc.pid, args.minutes, lambda: int(c.stats()["store"]["memories"]))
+                    load_test(config_path, proc.pid, args.minutes, c.stats)
         finally:
             stop(proc)
 

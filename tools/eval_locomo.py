@@ -154,12 +154,14 @@ def grid(files: list[Path], config: Config, embedder: Any) -> None:
 
 GRIDS = {"temporal_boost": (0.0, 0.02, 0.05, 0.1, 0.2), "neighbour_boost": (0.0, 0.05, 0.1, 0.2, 0.3),
          "feedback_weight": (0.0, 0.1, 0.2, 0.4, 0.6, 0.8), "entity_boost": (0.0, 0.01, 0.03, 0.06, 0.1),
-         "diversity": (0.0, 0.05, 0.1, 0.2, 0.3, 0.5)}
+         "diversity": (0.0, 0.05, 0.1, 0.2, 0.3, 0.5), "bm25_b": (0.0, 0.3, 0.5, 0.75, 0.9)}
+# The value --cross compares against (0: the feature off); BM25's textbook b for bm25_b.
+GRID_BASE = {"bm25_b": 0.75}
 
 
 def cross(files: list[Path], config: Config, embedder: Any, param: str) -> None:
     """Tune ``search.<param>`` on each file over its grid, report hybrid recall on the others
-    (against the same file with the parameter at 0, every other setting at its value)."""
+    (against the same file with the parameter at 0 (bm25_b: at 0.75), every other setting at its value)."""
     grid = GRIDS[param]
     with tempfile.TemporaryDirectory(prefix="rm-locomo-") as tmp:
         stores = [(path.name, store, conv["qa"], asked_at(conv))
@@ -178,7 +180,7 @@ def cross(files: list[Path], config: Config, embedder: Any, param: str) -> None:
             best = max(grid, key=lambda v: (scored[name, v]["R@5"] + scored[name, v]["R@10"], -v))
             for other, *_ in stores:
                 if other != name:
-                    base, got = scored[other, 0.0], scored[other, best]
+                    base, got = scored[other, GRID_BASE.get(param, 0.0)], scored[other, best]
                     print(f"tune on {name}: {param} {best:.2f} -> {other}: "
                           f"R@5 {base['R@5']:.3f} -> {got['R@5']:.3f}, R@10 {base['R@10']:.3f} -> {got['R@10']:.3f}")
             store.close()
