@@ -157,7 +157,7 @@ class ServerConfig:
     drain_seconds: float = 10.0  # on SIGTERM, time allowed to finish in-flight requests
     watchdog: bool = True
     log_level: str = "INFO"
-    heap_trim_seconds: float = 10.0  # between returns of the C heap's free pages to the system (0: never)
+    heap_trim_seconds: float = 10.0  # at idle moments, at most this often: free C heap back to the system (0: never)
 
 
 @dataclass(frozen=True)

@@ -94,7 +94,7 @@ def test_every_op_round_trips(daemon: DaemonProcess) -> None:
 
 
 @pytest.mark.parametrize("every, expect_trims", [
-    (0.2, True),  # due every 0.2 s: trims run between requests and are counted
+    (0.2, True),  # due every 0.2 s: trims run at idle moments and are counted
     (0.0, False),  # 0 turns them off
 ])
 def test_heap_is_trimmed_as_configured(tmp_path: Path, every: float, expect_trims: bool) -> None:
@@ -104,6 +104,7 @@ def test_heap_is_trimmed_as_configured(tmp_path: Path, every: float, expect_trim
             c.store("the robot waters the basil on sundays", memory_type="fact")
             c.search("basil", limit=3)
             time.sleep(0.05)
+        time.sleep(0.5)  # idle time: a trim waits for it
         trims = c.stats()["heap_trims"]
     assert (trims["recent"] > 0) is expect_trims, trims
     if expect_trims:
@@ -461,7 +462,21 @@ def _idle_daemon(store: _UpkeepStore) -> Any:
 
     daemon = server.Daemon.__new__(server.Daemon)  # only what _idle reads
     daemon.store, daemon._engine_q, daemon._inflight = store, queue.Queue(), 0
+    daemon._trim_due, daemon._trims = threading.Event(), []
     return daemon
+
+
+@pytest.mark.parametrize(("inflight", "trimmed"), [
+    (0, True),  # idle: the due trim runs and is counted
+    (1, False),  # a request in flight: the trim waits for a later idle moment
+])
+def test_a_due_heap_trim_waits_for_idle_time(inflight: int, trimmed: bool) -> None:
+    daemon = _idle_daemon(_UpkeepStore([], lambda n: None))
+    daemon._inflight = inflight
+    daemon._trim_due.set()
+    daemon._idle()
+    assert (len(daemon._trims) == 1) is trimmed
+    assert daemon._trim_due.is_set() is not trimmed  # still due when it did not run
 
 
 @pytest.mark.parametrize(("work", "calls"), [
