@@ -154,9 +154,11 @@ def grid(files: list[Path], config: Config, embedder: Any) -> None:
 
 GRIDS = {"temporal_boost": (0.0, 0.02, 0.05, 0.1, 0.2), "neighbour_boost": (0.0, 0.05, 0.1, 0.2, 0.3),
          "feedback_weight": (0.0, 0.1, 0.2, 0.4, 0.6, 0.8), "entity_boost": (0.0, 0.01, 0.03, 0.06, 0.1),
-         "diversity": (0.0, 0.05, 0.1, 0.2, 0.3, 0.5), "bm25_b": (0.0, 0.3, 0.5, 0.75, 0.9)}
-# The value --cross compares against (0: the feature off); BM25's textbook b for bm25_b.
-GRID_BASE = {"bm25_b": 0.75}
+         "diversity": (0.0, 0.05, 0.1, 0.2, 0.3, 0.5), "bm25_b": (0.0, 0.3, 0.5, 0.75, 0.9),
+         "vector_weight": (0.2, 0.3, 0.4, 0.5)}
+# The value --cross compares against (0: the feature off); BM25's textbook b for
+# bm25_b; the shipped fusion weight for vector_weight (0 would be lexical only).
+GRID_BASE = {"bm25_b": 0.75, "vector_weight": 0.3}
 
 
 def cross(files: list[Path], config: Config, embedder: Any, param: str) -> None:
