@@ -2,6 +2,7 @@
 
     python tools/bench_engine.py            # 10k and 100k
     python tools/bench_engine.py --quick    # 10k only
+    python tools/bench_engine.py --model-vectors  # the model's vectors of the texts, not random ones
     python tools/bench_engine.py --cleanup-only [--against OTHER_CHECKOUT]
                                             # the 100k expiry sweep, alternating with other code
 
@@ -41,6 +42,25 @@ class Precomputed:
         return v / np.linalg.norm(v, axis=1, keepdims=True)
 
 
+class ModelVectors:
+    """The real model's vectors of the synthetic texts: random unit vectors are
+    hnswlib's worst case (no structure to walk), so ``--model-vectors`` measures the
+    engine on the kind of vectors it holds on the robot.  Query vectors are computed
+    before timing, as with :class:`Precomputed`: embedding stays excluded."""
+
+    def __init__(self, seed: int = 0) -> None:
+        from reachy_memory import load_config, load_embedder
+
+        self._model = load_embedder(load_config())
+        self.dim, self.identity = self._model.dim, self._model.identity
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        return self._model.embed(texts)
+
+
+EMBEDDER: type[Precomputed] | type[ModelVectors] = Precomputed  # main() sets it from --model-vectors
+
+
 def config(path: Path, **memory: object) -> Config:
     return Config().replace("memory", path=str(path), **memory).replace("embedding", neighbour_context=False)
 
@@ -48,7 +68,7 @@ def config(path: Path, **memory: object) -> Config:
 def fill(path: Path, n: int) -> None:
     texts = sentences(n)
     types = ["conversation", "fact", "context"]
-    with MemoryStore(config=config(path, fsync="never"), embedder=Precomputed()) as store:
+    with MemoryStore(config=config(path, fsync="never"), embedder=EMBEDDER()) as store:
         for start in range(0, n, 1000):
             store.store_batch([{"content": t, "memory_type": types[(start + i) % 3],
                                 "metadata": {"speaker": f"user{(start + i) % 5}", "n": start + i}}
@@ -58,7 +78,7 @@ def fill(path: Path, n: int) -> None:
 
 
 def bench_search(store: MemoryStore, label: str, repeat: int) -> None:
-    emb = Precomputed(7)
+    emb = Precomputed(7) if EMBEDDER is Precomputed else store.embedder
     queries = [(q, emb.embed([q])[0]) for q in sentences(200, seed=9)]
     cursor = iter(range(10**9))
 
@@ -70,6 +90,16 @@ def bench_search(store: MemoryStore, label: str, repeat: int) -> None:
     print(row(f"search {label} memory_type=fact", runs(lambda: one(memory_type="fact"), repeat)))
     print(row(f"search {label} where speaker=user1", runs(lambda: one(where={"speaker": "user1"}), repeat)))
     print(row(f"search {label} where n<500 (small set, exact)", runs(lambda: one(where={"n": {"$lt": 500}}), repeat)))
+    print(f"vector recall@10 of the store's graphs vs exact, these queries: {graph_recall(store, queries):.4f}")
+
+
+def graph_recall(store: MemoryStore, queries: list[tuple[str, np.ndarray]], k: int = 10) -> float:
+    """Recall@k of the store's vector search (graphs at this size) against exact search."""
+    vectors = store._state.vectors
+    live = np.flatnonzero(vectors.alive)
+    hits = sum(len(set(vectors.search(v, k)[0].tolist()) & set(vectors.exact(v, live, k)[0].tolist()))
+               for _, v in queries)
+    return hits / (k * len(queries))
 
 
 def bench_store(path: Path, repeat: int) -> None:
@@ -86,10 +116,11 @@ def open_time(path: Path, n_runs: int = 3) -> list[float]:
     out = []
     for _ in range(n_runs):
         code = ("import time,sys; t=time.perf_counter(); sys.path.insert(0, %r)\n"
-                "from tools.bench_engine import Precomputed, config; from reachy_memory import MemoryStore\n"
-                "t0=time.perf_counter(); s=MemoryStore(config=config(%r), embedder=Precomputed()); "
+                "from tools.bench_engine import %s as E, config; from reachy_memory import MemoryStore\n"
+                "e=E(); t0=time.perf_counter(); s=MemoryStore(config=config(%r), embedder=e); "
                 "t1=time.perf_counter(); print(t1-t0, len(s)); s._dir_lock.release()")
-        done = subprocess.run([sys.executable, "-c", code % (str(Path(__file__).resolve().parents[1]), str(path))],
+        root = str(Path(__file__).resolve().parents[1])
+        done = subprocess.run([sys.executable, "-c", code % (root, EMBEDDER.__name__, str(path))],
                               capture_output=True, text=True, check=True)
         out.append(float(done.stdout.split()[0]))
     return out
@@ -184,7 +215,7 @@ def bench_size(n: int, repeat: int, tmp: Path) -> None:
           f"all {[round(t, 3) for t in times]}")
     gc.collect()
     before = rss_mb()
-    with MemoryStore(config=config(path), embedder=Precomputed()) as store:
+    with MemoryStore(config=config(path), embedder=EMBEDDER()) as store:
         print(f"RSS of this process with the store open         {rss_mb():8.1f} MB (was {before:.1f} MB before)")
         bench_search(store, f"@{n // 1000}k", repeat)
         far = time.time() + 40 * 86400  # conversations (a third) and contexts expire
@@ -200,11 +231,16 @@ def bench_size(n: int, repeat: int, tmp: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="10k only")
+    parser.add_argument("--model-vectors", action="store_true",
+                        help="the real model's vectors of the texts (embedded while filling) instead of random ones")
     parser.add_argument("--repeat", type=int, default=500)
     parser.add_argument("--cleanup-only", action="store_true", help="only the 100k expiry sweep")
     parser.add_argument("--rounds", type=int, default=5, help="rounds of --cleanup-only")
     parser.add_argument("--against", type=Path, help="another checkout to alternate with (--cleanup-only)")
     args = parser.parse_args()
+    global EMBEDDER
+    EMBEDDER = ModelVectors if args.model_vectors else Precomputed
+    print(f"vectors: {'the model' if args.model_vectors else 'random unit vectors'}")
     tmp = Path(tempfile.mkdtemp(prefix="rm-bench-"))
     try:
         if args.cleanup_only:
