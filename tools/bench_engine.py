@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -82,7 +83,7 @@ def bench_search(store: MemoryStore, label: str, repeat: int) -> None:
     queries = [(q, emb.embed([q])[0]) for q in sentences(200, seed=9)]
     cursor = iter(range(10**9))
 
-    def one(**kw: object) -> None:
+    def one(**kw: Any) -> None:
         q, v = queries[next(cursor) % len(queries)]
         store.search_vector(" ".join(q.split()[:5]), v, min_score=0, limit=5, **kw)
 
