@@ -58,10 +58,13 @@ RANGES: dict[str, tuple[float | None, float | None]] = {
     "server.max_reply_bytes": (64 * 1024, 1 << 30),
     "server.queue_size": (1, 1_000_000),
     "server.drain_seconds": (0.0, 3600.0),
-    "server.heap_trim_seconds": (0.0, 3600.0),
+    "server.heap_trim_seconds": (0.0, 3600.0),  # and 0 or >= MIN_HEAP_TRIM_SECONDS
     "decay.rate_per_day": (0.0, 10.0),
     "decay.threshold": (0.0, 1.0),
 }
+
+
+MIN_HEAP_TRIM_SECONDS = 0.1
 
 
 @dataclass(frozen=True)
@@ -234,6 +237,9 @@ def _check_ranges(config: Config) -> None:
         raise ConfigError(f"embedding.model: {config.embedding.model!r} is not supported; the only model is "
                           f"{SUPPORTED_MODEL!r} (other weights of that architecture: set embedding.model_dir)",
                           key="embedding.model")
+    if 0 < config.server.heap_trim_seconds < MIN_HEAP_TRIM_SECONDS:  # a trim per idle tick would cost a few % of a core
+        raise ConfigError(f"server.heap_trim_seconds: {config.server.heap_trim_seconds!r} is below "
+                          f"{MIN_HEAP_TRIM_SECONDS} s (0 turns trims off)", key="server.heap_trim_seconds")
     if not isinstance(logging.getLevelName(config.server.log_level.upper()), int):
         raise ConfigError(f"server.log_level: unknown level {config.server.log_level!r}", key="server.log_level")
 

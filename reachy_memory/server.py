@@ -123,6 +123,7 @@ class Daemon:
                  insecure_tcp: bool = False) -> None:
         self._stopping = threading.Event()
         self._inflight = 0  # I/O thread writes; the engine thread only reads it (idle upkeep yields)
+        self._enqueued = 0  # I/O thread only: requests queued so far (a trim is due only after some)
         self._install_signals()  # first: a SIGTERM while the model loads must still stop cleanly
         log.info("starting (pid %d): SIGTERM/SIGINT now stop cleanly", os.getpid())
         self.config = config
@@ -216,7 +217,7 @@ class Daemon:
         poller.register(replies, zmq.POLLIN)
         next_cleanup = time.monotonic() + self.config.memory.cleanup_interval
         trim_every = self.config.server.heap_trim_seconds or float("inf")
-        next_trim = time.monotonic() + trim_every
+        next_trim, trimmed_at = time.monotonic() + trim_every, 0
         beat, next_beat = watchdog_interval(), time.monotonic()
         drain_until: float | None = None
         while True:
@@ -231,7 +232,9 @@ class Daemon:
                 self._enqueue_internal(self._cleanup)
             if now >= next_trim:
                 next_trim = now + trim_every
-                self._trim_due.set()  # done by the engine at its next idle moment
+                if self._enqueued != trimmed_at:  # an idle daemon has nothing new to give back
+                    trimmed_at = self._enqueued
+                    self._trim_due.set()  # done by the engine at its next idle moment
             if beat and self.config.server.watchdog and now >= next_beat and now - self._engine_beat < 2 * beat:
                 notify("WATCHDOG=1")
                 next_beat = now + beat
@@ -313,14 +316,15 @@ class Daemon:
 
     def _enqueue(self, router: zmq.Socket, job: _Job) -> None:
         target = self._embed_q if job.op in EMBEDDED else self._engine_q
+        self._inflight += 1  # before the put: the engine must never see the job queued but not in flight
+        self._enqueued += 1
         try:
             target.put_nowait(job)
         except queue.Full:
+            self._inflight -= 1
             self._record(job.op, time.monotonic() - job.received, failed=True)
             busy = BusyError("daemon queues are full")
             self._reply(router, [*job.envelope, proto.error_from(job.request_id, busy)])
-            return
-        self._inflight += 1
 
     def _enqueue_internal(self, task: Callable[[], None]) -> None:
         try:
@@ -452,11 +456,13 @@ class Daemon:
         log.info("cleanup_expired: deleted %d expired memories in %.1f ms (%d remain)", deleted, took, len(self.store))
 
     def _trim_heap(self) -> None:
-        """Give the C heap's free pages back (``malloc_trim``, 1-6 ms), on the engine
-        thread when no request is in flight (so no request waits behind it but one
-        arriving during it).  Embedding frees its activations every call and the
-        freed space stays scattered through the heap: 30 s after a 2-minute mixed
-        load (``tools/bench_daemon.py``) RSS was 180 MB without trims and 173 MB
+        """Give the C heap's free pages back (``malloc_trim``, 1-6 ms at 10k memories),
+        on the engine thread when no request is in flight.  A request arriving
+        during it may wait: the trim holds each malloc arena while it walks it, so
+        even the I/O thread's inline answers can block on ``malloc`` that long.
+        Embedding frees its activations every call and the freed space stays
+        scattered through the heap: 30 s after a 2-minute mixed load
+        (``tools/bench_daemon.py``) RSS was 180 MB without trims and 173-177 MB
         with them.  Under a continuous load it gains nothing lasting (the heap
         fills again within seconds: peak 186 MB either way), so it waits for idle time."""
         started = time.monotonic()
@@ -526,10 +532,10 @@ class Daemon:
         log.info("stopped")
 
 
-def _trim_summary(trims: list[float]) -> dict[str, float]:
-    """Count, median and max (ms) of the last heap trims."""
+def _trim_summary(trims: list[float]) -> dict[str, float | None]:
+    """Count, median and max (ms; None before the first) of the last heap trims."""
     if not trims:
-        return {"recent": 0}
+        return {"recent": 0, "p50_ms": None, "max_ms": None}
     return {"recent": len(trims), "p50_ms": round(float(np.median(trims)), 3), "max_ms": round(max(trims), 3)}
 
 

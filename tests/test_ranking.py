@@ -258,3 +258,28 @@ def test_diversity_can_bring_a_hit_from_below_the_limit(tmp_path: Path) -> None:
         store.store_batch([{"content": t, "memory_type": "fact"} for t in DIVERSE])
         assert DIVERSE[2] not in [c for c, _ in _diverse(store, 0.0, limit=2)]
         assert [c for c, _ in _diverse(store, 0.9, limit=2)][1] == DIVERSE[2]
+
+
+def _ranked_by_b(store: MemoryStore, query: str, b: float, feedback: float) -> dict[str, float]:
+    """Scores by content of the store's ranking with ``search.bm25_b`` = b (through ``rank``)."""
+    state = store._state
+    indexes = ranking.Indexes(state.vectors, state.lexical, state.fields, lambda s: state.by_slot[s].content)
+    cfg = SearchConfig(bm25_b=b, feedback_weight=feedback, entity_boost=0.0)
+    slots, scores = ranking.rank(query, None, None, 5, "hybrid", None, indexes=indexes, cfg=cfg)
+    return {state.by_slot[int(s)].content: float(x) for s, x in zip(slots, scores, strict=True)}
+
+
+SHORT, LONG = "basil", "basil grows on the kitchen window sill next to the old radio and the fruit bowl"
+
+
+@pytest.mark.parametrize(("query", "feedback"), [
+    ("basil", 0.0),  # the BM25 pass reads search.bm25_b
+    ("pesto", 0.5),  # so does the feedback pass: "pesto" finds only the recipe, whose word "basil" finds the rest
+])
+def test_the_ranking_applies_the_configured_bm25_b(tmp_path: Path, query: str, feedback: float) -> None:
+    with MemoryStore(config=Config().replace("memory", path=str(tmp_path)), embedder=None) as store:
+        store.store_batch([{"content": t, "memory_type": "fact"}
+                           for t in (SHORT, LONG, "pesto recipe with basil", "the robot charges in the hallway")])
+        flat, full = _ranked_by_b(store, query, 0.0, feedback), _ranked_by_b(store, query, 1.0, feedback)
+    assert flat[SHORT] == pytest.approx(flat[LONG])  # b 0: length does not count
+    assert full[SHORT] > full[LONG] + 0.01  # b 1: the long memory falls behind

@@ -29,6 +29,7 @@ from reachy_memory import (
     ValidationError,
 )
 from reachy_memory import backup as bk
+from reachy_memory._threads import release_free_heap
 from tests.daemon_util import ROOT, DaemonProcess
 
 pytestmark = pytest.mark.timeout(240)
@@ -93,13 +94,14 @@ def test_every_op_round_trips(daemon: DaemonProcess) -> None:
         assert "stages_p50_ms" not in stats["ops"]["ping"]  # answered inline
 
 
-@pytest.mark.parametrize("every, expect_trims", [
-    (0.2, True),  # due every 0.2 s: trims run at idle moments and are counted
-    (0.0, False),  # 0 turns them off
+@pytest.mark.parametrize("every, requests, expect_trims", [
+    (0.2, True, True),  # due every 0.2 s after requests: trims run at idle moments and are counted
+    (0.0, True, False),  # 0 turns them off
+    (0.2, False, False),  # nothing queued since start (inline pings only): nothing to give back
 ])
-def test_heap_is_trimmed_as_configured(tmp_path: Path, every: float, expect_trims: bool) -> None:
+def test_heap_is_trimmed_as_configured(tmp_path: Path, every: float, requests: bool, expect_trims: bool) -> None:
     with DaemonProcess(tmp_path, server={"heap_trim_seconds": every}) as d, d.client() as c:
-        deadline = time.monotonic() + 1.5
+        deadline = time.monotonic() + (1.5 if requests else 0)
         while time.monotonic() < deadline:
             c.store("the robot waters the basil on sundays", memory_type="fact")
             c.search("basil", limit=3)
@@ -466,13 +468,17 @@ def _idle_daemon(store: _UpkeepStore) -> Any:
     return daemon
 
 
-@pytest.mark.parametrize(("inflight", "trimmed"), [
-    (0, True),  # idle: the due trim runs and is counted
-    (1, False),  # a request in flight: the trim waits for a later idle moment
+@pytest.mark.skipif(not release_free_heap(), reason="no malloc_trim in this C library (glibc only)")
+@pytest.mark.parametrize(("inflight", "queued", "trimmed"), [
+    (0, False, True),  # idle: the due trim runs and is counted
+    (1, False, False),  # a request in flight: the trim waits for a later idle moment
+    (0, True, False),  # work queued for the engine: that goes first
 ])
-def test_a_due_heap_trim_waits_for_idle_time(inflight: int, trimmed: bool) -> None:
+def test_a_due_heap_trim_waits_for_idle_time(inflight: int, queued: bool, trimmed: bool) -> None:
     daemon = _idle_daemon(_UpkeepStore([], lambda n: None))
     daemon._inflight = inflight
+    if queued:
+        daemon._engine_q.put(lambda: None)
     daemon._trim_due.set()
     daemon._idle()
     assert (len(daemon._trims) == 1) is trimmed

@@ -163,7 +163,8 @@ GRID_BASE = {"bm25_b": 0.75, "vector_weight": 0.3}
 
 def cross(files: list[Path], config: Config, embedder: Any, param: str) -> None:
     """Tune ``search.<param>`` on each file over its grid, report hybrid recall on the others
-    (against the same file with the parameter at 0 (bm25_b: at 0.75), every other setting at its value)."""
+    (against the same file with the parameter at its GRID_BASE value, 0 unless named there,
+    every other setting at its value)."""
     grid = GRIDS[param]
     with tempfile.TemporaryDirectory(prefix="rm-locomo-") as tmp:
         stores = [(path.name, store, conv["qa"], asked_at(conv))
