@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import snowballstemmer
 
+from .config import SearchConfig
+
 _WORD = re.compile(r"\w+", re.UNICODE)
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")
 STOPWORDS = frozenset(
@@ -34,7 +36,7 @@ STOPWORDS = frozenset(
     """.split()
 )
 K1 = 1.2
-B = 0.3  # length normalisation; the store passes search.bm25_b (why 0.3: config.py)
+B = SearchConfig.bm25_b  # length normalisation's default; the store passes search.bm25_b
 _NO_SLOTS = np.zeros(0, np.int64)
 _NO_TFS = np.zeros(0, np.float32)
 

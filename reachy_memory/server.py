@@ -379,18 +379,22 @@ class Daemon:
         it (p99 43.5 ms, max 76 ms while 3,000 new vectors went into the graphs).
         A heap trim that is due goes first (:meth:`_trim_heap`).
         Returns True when work is left (the engine then comes back sooner)."""
-        if self._trim_due.is_set() and self._engine_q.empty() and self._inflight <= 0:
+        if self._trim_due.is_set() and self._quiet():
             self._trim_due.clear()
             self._trim_heap()
         until = time.monotonic() + IDLE_SLICE
         try:
-            while self._engine_q.empty() and self._inflight <= 0 and time.monotonic() < until:
+            while self._quiet() and time.monotonic() < until:
                 if not self.store.maintain(budget=IDLE_STEP):
                     return False  # nothing left, or nothing doable yet (graphs still loading)
         except ReachyMemoryError as exc:
             log.warning("index maintenance failed: %s", exc)
             return False
         return True
+
+    def _quiet(self) -> bool:
+        """Nothing queued for the engine and no request in flight (idle work may run)."""
+        return self._engine_q.empty() and self._inflight <= 0
 
     def _push_socket(self) -> zmq.Socket:
         push = self._ctx.socket(zmq.PUSH)

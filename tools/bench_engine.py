@@ -49,7 +49,7 @@ class ModelVectors:
     engine on the kind of vectors it holds on the robot.  Query vectors are computed
     before timing, as with :class:`Precomputed`: embedding stays excluded."""
 
-    def __init__(self, seed: int = 0) -> None:
+    def __init__(self) -> None:
         from reachy_memory import load_config, load_embedder
 
         self._model = load_embedder(load_config())
