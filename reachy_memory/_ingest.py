@@ -25,6 +25,9 @@ from .errors import TooLargeError, ValidationError
 from .model import Expiry, MemoryType, check_time
 
 NEIGHBOUR_SECONDS = 600.0  # a previous turn older than this is not context any more
+# Of the previous turn's text, what a turn keeps for its lexical document: a bound on the
+# copy (one more string per turn), longer than almost any utterance.
+PREVIOUS_CHARS = 1000
 ITEM_KEYS = frozenset({"content", "memory_type", "metadata", "id", "created_at"})
 MODES = ("hybrid", "vector", "lexical")
 
@@ -122,8 +125,10 @@ def turns_before(recs: list[Record], previous: Record | None) -> list[Record | N
 
 
 def linked(recs: list[Record], previous: Record | None) -> list[Record]:
-    """``recs`` with ``follows`` set to the id of the turn each follows (or None)."""
-    return [rec.replace(follows=before.id if before is not None else None)
+    """``recs`` with ``follows`` set to the id of the turn each follows and
+    ``previous_text`` to its first :data:`PREVIOUS_CHARS` characters (or both None)."""
+    return [rec.replace(follows=before.id, previous_text=before.content[:PREVIOUS_CHARS]) if before is not None
+            else rec.replace(follows=None, previous_text=None)
             for rec, before in zip(recs, turns_before(recs, previous), strict=True)]
 
 

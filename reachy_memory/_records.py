@@ -52,6 +52,7 @@ _OPTIONAL: dict[str, Any] = {
     "confidence": 1.0,  # decay (opt-in): the confidence at ``last_access``
     "last_access": None,  # decay clock: when retrieval last returned it (None: created)
     "follows": None,  # a conversation turn: id of the turn it answers (the previous-turn rule)
+    "previous_text": None,  # and that turn's text when stored: a second field of its lexical document
 }
 # What an "update" op may change: everything but the text, type, times and vector.
 MUTABLE_FIELDS = frozenset({"subjects", "owner", "shared", "name", "aliases", "superseded_at", "superseded_by",
@@ -89,6 +90,7 @@ class Record:
     confidence: float
     last_access: float | None
     follows: str | None
+    previous_text: str | None
 
     def __init__(self, id: str, content: str, type: str, created: float, expires: float | None,
                  metadata: dict[str, Any], slot: int = -1, vkey: str | None = None, **optional: Any) -> None:

@@ -72,7 +72,7 @@ class MemoryState:
         self._holds = 0  # frozen views held (a background compaction and a backup may overlap)
         self.next_slot = 0
         self.fields = FieldIndex()
-        self.lexical = LexicalIndex()
+        self.lexical = LexicalIndex(previous_weight=cfg.previous_turn_weight)
         self.vectors = VectorIndex(dim, m=cfg.hnsw_m, ef_construction=cfg.hnsw_ef_construction,
                                    ef_search=cfg.hnsw_ef_search, exact_threshold=cfg.exact_threshold,
                                    exact_below=cfg.exact_below)
@@ -166,8 +166,8 @@ class MemoryState:
         new = old.replace(**changes)
         self._unindex(old)
         if old.lexical_text != new.lexical_text:
-            self.lexical.remove(old.slot, old.lexical_text)
-            self.lexical.add(new.slot, new.lexical_text)
+            self.lexical.remove(old.slot, old.lexical_text, old.previous_text)
+            self.lexical.add(new.slot, new.lexical_text, new.previous_text)
         self._place(new)
         if self.last_turn is old:
             self.last_turn = new
@@ -181,7 +181,7 @@ class MemoryState:
         indexed = vector is not None and rec.vkey == self.current_key
         rec = rec.replace(slot=slot, vkey=rec.vkey if vector is not None else None)
         self._place(rec)
-        self.lexical.add(slot, rec.lexical_text)
+        self.lexical.add(slot, rec.lexical_text, rec.previous_text)
         if indexed and vector is not None:
             self.vectors.add(slot, np.frombuffer(vector, np.float32), GROUP[rec.type])
         if rec.type == MemoryType.CONVERSATION.value and _not_older(rec, self.last_turn):
@@ -233,7 +233,7 @@ class MemoryState:
         del self.by_slot[rec.slot]
         self._expires[rec.slot] = np.inf
         self._unindex(rec)
-        self.lexical.remove(rec.slot, rec.lexical_text)
+        self.lexical.remove(rec.slot, rec.lexical_text, rec.previous_text)
         self.vectors.remove(rec.slot)
         self._release([rec.slot])
         if self._last_turn is rec:
@@ -307,7 +307,7 @@ class MemoryState:
         del self._ghosts[len(self._ghosts) - len(batch):]
         for rec in batch:
             self.fields.bury(rec.slot, rec.metadata)
-            self.lexical.bury(rec.slot, rec.lexical_text)
+            self.lexical.bury(rec.slot, rec.lexical_text, rec.previous_text)
         self._release([rec.slot for rec in batch])
         return len(self._ghosts) + self.vectors.settle(8 * budget)
 
@@ -343,7 +343,7 @@ class MemoryState:
             self._person_op(op)
         self._window.extend(tuple(turn) for turn in snapshot["window"])
         self.window_view = tuple(self._window)
-        self.lexical.load_state(snapshot["lexical"])
+        words_loaded = self.lexical.load_state(snapshot["lexical"])
         dim = self.vectors.dim
         vectors = snapshot["vectors"] if snapshot.get("dim") == dim else b""  # another model's space
         rows = len(vectors) // (4 * dim)
@@ -355,6 +355,9 @@ class MemoryState:
                 alive[rec.slot] = True
                 group[rec.slot] = GROUP[rec.type]
         self._free = sorted(set(range(self.next_slot)) - set(self.by_slot))
+        if not words_loaded:  # indexed with another search.previous_turn_weight
+            for rec in self.by_slot.values():
+                self.lexical.add(rec.slot, rec.lexical_text, rec.previous_text)
         self.vectors.load_vectors(vectors, alive, group)
         self.last_turn = self._newest_turn()
 

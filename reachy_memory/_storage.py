@@ -243,7 +243,8 @@ class Storage:
 
     def _write_snapshot(self, job: _Compaction) -> None:
         """Write the snapshot of the frozen view durably, keeping the previous one (any thread)."""
-        lexical = job.frozen.lexical if job.frozen.lexical is not None else _lexical_state(job.frozen)
+        lexical = (job.frozen.lexical if job.frozen.lexical is not None
+                   else _lexical_state(job.frozen, self.state.lexical.previous_weight))
         files.write_snapshot_keeping_previous(self.path, snapshot_sections(job.frozen, job.head, lexical))
 
     def _carry_unlocked(self, job: _Compaction) -> None:
@@ -325,10 +326,10 @@ def _short_gil_slices(seconds: float = 0.0005) -> Iterator[None]:
         sys.setswitchinterval(before)
 
 
-def _lexical_state(frozen: Frozen) -> dict[str, Any]:
+def _lexical_state(frozen: Frozen, previous_weight: float) -> dict[str, Any]:
     """The lexical index of a frozen view, rebuilt from its records (background
     compaction: the live index keeps changing, the records do not)."""
-    index = LexicalIndex()
+    index = LexicalIndex(previous_weight=previous_weight)
     for rec in frozen.records:
-        index.add(rec.slot, rec.lexical_text)
+        index.add(rec.slot, rec.lexical_text, rec.previous_text)
     return index.state()

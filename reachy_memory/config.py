@@ -45,6 +45,7 @@ RANGES: dict[str, tuple[float | None, float | None]] = {
     "search.vector_weight": (0.0, 1.0),
     "search.entity_boost": (0.0, 1.0),
     "search.bm25_b": (0.0, 1.0),
+    "search.previous_turn_weight": (0.0, 1.0),
     "search.temporal_boost": (0.0, 1.0),
     "search.neighbour_boost": (0.0, 1.0),
     "search.feedback_weight": (0.0, 1.0),
@@ -134,6 +135,13 @@ class SearchConfig:
     # utterances: a longer one is not less on-topic, it says more.  0.3 by the cross
     # rule (issue 12: tuned on either dev conversation it lifts the other; README).
     bm25_b: float = 0.3
+    # A conversation turn's lexical document also holds the words of the turn it
+    # follows (stored with it, :data:`~reachy_memory._ingest.NEIGHBOUR_SECONDS` rule),
+    # each counting this much of one of its own (BM25F field weight; 0: its own words
+    # only).  An answer rarely repeats its question's words ("What did you paint?" /
+    # "A sunrise").  Applied when a memory is indexed: new memories at once, the rest
+    # when the store is next opened.  0.5 by the cross rule (README).
+    previous_turn_weight: float = 0.5
     candidates: int = 40  # per retriever, before fusion (LoCoMo recall is flat from 30 to 100)
     exact_threshold: int = 2048  # filtered candidate sets up to this size: exact numpy search
     # indexes up to this size: exact search.  With BLAS on one thread (blas_threads) the

@@ -2,6 +2,9 @@
 
 Text is lower-cased, split on Unicode word characters (CJK runs into single
 characters), English stopwords are dropped and the rest stemmed (Snowball).
+A document may carry a second field, the text of the conversation turn it
+follows, whose words each count ``previous_weight`` of one of its own (BM25F:
+weighted term frequencies and length, one length normalisation).
 Postings are copy-on-write: loaded from a snapshot as numpy arrays, turned into
 a dict only for the terms a change touches, so neither opening nor adding or
 removing a memory rebuilds the index.  Removal is a tombstone (``doc_len`` 0);
@@ -37,6 +40,7 @@ STOPWORDS = frozenset(
 )
 K1 = 1.2
 B = SearchConfig.bm25_b  # length normalisation's default; the store passes search.bm25_b
+PREVIOUS_WEIGHT = SearchConfig.previous_turn_weight  # the default; the store passes its configured one
 _NO_SLOTS = np.zeros(0, np.int64)
 _NO_TFS = np.zeros(0, np.float32)
 
@@ -81,9 +85,9 @@ class _Posting:
         slots, tfs = arrays if arrays is not None else (_NO_SLOTS, _NO_TFS)
         self.slots: np.ndarray = slots
         self.tfs: np.ndarray = tfs
-        self.changes: dict[int, int] = {}
+        self.changes: dict[int, float] = {}
 
-    def set(self, slot: int, tf: int) -> None:
+    def set(self, slot: int, tf: float) -> None:
         """``slot`` holds the term ``tf`` times (0: not at all)."""
         self.changes[slot] = tf
 
@@ -106,10 +110,12 @@ class _Posting:
 
 
 class LexicalIndex:
-    """BM25 over slots; the caller owns slot allocation."""
+    """BM25 over slots; the caller owns slot allocation.  ``previous_weight`` is what a
+    word of a document's previous-turn field counts (fixed for the index's life)."""
 
-    def __init__(self, tokenizer: Tokenizer | None = None) -> None:
+    def __init__(self, tokenizer: Tokenizer | None = None, previous_weight: float = PREVIOUS_WEIGHT) -> None:
         self.tokenizer = tokenizer or Tokenizer()
+        self.previous_weight = previous_weight
         self._postings: dict[str, _Posting] = {}
         self._doc_len = np.zeros(0, np.float32)
         self._stale: dict[int, str] = {}
@@ -128,30 +134,35 @@ class LexicalIndex:
             grown[: len(self._doc_len)] = self._doc_len
             self._doc_len = grown
 
-    def add(self, slot: int, text: str) -> None:
-        """Index ``text`` under ``slot`` (which must be free)."""
+    def add(self, slot: int, text: str, previous: str | None = None) -> None:
+        """Index ``text`` under ``slot`` (which must be free), with the words of
+        ``previous`` (the turn it follows) at ``previous_weight`` each."""
         self._grow(slot)
         if slot in self._stale:
             self._purge(slot, self._stale.pop(slot))
         terms = self.tokenizer.terms(text)
-        for term, tf in Counter(terms).items():
+        tfs: dict[str, float] = dict(Counter(terms))
+        extra = self.tokenizer.terms(previous) if previous and self.previous_weight else []
+        for term in extra:
+            tfs[term] = tfs.get(term, 0.0) + self.previous_weight
+        for term, tf in tfs.items():
             posting = self._postings.get(term)
             if posting is None:
                 posting = self._postings[term] = _Posting()
             posting.set(slot, tf)
         # An all-stopword text still counts as a (length 1) document.
-        self._doc_len[slot] = max(len(terms), 1)
+        self._doc_len[slot] = max(len(terms) + self.previous_weight * len(extra), 1.0)
         self.n_docs += 1
         self._total_len += self._doc_len[slot]
 
-    def remove(self, slot: int, text: str) -> None:
-        """Tombstone ``slot``; its postings are purged lazily."""
+    def remove(self, slot: int, text: str, previous: str | None = None) -> None:
+        """Tombstone ``slot`` (``text`` and ``previous`` as added); its postings are purged lazily."""
         if slot >= len(self._doc_len) or self._doc_len[slot] == 0:
             return
         self.n_docs -= 1
         self._total_len -= float(self._doc_len[slot])
         self._doc_len[slot] = 0
-        self._stale[slot] = text
+        self._stale[slot] = _both(text, previous)
 
     def hide(self, slots: np.ndarray) -> None:
         """:meth:`remove` for many slots at once (a mass expiry), without their texts:
@@ -162,9 +173,9 @@ class LexicalIndex:
         self._total_len -= float(lengths.sum(dtype=np.float64))
         self._doc_len[slots] = 0
 
-    def bury(self, slot: int, text: str) -> None:
-        """The text of a slot of :meth:`hide`: its postings are purged lazily."""
-        self._stale[slot] = text
+    def bury(self, slot: int, text: str, previous: str | None = None) -> None:
+        """The texts of a slot of :meth:`hide` (as added): its postings are purged lazily."""
+        self._stale[slot] = _both(text, previous)
 
     def _purge(self, slot: int, text: str) -> None:
         for term in set(self.tokenizer.terms(text)):
@@ -208,7 +219,8 @@ class LexicalIndex:
         return slots, sums[slots] / ceiling
 
     def state(self) -> dict[str, Any]:
-        """A msgpack-able snapshot of the index (stale postings purged)."""
+        """A msgpack-able snapshot of the index (stale postings purged).  Term
+        frequencies are float32 (``terms_f32``): a previous turn's words count fractions."""
         for slot, text in list(self._stale.items()):
             self._purge(slot, text)
         self._stale.clear()
@@ -216,19 +228,31 @@ class LexicalIndex:
         for term, posting in self._postings.items():
             slots, tfs = posting.readable()
             if len(slots):  # a term whose last holder went, not yet dropped (see _Posting.empty)
-                terms[term] = [slots.astype(np.int32).tobytes(), tfs.astype(np.uint16).tobytes()]
-        return {"terms": terms, "doc_len": self._doc_len.tobytes(), "n": self.n_docs}
+                terms[term] = [slots.astype(np.int32).tobytes(), tfs.astype(np.float32).tobytes()]
+        return {"terms_f32": terms, "doc_len": self._doc_len.tobytes(), "n": self.n_docs,
+                "previous_weight": self.previous_weight}
 
-    def load_state(self, state: dict[str, Any]) -> None:
-        """Restore from :meth:`state` output without re-tokenising anything."""
+    def load_state(self, state: dict[str, Any]) -> bool:
+        """Restore from :meth:`state` output without re-tokenising anything.  Returns
+        False (and loads nothing) when the state was built with another
+        ``previous_weight``: the caller re-adds its documents instead.  A state from
+        before previous-turn fields (uint16 ``terms``) holds none, so any weight fits."""
+        if "terms_f32" in state and state.get("previous_weight") != self.previous_weight:
+            return False
         self._doc_len = np.frombuffer(state["doc_len"], np.float32).copy()
         self.n_docs = int(state["n"])
         self._total_len = float(self._doc_len.sum())
+        terms, tf_type = (state["terms_f32"], np.float32) if "terms_f32" in state else (state["terms"], np.uint16)
         self._postings = {
-            term: _Posting((np.frombuffer(s, np.int32).astype(np.int64),
-                             np.frombuffer(t, np.uint16).astype(np.float32)))
-            for term, (s, t) in state["terms"].items()
+            term: _Posting((np.frombuffer(s, np.int32).astype(np.int64), np.frombuffer(t, tf_type).astype(np.float32)))
+            for term, (s, t) in terms.items()
         }
+        return True
+
+
+def _both(text: str, previous: str | None) -> str:
+    """One text holding the words of both fields (what a purge must find)."""
+    return f"{text}\n{previous}" if previous else text
 
 
 def _take(mask: np.ndarray, slots: np.ndarray) -> np.ndarray:

@@ -19,6 +19,7 @@ from store_util import abandon
 from reachy_memory import Config, MemoryStore, StorageFullError
 from reachy_memory import _persistence as files
 from reachy_memory import backup as bk
+from reachy_memory.lexical_index import LexicalIndex
 
 
 class Crash(BaseException):
@@ -264,3 +265,21 @@ def test_the_vector_matrix_grows_during_a_background_snapshot_and_both_stay_righ
         got = again._state.vectors
         assert all(np.array_equal(got.vectors[again._state.records[m].slot], v) for m, v in rows.items())
         assert [again._state.by_slot[int(s)].id for s in got.search(query, 10)[0]] == found
+
+
+def test_a_background_snapshot_indexes_the_previous_turn_field_at_the_configured_weight(config: Config) -> None:
+    """The compaction thread rebuilds the lexical index from the frozen records: with
+    the store's weight, so the next open loads it as is instead of re-indexing."""
+    config = config.replace("search", previous_turn_weight=0.25)
+    store = _reopened(config)
+    store.store_batch([{"content": "What did you paint?", "memory_type": "conversation"},
+                       {"content": "A sunrise", "memory_type": "conversation"}])
+    with store._lock:
+        store._storage.compact_in_background()
+    store._storage.wait()
+    snapshot = files.read_snapshot(store.path / files.SNAPSHOT_FILE)
+    abandon(store)
+    index = LexicalIndex(previous_weight=0.25)
+    assert index.load_state(snapshot["lexical"])
+    reply = next(r["slot"] for r in snapshot["records"] if r["content"] == "A sunrise")
+    assert reply in index.scores("paint")[0].tolist()

@@ -47,6 +47,7 @@ def test_yaml_overrides_defaults(tmp_path: Path) -> None:
         ("decay:\n  threshold: 2\n", "decay.threshold"),  # a confidence is in [0, 1]
         ("server:\n  heap_trim_seconds: 0.05\n", "server.heap_trim_seconds"),  # a trim at every idle tick
         ("search:\n  bm25_b: 1.5\n", "search.bm25_b"),  # BM25's b is in [0, 1]
+        ("search:\n  previous_turn_weight: -0.5\n", "search.previous_turn_weight"),  # a field weight is in [0, 1]
     ],
 )
 def test_bad_config_names_the_key(tmp_path: Path, text: str, key: str) -> None:

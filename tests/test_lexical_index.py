@@ -85,29 +85,77 @@ _texts = st.lists(st.sampled_from(["tea", "garden", "piano", "robot", "blue", "t
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["add", "remove", "search", "snapshot"]), st.integers(0, 11), _texts),
-                max_size=60))
-def test_incremental_index_scores_as_one_built_from_scratch(steps: list[tuple[str, int, list[str]]]) -> None:
-    """Adds, removals and reads in any order score exactly as an index built from the live texts."""
+@given(st.lists(st.tuples(st.sampled_from(["add", "remove", "search", "snapshot"]), st.integers(0, 11), _texts,
+                          _texts), max_size=60))
+def test_incremental_index_scores_as_one_built_from_scratch(
+        steps: list[tuple[str, int, list[str], list[str]]]) -> None:
+    """Adds (with a previous-turn field or none), removals and reads in any order score
+    exactly as an index built from the live texts."""
     index, live = LexicalIndex(), {}
-    for action, slot, words in steps:
+    for action, slot, words, previous in steps:
         if action == "add" and slot not in live:
-            index.add(slot, " ".join(words))
-            live[slot] = " ".join(words)
+            live[slot] = (" ".join(words), " ".join(previous) or None)
+            index.add(slot, *live[slot])
         elif action == "remove" and slot in live:
-            index.remove(slot, live.pop(slot))
+            index.remove(slot, *live.pop(slot))
         elif action == "search":
             index.scores("tea garden piano robot")
         elif action == "snapshot":
             index.state()
     fresh = LexicalIndex()
-    for slot, text in live.items():
-        fresh.add(slot, text)
+    for slot, (text, previous) in live.items():
+        fresh.add(slot, text, previous)
     for query in ("tea", "garden piano", "robot blue train tea"):
         (a, x), (b, y) = index.scores(query), fresh.scores(query)
         assert a.tolist() == b.tolist()
         np.testing.assert_allclose(x, y, rtol=1e-12)
     assert all(not p.changes for p in index._postings.values() if p.readable())  # merged once read
+
+
+# -- the previous-turn field (search.previous_turn_weight) ------------------------------
+
+def test_a_previous_turn_word_counts_its_weight() -> None:
+    index = LexicalIndex(previous_weight=0.5)
+    index.add(0, "I painted a sunrise")  # the word in its own text
+    index.add(1, "it was lovely", previous="did you paint a sunrise")  # only in the turn before
+    index.add(2, "the robot charges in the hallway")
+    got = scores(index, "sunrise")
+    assert set(got) == {0, 1} and got[0] > got[1] > 0
+    assert index._postings["sunris"].readable()[1].tolist() == [1.0, 0.5]  # BM25F: a fraction of a word
+    assert index._doc_len[1] == pytest.approx(1 + 0.5 * 2)  # "love" + half of "paint", "sunris"
+
+
+def test_weight_zero_indexes_own_words_only() -> None:
+    index = LexicalIndex(previous_weight=0.0)
+    index.add(0, "it was lovely", previous="did you paint a sunrise")
+    assert scores(index, "sunrise") == {} and set(scores(index, "lovely")) == {0}
+
+
+def test_a_removed_turn_takes_its_previous_words_along() -> None:
+    index = LexicalIndex()
+    index.add(0, "it was lovely", previous="did you paint a sunrise")
+    index.remove(0, "it was lovely", previous="did you paint a sunrise")
+    index.add(0, "cherries")  # slot reuse: no posting of the old previous field may stay
+    assert scores(index, "sunrise") == {} and set(scores(index, "cherries")) == {0}
+
+
+def test_fractional_frequencies_survive_the_state_and_another_weight_is_refused() -> None:
+    index = LexicalIndex(previous_weight=0.5)
+    index.add(0, "it was lovely", previous="did you paint a sunrise")
+    index.add(1, "a sunrise over the sea")
+    restored = LexicalIndex(previous_weight=0.5)
+    assert restored.load_state(index.state())
+    assert scores(restored, "sunrise paint") == pytest.approx(scores(index, "sunrise paint"))
+    other = LexicalIndex(previous_weight=0.25)
+    assert not other.load_state(index.state()) and other.n_docs == 0  # the caller re-adds instead
+
+
+def test_a_state_from_before_previous_fields_loads_under_any_weight() -> None:
+    old = {"terms": {"tea": [np.array([0, 2], np.int32).tobytes(), np.array([2, 1], np.uint16).tobytes()]},
+           "doc_len": np.array([3, 1, 1], np.float32).tobytes(), "n": 3}
+    index = LexicalIndex(previous_weight=0.75)
+    assert index.load_state(old)
+    assert index._postings["tea"].readable()[1].tolist() == [2.0, 1.0] and index.n_docs == 3
 
 
 def test_postings_keep_only_changes_as_python_objects() -> None:

@@ -143,6 +143,12 @@ def test_off_by_default_knobs_default_off_and_can_be_set(setting: str) -> None:
 
 # -- name matching (search.entity_boost) ---------------------------------------------
 
+def _own_words_only(tmp_path: Path) -> Config:
+    """A store whose turns are indexed by their own words: the second of two turns would
+    otherwise also hold the first's (search.previous_turn_weight) and outscore it."""
+    return Config().replace("memory", path=str(tmp_path)).replace("search", previous_turn_weight=0.0)
+
+
 @pytest.mark.parametrize(("query", "lifted"), [
     ("what did Caroline paint", True),  # names the speaker of the second turn
     ("what did caroline's friend paint", True),  # any case; the possessive is a separate word
@@ -153,7 +159,7 @@ def test_entity_boost_lifts_turns_of_the_named_speaker(tmp_path: Path, query: st
     # Two turns with the same words; only the speaker metadata tells them apart.
     turns = [{"content": "I painted a sunset", "metadata": {"speaker": "Mary Ann"}},
              {"content": "I painted a sunset", "metadata": {"speaker": "Caroline"}}]
-    with MemoryStore(config=Config().replace("memory", path=str(tmp_path)), embedder=None) as store:
+    with MemoryStore(config=_own_words_only(tmp_path), embedder=None) as store:
         store.store_batch([{**t, "memory_type": "conversation"} for t in turns])
         store._config = store.config.replace("search", entity_boost=0.06)
         hits = store.search(query, min_score=0, limit=2)
@@ -163,7 +169,7 @@ def test_entity_boost_lifts_turns_of_the_named_speaker(tmp_path: Path, query: st
 
 def test_entity_boost_zero_scores_every_speaker_alike(tmp_path: Path) -> None:
     turns = [{"content": "I painted a sunset", "metadata": {"speaker": s}} for s in ("Mary Ann", "Caroline")]
-    with MemoryStore(config=Config().replace("memory", path=str(tmp_path)), embedder=None) as store:
+    with MemoryStore(config=_own_words_only(tmp_path), embedder=None) as store:
         store.store_batch([{**t, "memory_type": "conversation"} for t in turns])
         store._config = store.config.replace("search", entity_boost=0.0)
         assert len({h.score for h in store.search("what did Caroline paint", min_score=0)}) == 1

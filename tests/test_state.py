@@ -30,16 +30,18 @@ def _vector(seed: int) -> bytes:
     return (v / np.linalg.norm(v)).tobytes()
 
 
-def _put(memory_id: str, words: list[str], mtype: str, seed: int | None, key: str = "k") -> list[Any]:
+def _put(memory_id: str, words: list[str], mtype: str, seed: int | None, key: str = "k",
+         previous: list[str] | None = None) -> list[Any]:
     metadata = {"context_key": key} if mtype == "context" else {"n": len(words)}
     rec = Record(memory_id, " ".join(words), mtype, 1_700_000_000.0 + (seed or 0), None, metadata,
-                 vkey=KEY if seed is not None else None)
+                 vkey=KEY if seed is not None else None, previous_text=" ".join(previous) if previous else None)
     return ["put", encode(rec), _vector(seed) if seed is not None else None]
 
 
 ops = st.one_of(
     st.builds(_put, st.sampled_from(IDS), st.lists(st.sampled_from(WORDS), min_size=1, max_size=4),
-              st.sampled_from(TYPES), st.one_of(st.none(), st.integers(0, 1000)), st.sampled_from(["k", "j"])),
+              st.sampled_from(TYPES), st.one_of(st.none(), st.integers(0, 1000)), st.sampled_from(["k", "j"]),
+              st.one_of(st.none(), st.lists(st.sampled_from(WORDS), max_size=3))),  # a previous turn's words
     st.builds(lambda i: ["del", i], st.sampled_from(IDS)),
     st.builds(lambda w: ["win", "user", w, 1.0], st.sampled_from(WORDS)),
     st.just(["winclr"]),
@@ -81,7 +83,8 @@ def _round_trip(state: MemoryState, tmp: Path) -> MemoryState:
 
 
 def _fields(state: MemoryState) -> dict[str, tuple[Any, ...]]:
-    return {r.id: (r.content, r.type, r.created, r.metadata, r.slot, r.vkey) for r in state.records.values()}
+    return {r.id: (r.content, r.type, r.created, r.metadata, r.slot, r.vkey, r.previous_text)
+            for r in state.records.values()}
 
 
 @settings(max_examples=30, deadline=None)

@@ -466,6 +466,41 @@ def test_links_follow_time_across_reopen_back_dating_and_correction(config: Conf
                        "turn D": c.id}  # the correction is not the newest turn
 
 
+def _found_by(store: MemoryStore, query: str) -> list[str]:
+    return [h.memory.content for h in store.search(query, mode="lexical", min_score=0)]
+
+
+def test_a_reply_is_found_by_the_words_of_the_turn_it_follows(config: Config) -> None:
+    with MemoryStore(config=config, embedder=None) as store:
+        store.store_batch([{"content": "What did you paint last week?", "memory_type": "conversation"},
+                           {"content": "A sunrise over the lake", "memory_type": "conversation"},
+                           {"content": "I like to paint", "memory_type": "fact"}])
+        store.store_batch([{"content": "Nice weather", "memory_type": "conversation",
+                            "created_at": time.time() + 3600}])  # an hour later: follows nothing
+        texts = {r.content: r.previous_text for r in store._state.records.values()}
+        assert texts == {"What did you paint last week?": None, "I like to paint": None, "Nice weather": None,
+                         "A sunrise over the lake": "What did you paint last week?"}
+        # Own words first, then the reply by its question's words (at half weight).
+        found = _found_by(store, "paint")
+        assert set(found[:2]) == {"What did you paint last week?", "I like to paint"}
+        assert found[2:] == ["A sunrise over the lake"]
+
+
+def test_the_previous_turn_field_survives_reopening_and_follows_a_new_weight(config: Config) -> None:
+    with MemoryStore(config=config, embedder=None) as store:
+        store.store_batch([{"content": "What did you paint?", "memory_type": "conversation"},
+                           {"content": "A sunrise", "memory_type": "conversation"}])
+        assert "A sunrise" in _found_by(store, "paint")
+    with MemoryStore(config=config, embedder=None) as store:  # from the snapshot close wrote
+        assert "A sunrise" in _found_by(store, "paint")
+    own_only = config.replace("search", previous_turn_weight=0.0)
+    with MemoryStore(config=own_only, embedder=None) as store:  # a snapshot indexed at 0.5: re-indexed
+        assert _found_by(store, "paint") == ["What did you paint?"]
+        assert _found_by(store, "sunrise") == ["A sunrise"]
+    with MemoryStore(config=config, embedder=None) as store:
+        assert "A sunrise" in _found_by(store, "paint")
+
+
 def test_imported_turns_link_in_time_order_whatever_the_file_order(tmp_path: Path) -> None:
     cfg = Config().replace("memory", path=str(tmp_path / "a"))
     with MemoryStore(config=cfg, embedder=HashEmbedder()) as source:
@@ -480,7 +515,8 @@ def test_imported_turns_link_in_time_order_whatever_the_file_order(tmp_path: Pat
 
 
 def test_neighbour_boost_lifts_the_turn_next_to_a_strong_hit(tmp_path: Path) -> None:
-    cfg = Config().replace("memory", path=str(tmp_path))
+    # The previous turn's words would lift the reply on their own: off, to see the boost.
+    cfg = Config().replace("memory", path=str(tmp_path)).replace("search", previous_turn_weight=0.0)
     turns = ["we should plan the trip to Lisbon", "sure, my cousin lives there", "filler about the weather",
              "more filler on the weather", "a word on Lisbon trains"]
     with MemoryStore(config=cfg, embedder=HashEmbedder()) as store:  # every turn is a vector candidate

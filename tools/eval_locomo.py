@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -155,7 +156,9 @@ def grid(files: list[Path], config: Config, embedder: Any) -> None:
 GRIDS = {"temporal_boost": (0.0, 0.02, 0.05, 0.1, 0.2), "neighbour_boost": (0.0, 0.05, 0.1, 0.2, 0.3),
          "feedback_weight": (0.0, 0.1, 0.2, 0.4, 0.6, 0.8), "entity_boost": (0.0, 0.01, 0.03, 0.06, 0.1),
          "diversity": (0.0, 0.05, 0.1, 0.2, 0.3, 0.5), "bm25_b": (0.0, 0.3, 0.5, 0.75, 0.9),
-         "vector_weight": (0.2, 0.3, 0.4, 0.5)}
+         "vector_weight": (0.2, 0.3, 0.4, 0.5), "previous_turn_weight": (0.0, 0.25, 0.5, 0.75, 1.0)}
+# Applied when a memory is indexed: --cross and --latency build a store per value.
+INDEX_TIME = frozenset({"previous_turn_weight"})
 # The value --cross compares against (0: the feature off); BM25's textbook b for
 # bm25_b; the shipped fusion weight for vector_weight (0 would be lexical only).
 GRID_BASE = {"bm25_b": 0.75, "vector_weight": 0.3}
@@ -166,55 +169,67 @@ def cross(files: list[Path], config: Config, embedder: Any, param: str) -> None:
     (against the same file with the parameter at its GRID_BASE value, 0 unless named there,
     every other setting at its value)."""
     grid = GRIDS[param]
+    scored = {}
     with tempfile.TemporaryDirectory(prefix="rm-locomo-") as tmp:
-        stores = [(path.name, store, conv["qa"], asked_at(conv))
-                  for path, store, conv in built_stores(files, Path(tmp), config, embedder)]
-        scored = {}
-        for name, store, qa, now in stores:
-            for value in grid:
-                store._config = config.replace("search", **{param: value})
-                per_cat = summarise(recall(store, qa, "hybrid", now))
-                scored[name, value] = per_cat["overall"]
-                hop = per_cat.get("1", {"R@5": 0.0, "R@10": 0.0})  # multi-hop, the category issue 12 targets
-                print(f"{name} {param} {value:.2f}: R@5 {scored[name, value]['R@5']:.3f} "
-                      f"R@10 {scored[name, value]['R@10']:.3f} (multi-hop {hop['R@5']:.3f}/{hop['R@10']:.3f})",
-                      flush=True)
-        for name, store, *_ in stores:
-            best = max(grid, key=lambda v: (scored[name, v]["R@5"] + scored[name, v]["R@10"], -v))
-            for other, *_ in stores:
-                if other != name:
-                    base, got = scored[other, GRID_BASE.get(param, 0.0)], scored[other, best]
-                    print(f"tune on {name}: {param} {best:.2f} -> {other}: "
-                          f"R@5 {base['R@5']:.3f} -> {got['R@5']:.3f}, R@10 {base['R@10']:.3f} -> {got['R@10']:.3f}")
-            store.close()
+        for name, value, per_cat in _sweep(files, Path(tmp), config, embedder, param):
+            scored[name, value] = per_cat["overall"]
+            hop = per_cat.get("1", {"R@5": 0.0, "R@10": 0.0})  # multi-hop, the category issue 12 targets
+            print(f"{name} {param} {value:.2f}: R@5 {scored[name, value]['R@5']:.3f} "
+                  f"R@10 {scored[name, value]['R@10']:.3f} (multi-hop {hop['R@5']:.3f}/{hop['R@10']:.3f})", flush=True)
+    names = [path.name for path in files]
+    for name in names:
+        best = max(grid, key=lambda v: (scored[name, v]["R@5"] + scored[name, v]["R@10"], -v))
+        for other in names:
+            if other != name:
+                base, got = scored[other, GRID_BASE.get(param, 0.0)], scored[other, best]
+                print(f"tune on {name}: {param} {best:.2f} -> {other}: "
+                      f"R@5 {base['R@5']:.3f} -> {got['R@5']:.3f}, R@10 {base['R@10']:.3f} -> {got['R@10']:.3f}")
+
+
+def _sweep(files: list[Path], tmp: Path, config: Config, embedder: Any,
+           param: str) -> Iterator[tuple[str, float, dict[str, dict[str, float]]]]:
+    """(file name, value, hybrid recall by category) for each file and each value of
+    ``param``'s grid.  Stores are built once, or once per value for a parameter
+    applied when memories are indexed (:data:`INDEX_TIME`)."""
+    grid = GRIDS[param]
+    for values in ([[v] for v in grid] if param in INDEX_TIME else [grid]):
+        at_build = config.replace("search", **{param: values[0]})
+        for path, store, conv in built_stores(files, tmp / f"{param}-{values[0]}", at_build, embedder):
+            with store:
+                for value in values:
+                    store._config = config.replace("search", **{param: value})
+                    yield path.name, value, summarise(recall(store, conv["qa"], "hybrid", asked_at(conv)))
 
 
 def latency(files: list[Path], config: Config, embedder: Any, param: str, value: float | None = None,
             repeat: int = 5) -> None:
     """Search time with ``search.<param>`` at 0 and at ``value`` (default: its configured
-    value), interleaved in one run.  Query vectors are computed once, so the figure is the
-    ranking alone."""
-    if value is not None:
-        config = config.replace("search", **{param: value})
+    value), interleaved in one run, one store each (built with that value).  Query
+    vectors are computed once, so the figure is the ranking alone."""
+    values = (0.0, getattr(config.search, param) if value is None else value)
     with tempfile.TemporaryDirectory(prefix="rm-locomo-") as tmp:
         for path in files:
             conv = json.loads(path.read_text())
-            with open_store(Path(tmp), path.stem, embedder, config) as store:
+            stores = {v: open_store(Path(tmp) / f"{param}-{v}", path.stem, embedder,
+                                    config.replace("search", **{param: v})) for v in values}
+            for store in stores.values():
                 store.store_batch(turns_of(conv))
-                qs = [(q["question"], store.embed_query(q["question"])) for q in conv["qa"] if q.get("question")]
-                now = asked_at(conv)
-                times: dict[float, list[float]] = {0.0: [], getattr(config.search, param): []}
-                for _ in range(repeat):
-                    for value, out in times.items():
-                        store._config = config.replace("search", **{param: value})
-                        for text, qvec in qs:
-                            t0 = time.perf_counter()
-                            store.search_vector(text, qvec, limit=10, min_score=0, now=now)
-                            out.append(time.perf_counter() - t0)
-                for value, out in times.items():
-                    out.sort()
-                    print(f"{path.name} {len(store)} memories, {param} {value:.2f}: "
-                          f"p50 {1e3 * out[len(out) // 2]:.3f} ms  p95 {1e3 * out[int(len(out) * 0.95)]:.3f} ms")
+            first = next(iter(stores.values()))
+            qs = [(q["question"], first.embed_query(q["question"])) for q in conv["qa"] if q.get("question")]
+            now = asked_at(conv)
+            times: dict[float, list[float]] = {v: [] for v in stores}
+            for _ in range(repeat):
+                for v, store in stores.items():
+                    for text, qvec in qs:
+                        t0 = time.perf_counter()
+                        store.search_vector(text, qvec, limit=10, min_score=0, now=now)
+                        times[v].append(time.perf_counter() - t0)
+            for v, out in times.items():
+                out.sort()
+                print(f"{path.name} {len(first)} memories, {param} {v:.2f}: "
+                      f"p50 {1e3 * out[len(out) // 2]:.3f} ms  p95 {1e3 * out[int(len(out) * 0.95)]:.3f} ms")
+            for store in stores.values():
+                store.close()
 
 
 def print_table(summary: dict[str, dict[str, dict[str, float]]]) -> None:
