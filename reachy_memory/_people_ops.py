@@ -291,7 +291,8 @@ class PeopleMixin:
                 row |= {"name": old.name, "aliases": list(old.aliases)}
             superseded = _supersede_fields(row["id"], row["created"])
             if old.type == MemoryType.CONVERSATION.value:  # a corrected turn keeps its place in the dialogue
-                row |= {"created": old.created, "expires": old.expires, "follows": old.follows}
+                row |= {"created": old.created, "expires": old.expires, "follows": old.follows,
+                        "previous_text": old.previous_text}
             release: dict[str, Any] = {"name": None, "aliases": []} if old.name else {}
             self._commit([["update", old.id, release | superseded], ["put", row, op[2]]])
             return self._state.records[row["id"]].memory()

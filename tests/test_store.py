@@ -459,6 +459,9 @@ def test_links_follow_time_across_reopen_back_dating_and_correction(config: Conf
         fixed = store.correct(b.id, "turn B, corrected")
         d = store.store("turn D", "conversation")
         follows = {m.content: store._state.records[m.id].follows for m in (b, old, c, fixed, d)}
+        previous = {m.content: store._state.records[m.id].previous_text for m in (b, old, c, fixed, d)}
+    assert previous == {"turn B": "turn A", "a turn from yesterday": None, "turn C": "turn B",
+                        "turn B, corrected": "turn A", "turn D": "turn C"}  # the text of the turn each follows
     assert follows == {"turn B": a.id,  # the newest turn before the reopen
                        "a turn from yesterday": None,  # older than the newest turn: follows nothing
                        "turn C": b.id,  # and it did not become the newest turn
