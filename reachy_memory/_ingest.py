@@ -127,9 +127,19 @@ def turns_before(recs: list[Record], previous: Record | None) -> list[Record | N
 def linked(recs: list[Record], previous: Record | None) -> list[Record]:
     """``recs`` with ``follows`` set to the id of the turn each follows and
     ``previous_text`` to its first :data:`PREVIOUS_CHARS` characters (or both None)."""
-    return [rec.replace(follows=before.id, previous_text=before.content[:PREVIOUS_CHARS]) if before is not None
+    return [rec.replace(follows=before.id, previous_text=clipped(before.content)) if before is not None
             else rec.replace(follows=None, previous_text=None)
             for rec, before in zip(recs, turns_before(recs, previous), strict=True)]
+
+
+def clipped(text: str) -> str:
+    """``text`` cut to :data:`PREVIOUS_CHARS` characters, at a space when it has one
+    (a word cut in two would be indexed as another word)."""
+    if len(text) <= PREVIOUS_CHARS:
+        return text
+    cut = text[:PREVIOUS_CHARS]
+    head, space, _ = cut.rpartition(" ")
+    return head if space else cut
 
 
 def context_text(rec: Record, previous: Record | None, config: Config) -> str:

@@ -168,6 +168,8 @@ def decode(obj: Any) -> Record:
         for name, default in _OPTIONAL.items():
             if isinstance(default, tuple) and name in fields:
                 fields[name] = tuple(fields[name])
+        if not isinstance(fields["content"], str) or not isinstance(fields.get("previous_text"), str | None):
+            raise ValidationError("record texts must be strings", field="record")  # the indexes tokenise them
         return Record(**fields)
     if isinstance(obj, list | tuple) and len(obj) == len(_V1_FIELDS):
         return Record(*obj)

@@ -140,7 +140,8 @@ class SearchConfig:
     # each counting this much of one of its own (BM25F field weight; 0: its own words
     # only).  An answer rarely repeats its question's words ("What did you paint?" /
     # "A sunrise").  Applied when a memory is indexed: new memories at once, the rest
-    # when the store is next opened.  0.5 by the cross rule (README).
+    # when the store is next opened (turns stored before this setting existed have no
+    # previous text).  0.5 by the cross rule (README).
     previous_turn_weight: float = 0.5
     candidates: int = 40  # per retriever, before fusion (LoCoMo recall is flat from 30 to 100)
     exact_threshold: int = 2048  # filtered candidate sets up to this size: exact numpy search

@@ -3,8 +3,8 @@
 Text is lower-cased, split on Unicode word characters (CJK runs into single
 characters), English stopwords are dropped and the rest stemmed (Snowball).
 A document may carry a second field, the text of the conversation turn it
-follows, whose words each count ``previous_weight`` of one of its own (BM25F:
-weighted term frequencies and length, one length normalisation).
+follows, whose words each count ``previous_weight`` of one of its own in the
+term frequencies; the document's length is its own words'.
 Postings are copy-on-write: loaded from a snapshot as numpy arrays, turned into
 a dict only for the terms a change touches, so neither opening nor adding or
 removing a memory rebuilds the index.  Removal is a tombstone (``doc_len`` 0);
@@ -150,10 +150,12 @@ class LexicalIndex:
             if posting is None:
                 posting = self._postings[term] = _Posting()
             posting.set(slot, tf)
-        # An all-stopword text still counts as a (length 1) document.
-        self._doc_len[slot] = max(len(terms) + self.previous_weight * len(extra), 1.0)
+        # The previous turn lends words, not length: its length would bury a short
+        # answer's own words under a long question's.  An all-stopword text still
+        # counts as a (length 1) document.
+        self._doc_len[slot] = max(len(terms), 1)
         self.n_docs += 1
-        self._total_len += self._doc_len[slot]
+        self._total_len += float(self._doc_len[slot])
 
     def remove(self, slot: int, text: str, previous: str | None = None) -> None:
         """Tombstone ``slot`` (``text`` and ``previous`` as added); its postings are purged lazily."""

@@ -122,7 +122,18 @@ def test_a_previous_turn_word_counts_its_weight() -> None:
     got = scores(index, "sunrise")
     assert set(got) == {0, 1} and got[0] > got[1] > 0
     assert index._postings["sunris"].readable()[1].tolist() == [1.0, 0.5]  # BM25F: a fraction of a word
-    assert index._doc_len[1] == pytest.approx(1 + 0.5 * 2)  # "love" + half of "paint", "sunris"
+    assert index._doc_len[1] == 1  # "love": the previous turn lends words, not length
+
+
+def test_a_long_previous_turn_does_not_bury_the_turns_own_words() -> None:
+    question = " ".join(f"word{i}" for i in range(150))  # a long turn before a short answer
+    plain, fielded = LexicalIndex(), LexicalIndex()
+    for index, previous in ((plain, None), (fielded, question)):
+        index.add(0, "so that is lasagne", previous)
+        index.add(1, "sounds good", previous="so that is lasagne")
+        index.add(2, "the robot charges in the hallway")
+    assert scores(fielded, "lasagne")[0] == pytest.approx(scores(plain, "lasagne")[0])  # its own word, unchanged
+    assert scores(fielded, "lasagne")[0] > scores(fielded, "lasagne")[1] > 0
 
 
 def test_weight_zero_indexes_own_words_only() -> None:

@@ -17,6 +17,7 @@ from reachy_memory import journal as jr
 from reachy_memory._persistence import read_snapshot
 from reachy_memory._records import Record, decode, encode, record_id
 from reachy_memory._state import BULK, MemoryState, _and, snapshot_sections
+from reachy_memory.lexical_index import LexicalIndex
 
 DIM = 8
 KEY = "test/space/8"
@@ -61,6 +62,18 @@ def _check_invariants(state: MemoryState) -> None:
     for key, recs in state.context_view.items():
         assert {r.id for r in recs} == {r.id for r in state.context_records(key)}
     assert len(state.window_view) <= 4
+    _check_words(state)
+
+
+def _check_words(state: MemoryState) -> None:
+    """The lexical index scores as one built from the live records (both fields)."""
+    fresh = LexicalIndex(previous_weight=state.lexical.previous_weight)
+    for rec in state.records.values():
+        fresh.add(rec.slot, rec.lexical_text, rec.previous_text)
+    for word in WORDS:
+        (a, x), (b, y) = state.lexical.scores(word), fresh.scores(word)
+        assert a.tolist() == b.tolist()
+        np.testing.assert_allclose(x, y, rtol=1e-9)
 
 
 @settings(max_examples=60, deadline=None)
@@ -133,6 +146,9 @@ def test_overlapping_frozen_views_keep_slots_until_the_last_thaw() -> None:
     ["nope"],  # unknown kind
     ["put", {"id": "x"}, None],  # a record lacking its fields
     ["put", [1, 2, 3], None],  # neither v1 nor v2
+    ["put", {"id": "x", "content": 7, "type": "fact", "created": 1.0, "expires": None, "metadata": {}}, None],  # text
+    ["put", {"id": "x", "content": "ok", "type": "conversation", "created": 1.0, "expires": None, "metadata": {},
+             "previous_text": 7}, None],  # a previous turn's text that is not one
     [],  # empty
 ])
 def test_malformed_operations_are_corruption(op: list[Any]) -> None:
@@ -428,3 +444,31 @@ def test_the_newest_remaining_turn_is_found_once_however_many_newest_turns_go(
     assert state.last_turn is not None and state.last_turn.id == "t19" and len(scans) == 1
     state.apply(_put("t50", ["tea"], "conversation", seed=50))
     assert state.last_turn.id == "t50" and len(scans) == 1  # a newer turn needs no scan
+
+
+@pytest.mark.parametrize("how", [
+    "del",  # forget: the follower loses the words
+    "bulk del",  # the same in a frame of BULK deletions (delete_many)
+    "supersede",  # a corrected turn is hidden: its old words go from the follower too
+    "expire",  # retention: the follower expires at most 10 minutes later and keeps them
+])
+def test_a_turn_that_goes_takes_its_words_out_of_the_next_turn(how: str) -> None:
+    state = _state()
+    turn = Record("a", "my PIN is 4921", "conversation", 1_700_000_000.0, 1_700_000_100.0, {})
+    reply = Record("b", "ok", "conversation", 1_700_000_001.0, None, {}, follows="a", previous_text=turn.content)
+    for rec in (turn, reply):
+        state.apply(["put", encode(rec), None])
+    assert state.lexical.scores("4921")[0].tolist() == [0, 1]
+    if how == "del":
+        state.apply(["del", "a"])
+    elif how == "bulk del":
+        state.apply_all([["del", "a"], *(["del", f"none{i}"] for i in range(BULK))])
+    elif how == "supersede":
+        state.apply(["update", "a", {"superseded_at": 1_700_000_050.0, "superseded_by": "c"}])
+    else:
+        state.apply(["expire", 1_700_000_200.0])
+    kept = how == "expire"
+    assert state.records["b"].previous_text == (turn.content if kept else None)
+    assert (1 in state.lexical.scores("4921")[0].tolist()) is kept
+    state.bury(BULK)
+    _check_invariants(state)

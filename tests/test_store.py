@@ -460,7 +460,8 @@ def test_links_follow_time_across_reopen_back_dating_and_correction(config: Conf
         d = store.store("turn D", "conversation")
         follows = {m.content: store._state.records[m.id].follows for m in (b, old, c, fixed, d)}
         previous = {m.content: store._state.records[m.id].previous_text for m in (b, old, c, fixed, d)}
-    assert previous == {"turn B": "turn A", "a turn from yesterday": None, "turn C": "turn B",
+    assert previous == {"turn B": "turn A", "a turn from yesterday": None,
+                        "turn C": None,  # it followed turn B, corrected since: B's old words are gone
                         "turn B, corrected": "turn A", "turn D": "turn C"}  # the text of the turn each follows
     assert follows == {"turn B": a.id,  # the newest turn before the reopen
                        "a turn from yesterday": None,  # older than the newest turn: follows nothing
@@ -502,6 +503,21 @@ def test_the_previous_turn_field_survives_reopening_and_follows_a_new_weight(con
         assert _found_by(store, "sunrise") == ["A sunrise"]
     with MemoryStore(config=config, embedder=None) as store:
         assert "A sunrise" in _found_by(store, "paint")
+
+
+def test_forgotten_and_corrected_words_are_not_found_through_the_next_turn(config: Config) -> None:
+    with MemoryStore(config=config, embedder=None) as store:
+        pin, _ = store.store_batch([{"content": "my bank PIN is 4921", "memory_type": "conversation"},
+                                    {"content": "ok, noted", "memory_type": "conversation"}])
+        address, _ = store.store_batch([{"content": "I live at Elm Street", "memory_type": "conversation"},
+                                        {"content": "nice", "memory_type": "conversation"}])
+        assert _found_by(store, "PIN 4921") == ["my bank PIN is 4921", "ok, noted"]  # before
+        store.forget(pin.id)
+        store.correct(address.id, "I live at Oak Road")
+        assert _found_by(store, "PIN 4921") == [] and _found_by(store, "Elm Street") == []
+    with MemoryStore(config=config, embedder=None) as store:  # and after a reopen
+        assert _found_by(store, "PIN 4921") == [] and _found_by(store, "Elm Street") == []
+        assert _found_by(store, "Oak Road") == ["I live at Oak Road"]
 
 
 def test_imported_turns_link_in_time_order_whatever_the_file_order(tmp_path: Path) -> None:
