@@ -190,7 +190,7 @@ class MemoryState:
     def _forget_words(self, turns: set[str]) -> None:
         """The turns that follow any of ``turns`` (deleted or superseded) lose their copy
         of its text (``previous_text``): forgotten or corrected words must not be found
-        through the next turn.  A pass over the records (~5 ms at 100k), only when a
+        through the next turn.  A pass over the records (~6 ms at 100k), only when a
         turn is deleted or superseded; an expiry sweep keeps them (a follower expires
         at most ``NEIGHBOUR_SECONDS`` after the turn it follows)."""
         if not turns:
