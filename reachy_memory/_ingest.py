@@ -126,9 +126,10 @@ def turns_before(recs: list[Record], previous: Record | None) -> list[Record | N
 
 def linked(recs: list[Record], previous: Record | None) -> list[Record]:
     """``recs`` with ``follows`` set to the id of the turn each follows and
-    ``previous_text`` to its first :data:`PREVIOUS_CHARS` characters (or both None)."""
-    return [rec.replace(follows=before.id, previous_text=clipped(before.content)) if before is not None
-            else rec.replace(follows=None, previous_text=None)
+    ``previous_text`` to its first :data:`PREVIOUS_CHARS` characters (or both None;
+    a superseded turn lends no text: its words are hidden)."""
+    return [rec.replace(follows=before.id, previous_text=None if before.hidden else clipped(before.content))
+            if before is not None else rec.replace(follows=None, previous_text=None)
             for rec, before in zip(recs, turns_before(recs, previous), strict=True)]
 
 

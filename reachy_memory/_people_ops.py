@@ -446,6 +446,10 @@ class PeopleMixin:
                     continue
                 fields = {k: v for k, v in row.items() if k not in ("content", "type", "metadata", "created")}
                 ops.append(["put", dict(op[1]) | fields, op[2]])
+            hidden = {row["id"] for row in rows if row.get("superseded_at") is not None}
+            for op in ops:  # a turn imported superseded lends no text to the one after it
+                if op[1].get("follows") in hidden:
+                    op[1]["previous_text"] = None
             if ops:
                 self._commit(ops)
             return len(ops)

@@ -627,10 +627,11 @@ class MemoryStore(PeopleMixin):
         if vectors is None:
             raise ModelError("the embedding model failed during reindex; nothing was lost, run it again")
         key = self._state.current_key
-        ops = [["put", encode(rec.replace(vkey=key)), vec.astype(np.float32).tobytes()]
-               for rec, vec in zip(recs, vectors, strict=True)]
-        with self._lock:
-            self._commit(ops)
+        with self._lock:  # one forgotten or changed meanwhile is left as it now is (a rerun embeds a changed one)
+            ops = [["put", encode(rec.replace(vkey=key)), vec.astype(np.float32).tobytes()]
+                   for rec, vec in zip(recs, vectors, strict=True) if self._state.records.get(rec.id) is rec]
+            if ops:
+                self._commit(ops)
 
     def stats(self) -> dict[str, Any]:
         """Counts, sizes and the embedder's state.  Takes no lock (a compaction or a

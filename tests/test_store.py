@@ -520,6 +520,29 @@ def test_forgotten_and_corrected_words_are_not_found_through_the_next_turn(confi
         assert _found_by(store, "Oak Road") == ["I live at Oak Road"]
 
 
+def test_a_superseded_turn_lends_no_words_to_a_later_turn_or_an_import(config: Config, tmp_path: Path) -> None:
+    with MemoryStore(config=config, embedder=None) as store:
+        pin = store.store("my bank PIN is 4921", "conversation")
+        store.supersede(pin.id, store.store("my bank PIN changed", "fact").id)  # still the newest turn
+        store.store("ok, noted", "conversation")
+        assert _found_by(store, "4921") == []
+        exported = [m.to_dict() for m in store.export_page(limit=100)[0]]  # superseded ones included
+    target = config.replace("memory", path=str(tmp_path / "imported"))
+    with MemoryStore(config=target, embedder=None) as store:
+        store.import_memories(exported)
+        assert _found_by(store, "4921") == []
+
+
+def test_reindex_leaves_a_memory_forgotten_meanwhile_forgotten(config: Config) -> None:
+    with MemoryStore(config=config, embedder=HashEmbedder()) as store:
+        a, b = store.store_batch([{"content": "turn A", "memory_type": "conversation"},
+                                  {"content": "turn B", "memory_type": "conversation"}])
+        listed = [store._state.records[a.id], store._state.records[b.id]]  # what a reindex listed
+        store.forget(a.id)  # before its batch was written back
+        store._reembed(listed, {})
+        assert a.id not in store._state.records and b.id in store._state.records
+
+
 def test_imported_turns_link_in_time_order_whatever_the_file_order(tmp_path: Path) -> None:
     cfg = Config().replace("memory", path=str(tmp_path / "a"))
     with MemoryStore(config=cfg, embedder=HashEmbedder()) as source:
