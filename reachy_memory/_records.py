@@ -114,6 +114,11 @@ class Record:
         return f"{self.content}\n{self.name}" if self.name else self.content
 
     @property
+    def words(self) -> tuple[str, str | None]:
+        """The two fields of its lexical document: its text, and the previous turn's."""
+        return self.lexical_text, self.previous_text
+
+    @property
     def hidden(self) -> bool:
         """Left out of default retrieval (superseded), never deleted."""
         return self.superseded_at is not None

@@ -23,6 +23,7 @@ import itertools
 import math
 import operator
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -173,9 +174,9 @@ class MemoryState:
     def _replace(self, old: Record, new: Record) -> None:
         """``new`` in the place of ``old`` (same slot, text and vector)."""
         self._unindex(old)
-        if (old.lexical_text, old.previous_text) != (new.lexical_text, new.previous_text):
-            self.lexical.remove(old.slot, old.lexical_text, old.previous_text)
-            self.lexical.add(new.slot, new.lexical_text, new.previous_text)
+        if old.words != new.words:
+            self.lexical.remove(old.slot, *old.words)
+            self.lexical.add(new.slot, *new.words)
         self._place(new)
         if self.last_turn is old:
             self.last_turn = new
@@ -207,7 +208,7 @@ class MemoryState:
         indexed = vector is not None and rec.vkey == self.current_key
         rec = rec.replace(slot=slot, vkey=rec.vkey if vector is not None else None)
         self._place(rec)
-        self.lexical.add(slot, rec.lexical_text, rec.previous_text)
+        self.lexical.add(slot, *rec.words)
         if indexed and vector is not None:
             self.vectors.add(slot, np.frombuffer(vector, np.float32), GROUP[rec.type])
         if rec.type == MemoryType.CONVERSATION.value and _not_older(rec, self.last_turn):
@@ -259,7 +260,7 @@ class MemoryState:
         del self.by_slot[rec.slot]
         self._expires[rec.slot] = np.inf
         self._unindex(rec)
-        self.lexical.remove(rec.slot, rec.lexical_text, rec.previous_text)
+        self.lexical.remove(rec.slot, *rec.words)
         self.vectors.remove(rec.slot)
         self._release([rec.slot])
         if self._last_turn is rec:
@@ -333,7 +334,7 @@ class MemoryState:
         del self._ghosts[len(self._ghosts) - len(batch):]
         for rec in batch:
             self.fields.bury(rec.slot, rec.metadata)
-            self.lexical.bury(rec.slot, rec.lexical_text, rec.previous_text)
+            self.lexical.bury(rec.slot, *rec.words)
         self._release([rec.slot for rec in batch])
         return len(self._ghosts) + self.vectors.settle(8 * budget)
 
@@ -382,8 +383,7 @@ class MemoryState:
                 group[rec.slot] = GROUP[rec.type]
         self._free = sorted(set(range(self.next_slot)) - set(self.by_slot))
         if not words_loaded:  # indexed with another search.previous_turn_weight
-            for rec in self.by_slot.values():
-                self.lexical.add(rec.slot, rec.lexical_text, rec.previous_text)
+            self.lexical = words_index(self.by_slot.values(), self.lexical.previous_weight)
         self.vectors.load_vectors(vectors, alive, group)
         self.last_turn = self._newest_turn()
 
@@ -516,6 +516,14 @@ def _and(mask: np.ndarray | None, slots: set[int], size: int) -> np.ndarray:
     if slots:
         allowed[list(slots)] = True
     return allowed if mask is None else mask & allowed
+
+
+def words_index(records: Iterable[Record], previous_weight: float) -> LexicalIndex:
+    """A lexical index of ``records``, built from their texts (both fields)."""
+    index = LexicalIndex(previous_weight=previous_weight)
+    for rec in records:
+        index.add(rec.slot, *rec.words)
+    return index
 
 
 def _decode_stored(obj: Any) -> Record:

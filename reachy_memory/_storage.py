@@ -30,11 +30,10 @@ from . import _persistence as files
 from . import journal as jr
 from ._persistence import GRAPH_FILE, JOURNAL_FILE
 from ._records import RECORD_VERSION
-from ._state import Frozen, MemoryState, snapshot_sections
+from ._state import Frozen, MemoryState, snapshot_sections, words_index
 from ._threads import gc_paused
 from .config import Config
 from .errors import CorruptionError, ReachyMemoryError, ReadOnlyError, StorageError
-from .lexical_index import LexicalIndex
 
 log = logging.getLogger(__name__)
 
@@ -329,7 +328,4 @@ def _short_gil_slices(seconds: float = 0.0005) -> Iterator[None]:
 def _lexical_state(frozen: Frozen, previous_weight: float) -> dict[str, Any]:
     """The lexical index of a frozen view, rebuilt from its records (background
     compaction: the live index keeps changing, the records do not)."""
-    index = LexicalIndex(previous_weight=previous_weight)
-    for rec in frozen.records:
-        index.add(rec.slot, rec.lexical_text, rec.previous_text)
-    return index.state()
+    return words_index(frozen.records, previous_weight).state()

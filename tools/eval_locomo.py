@@ -18,6 +18,7 @@ searched with ``now`` = the day after the last session (the time they are asked)
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -209,27 +210,29 @@ def latency(files: list[Path], config: Config, embedder: Any, param: str, value:
     values = (0.0, getattr(config.search, param) if value is None else value)
     with tempfile.TemporaryDirectory(prefix="rm-locomo-") as tmp:
         for path in files:
-            conv = json.loads(path.read_text())
-            stores = {v: open_store(Path(tmp) / f"{param}-{v}", path.stem, embedder,
-                                    config.replace("search", **{param: v})) for v in values}
-            for store in stores.values():
-                store.store_batch(turns_of(conv))
-            first = next(iter(stores.values()))
-            qs = [(q["question"], first.embed_query(q["question"])) for q in conv["qa"] if q.get("question")]
-            now = asked_at(conv)
-            times: dict[float, list[float]] = {v: [] for v in stores}
-            for _ in range(repeat):
-                for v, store in stores.items():
-                    for text, qvec in qs:
-                        t0 = time.perf_counter()
-                        store.search_vector(text, qvec, limit=10, min_score=0, now=now)
-                        times[v].append(time.perf_counter() - t0)
-            for v, out in times.items():
-                out.sort()
-                print(f"{path.name} {len(first)} memories, {param} {v:.2f}: "
-                      f"p50 {1e3 * out[len(out) // 2]:.3f} ms  p95 {1e3 * out[int(len(out) * 0.95)]:.3f} ms")
-            for store in stores.values():
-                store.close()
+            with contextlib.ExitStack() as opened:
+                built = {v: built_stores([path], Path(tmp) / f"{param}-{v}", config.replace("search", **{param: v}),
+                                         embedder)[0] for v in values}
+                stores = {v: opened.enter_context(store) for v, (_, store, _) in built.items()}
+                _time_searches(path, stores, built[0.0][2], param, repeat)
+
+
+def _time_searches(path: Path, stores: dict[float, Any], conv: dict[str, Any], param: str, repeat: int) -> None:
+    """Every question searched ``repeat`` times in each store, interleaved; prints p50/p95 per store."""
+    first = next(iter(stores.values()))
+    qs = [(q["question"], first.embed_query(q["question"])) for q in conv["qa"] if q.get("question")]
+    now = asked_at(conv)
+    times: dict[float, list[float]] = {v: [] for v in stores}
+    for _ in range(repeat):
+        for v, store in stores.items():
+            for text, qvec in qs:
+                t0 = time.perf_counter()
+                store.search_vector(text, qvec, limit=10, min_score=0, now=now)
+                times[v].append(time.perf_counter() - t0)
+    for v, out in times.items():
+        out.sort()
+        print(f"{path.name} {len(first)} memories, {param} {v:.2f}: "
+              f"p50 {1e3 * out[len(out) // 2]:.3f} ms  p95 {1e3 * out[int(len(out) * 0.95)]:.3f} ms")
 
 
 def print_table(summary: dict[str, dict[str, dict[str, float]]]) -> None:
