@@ -401,6 +401,12 @@ class MemoryState:
     def last_turn(self, rec: Record | None) -> None:
         self._last_turn, self._turn_gone = rec, False
 
+    @property
+    def known_last_turn(self) -> Record | None:
+        """:attr:`last_turn` without the pass over the records (None when the newest
+        turn was deleted since it was last found): any thread, changes nothing."""
+        return None if self._turn_gone else self._last_turn
+
     def _newest_turn(self) -> Record | None:
         """The newest conversation turn, by a pass over every record."""
         newest = None

@@ -128,6 +128,9 @@ class MemoryStore(PeopleMixin):
     Threads: the caller that holds ``_lock`` (the daemon's engine thread) owns
     the state and the journal; a background compaction thread owns only its
     frozen view and the snapshot file it writes (see :mod:`._storage`).
+    :meth:`prepare`, :meth:`prepare_context` and :meth:`embed_query` run on any
+    thread (the daemon's embed thread) and change nothing: they read the record
+    table by single lookups only, never by iteration.
     """
 
     def __init__(self, path: str | Path | None = None, *, config: Config | None = None,
@@ -278,13 +281,26 @@ class MemoryStore(PeopleMixin):
                 for item in ingest.as_list(items, self._config.memory.max_batch)]
         created = time.time() if now is None else now
         recs, out_ids = ingest.new_records(rows, created, self._expiry, self._state.records)
-        recs = ingest.linked(recs, self._state.last_turn)
-        texts = ingest.embedding_texts(recs, self._state.last_turn, self._config)
+        before = self._newest_turn_guess()
+        recs = ingest.linked(recs, before)
+        texts = ingest.embedding_texts(recs, before, self._config)
         vectors = self._embed_records(texts)
         key = self._state.current_key
         ops = [["put", encode(rec.replace(vkey=key if vec is not None else None)), vec]
                for rec, vec in zip(recs, vectors, strict=True)]
         return _Prepared(ops, out_ids, [t if v is not None else None for t, v in zip(texts, vectors, strict=True)])
+
+    def _newest_turn_guess(self) -> Record | None:
+        """The turn a prepared write will follow, as far as prepare can tell: the state's
+        newest turn when no other thread holds the lock, else the last one known without
+        a scan (the daemon's embed thread must not iterate records the engine thread is
+        changing, nor write the state).  Commit re-links and re-embeds if it guessed wrong."""
+        if not self._lock.acquire(blocking=False):
+            return self._state.known_last_turn
+        try:
+            return self._state.last_turn
+        finally:
+            self._lock.release()
 
     def commit(self, prepared: _Prepared) -> list[Memory]:
         """Make a prepared write durable and visible; returns the memories."""

@@ -652,3 +652,69 @@ def test_a_mass_expiry_is_gone_everywhere_and_after_a_crash(tmp_path: Path) -> N
         check(again)
         fresh = again.store("a new chat about tea", "conversation", {"speaker": "user1"})
         assert fresh.id in {h.memory.id for h in again.search("new chat", where={"speaker": "user1"}, min_score=0)}
+
+
+def test_prepare_while_the_engine_holds_the_lock_neither_scans_nor_moves_the_newest_turn(config: Config) -> None:
+    """prepare runs on the daemon's embed thread while the engine thread changes the
+    records: it must not iterate them (a scan raced a store into "dictionary changed
+    size during iteration", failing the request) nor write the state's cached newest
+    turn.  Its guess of the turn before is checked at commit, which re-links."""
+    import threading
+
+    with MemoryStore(config=config, embedder=HashEmbedder()) as store:
+        a = store.store("turn A", "conversation")
+        b = store.store("turn B", "conversation")
+        store.forget(b.id)  # the newest turn went: the next read of it scans the records
+        scans: list[str] = []
+        real_scan = store._state._newest_turn
+        store._state._newest_turn = lambda: scans.append(threading.current_thread().name) or real_scan()
+        prepared: dict[str, object] = {}
+        with store._lock:  # the engine thread, busy
+            worker = threading.Thread(target=lambda: prepared.update(
+                p=store.prepare([{"content": "turn C", "memory_type": "conversation"}])), name="embed")
+            worker.start()
+            worker.join(timeout=10)
+        assert "p" in prepared and scans == []  # prepared without a scan from the embed thread
+        (c,) = store.commit(prepared["p"])  # type: ignore[arg-type]
+        assert scans == ["MainThread"]  # the commit found the newest turn, under the lock
+        rec = store._state.records[c.id]
+        assert (rec.follows, rec.previous_text) == (a.id, "turn A")
+        expected = HashEmbedder().embed(["turn A\nturn C"])[0]
+        assert np.allclose(store._state.vectors.vectors[rec.slot], expected)  # re-embedded with its turn
+
+
+def test_prepares_on_another_thread_survive_stores_and_forgets_of_the_newest_turn(config: Config) -> None:
+    """The daemon's two threads, racing: one prepares turns while the other stores and
+    forgets the newest turn.  Every prepare succeeds (before, some raised RuntimeError)."""
+    import sys
+    import threading
+
+    with MemoryStore(config=config, embedder=HashEmbedder()) as store:
+        for start in range(0, 6000, 500):
+            store.store_batch([{"content": f"filler {start + i}", "memory_type": "fact"} for i in range(500)])
+        errors: list[BaseException] = []
+        stop = threading.Event()
+
+        def prepares() -> None:
+            while not stop.is_set():
+                try:
+                    store.prepare([{"content": "a turn", "memory_type": "conversation"}])
+                except BaseException as exc:  # any failure is the finding
+                    errors.append(exc)
+                    return
+
+        before = sys.getswitchinterval()
+        sys.setswitchinterval(1e-5)  # switch threads often, mid-scan
+        worker = threading.Thread(target=prepares)
+        worker.start()
+        try:
+            deadline = time.monotonic() + 2.0
+            while time.monotonic() < deadline and not errors:
+                turn = store.store("the newest turn", "conversation")
+                store.store_batch([{"content": f"more {i}", "memory_type": "fact"} for i in range(3)])
+                store.forget(turn.id)
+        finally:
+            stop.set()
+            worker.join(timeout=10)
+            sys.setswitchinterval(before)
+        assert errors == []
