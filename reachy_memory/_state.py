@@ -23,7 +23,7 @@ import itertools
 import math
 import operator
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +33,7 @@ from ._filters import FieldIndex
 from ._records import MUTABLE_FIELDS, Record, decode, encode
 from .config import Config
 from .errors import CorruptionError, ValidationError
-from .lexical_index import LexicalIndex
+from .lexical_index import LexicalIndex, Tokenizer, index_state
 from .model import MemoryType
 from .people import PersonRegistry
 from .vector_index import VectorIndex
@@ -214,7 +214,17 @@ class MemoryState:
         if rec.type == MemoryType.CONVERSATION.value and _not_older(rec, self.last_turn):
             self.last_turn = rec  # an imported, re-embedded or back-dated turn is not the newest
 
+    def _share_links(self, rec: Record) -> None:
+        """Point ``rec``'s link fields (not yet placed) at the strings of the turn it
+        follows instead of copies: a reload decodes each string anew (~100 bytes a turn)."""
+        before = self.records.get(rec.follows) if rec.follows is not None else None
+        if before is not None:
+            rec.follows = before.id
+            if rec.previous_text == before.content:
+                rec.previous_text = before.content
+
     def _place(self, rec: Record) -> None:
+        self._share_links(rec)
         self.records[rec.id] = rec
         self.by_slot[rec.slot] = rec
         self.next_slot = max(self.next_slot, rec.slot + 1)
@@ -475,20 +485,30 @@ class MemoryState:
         return next((r.vkey for r in self.records.values() if r.vkey not in (None, self.current_key)), None)
 
 
-def snapshot_sections(frozen: Frozen, head: dict[str, Any], lexical: dict[str, Any]) -> list[Any]:
-    """The frames of a snapshot of ``frozen`` (``docs/FORMAT.md``, "Snapshot")."""
-    from .journal import Packed, RawBin, pack_gently  # late: journal is I/O; the state only names frame types
+def snapshot_sections(frozen: Frozen, head: dict[str, Any],
+                      lexical: dict[str, Any] | Callable[[], dict[str, Any]]) -> Iterator[Any]:
+    """The frames of a snapshot of ``frozen`` (``docs/FORMAT.md``, "Snapshot"), each
+    produced when the writer reaches it; ``lexical`` is the index's state or what
+    builds it (after the records are written and freed)."""
+    from .journal import Packed, RawBin, Stream, pack_gently  # late: journal is I/O; the state only names frames
 
-    rows = []
-    for rec in frozen.records:
-        row = encode(rec)
-        indexed = rec.vkey is not None and rec.slot < len(frozen.alive) and bool(frozen.alive[rec.slot])
-        row["vkey"] = rec.vkey if indexed else None
-        rows.append(row)
-    # Packed piece by piece: a background compaction must not hold the GIL for long.
-    return [head, Packed(pack_gently({"records": rows, "people": frozen.people})), RawBin(frozen.vectors),
-            Packed(pack_gently({"lexical": lexical})),
-            {"window": [list(turn) for turn in frozen.window]}, {"end": len(rows)}]
+    yield head
+    # Packed piece by piece: a background compaction must not hold the GIL for long;
+    # rows are encoded as they are packed, so they are never all alive at once.
+    rows = Stream(len(frozen.records), (_snapshot_row(rec, frozen.alive) for rec in frozen.records))
+    yield Packed(pack_gently({"records": rows, "people": frozen.people}))
+    yield RawBin(frozen.vectors)
+    yield Packed(pack_gently({"lexical": lexical() if callable(lexical) else lexical}))
+    yield {"window": [list(turn) for turn in frozen.window]}
+    yield {"end": len(frozen.records)}
+
+
+def _snapshot_row(rec: Record, alive: np.ndarray) -> dict[str, Any]:
+    """A record as a snapshot stores it: its vector key only if its vector is in the view."""
+    row = encode(rec)
+    indexed = rec.vkey is not None and rec.slot < len(alive) and bool(alive[rec.slot])
+    row["vkey"] = rec.vkey if indexed else None
+    return row
 
 
 def _memory_id(value: Any) -> str:
@@ -524,11 +544,15 @@ def _and(mask: np.ndarray | None, slots: set[int], size: int) -> np.ndarray:
     return allowed if mask is None else mask & allowed
 
 
+def words_state(records: Iterable[Record], previous_weight: float, tokenizer: Tokenizer) -> dict[str, Any]:
+    """The lexical index state of ``records``, built from their texts (both fields)."""
+    return index_state(((rec.slot, *rec.words) for rec in records), tokenizer, previous_weight)
+
+
 def words_index(records: Iterable[Record], previous_weight: float) -> LexicalIndex:
     """A lexical index of ``records``, built from their texts (both fields)."""
     index = LexicalIndex(previous_weight=previous_weight)
-    for rec in records:
-        index.add(rec.slot, *rec.words)
+    index.load_state(words_state(records, previous_weight, index.tokenizer))
     return index
 
 

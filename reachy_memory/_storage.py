@@ -30,7 +30,7 @@ from . import _persistence as files
 from . import journal as jr
 from ._persistence import GRAPH_FILE, JOURNAL_FILE
 from ._records import RECORD_VERSION
-from ._state import Frozen, MemoryState, snapshot_sections, words_index
+from ._state import Frozen, MemoryState, snapshot_sections, words_state
 from ._threads import gc_paused
 from .config import Config
 from .errors import CorruptionError, ReachyMemoryError, ReadOnlyError, StorageError
@@ -242,9 +242,13 @@ class Storage:
 
     def _write_snapshot(self, job: _Compaction) -> None:
         """Write the snapshot of the frozen view durably, keeping the previous one (any thread)."""
-        lexical = (job.frozen.lexical if job.frozen.lexical is not None
-                   else _lexical_state(job.frozen, self.state.lexical.previous_weight))
-        files.write_snapshot_keeping_previous(self.path, snapshot_sections(job.frozen, job.head, lexical))
+        frozen, live = job.frozen, self.state.lexical
+        # In the background the live index keeps changing: the snapshot's is built from
+        # the frozen records, once they are written (the stem cache is shared: dict
+        # lookups and stores only, safe beside the engine thread).
+        lexical = frozen.lexical if frozen.lexical is not None else (
+            lambda: words_state(frozen.records, live.previous_weight, live.tokenizer))
+        files.write_snapshot_keeping_previous(self.path, snapshot_sections(frozen, job.head, lexical))
 
     def _carry_unlocked(self, job: _Compaction) -> None:
         """Compaction thread, no lock: copy the frames appended since the freeze so far
@@ -324,8 +328,3 @@ def _short_gil_slices(seconds: float = 0.0005) -> Iterator[None]:
     finally:
         sys.setswitchinterval(before)
 
-
-def _lexical_state(frozen: Frozen, previous_weight: float) -> dict[str, Any]:
-    """The lexical index of a frozen view, rebuilt from its records (background
-    compaction: the live index keeps changing, the records do not)."""
-    return words_index(frozen.records, previous_weight).state()

@@ -111,45 +111,70 @@ def encode_frame(obj: Any, version: int = VERSION) -> bytes:
 
 
 def _payload_frame(payload: bytes, version: int = VERSION) -> bytes:
+    return _payload_header(payload, version) + payload
+
+
+def _payload_header(payload: bytes | memoryview, version: int = VERSION) -> bytes:
+    """The frame header of ``payload``; raises TooLargeError past :data:`MAX_FRAME`."""
     if len(payload) > MAX_FRAME:
         raise TooLargeError(f"a frame of {len(payload)} bytes exceeds the {MAX_FRAME}-byte limit",
                             field="frame", size=len(payload), limit=MAX_FRAME)
-    return frame_header(len(payload), zlib.crc32(payload), version) + payload
+    return frame_header(len(payload), zlib.crc32(payload), version)
 
 
-def pack_gently(obj: Any) -> bytes:
+def pack_gently(obj: Any) -> memoryview:
     """msgpack-encode ``obj`` like :func:`pack`, piece by piece inside big containers.
 
     One ``packb`` of a 100k-record list holds the GIL for tens of milliseconds;
     packing item by item lets a snapshot be written by a background thread
     while the engine thread keeps serving (the interpreter can switch threads
-    between items).  The bytes decode to the same value.
+    between items).  The pieces go straight into one buffer (no list of
+    small bytes objects, no joined copy), and a :class:`Stream` is packed as it
+    is produced: a compaction's transient objects were interleaved with the
+    engine's long-lived ones, and the heap they fragmented stayed resident.
+    The bytes decode to the same value.
     """
-    packer = msgpack.Packer(use_bin_type=True)
-    parts: list[bytes] = []
-    _pack_into(obj, packer, parts, 0)
-    return b"".join(parts)
+    packer = msgpack.Packer(use_bin_type=True, autoreset=False)
+    _pack_into(obj, packer, 0)
+    return packer.getbuffer()
 
 
-def _pack_into(obj: Any, packer: msgpack.Packer, parts: list[bytes], depth: int) -> None:
+class Stream:
+    """A list for :func:`pack_gently` whose ``length`` items are produced while it
+    is packed (each is garbage once packed)."""
+
+    def __init__(self, length: int, items: Iterable[Any]) -> None:
+        self.length, self.items = length, items
+
+
+def _pack_into(obj: Any, packer: msgpack.Packer, depth: int) -> None:
+    if isinstance(obj, Stream):
+        packer.pack_array_header(obj.length)
+        packed = 0
+        for value in obj.items:
+            _pack_into(value, packer, depth + 1)
+            packed += 1
+        if packed != obj.length:
+            raise ValueError(f"a stream of {obj.length} items produced {packed}")
+        return
     big = depth < 2 or len(obj) > 64 if isinstance(obj, dict | list | tuple) else False
     if not big:
-        parts.append(packer.pack(obj))
+        packer.pack(obj)
     elif isinstance(obj, dict):
-        parts.append(packer.pack_map_header(len(obj)))
+        packer.pack_map_header(len(obj))
         for key, value in obj.items():
-            parts.append(packer.pack(key))
-            _pack_into(value, packer, parts, depth + 1)
+            packer.pack(key)
+            _pack_into(value, packer, depth + 1)
     else:
-        parts.append(packer.pack_array_header(len(obj)))
+        packer.pack_array_header(len(obj))
         for value in obj:
-            _pack_into(value, packer, parts, depth + 1)
+            _pack_into(value, packer, depth + 1)
 
 
 class Packed:
     """A frame whose msgpack payload is already encoded (see :func:`pack_gently`)."""
 
-    def __init__(self, payload: bytes) -> None:
+    def __init__(self, payload: bytes | memoryview) -> None:
         self.payload = payload
 
 
@@ -407,12 +432,13 @@ def _snapshot_chunks(frames: Iterable[Any]) -> Iterator[bytes | memoryview]:
         if isinstance(frame, RawBin):
             chunks = frame.chunks(offset)
         elif isinstance(frame, Packed):
-            chunks = [_payload_frame(frame.payload)]
+            chunks = [_payload_header(frame.payload), frame.payload]  # a big payload is not copied
         else:
             chunks = [encode_frame(frame)]
         for chunk in chunks:
             offset += len(chunk)
             yield chunk
+        del frame, chunks  # written: not held while the next frame is produced
 
 
 def side_path(path: Path, suffix: str) -> Path:

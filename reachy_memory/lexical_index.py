@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import math
 import re
+from array import array
 from collections import Counter
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -140,20 +142,13 @@ class LexicalIndex:
         self._grow(slot)
         if slot in self._stale:
             self._purge(slot, self._stale.pop(slot))
-        terms = self.tokenizer.terms(text)
-        tfs: dict[str, float] = dict(Counter(terms))
-        extra = self.tokenizer.terms(previous) if previous and self.previous_weight else []
-        for term in extra:
-            tfs[term] = tfs.get(term, 0.0) + self.previous_weight
+        tfs, length = _frequencies(self.tokenizer, text, previous, self.previous_weight)
         for term, tf in tfs.items():
             posting = self._postings.get(term)
             if posting is None:
                 posting = self._postings[term] = _Posting()
             posting.set(slot, tf)
-        # The previous turn lends words, not length: its length would bury a short
-        # answer's own words under a long question's.  An all-stopword text still
-        # counts as a (length 1) document.
-        self._doc_len[slot] = max(len(terms), 1)
+        self._doc_len[slot] = length
         self.n_docs += 1
         self._total_len += float(self._doc_len[slot])
 
@@ -250,6 +245,56 @@ class LexicalIndex:
             for term, (s, t) in terms.items()
         }
         return True
+
+
+def _frequencies(tokenizer: Tokenizer, text: str, previous: str | None,
+                 previous_weight: float) -> tuple[dict[str, float], int]:
+    """(term -> frequency, document length) of a document: its own words count 1 each,
+    the words of ``previous`` ``previous_weight`` each.  The previous turn lends words,
+    not length: its length would bury a short answer's own words under a long
+    question's.  An all-stopword text still counts as a (length 1) document."""
+    terms = tokenizer.terms(text)
+    tfs: dict[str, float] = dict(Counter(terms))
+    for term in tokenizer.terms(previous) if previous and previous_weight else ():
+        tfs[term] = tfs.get(term, 0.0) + previous_weight
+    return tfs, max(len(terms), 1)
+
+
+def index_state(docs: Iterable[tuple[int, str, str | None]], tokenizer: Tokenizer,
+                previous_weight: float) -> dict[str, Any]:
+    """The :meth:`LexicalIndex.state` of an index of ``docs`` ((slot, text, previous
+    text), distinct slots), built in flat arrays: no posting objects and no entry
+    dicts, which a background compaction's full rebuild made by the hundred thousand
+    beside the engine's live objects (the heap they fragmented stayed resident).
+    Loads into the index :meth:`LexicalIndex.add` would build (same postings, in
+    the order of ``docs``; ``doc_len`` may be sized differently past the last slot)."""
+    vocabulary: dict[str, int] = {}
+    term_ids, slots, tfs = array("i"), array("i"), array("f")
+    doc_slots, lengths = array("i"), array("f")
+    for slot, text, previous in docs:
+        counts, length = _frequencies(tokenizer, text, previous, previous_weight)
+        for term, tf in counts.items():
+            term_ids.append(vocabulary.setdefault(term, len(vocabulary)))
+            slots.append(slot)
+            tfs.append(tf)
+        doc_slots.append(slot)
+        lengths.append(length)
+    doc_len = np.zeros(max(max(doc_slots, default=-1) + 1, 1024), np.float32)
+    doc_len[np.frombuffer(doc_slots, np.int32)] = np.frombuffer(lengths, np.float32)
+    return {"terms_f32": _postings_of(vocabulary, term_ids, slots, tfs), "doc_len": doc_len.tobytes(),
+            "n": len(doc_slots), "previous_weight": previous_weight}
+
+
+def _postings_of(vocabulary: dict[str, int], term_ids: array, slots: array, tfs: array) -> dict[str, list[bytes]]:
+    """term -> [int32 slots, float32 frequencies] from parallel (term id, slot, tf) arrays,
+    each posting in the arrays' order."""
+    ids = np.frombuffer(term_ids, np.int32)
+    order = np.argsort(ids, kind="stable")
+    slot_bytes, tf_bytes = np.frombuffer(slots, np.int32)[order], np.frombuffer(tfs, np.float32)[order]
+    ends = np.cumsum(np.bincount(ids, minlength=len(vocabulary)))
+    starts = ends - np.bincount(ids, minlength=len(vocabulary))
+    return {term: [slot_bytes[starts[i]:ends[i]].tobytes(), tf_bytes[starts[i]:ends[i]].tobytes()]
+            for term, i in vocabulary.items()}
 
 
 def _both(text: str, previous: str | None) -> str:

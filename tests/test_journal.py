@@ -29,6 +29,34 @@ def test_round_trip(tmp_path: Path, frames: list) -> None:
     assert jr.read_file(path, jr.JOURNAL).frames == [{"head": True}, *frames]
 
 
+big_values = st.dictionaries(st.text(max_size=10), st.lists(values, max_size=80), max_size=3)
+
+
+@settings(max_examples=60, deadline=None)
+@given(obj=values | big_values)
+def test_gentle_packing_is_plain_packing(obj: object) -> None:
+    """pack_gently (piece by piece, for background snapshots) gives pack's bytes, and a
+    Stream packs as the list it produces."""
+    assert bytes(jr.pack_gently(obj)) == jr.pack(obj)
+    items = obj if isinstance(obj, list) else [obj]
+    streamed = jr.pack_gently({"rows": jr.Stream(len(items), iter(items))})
+    assert bytes(streamed) == jr.pack({"rows": items})
+
+
+def test_a_stream_of_the_wrong_length_is_refused() -> None:
+    """The array header is written first: a stream that lies about its length would
+    write a payload that decodes to something else."""
+    with pytest.raises(ValueError, match="of 3 items produced 2"):
+        jr.pack_gently({"rows": jr.Stream(3, iter([1, 2]))})
+
+
+def test_packed_snapshot_frames_read_back(tmp_path: Path) -> None:
+    payload = jr.pack_gently({"records": jr.Stream(2, iter([{"a": 1}, {"b": [2, 3]}]))})
+    jr.write_snapshot(tmp_path / "s", [{"head": 1}, jr.Packed(payload), {"end": 2}])
+    assert jr.read_file(tmp_path / "s", jr.SNAPSHOT).frames == [{"head": 1}, {"records": [{"a": 1}, {"b": [2, 3]}]},
+                                                                {"end": 2}]
+
+
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(frames=st.lists(values, min_size=2, max_size=5))
 def test_torn_tail_at_every_offset_keeps_complete_frames(tmp_path: Path, frames: list) -> None:

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reachy_memory.lexical_index import LexicalIndex, Tokenizer
+from reachy_memory.lexical_index import LexicalIndex, Tokenizer, index_state
 
 
 @pytest.mark.parametrize(
@@ -110,6 +110,30 @@ def test_incremental_index_scores_as_one_built_from_scratch(
         assert a.tolist() == b.tolist()
         np.testing.assert_allclose(x, y, rtol=1e-12)
     assert all(not p.changes for p in index._postings.values() if p.readable())  # merged once read
+
+
+_docs = st.dictionaries(st.integers(0, 3000), st.tuples(_texts, _texts), max_size=40)
+
+
+@settings(max_examples=60, deadline=None)
+@given(_docs, st.sampled_from([0.0, 0.25, 0.5, 1.0]))
+def test_the_flat_builder_gives_the_state_of_an_index_built_by_adding(
+        docs: dict[int, tuple[list[str], list[str]]], weight: float) -> None:
+    """index_state (the background compaction's builder) writes the postings that adding
+    the same documents one by one gives, byte for byte, and the same lengths."""
+    rows = [(slot, " ".join(words), " ".join(previous) or None) for slot, (words, previous) in docs.items()]
+    added = LexicalIndex(previous_weight=weight)
+    for row in rows:
+        added.add(*row)
+    expected, built = added.state(), index_state(rows, Tokenizer(), weight)
+    assert built["terms_f32"] == expected["terms_f32"]
+    assert (built["n"], built["previous_weight"]) == (expected["n"], weight)
+    a, b = (np.frombuffer(s["doc_len"], np.float32) for s in (expected, built))
+    common = min(len(a), len(b))  # sized differently past the last slot, zeros there
+    assert a[:common].tolist() == b[:common].tolist() and not a[common:].any() and not b[common:].any()
+    loaded = LexicalIndex(previous_weight=weight)
+    assert loaded.load_state(built)
+    assert scores(loaded, "tea garden robot") == pytest.approx(scores(added, "tea garden robot"))
 
 
 # -- the previous-turn field (search.previous_turn_weight) ------------------------------

@@ -16,8 +16,8 @@ from reachy_memory import Config, CorruptionError, ValidationError
 from reachy_memory import journal as jr
 from reachy_memory._persistence import read_snapshot
 from reachy_memory._records import Record, decode, encode, record_id
-from reachy_memory._state import BULK, MemoryState, _and, snapshot_sections
-from reachy_memory.lexical_index import LexicalIndex
+from reachy_memory._state import BULK, MemoryState, _and, snapshot_sections, words_state
+from reachy_memory.lexical_index import LexicalIndex, Tokenizer
 
 DIM = 8
 KEY = "test/space/8"
@@ -85,10 +85,14 @@ def test_random_operations_keep_every_index_consistent(sequence: list[list[Any]]
         _check_invariants(state)
 
 
-def _round_trip(state: MemoryState, tmp: Path) -> MemoryState:
-    frozen = state.freeze(with_lexical=True)
+def _round_trip(state: MemoryState, tmp: Path, *, background: bool = False) -> MemoryState:
+    """Snapshot and reload ``state``; ``background``: the way a background compaction
+    writes it (the lexical state rebuilt from the frozen records, not the live index's)."""
+    frozen = state.freeze(with_lexical=not background)
     head = {"kind": "snapshot", "generation": 1, "dim": DIM, "model": KEY}
-    jr.write_snapshot(tmp / "s.rms", snapshot_sections(frozen, head, frozen.lexical or {}))
+    weight = state.lexical.previous_weight
+    lexical = frozen.lexical if not background else lambda: words_state(frozen.records, weight, Tokenizer())
+    jr.write_snapshot(tmp / "s.rms", snapshot_sections(frozen, head, lexical or {}))
     state.thaw()
     loaded = _state()
     loaded.load(read_snapshot(tmp / "s.rms"))
@@ -101,18 +105,34 @@ def _fields(state: MemoryState) -> dict[str, tuple[Any, ...]]:
 
 
 @settings(max_examples=30, deadline=None)
-@given(st.lists(ops, max_size=30))
+@given(st.lists(ops, max_size=30), st.booleans())
 def test_a_snapshot_round_trip_reproduces_the_state(tmp_path_factory: pytest.TempPathFactory,
-                                                    sequence: list[list[Any]]) -> None:
+                                                    sequence: list[list[Any]], background: bool) -> None:
     state = _state()
     for op in sequence:
         state.apply(op)
-    loaded = _round_trip(state, tmp_path_factory.mktemp("snap"))
+    loaded = _round_trip(state, tmp_path_factory.mktemp("snap"), background=background)
     assert _fields(loaded) == _fields(state)
     assert loaded.window_view == state.window_view
     for word in WORDS:  # the lexical index answers the same
         assert [a.tolist() for a in loaded.lexical.scores(word)] == [a.tolist() for a in state.lexical.scores(word)]
     _check_invariants(loaded)
+
+
+def test_snapshot_frames_are_made_as_they_are_written(tmp_path: Path) -> None:
+    """The lexical state is built only once the records frame was produced and handed
+    on (a background compaction never holds both, nor all encoded rows at once)."""
+    state = _state()
+    for i in range(3):
+        state.apply(_put(IDS[i], [WORDS[i]], "fact", seed=i))
+    frozen, built = state.freeze(with_lexical=False), []
+    frames = snapshot_sections(frozen, {"kind": "snapshot"}, lambda: built.append(1) or {"n": 0})
+    _head, records, _vectors = next(frames), next(frames), next(frames)
+    assert built == [] and isinstance(records, jr.Packed)
+    assert len(jr.unpack(records.payload)["records"]) == 3
+    next(frames)
+    assert built == [1]
+    state.thaw()
 
 
 def test_a_frozen_view_does_not_move_while_the_state_changes() -> None:
@@ -472,3 +492,21 @@ def test_a_turn_that_goes_takes_its_words_out_of_the_next_turn(how: str) -> None
     assert (1 in state.lexical.scores("4921")[0].tolist()) is kept
     state.bury(BULK)
     _check_invariants(state)
+
+
+def test_a_reload_shares_strings_instead_of_copying_them(tmp_path: Path) -> None:
+    """Each decoded record had its own copy of its type, its vector key, the id and
+    text of the turn it follows (~240 bytes a turn); after a reload they are shared."""
+    state = _state()
+    turn = Record("a", "what did you paint", "conversation", 1_700_000_000.0, None, {}, vkey=KEY)
+    reply = Record("b", "a sunrise", "conversation", 1_700_000_001.0, None, {}, vkey=KEY, follows="a",
+                   previous_text="what did you paint")
+    third = Record("c", "and the sea", "conversation", 1_700_000_002.0, None, {}, vkey=KEY, follows="b",
+                   previous_text="a sunrise")
+    for rec in (turn, reply, third):
+        state.apply(["put", encode(rec), _vector(1)])
+    loaded = _round_trip(state, tmp_path)
+    a, b, c = (loaded.records[i] for i in "abc")
+    assert b.follows is a.id and b.previous_text is a.content and c.previous_text is b.content
+    assert a.type is b.type is c.type and a.vkey is b.vkey is c.vkey
+    assert _fields(loaded) == _fields(state)  # the same values
