@@ -7,13 +7,15 @@ operation first (``store._commit``) and then applies it here.
 
 Threads: the engine thread is the only writer (under the store's lock).
 Three values are read without a lock from any thread: ``window_view`` and
-``context_view`` (immutable values whose references :meth:`apply` swaps) and
-``records`` / ``by_slot`` lengths for stats.
+``context_view`` (immutable values whose references are swapped; the context
+view once per applied frame, so a reader never sees a set_context half done)
+and ``records`` / ``by_slot`` lengths for stats.
 
 Slots: a memory's row in the vector and lexical indexes.  A freed slot is
 reused (lowest first), except while a :class:`Frozen` view is held for a
-background snapshot: then freed slots are quarantined until :meth:`thaw`, so
-no row the frozen view still names is overwritten.
+background snapshot: then the free slots inside the view's rows and the slots
+freed meanwhile are quarantined until :meth:`thaw`, so no row of the frozen
+view is written while the snapshot writer reads it.
 """
 
 from __future__ import annotations
@@ -81,6 +83,8 @@ class MemoryState:
         self._window: deque[tuple[Any, ...]] = deque(maxlen=2 * config.memory.context_window_size)
         self.window_view: tuple[tuple[Any, ...], ...] = ()
         self.context_view: dict[str, tuple[Record, ...]] = {}
+        self._context_next = self.context_view  # engine thread: the view being built (== context_view between frames)
+        self._in_frame = False  # engine thread: apply_all is applying a frame
         self._last_turn: Record | None = None  # the newest conversation turn (see last_turn)
         self._turn_gone = False  # the newest turn was deleted: last_turn finds the next at its next read
         self.current_key = current_key  # the vector space of the embedder in use
@@ -101,19 +105,24 @@ class MemoryState:
     def apply_all(self, ops: list[Any]) -> None:
         """Apply journal operations in order; a run of at least ``BULK`` deletions (a
         mass expiry) is applied at once by :meth:`delete_many`, with the same result."""
-        ids = _all_deletions(ops)
-        if ids is not None:  # a sweep's frame: no per-op loop in Python
-            self._delete_run(ids)
-            return
-        run: list[Any] = []
-        for op in ops:
-            if isinstance(op, list | tuple) and len(op) == 2 and op[0] == "del":
-                run.append(op[1])
-                continue
+        self._in_frame = True  # readers see the context view before the frame or after it
+        try:
+            ids = _all_deletions(ops)
+            if ids is not None:  # a sweep's frame: no per-op loop in Python
+                self._delete_run(ids)
+                return
+            run: list[Any] = []
+            for op in ops:
+                if isinstance(op, list | tuple) and len(op) == 2 and op[0] == "del":
+                    run.append(op[1])
+                    continue
+                self._delete_run(run)
+                run = []
+                self.apply(op)
             self._delete_run(run)
-            run = []
-            self.apply(op)
-        self._delete_run(run)
+        finally:
+            self._in_frame = False
+            self.context_view = self._context_next
 
     def _delete_run(self, ids: list[Any]) -> None:
         if len(ids) < BULK or set(map(type, ids)) != {str}:
@@ -329,10 +338,10 @@ class MemoryState:
         for name, memory_id in list(self.names.items()):  # notes are few: a pass over them
             if memory_id not in self.records:
                 del self.names[name]
-        changed = {key: kept for key, view in self.context_view.items()
+        changed = {key: kept for key, view in self._context_next.items()
                    if len(kept := tuple(r for r in view if r.id in self.records)) != len(view)}
         if changed:
-            self.context_view = {**self.context_view, **changed}  # one swap, whatever the count
+            self._swap_context_view({**self._context_next, **changed})  # one swap, whatever the count
         if self._last_turn is not None and self._last_turn.id not in self.records:
             self._turn_gone = True
 
@@ -369,8 +378,15 @@ class MemoryState:
         key = rec.metadata.get("context_key") if rec.type == MemoryType.CONTEXT.value else None
         if not isinstance(key, str):
             return
-        kept = tuple(r for r in self.context_view.get(key, ()) if r.id != rec.id)
-        self.context_view = {**self.context_view, key: (*kept, rec) if add else kept}
+        kept = tuple(r for r in self._context_next.get(key, ()) if r.id != rec.id)
+        self._swap_context_view({**self._context_next, key: (*kept, rec) if add else kept})
+
+    def _swap_context_view(self, view: dict[str, tuple[Record, ...]]) -> None:
+        """The next context view; published at once, or at the end of the frame being applied
+        (a set_context is [del old, put new]: between the two a reader saw no value)."""
+        self._context_next = view
+        if not self._in_frame:
+            self.context_view = view
 
     # -- snapshots -------------------------------------------------------------------------
 
@@ -438,9 +454,20 @@ class MemoryState:
             self._quarantine = []
         vectors = self.vectors.vector_bytes()
         rows = len(vectors) // (4 * self.vectors.dim)
+        self._hold_free_rows(rows)
         return Frozen(tuple(self.records.values()), vectors, self.vectors.alive[:rows].copy(),
                       tuple(self._window), self.lexical.state() if with_lexical else None,
                       self.people.snapshot_ops())
+
+    def _hold_free_rows(self, rows: int) -> None:
+        """Quarantine the free slots inside a frozen view's vector rows: a store reusing
+        one would write its row while the snapshot writer reads it, and the file's
+        checksum would not cover what it wrote.  New memories go past the view."""
+        inside = [slot for slot in self._free if slot < rows]
+        if inside and self._quarantine is not None:
+            self._quarantine.extend(inside)
+            self._free = [slot for slot in self._free if slot >= rows]
+            heapq.heapify(self._free)
 
     def thaw(self) -> None:
         """End a :meth:`freeze`: once no view is held, slots freed meanwhile become reusable."""

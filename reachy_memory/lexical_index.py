@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 from array import array
 from collections import Counter
 from collections.abc import Iterable
@@ -48,10 +49,12 @@ _NO_TFS = np.zeros(0, np.float32)
 
 
 class Tokenizer:
-    """Text -> BM25 terms, with a bounded stem cache (stemming dominates cost)."""
+    """Text -> BM25 terms, with a bounded stem cache (stemming dominates cost).
+    Thread-safe: the engine and a background compaction share one."""
 
     def __init__(self, cache_size: int = 200_000) -> None:
         self._stemmer = snowballstemmer.stemmer("english")
+        self._stemming = threading.Lock()
         self._cache: dict[str, str] = {}
         self._cache_size = cache_size
 
@@ -68,9 +71,11 @@ class Tokenizer:
     def _stem(self, word: str) -> str:
         stem = self._cache.get(word)
         if stem is None:
+            with self._stemming:  # the Snowball stemmer keeps the word it works on in itself
+                stem = self._stemmer.stemWord(word)
             if len(self._cache) >= self._cache_size:
                 self._cache.clear()  # bounded memory beats a perfect LRU here
-            stem = self._cache[word] = self._stemmer.stemWord(word)
+            self._cache[word] = stem
         return stem
 
 

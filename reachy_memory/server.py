@@ -433,7 +433,8 @@ class Daemon:
             raise RequestTimeoutError(f"{job.op}: deadline passed before the work started")
 
     def _record(self, op: str, seconds: float, *, failed: bool, stages: dict[str, float] | None = None) -> None:
-        stats = self._stats[op]
+        # setdefault, not the defaultdict's factory: two threads meeting a new op both made one
+        stats = self._stats.get(op) or self._stats.setdefault(op, _OpStats())
         stats.count += 1
         stats.errors += failed
         stats.latencies.append(seconds)

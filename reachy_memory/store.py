@@ -49,6 +49,7 @@ from .errors import (
     ClosedError,
     ModelError,
     ModelMismatchError,
+    NotFoundError,
     ReachyMemoryError,
     ValidationError,
 )
@@ -306,11 +307,21 @@ class MemoryStore(PeopleMixin):
         """Make a prepared write durable and visible; returns the memories."""
         self._require_open()
         with self._lock:
+            self._check_retries_still_stored(prepared)
             fresh = [(op, text) for op, text in zip(prepared.ops, prepared.texts, strict=True)
                      if not self._is_duplicate(op[1])]
             if fresh:
                 self._commit(self._with_current_context(fresh))
             return [self._state.records[i].memory() for i in prepared.ids]
+
+    def _check_retries_still_stored(self, prepared: _Prepared) -> None:
+        """Raise NotFoundError, writing nothing, when a memory that prepare left out as
+        already stored (a retry with its id) was forgotten or expired since."""
+        writing = {op[1]["id"] for op in prepared.ops}
+        gone = next((i for i in prepared.ids if i not in writing and i not in self._state.records), None)
+        if gone is not None:
+            raise NotFoundError(f"memory {gone!r} was forgotten while this write waited; nothing was "
+                                "stored (send it again to store it anew)", memory_id=gone)
 
     def _with_current_context(self, fresh: list[tuple[list[Any], str | None]]) -> list[list[Any]]:
         """The ops, each conversation turn re-embedded if the turn before it is not the

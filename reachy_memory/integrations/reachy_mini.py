@@ -192,7 +192,7 @@ class MemoryBridge:
 
     def _submit(self, run: Callable[[MemoryClient], Any], label: str, refresh: bool = False) -> Future[Any]:
         future: Future[Any] = Future()
-        if self._put(_Job(run, future, refresh, label)) is None:
+        if self._put(_Job(run, future, refresh, label)) is None and not future.done():  # done: cancelled
             future.set_exception(BusyError(f"memory bridge queue full or closed; {label} dropped"))
         return future
 
@@ -203,6 +203,10 @@ class MemoryBridge:
         try:
             self._jobs.put_nowait(job)
         except queue.Full:
+            self.stats.dropped += 1
+            return None
+        if self._closed:  # close() ran on another thread since the check: its drain may have missed it
+            self._cancel_pending()
             self.stats.dropped += 1
             return None
         self.stats.enqueued += 1

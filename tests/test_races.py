@@ -1,0 +1,353 @@
+"""Races between threads (the daemon's I/O, embed and engine threads, the background
+compaction thread, the bridge's worker), each found by a review and fixed.  Each test
+forces or provokes one interleaving and checks what a caller sees; each is bounded to
+a few seconds (``sys.setswitchinterval`` makes switches frequent)."""
+
+from __future__ import annotations
+
+import queue
+import random
+import string
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import HashEmbedder
+from store_util import abandon
+
+from reachy_memory import Config, MemoryStore, NotFoundError, ReachyMemoryError
+from reachy_memory import _persistence as files
+from reachy_memory import journal as jr
+from reachy_memory.integrations.reachy_mini import MemoryBridge
+from reachy_memory.lexical_index import Tokenizer
+
+
+@contextmanager
+def _frequent_switches(interval: float = 1e-5) -> Iterator[None]:
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(interval)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
+
+
+class WideEmbedder:
+    """Random unit vectors of the real model's width (a vector block of realistic size)."""
+
+    dim = 384
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        rng = np.random.default_rng(sum(len(t) for t in texts))
+        out = rng.standard_normal((len(texts), self.dim)).astype(np.float32)
+        return out / np.linalg.norm(out, axis=1, keepdims=True)
+
+
+# -- 1. background snapshot: the vector block changes under its CRC ---------------------------
+
+
+def test_a_background_snapshot_stays_readable_when_a_slot_freed_before_the_freeze_is_reused(
+        config: Config, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The frozen view's vector block is a view of the live matrix.  Slots freed *after*
+    the freeze are quarantined, but a slot freed *before* it is still on the free list:
+    the engine reuses it during the snapshot and writes its row inside the frozen block.
+    The compaction thread has already computed the frame's CRC (RawBin.chunks), so the
+    file gets other bytes than the CRC covers: a damaged snapshot, which the next open
+    refuses.  Forced interleaving: the engine stores right after the CRC is taken."""
+    emb = HashEmbedder()
+    store = MemoryStore(config=config, embedder=emb)
+    ids = [store.store(f"fact number {i}").id for i in range(10)]
+    store.forget(ids[3])  # its slot goes back on the free list (no frozen view held yet)
+    real_chunks = jr.RawBin.chunks
+    crc_taken, resume = threading.Event(), threading.Event()
+
+    def chunks(self: jr.RawBin, offset: int) -> list[Any]:
+        out = real_chunks(self, offset)  # the frame header and its CRC over the frozen rows
+        crc_taken.set()
+        resume.wait(5)  # the compaction thread is preempted here (the GIL is released by crc32/write)
+        return out
+
+    monkeypatch.setattr(jr.RawBin, "chunks", chunks)
+    with store._lock:
+        store._storage.compact_in_background()
+    try:
+        assert crc_taken.wait(5)
+        store.store("stored while the snapshot is being written")  # the engine thread, meanwhile
+    finally:
+        resume.set()
+        store._storage.wait()
+        monkeypatch.undo()
+    abandon(store)  # a crash (power cut) before the next compaction
+    with MemoryStore(config=config, embedder=emb) as again:  # CorruptionError: the vector frame fails its CRC
+        assert len(again) == 10
+
+
+def test_background_snapshots_stay_readable_while_stores_reuse_freed_slots(config: Config) -> None:
+    """The same race, unforced: expired conversations free low slots, then stores keep
+    arriving while background compactions write ~9 MB vector blocks."""
+    cfg = config.replace("memory", fsync="never")
+    store = MemoryStore(config=cfg, embedder=WideEmbedder())
+    old = time.time() - 90 * 86400
+    for start in range(0, 3000, 1000):
+        store.store_batch([{"content": f"chat {start + i}", "memory_type": "conversation", "created_at": old + i}
+                           for i in range(1000)])
+    for start in range(0, 3000, 1000):
+        store.store_batch([{"content": f"fact {start + i}"} for i in range(1000)])
+    assert store.cleanup_expired() == 3000
+    while store.maintain(budget=4096):  # bury: the 3000 slots become reusable
+        pass
+    bad = 0
+    deadline = time.monotonic() + 3.0
+    n = 0
+    try:
+        while time.monotonic() < deadline and not bad:
+            with store._lock:
+                store._storage.compact_in_background()
+            # Bounded: an engine storing in a tight loop can keep the compaction's final,
+            # locked step waiting (the lock is not fair); the daemon's engine idles between requests.
+            for _ in range(2000):
+                if store._storage.compacting is None:
+                    break
+                store.store(f"late {n}")
+                n += 1
+            store._storage.wait()
+            try:
+                files.read_snapshot(store.path / files.SNAPSHOT_FILE)
+            except ReachyMemoryError:
+                bad += 1
+    finally:
+        abandon(store)
+    assert bad == 0, f"a background snapshot was written damaged ({n} stores during the compactions)"
+
+
+# -- 2. get_context (I/O thread, lock-free) during set_context ---------------------------------
+
+
+def test_get_context_never_reads_none_while_the_key_is_being_replaced(config: Config) -> None:
+    """set_context commits [del old, put new] as one frame, but the state applies them
+    one after the other, swapping ``context_view`` after each: the I/O thread's lock-free
+    get_context can run in between and answer None for a key that always had a value."""
+    with MemoryStore(config=config.replace("memory", fsync="never"), embedder=None) as store:
+        store.set_context("current_user", "v0")
+        stop = threading.Event()
+        errors: list[BaseException] = []
+
+        def engine() -> None:
+            i = 0
+            while not stop.is_set():
+                i += 1
+                try:
+                    store.set_context("current_user", f"v{i}")
+                except BaseException as exc:
+                    errors.append(exc)
+                    return
+
+        misses = reads = 0
+        with _frequent_switches():
+            writer = threading.Thread(target=engine)
+            writer.start()
+            try:
+                deadline = time.monotonic() + 2.0
+                while time.monotonic() < deadline and not misses:
+                    reads += 1
+                    misses += store.get_context("current_user") is None
+            finally:
+                stop.set()
+                writer.join(timeout=10)
+        assert errors == []
+        assert misses == 0, f"get_context answered None after {reads} reads"
+
+
+# -- 3. prepare (embed thread) / commit (engine thread) of a retried id ------------------------
+
+
+def test_a_retried_store_whose_memory_is_forgotten_before_its_commit_is_all_or_nothing(config: Config) -> None:
+    """prepare leaves out an item whose id is already stored (an idempotent retry) and
+    commit then reads ``records[id]`` for the reply.  A forget (engine lane) or an expiry
+    sweep between the two makes that a KeyError, an 'internal' error to the client,
+    after the batch's other items were made durable."""
+    with MemoryStore(config=config, embedder=None) as store:
+        store.store("the door code is 1234", id="X")
+        prepared = store.prepare([{"content": "the door code is 1234", "id": "X"},  # embed thread: a retry
+                                  {"content": "the wifi password is on the fridge", "id": "Y"}])
+        store.forget("X")  # engine thread, queued before the commit
+        with pytest.raises(NotFoundError) as info:
+            store.commit(prepared)
+        assert info.value.memory_id == "X" and store.get("Y") is None  # refused: nothing was written
+        assert [m.id for m in store.store_batch([{"content": "the door code is 1234", "id": "X"}])] == ["X"]
+
+
+# -- 4. one Tokenizer (stateful Snowball stemmer) used by two threads ---------------------------
+
+
+def _novel_words(rng: random.Random, n: int) -> list[str]:
+    suffixes = ["ational", "fulness", "izations", "iveness", "ically", "ousness", "ements", "ingly"]
+    return ["".join(rng.choices(string.ascii_lowercase, k=6)) + rng.choice(suffixes) for _ in range(n)]
+
+
+def test_one_tokenizer_shared_by_two_threads_stems_every_word_as_alone() -> None:
+    """``Tokenizer._stem`` calls ``snowballstemmer``'s pure-Python stemmer (no PyStemmer
+    here), whose ``stemWord`` keeps the word being stemmed in the stemmer object
+    (``set_current``/``cursor``/``limit``): two threads stemming through one Tokenizer
+    (the live index's, if the compaction thread's rebuild uses it) overwrite each
+    other's word, and the wrong stem is cached.  The stem cache alone is safe."""
+    rng = random.Random(7)
+    lists = [_novel_words(rng, 20000), _novel_words(rng, 20000)]
+    reference = Tokenizer()
+    expected = [reference.terms(" ".join(words)) for words in lists]
+    shared = Tokenizer()
+    got: list[list[str]] = [[], []]
+    errors: list[BaseException] = []
+
+    def stem(k: int) -> None:
+        try:
+            for start in range(0, len(lists[k]), 50):
+                got[k].extend(shared.terms(" ".join(lists[k][start : start + 50])))
+        except BaseException as exc:
+            errors.append(exc)
+
+    with _frequent_switches():
+        threads = [threading.Thread(target=stem, args=(k,)) for k in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=30)
+    assert errors == []
+    wrong = sum(a != b for k in (0, 1) for a, b in zip(got[k], expected[k], strict=True))
+    assert wrong == 0, f"{wrong} of 40000 words got another word's stem"
+
+
+def test_a_background_snapshot_indexes_the_words_a_fresh_index_would(config: Config) -> None:
+    """End to end: after an open (the live stem cache starts empty: the index is loaded
+    from the snapshot) a background compaction re-tokenises every record while the
+    engine stores memories with new words.  Every store must succeed, and the snapshot's
+    terms must be exactly those of its records (a wrong stem in it makes the memory
+    unfindable after a restart).  Up to three opens, a few seconds."""
+    cfg = config.replace("memory", fsync="never")
+    rng = random.Random(11)
+    with MemoryStore(config=cfg, embedder=None) as first:
+        for _ in range(2):
+            first.store_batch([{"content": " ".join(_novel_words(rng, 6))} for _ in range(1000)])
+    fresh = Tokenizer()
+    deadline = time.monotonic() + 2.0
+    for _ in range(3):
+        store = MemoryStore(config=cfg, embedder=None)
+        errors: list[BaseException] = []
+        try:
+            with _frequent_switches():
+                with store._lock:
+                    store._storage.compact_in_background()
+                while store._storage.compacting is not None and not errors:
+                    try:  # the engine thread: a batch of new words to stem
+                        store.store_batch([{"content": " ".join(_novel_words(rng, 6))} for _ in range(20)])
+                    except BaseException as exc:
+                        errors.append(exc)
+                store._storage.wait()
+            snapshot = files.read_snapshot(store.path / files.SNAPSHOT_FILE)
+        finally:
+            abandon(store)
+        assert errors == [], f"a store failed while the compaction thread stemmed: {errors[0]!r}"
+        expected = {t for rec in snapshot["records"] for t in fresh.terms(rec["content"])}
+        indexed = set(snapshot["lexical"]["terms_f32"])
+        assert indexed == expected, (f"{len(indexed - expected)} wrong terms in the snapshot, "
+                                     f"{len(expected - indexed)} missing")
+        if time.monotonic() > deadline:
+            break
+
+
+# -- 5. MemoryBridge: a job queued while close() runs on another thread ------------------------
+
+
+class _QuietClient:
+    def get_context_window(self) -> list[dict[str, Any]]:
+        return []
+
+    def get_context(self, key: str) -> str | None:
+        return None
+
+    def store(self, content: str, memory_type: Any = "fact", metadata: Any = None) -> Any:
+        return content
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_job_submitted_while_the_bridge_closes_on_another_thread_is_never_left_pending() -> None:
+    """``_put`` checks ``_closed`` and then enqueues; ``close()`` on another thread sets
+    ``_closed``, stops the worker and drains the queue in between.  The job lands in a
+    queue nobody reads: its future never completes (a caller waiting without a timeout
+    hangs) and ``record_turn`` reports True for a turn that is dropped.  Forced
+    interleaving: the submitting thread is preempted between the check and the put."""
+    bridge = MemoryBridge(client_factory=_QuietClient, refresh_interval=3600).start()
+    real: queue.Queue[Any] = bridge._jobs
+    about_to_put, go = threading.Event(), threading.Event()
+
+    class Gate(queue.Queue):  # type: ignore[type-arg]
+        def put_nowait(self, item: Any) -> None:
+            if item is not None:  # the control thread's job (close() puts None)
+                about_to_put.set()
+                go.wait(5)
+            real.put_nowait(item)
+
+        def get(self, *args: Any, **kwargs: Any) -> Any:
+            return real.get(*args, **kwargs)
+
+        def get_nowait(self) -> Any:
+            return real.get_nowait()
+
+        def empty(self) -> bool:
+            return real.empty()
+
+        def qsize(self) -> int:
+            return real.qsize()
+
+    bridge._jobs = Gate()
+    futures: list[Any] = []
+    control = threading.Thread(target=lambda: futures.append(bridge.remember("the kettle is broken")))
+    control.start()
+    assert about_to_put.wait(5)
+    bridge.close()  # another thread (the app's shutdown) closes meanwhile
+    go.set()
+    control.join(timeout=5)
+    future = futures[0]
+    try:
+        future.exception(timeout=1.0)  # ClosedError or BusyError would do
+    except TimeoutError:
+        pytest.fail("the job's future was left pending forever after close()")
+
+
+# -- 6. the daemon's per-op stats, recorded from three threads ---------------------------------
+
+
+def test_the_daemon_counts_every_request_of_an_op_first_seen_on_two_threads() -> None:
+    """``Daemon._record`` runs on the I/O thread (inline ops, busy refusals), the embed
+    thread (its failures) and the engine thread (every queued job).  ``self._stats[op]``
+    is a defaultdict whose factory (``_OpStats()``) runs Python code: two threads that
+    meet an op name for the first time can both build one, and one count is lost."""
+    from collections import defaultdict
+    from types import SimpleNamespace
+
+    from reachy_memory.server import Daemon, _OpStats
+
+    fake = SimpleNamespace(_stats=defaultdict(_OpStats))
+    names = [f"op{i}" for i in range(3000)]
+    barrier = threading.Barrier(2)
+
+    def record() -> None:
+        for name in names:
+            barrier.wait(5)
+            Daemon._record(fake, name, 0.001, failed=False)  # type: ignore[arg-type]
+
+    with _frequent_switches():
+        threads = [threading.Thread(target=record) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=30)
+    lost = sum(2 - fake._stats[n].count for n in names)
+    assert lost == 0, f"{lost} of {2 * len(names)} requests not counted"
