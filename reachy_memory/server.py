@@ -23,7 +23,7 @@ import queue
 import signal
 import threading
 import time
-from collections import Counter, defaultdict, deque
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -84,9 +84,31 @@ class _Job:
 class _OpStats:
     count: int = 0
     errors: int = 0
-    latencies: deque[float] = field(default_factory=lambda: deque(maxlen=2048))
+    latencies: _Recent = field(default_factory=lambda: _Recent())
     # Where a request's time went: "wait" (in queues and handoffs), "embed", "engine".
-    stages: dict[str, deque[float]] = field(default_factory=dict)
+    stages: dict[str, _Recent] = field(default_factory=dict)
+
+
+class _Recent:
+    """The latest ``size`` durations (seconds) in a float32 ring: a deque of Python
+    floats cost ~32 bytes a sample (2 MB over a daemon's ops) and kept every sample
+    alive for 2,048 requests among the long-lived objects, fragmenting the heap.
+    Two threads appending at once may overwrite one sample (stats only)."""
+
+    def __init__(self, size: int = 2048) -> None:
+        self._values = np.zeros(size, np.float32)
+        self._count = 0
+
+    def append(self, seconds: float) -> None:
+        self._values[self._count % len(self._values)] = seconds
+        self._count += 1
+
+    def values(self) -> np.ndarray:
+        """The samples held (at most ``size``, in no particular order)."""
+        return self._values[: min(self._count, len(self._values))]
+
+    def __len__(self) -> int:
+        return min(self._count, len(self._values))
 
 
 class BadRequestLog:
@@ -440,7 +462,7 @@ class Daemon:
         stats.latencies.append(seconds)
         if stages:  # what the stages do not account for waited in queues and handoffs
             for name, spent in (stages | {"wait": seconds - sum(stages.values())}).items():
-                stats.stages.setdefault(name, deque(maxlen=2048)).append(spent)
+                stats.stages.setdefault(name, _Recent()).append(spent)
 
     # -- op implementations ------------------------------------------------------------
 
@@ -487,11 +509,11 @@ class Daemon:
         """Per-op counts and latency percentiles, store sizes, queue depths, uptime."""
         ops: dict[str, dict[str, Any]] = {}
         for op, s in sorted(self._stats.items()):
-            lat = np.asarray(s.latencies) * 1000 if s.latencies else np.zeros(1)
+            lat = s.latencies.values() * 1000 if len(s.latencies) else np.zeros(1)
             ops[op] = {"count": s.count, "errors": s.errors, "p50_ms": round(float(np.percentile(lat, 50)), 3),
                        "p99_ms": round(float(np.percentile(lat, 99)), 3)}
             if s.stages:
-                ops[op]["stages_p50_ms"] = {name: round(1000 * float(np.percentile(v, 50)), 3)
+                ops[op]["stages_p50_ms"] = {name: round(1000 * float(np.percentile(v.values(), 50)), 3)
                                             for name, v in sorted(s.stages.items())}
         return {"ops": ops, "store": self.store.stats(), "uptime_s": round(time.time() - self._started, 3),
                 "queues": {"embed": self._embed_q.qsize(), "engine": self._engine_q.qsize()},

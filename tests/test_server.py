@@ -518,3 +518,20 @@ def test_idle_upkeep_gives_the_engine_back_after_its_slice() -> None:
     assert _idle_daemon(store)._idle() is True
     assert time.monotonic() - started < server.IDLE_SLICE + 0.5  # bounded, not until the work is done
     assert 1 <= len(store.budgets) <= server.IDLE_SLICE / 0.005 + 1
+
+
+@pytest.mark.parametrize("appended", [
+    0,  # nothing yet: nothing held
+    5,  # fewer than it holds: all of them
+    2048,  # exactly full
+    5000,  # wrapped twice: only the latest 2048
+])
+def test_the_latency_ring_holds_the_latest_samples(appended: int) -> None:
+    from reachy_memory.server import _Recent
+
+    ring = _Recent(2048)
+    for i in range(appended):
+        ring.append(i / 1000)
+    latest = set(range(max(0, appended - 2048), appended))
+    assert len(ring) == len(latest)
+    assert {round(float(v) * 1000) for v in ring.values()} == latest
