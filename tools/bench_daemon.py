@@ -152,7 +152,7 @@ def import_stall(c: MemoryClient, n: int) -> None:
     texts = sentences(n, seed=5)
     for i in range(0, n, 250):
         c.store_batch([{"content": t, "memory_type": "fact"} for t in texts[i : i + 250]])
-    qs, samples = questions(), []
+    qs, samples = questions(), []  # type: list[str], list[float]
     started = time.monotonic()
     while (c.stats()["store"]["index"]["pending"] > 0 or len(samples) < 30) and time.monotonic() - started < 120:
         time.sleep(0.07)
@@ -260,9 +260,15 @@ def load_test(config_path: Path, pid: int, minutes: float, stats: Callable[[], d
     procs = [mp.Process(target=_mixed, args=(str(config_path), k, stop_at, out)) for k in range(8)]
     for p in procs:
         p.start()
-    samples = []
+    samples: list[tuple[float, float]] = []
+    next_line = time.time() + 60
     while time.time() < stop_at:
         samples.append((time.time(), rss_of(pid)))
+        if time.time() >= next_line:  # the trend with its parts, and the compactions so far
+            next_line += 60
+            parts, gen = rss_parts(pid), stats()["store"]["generation"]
+            print(f"  minute {round((time.time() - stop_at) / 60 + minutes):>3}: RSS {sum(parts.values()):.0f} MB ("
+                  + ", ".join(f"{k} {v:.0f}" for k, v in parts.items()) + f"), snapshot generation {gen}", flush=True)
         time.sleep(5)
     results = [out.get(timeout=60) for _ in procs]
     for p in procs:
