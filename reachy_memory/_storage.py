@@ -244,8 +244,8 @@ class Storage:
         """Write the snapshot of the frozen view durably, keeping the previous one (any thread)."""
         frozen, live = job.frozen, self.state.lexical
         # In the background the live index keeps changing: the snapshot's is built from
-        # the frozen records, once they are written (the stem cache is shared: dict
-        # lookups and stores only, safe beside the engine thread).
+        # the frozen records, once they are written (sharing the live tokenizer, which
+        # is thread-safe, and its stem cache).
         lexical = frozen.lexical if frozen.lexical is not None else (
             lambda: words_state(frozen.records, live.previous_weight, live.tokenizer))
         files.write_snapshot_keeping_previous(self.path, snapshot_sections(frozen, job.head, lexical))

@@ -23,7 +23,7 @@ import queue
 import signal
 import threading
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -80,15 +80,6 @@ class _Job:
     stages: dict[str, float] = field(default_factory=dict)  # seconds spent per stage (see stats)
 
 
-@dataclass
-class _OpStats:
-    count: int = 0
-    errors: int = 0
-    latencies: _Recent = field(default_factory=lambda: _Recent())
-    # Where a request's time went: "wait" (in queues and handoffs), "embed", "engine".
-    stages: dict[str, _Recent] = field(default_factory=dict)
-
-
 class _Recent:
     """The latest ``size`` durations (seconds) in a float32 ring: a deque of Python
     floats cost ~32 bytes a sample (2 MB over a daemon's ops) and kept every sample
@@ -105,10 +96,19 @@ class _Recent:
 
     def values(self) -> np.ndarray:
         """The samples held (at most ``size``, in no particular order)."""
-        return self._values[: min(self._count, len(self._values))]
+        return self._values[: len(self)]
 
     def __len__(self) -> int:
         return min(self._count, len(self._values))
+
+
+@dataclass
+class _OpStats:
+    count: int = 0
+    errors: int = 0
+    latencies: _Recent = field(default_factory=_Recent)
+    # Where a request's time went: "wait" (in queues and handoffs), "embed", "engine".
+    stages: dict[str, _Recent] = field(default_factory=dict)
 
 
 class BadRequestLog:
@@ -162,7 +162,7 @@ class Daemon:
         self._ctx = zmq.Context()
         self._embed_q: queue.Queue[_Job | None] = queue.Queue(config.server.queue_size)
         self._engine_q: queue.Queue[_Job | Callable[[], None] | None] = queue.Queue(config.server.queue_size)
-        self._stats: dict[str, _OpStats] = defaultdict(_OpStats)
+        self._stats: dict[str, _OpStats] = {}  # op -> stats; threads add ops by setdefault
         self.bad_requests = BadRequestLog()
         self.replies_dropped = 0  # I/O thread only
         self._started = time.time()
@@ -455,7 +455,7 @@ class Daemon:
             raise RequestTimeoutError(f"{job.op}: deadline passed before the work started")
 
     def _record(self, op: str, seconds: float, *, failed: bool, stages: dict[str, float] | None = None) -> None:
-        # setdefault, not the defaultdict's factory: two threads meeting a new op both made one
+        # one atomic setdefault: two threads meeting a new op must not both make one
         stats = self._stats.get(op) or self._stats.setdefault(op, _OpStats())
         stats.count += 1
         stats.errors += failed

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from reachy_memory import Config, MemoryStore
 
 
@@ -20,3 +24,15 @@ def present_after_crash(store: MemoryStore, config: Config, ids: list[str]) -> l
     abandon(store)
     with MemoryStore(config=config, embedder=None) as reopened:
         return [i for i in ids if reopened.get(i) is not None]
+
+
+@contextmanager
+def frequent_switches(interval: float = 1e-5) -> Iterator[None]:
+    """Make the interpreter switch threads every ``interval`` seconds (races show up
+    within a second instead of by luck)."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(interval)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)

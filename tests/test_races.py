@@ -8,44 +8,25 @@ from __future__ import annotations
 import queue
 import random
 import string
-import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
-import numpy as np
 import pytest
-from conftest import HashEmbedder
-from store_util import abandon
 
 from reachy_memory import Config, MemoryStore, NotFoundError, ReachyMemoryError
 from reachy_memory import _persistence as files
 from reachy_memory import journal as jr
 from reachy_memory.integrations.reachy_mini import MemoryBridge
 from reachy_memory.lexical_index import Tokenizer
+from tests.conftest import HashEmbedder
+from tests.store_util import abandon, frequent_switches
 
 
-@contextmanager
-def _frequent_switches(interval: float = 1e-5) -> Iterator[None]:
-    before = sys.getswitchinterval()
-    sys.setswitchinterval(interval)
-    try:
-        yield
-    finally:
-        sys.setswitchinterval(before)
-
-
-class WideEmbedder:
+class WideEmbedder(HashEmbedder):
     """Random unit vectors of the real model's width (a vector block of realistic size)."""
 
     dim = 384
-
-    def embed(self, texts: list[str]) -> np.ndarray:
-        rng = np.random.default_rng(sum(len(t) for t in texts))
-        out = rng.standard_normal((len(texts), self.dim)).astype(np.float32)
-        return out / np.linalg.norm(out, axis=1, keepdims=True)
 
 
 # -- 1. background snapshot: the vector block changes under its CRC ---------------------------
@@ -148,7 +129,7 @@ def test_get_context_never_reads_none_while_the_key_is_being_replaced(config: Co
                     return
 
         misses = reads = 0
-        with _frequent_switches():
+        with frequent_switches():
             writer = threading.Thread(target=engine)
             writer.start()
             try:
@@ -211,7 +192,7 @@ def test_one_tokenizer_shared_by_two_threads_stems_every_word_as_alone() -> None
         except BaseException as exc:
             errors.append(exc)
 
-    with _frequent_switches():
+    with frequent_switches():
         threads = [threading.Thread(target=stem, args=(k,)) for k in (0, 1)]
         for t in threads:
             t.start()
@@ -239,7 +220,7 @@ def test_a_background_snapshot_indexes_the_words_a_fresh_index_would(config: Con
         store = MemoryStore(config=cfg, embedder=None)
         errors: list[BaseException] = []
         try:
-            with _frequent_switches():
+            with frequent_switches():
                 with store._lock:
                     store._storage.compact_in_background()
                 while store._storage.compacting is not None and not errors:
@@ -343,7 +324,7 @@ def test_the_daemon_counts_every_request_of_an_op_first_seen_on_two_threads() ->
             barrier.wait(5)
             Daemon._record(fake, name, 0.001, failed=False)  # type: ignore[arg-type]
 
-    with _frequent_switches():
+    with frequent_switches():
         threads = [threading.Thread(target=record) for _ in range(2)]
         for t in threads:
             t.start()

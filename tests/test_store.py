@@ -686,7 +686,6 @@ def test_prepare_while_the_engine_holds_the_lock_neither_scans_nor_moves_the_new
 def test_prepares_on_another_thread_survive_stores_and_forgets_of_the_newest_turn(config: Config) -> None:
     """The daemon's two threads, racing: one prepares turns while the other stores and
     forgets the newest turn.  Every prepare succeeds (before, some raised RuntimeError)."""
-    import sys
     import threading
 
     with MemoryStore(config=config, embedder=HashEmbedder()) as store:
@@ -703,18 +702,16 @@ def test_prepares_on_another_thread_survive_stores_and_forgets_of_the_newest_tur
                     errors.append(exc)
                     return
 
-        before = sys.getswitchinterval()
-        sys.setswitchinterval(1e-5)  # switch threads often, mid-scan
         worker = threading.Thread(target=prepares)
-        worker.start()
-        try:
-            deadline = time.monotonic() + 2.0
-            while time.monotonic() < deadline and not errors:
-                turn = store.store("the newest turn", "conversation")
-                store.store_batch([{"content": f"more {i}", "memory_type": "fact"} for i in range(3)])
-                store.forget(turn.id)
-        finally:
-            stop.set()
-            worker.join(timeout=10)
-            sys.setswitchinterval(before)
+        with store_util.frequent_switches():  # switch threads often, mid-scan
+            worker.start()
+            try:
+                deadline = time.monotonic() + 2.0
+                while time.monotonic() < deadline and not errors:
+                    turn = store.store("the newest turn", "conversation")
+                    store.store_batch([{"content": f"more {i}", "memory_type": "fact"} for i in range(3)])
+                    store.forget(turn.id)
+            finally:
+                stop.set()
+                worker.join(timeout=10)
         assert errors == []
