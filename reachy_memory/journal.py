@@ -409,6 +409,9 @@ def write_atomic(path: Path, chunks: Iterable[bytes | memoryview], *, durable: b
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise storage_error(f"cannot write {path}", path, exc) from exc
+    except BaseException:  # a chunk that could not be produced: the old file stays, no temp file
+        tmp.unlink(missing_ok=True)
+        raise
     return written
 
 

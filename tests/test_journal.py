@@ -1,4 +1,5 @@
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -147,3 +148,18 @@ def test_lock_refuses_a_second_holder(tmp_path: Path) -> None:
     second = jr.DirLock(tmp_path)
     second.acquire()  # free again once released
     second.release()
+
+
+def test_a_snapshot_whose_frames_fail_midway_leaves_the_old_file_and_no_temp_file(tmp_path: Path) -> None:
+    """Frames are produced while the file is written (a background compaction builds the
+    lexical state there): a failure of any kind keeps the old snapshot and its directory clean."""
+    jr.write_snapshot(tmp_path / "s", [{"head": 1}, {"end": 0}])
+    before = (tmp_path / "s").read_bytes()
+
+    def frames() -> Iterator[object]:
+        yield {"head": 2}
+        raise ValueError("the lexical state could not be built")
+
+    with pytest.raises(ValueError):
+        jr.write_snapshot(tmp_path / "s", frames())
+    assert (tmp_path / "s").read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["s"]
