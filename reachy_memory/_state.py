@@ -38,7 +38,7 @@ from .errors import CorruptionError, ValidationError
 from .lexical_index import LexicalIndex, Tokenizer, index_state
 from .model import MemoryType
 from .people import PersonRegistry
-from .vector_index import VectorIndex
+from .vector_index import ITEM_BYTES, VECTOR_FORMAT, VectorIndex
 
 GROUP = {t.value: i for i, t in enumerate(MemoryType)}  # one vector graph per memory type
 _TURN = MemoryType.CONVERSATION.value
@@ -397,9 +397,9 @@ class MemoryState:
         self._window.extend(tuple(turn) for turn in snapshot["window"])
         self.window_view = tuple(self._window)
         words_loaded = self.lexical.load_state(snapshot["lexical"])
-        dim = self.vectors.dim
-        vectors = snapshot["vectors"] if snapshot.get("dim") == dim else b""  # another model's space
-        rows = len(vectors) // (4 * dim)
+        dim, fmt = self.vectors.dim, snapshot.get("vector_format", "f32")  # no key: written before bf16
+        vectors = snapshot["vectors"] if snapshot.get("dim") == dim and fmt in ITEM_BYTES else b""  # another space
+        rows = len(vectors) // (ITEM_BYTES.get(fmt, 4) * dim)
         alive, group = np.zeros(rows, bool), np.zeros(rows, np.int8)
         for obj in snapshot["records"]:
             rec = _decode_stored(obj)
@@ -410,7 +410,7 @@ class MemoryState:
         self._free = sorted(set(range(self.next_slot)) - set(self.by_slot))
         if not words_loaded:  # indexed with another search.previous_turn_weight
             self.lexical = words_index(self.by_slot.values(), self.lexical.previous_weight)
-        self.vectors.load_vectors(vectors, alive, group)
+        self.vectors.load_vectors(vectors, alive, group, fmt if vectors else VECTOR_FORMAT)
         self.last_turn = self._newest_turn()
 
     @property
@@ -453,7 +453,7 @@ class MemoryState:
         if self._quarantine is None:
             self._quarantine = []
         vectors = self.vectors.vector_bytes()
-        rows = len(vectors) // (4 * self.vectors.dim)
+        rows = len(vectors) // self.vectors.row_bytes
         self._hold_free_rows(rows)
         return Frozen(tuple(self.records.values()), vectors, self.vectors.alive[:rows].copy(),
                       tuple(self._window), self.lexical.state() if with_lexical else None,
@@ -519,7 +519,7 @@ def snapshot_sections(frozen: Frozen, head: dict[str, Any],
     builds it (after the records are written and freed)."""
     from .journal import Packed, RawBin, Stream, pack_gently  # late: journal is I/O; the state only names frames
 
-    yield head
+    yield {**head, "vector_format": VECTOR_FORMAT}  # the vector block's format goes with the block
     # Packed piece by piece: a background compaction must not hold the GIL for long;
     # rows are encoded as they are packed, so they are never all alive at once.
     rows = Stream(len(frozen.records), (_snapshot_row(rec, frozen.alive) for rec in frozen.records))

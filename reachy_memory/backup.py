@@ -23,6 +23,7 @@ from ._persistence import JOURNAL_FILE, PREV_JOURNAL_FILE, SNAPSHOT_FILE, read_s
 from ._records import Record, decode
 from .config import Config
 from .errors import ReachyMemoryError, StorageError, StoreLockedError, ValidationError
+from .vector_index import BF16_TOLERANCE, ITEM_BYTES, widen
 
 log = logging.getLogger(__name__)
 Progress = Callable[[int, int], None]
@@ -89,20 +90,33 @@ def _verify_snapshot(path: Path, report: VerifyReport, progress: Progress | None
     records = snapshot["records"]
     report.memories = len(records)
     report.generation = int(snapshot.get("generation", 0))
-    _check_records(records, snapshot["vectors"], int(snapshot.get("dim") or 384), report, progress)
+    matrix = _vector_matrix(snapshot, report)
+    if matrix is not None:
+        _check_records(records, matrix, report, progress)
     lexical_n = snapshot["lexical"].get("n")
     if lexical_n != len(records):
         report.problems.append(f"lexical index holds {lexical_n} documents for {len(records)} memories")
     return report.generation
 
 
-def _check_records(records: list[Any], vectors: memoryview, dim: int, report: VerifyReport,
-                   progress: Progress | None) -> None:
-    matrix = np.frombuffer(vectors, np.float32)
-    if len(matrix) % dim:
+def _vector_matrix(snapshot: dict[str, Any], report: VerifyReport) -> np.ndarray | None:
+    """The snapshot's vector block as float32 rows (None, with the problem noted, when
+    it is not a whole number of vectors in a format this version reads)."""
+    vectors, dim = snapshot["vectors"], int(snapshot.get("dim") or 384)
+    fmt = snapshot.get("vector_format", "f32")
+    if fmt not in ITEM_BYTES:
+        report.problems.append(f"vector block in unknown format {fmt!r}")
+        return None
+    if len(vectors) % (ITEM_BYTES[fmt] * dim):
         report.problems.append(f"vector block of {len(vectors)} bytes is not a whole number of {dim}-d vectors")
-        return
-    matrix = matrix.reshape(-1, dim)
+        return None
+    if fmt == "bf16":
+        return widen(np.frombuffer(vectors, np.uint16)).reshape(-1, dim)
+    return np.frombuffer(vectors, np.float32).reshape(-1, dim)
+
+
+def _check_records(records: list[Any], matrix: np.ndarray, report: VerifyReport,
+                   progress: Progress | None) -> None:
     ids, slots = set(), set()
     for n, obj in enumerate(records):
         try:
@@ -127,7 +141,7 @@ def _check_vector(rec: Record, matrix: np.ndarray, report: VerifyReport) -> None
         report.problems.append(f"memory {rec.id!r} has a vector slot {rec.slot} beyond the vector block")
         return
     norm = float(np.linalg.norm(matrix[rec.slot]))
-    if abs(norm - 1.0) > 1e-3:
+    if abs(norm - 1.0) > BF16_TOLERANCE:  # a unit vector rounded to bf16 is within ~1e-4 of 1
         report.problems.append(f"memory {rec.id!r}: vector norm {norm:.4f}, expected 1")
     else:
         report.vectors += 1

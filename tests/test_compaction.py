@@ -248,22 +248,23 @@ def test_the_vector_matrix_grows_during_a_background_snapshot_and_both_stay_righ
     with store._lock:
         store._storage.compact_in_background()
     store._storage.wait()
-    rows = {mid: vectors.vectors[rec.slot].copy() for mid, rec in store._state.records.items()}
+    rows = {mid: vectors.matrix[rec.slot].copy() for mid, rec in store._state.records.items()}
     snapshot = files.read_snapshot(store.path / files.SNAPSHOT_FILE)
-    matrix = np.frombuffer(snapshot["vectors"], np.float32).reshape(-1, emb.dim)
+    assert snapshot["vector_format"] == "bf16"
+    matrix = np.frombuffer(snapshot["vectors"], np.uint16).reshape(-1, emb.dim)
     assert moved == [True] and len(snapshot["records"]) == 1000
     assert all(np.array_equal(matrix[obj["slot"]], rows[obj["id"]]) for obj in snapshot["records"])
     grown = vectors._map
     store.store_batch([{"content": f"more {i}"} for i in range(1000)])
     assert vectors._map is grown  # no view held any more: in place
-    rows = {mid: vectors.vectors[rec.slot].copy() for mid, rec in store._state.records.items()}
+    rows = {mid: vectors.matrix[rec.slot].copy() for mid, rec in store._state.records.items()}
     query = emb.embed(["late 7"])[0]
     found = [store._state.by_slot[int(s)].id for s in vectors.search(query, 10)[0]]
     abandon(store)
     with MemoryStore(config=config, embedder=emb) as again:
         assert len(again) == len(rows) == 2100
         got = again._state.vectors
-        assert all(np.array_equal(got.vectors[again._state.records[m].slot], v) for m, v in rows.items())
+        assert all(np.array_equal(got.matrix[again._state.records[m].slot], v) for m, v in rows.items())
         assert [again._state.by_slot[int(s)].id for s in got.search(query, 10)[0]] == found
 
 

@@ -8,6 +8,7 @@ import shutil
 import stat
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import HashEmbedder
 from store_util import abandon
@@ -16,6 +17,7 @@ from reachy_memory import Config, CorruptionError, MemoryStore, ValidationError
 from reachy_memory import _persistence as files
 from reachy_memory import backup as bk
 from reachy_memory import journal as jr
+from reachy_memory.vector_index import BF16_TOLERANCE
 
 FIXTURE_V1 = Path(__file__).parent / "fixtures" / "v1_store"
 
@@ -200,3 +202,55 @@ def test_built_models_live_in_the_shared_cache_not_the_data_dir(tmp_path: Path) 
     second = load_config(memory={"path": str(tmp_path / "b")})
     assert cache_dir(first) == cache_dir(second)
     assert tmp_path not in cache_dir(first).parents
+
+
+def _as_float32_snapshot(path: Path, vectors: dict[str, np.ndarray]) -> None:
+    """Rewrite the snapshot at ``path`` as a version before bf16 wrote it: a float32
+    vector block (``vectors``: memory id -> the embedder's own vector) and no
+    ``vector_format`` in its head."""
+    snap = files.read_snapshot(path)
+    head = {k: v for k, v in snap.items()
+            if k not in ("records", "people", "vectors", "lexical", "window", "vector_format")}
+    block = np.zeros((max(r["slot"] for r in snap["records"]) + 1, snap["dim"]), np.float32)
+    for row in snap["records"]:
+        block[row["slot"]] = vectors[row["id"]]
+    jr.write_snapshot(path, [head, {"records": snap["records"], "people": snap["people"]}, jr.RawBin(block.tobytes()),
+                             {"lexical": snap["lexical"]}, {"window": snap["window"]}, {"end": len(snap["records"])}])
+
+
+def test_a_float32_snapshot_of_an_earlier_version_opens_verifies_and_is_rewritten_as_bf16(config: Config) -> None:
+    texts = [f"memory number {i} about {word}" for i, word in enumerate(["tea", "chess", "rain", "piano"] * 5)]
+    embedder = HashEmbedder()
+    with MemoryStore(config=config, embedder=embedder) as store:
+        ids = [m.id for m in store.store_batch([{"content": t} for t in texts])]
+    original = dict(zip(ids, embedder.embed(texts), strict=True))
+    path = config.data_dir / files.SNAPSHOT_FILE
+    _as_float32_snapshot(path, original)
+    assert bk.verify(config.data_dir).ok  # the old format still verifies
+    with MemoryStore(config=config, embedder=embedder) as store:
+        for memory_id, vector in original.items():
+            kept = store._state.vectors.rows(store._state.records[memory_id].slot)
+            assert np.allclose(kept, vector, rtol=0, atol=BF16_TOLERANCE) and not np.array_equal(kept, 0 * kept)
+        hit = store.search(texts[6], limit=1, mode="vector")[0]
+        assert hit.memory.id == ids[6] and hit.score > 0.99
+        store.compact()
+    rewritten = files.read_snapshot(path)
+    assert rewritten["vector_format"] == "bf16" and len(rewritten["vectors"]) == len(texts) * HashEmbedder.dim * 2
+    assert bk.verify(config.data_dir).ok
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "f32"])  # what this version writes; what earlier ones wrote
+def test_verify_flags_a_vector_that_is_not_a_unit_vector(config: Config, fmt: str) -> None:
+    embedder = HashEmbedder()
+    with MemoryStore(config=config, embedder=embedder) as store:
+        ids = [store.store(f"fact {i}").id for i in range(3)]
+    path = config.data_dir / files.SNAPSHOT_FILE
+    vectors = dict(zip(ids, embedder.embed([f"fact {i}" for i in range(3)]), strict=True))
+    vectors[ids[1]] = 2 * vectors[ids[1]]  # what a stray write or a wrong decoding would leave
+    _as_float32_snapshot(path, vectors)
+    if fmt == "bf16":
+        with MemoryStore(config=config, embedder=None) as store:  # opened without a model: vectors kept as read
+            store.compact()
+        assert files.read_snapshot(path)["vector_format"] == "bf16"
+    report = bk.verify(config.data_dir)
+    assert not report.ok and any(ids[1] in problem and "norm 2.0" in problem for problem in report.problems)

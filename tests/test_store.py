@@ -18,6 +18,7 @@ from reachy_memory import (
     TooLargeError,
     ValidationError,
 )
+from reachy_memory.vector_index import BF16_TOLERANCE
 from tests import store_util
 from tests.conftest import HashEmbedder
 
@@ -379,13 +380,13 @@ def test_reindex_embeds_turns_exactly_as_storing_does(tmp_path: Path, embedder: 
              for text in ("Do you like hiking?", "Yes, I go every Sunday with my sister.", "Where do you go?")]
     with MemoryStore(tmp_path / "direct", embedder=embedder) as direct:
         direct.store_batch(turns)
-        expected = direct._state.vectors.vectors[:3].copy()
+        expected = direct._state.vectors.rows(np.arange(3))
     with MemoryStore(tmp_path / "later", embedder=None) as later:
         later.store_batch(turns)  # no model yet: lexical-only
     with MemoryStore(tmp_path / "later", embedder=embedder) as later:
         assert later.reindex() == 3
-        got = later._state.vectors.vectors[:3]
-        assert np.allclose(got, expected, atol=1e-5)  # each turn embedded with the turn before it
+        got = later._state.vectors.rows(np.arange(3))
+        assert np.allclose(got, expected, rtol=0, atol=BF16_TOLERANCE)  # each turn embedded with the turn before it
 
 
 @pytest.mark.parametrize("created_at", [
@@ -430,8 +431,8 @@ def test_interleaved_prepares_embed_each_turn_with_the_turn_committed_before_it(
         store.commit(a)
         (memory,) = store.commit(b)
         expected = HashEmbedder().embed(["turn A\nturn B"])[0]
-        got = store._state.vectors.vectors[store._state.records[memory.id].slot]
-        assert "turn A\nturn B" in embedder.texts and np.allclose(got, expected)
+        got = store._state.vectors.rows(store._state.records[memory.id].slot)
+        assert "turn A\nturn B" in embedder.texts and np.allclose(got, expected, rtol=0, atol=BF16_TOLERANCE)
 
 
 def test_each_turn_records_the_turn_it_follows_across_interleaving_and_restart(config: Config) -> None:
@@ -680,7 +681,8 @@ def test_prepare_while_the_engine_holds_the_lock_neither_scans_nor_moves_the_new
         rec = store._state.records[c.id]
         assert (rec.follows, rec.previous_text) == (a.id, "turn A")
         expected = HashEmbedder().embed(["turn A\nturn C"])[0]
-        assert np.allclose(store._state.vectors.vectors[rec.slot], expected)  # re-embedded with its turn
+        got = store._state.vectors.rows(rec.slot)
+        assert np.allclose(got, expected, rtol=0, atol=BF16_TOLERANCE)  # re-embedded with its turn
 
 
 def test_prepares_on_another_thread_survive_stores_and_forgets_of_the_newest_turn(config: Config) -> None:

@@ -7,14 +7,27 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 from reachy_memory import vector_index
-from reachy_memory.vector_index import VectorIndex
+from reachy_memory.vector_index import VectorIndex, to_bf16, widen
 
 
 def unit(rng: np.random.Generator, n: int, dim: int = 16) -> np.ndarray:
     v = rng.standard_normal((n, dim)).astype(np.float32)
     return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+
+def rounded(vectors: np.ndarray) -> np.ndarray:
+    """``vectors`` as the index keeps them (bfloat16, widened back to float32)."""
+    return widen(to_bf16(vectors))
+
+
+def stored(vi: VectorIndex) -> np.ndarray:
+    """Every row of the index's matrix as float32."""
+    return widen(vi.matrix)
 
 
 def filled(n: int = 600, **kw: int) -> tuple[VectorIndex, np.ndarray]:
@@ -94,7 +107,7 @@ def reopened(tmp_path: Path, saved_tag: str, wanted_tag: str) -> tuple[VectorInd
     path = tmp_path / "g.hnsw"
     vi.save_graph(path, saved_tag)
     again = VectorIndex(16, exact_below=50, exact_threshold=20)
-    again.load_vectors(vectors.tobytes(), vi.alive[: len(vectors)], vi.group[: len(vectors)])
+    again.load_vectors(vi.vector_bytes(), vi.alive[: len(vectors)], vi.group[: len(vectors)])
     again.load_graph(path, wanted_tag)
     return again, vectors
 
@@ -174,7 +187,7 @@ def test_a_saved_graph_holds_no_node_of_a_mass_removal(tmp_path: Path) -> None:
     vi.save_graph(tmp_path / "g.hnsw", "t")
     assert vi.stats()["unmarked"] == 0
     again = VectorIndex(16, exact_below=0, exact_threshold=20)
-    again.load_vectors(vectors.tobytes(), vi.alive[:900], vi.group[:900])
+    again.load_vectors(vectors.tobytes(), vi.alive[:900], vi.group[:900], "f32")  # a pre-bf16 snapshot
     again.load_graph(tmp_path / "g.hnsw", "t")
     assert again._adopt_loaded(wait=True) and not again.pending  # the cache was taken
     for q in unit(np.random.default_rng(3), 10):
@@ -197,8 +210,9 @@ def test_an_exact_search_over_several_gather_steps_equals_brute_force() -> None:
     q = unit(np.random.default_rng(4), 1)[0]
     slots = np.arange(len(vectors))[::-1].copy()  # any order
     got, sims = vi.exact(q, slots, 25)
-    assert got.tolist() == np.argsort(-(vectors @ q), kind="stable")[:25].tolist()
-    assert np.allclose(sims, (vectors @ q)[got], atol=1e-6)
+    want = rounded(vectors) @ q
+    assert got.tolist() == np.argsort(-want, kind="stable")[:25].tolist()
+    assert np.allclose(sims, want[got], atol=1e-6)
 
 
 def test_the_matrix_grows_in_place_and_keeps_every_row() -> None:
@@ -208,10 +222,10 @@ def test_the_matrix_grows_in_place_and_keeps_every_row() -> None:
     extra = unit(np.random.default_rng(1), 3000)
     for slot, v in enumerate(extra, start=1024):
         vi.add(slot, v)
-    assert len(vi.vectors) >= 4024 and vi._map is mapping  # resized, not replaced
-    np.testing.assert_array_equal(vi.vectors[:1024], vectors)
-    np.testing.assert_array_equal(vi.vectors[1024:4024], extra)
-    assert not vi.vectors[4024:].any()  # new rows read as zeros
+    assert len(vi.matrix) >= 4024 and vi._map is mapping  # resized, not replaced
+    np.testing.assert_array_equal(stored(vi)[:1024], rounded(vectors))
+    np.testing.assert_array_equal(stored(vi)[1024:4024], rounded(extra))
+    assert not vi.matrix[4024:].any()  # new rows read as zeros
 
 
 def test_growing_while_a_snapshot_holds_a_view_copies_and_leaves_the_view_intact() -> None:
@@ -221,7 +235,7 @@ def test_growing_while_a_snapshot_holds_a_view_copies_and_leaves_the_view_intact
     for slot, v in enumerate(unit(np.random.default_rng(2), 2000), start=1024):
         vi.add(slot, v)
     assert bytes(held) == before  # the snapshot's rows are untouched by the growth
-    np.testing.assert_array_equal(vi.vectors[:1024], vectors)
+    np.testing.assert_array_equal(stored(vi)[:1024], rounded(vectors))
     del held
     mapping = vi._map
     for slot, v in enumerate(unit(np.random.default_rng(3), 5000), start=3024):
@@ -238,8 +252,8 @@ def test_loading_copies_the_rows_and_gives_the_snapshot_buffer_back(tmp_path: Pa
     buffer = jr.read_bytes(path)
     source = buffer[100 : 100 + rows.nbytes]
     vi = VectorIndex(16)
-    vi.load_vectors(source, np.ones(5000, bool), np.zeros(5000, np.int8))
-    np.testing.assert_array_equal(vi.vectors, rows)
+    vi.load_vectors(source, np.ones(5000, bool), np.zeros(5000, np.int8), "f32")
+    np.testing.assert_array_equal(stored(vi), rounded(rows))
     released = np.frombuffer(buffer, np.uint8)
     assert not released[4096 : 4096 * 70].any()  # whole pages inside the rows read as zeros now
     assert bytes(buffer[:100]) == b"x" * 100 and bytes(buffer[-100:]) == b"y" * 100  # the rest is kept
@@ -250,9 +264,9 @@ def test_loading_from_plain_bytes_copies_and_gives_nothing_back() -> None:
     rows = unit(np.random.default_rng(5), 40)
     data = bytearray(rows.tobytes())
     vi = VectorIndex(16)
-    vi.load_vectors(memoryview(data), np.ones(40, bool), np.zeros(40, np.int8))
+    vi.load_vectors(memoryview(data), np.ones(40, bool), np.zeros(40, np.int8), "f32")
     assert bytes(data) == rows.tobytes()
-    np.testing.assert_array_equal(vi.vectors, rows)
+    np.testing.assert_array_equal(stored(vi), rounded(rows))
 
 
 class _NoRemap(mmap.mmap):
@@ -278,8 +292,8 @@ def test_growing_where_mappings_cannot_be_resized_copies_instead(monkeypatch: py
     extra = unit(np.random.default_rng(6), 1500)
     for slot, v in enumerate(extra, start=1024):
         vi.add(slot, v)  # raised SystemError (after the journal append, in the store) at each growth
-    assert len(vi.vectors) == len(vi.alive) >= 2524
-    np.testing.assert_array_equal(vi.vectors[:2524], np.concatenate([vectors, extra]))
+    assert len(vi.matrix) == len(vi.alive) >= 2524
+    np.testing.assert_array_equal(stored(vi)[:2524], rounded(np.concatenate([vectors, extra])))
     assert vi.search(extra[3], 1)[0].tolist() == [1027]
 
 
@@ -288,8 +302,8 @@ def test_a_failed_growth_raises_memory_error_and_leaves_the_index_as_it_was(monk
     vi, vectors = filled(1024)
     with pytest.raises(MemoryError):
         vi.add(1024, vectors[0])
-    assert vi.vectors.shape == (1024, 16) and len(vi.alive) == len(vi.in_graph) == len(vi.group) == 1024
-    np.testing.assert_array_equal(vi.vectors, vectors)
+    assert vi.matrix.shape == (1024, 16) and len(vi.alive) == len(vi.in_graph) == len(vi.group) == 1024
+    np.testing.assert_array_equal(stored(vi), rounded(vectors))
     assert vi.count == 1024 and vi.search(vectors[9], 1)[0].tolist() == [9]
 
 
@@ -316,8 +330,9 @@ def test_release_pages_touches_only_our_own_contiguous_buffers(tmp_path: Path) -
 def test_loading_a_block_with_a_partial_row_keeps_the_whole_rows() -> None:
     rows = unit(np.random.default_rng(6), 3)
     vi = VectorIndex(16)
-    vi.load_vectors(memoryview(bytearray(rows.tobytes() + b"\x00" * 10)), np.ones(3, bool), np.zeros(3, np.int8))
-    np.testing.assert_array_equal(vi.vectors, rows)
+    for fmt, block in (("f32", rows.tobytes()), ("bf16", to_bf16(rows).tobytes())):
+        vi.load_vectors(memoryview(bytearray(block + b"\x00" * 10)), np.ones(3, bool), np.zeros(3, np.int8), fmt)
+        np.testing.assert_array_equal(stored(vi), rounded(rows))
 
 
 def test_each_graph_is_sized_to_its_own_group_not_to_every_slot(tmp_path: Path) -> None:
@@ -343,3 +358,23 @@ def test_each_graph_is_sized_to_its_own_group_not_to_every_slot(tmp_path: Path) 
     loaded.flush()
     assert loaded._graphs[1].element_count == 610
     assert loaded.search(extra[5], 1, groups=[1])[0][0] == 5005
+
+
+@settings(max_examples=200, deadline=None)
+@given(values=hnp.arrays(np.float32, st.integers(1, 64),
+                         elements=st.floats(-2.0**100, 2.0**100, allow_nan=False, width=32)))
+def test_bf16_rounds_to_the_nearest_and_widens_exactly(values: np.ndarray) -> None:
+    bits = to_bf16(values)
+    kept, exact = widen(bits).astype(np.float64), values.astype(np.float64)
+    error = np.abs(kept - exact)
+    for step in (1, -1):  # the bf16 values next to the kept one (NaN past zero: no rival)
+        rival = widen((bits.astype(np.int32) + step).astype(np.uint16)).astype(np.float64)
+        assert np.all(error <= np.nan_to_num(np.abs(rival - exact), nan=np.inf))
+    normal = np.abs(exact) > 2.0**-100
+    assert np.all(error[normal] <= np.abs(exact[normal]) * 2.0**-8)  # half a unit in the last of 8 bits
+    np.testing.assert_array_equal(to_bf16(kept), bits)  # a kept value rounds to itself
+
+
+def test_bf16_ties_round_to_even() -> None:
+    halfway = np.array([0x3F808000, 0x3F818000], np.uint32).view(np.float32)  # 1.0 + half a bf16 step, and the next
+    assert to_bf16(halfway).tolist() == [0x3F80, 0x3F82]  # down to the even 0x3F80, up to the even 0x3F82
