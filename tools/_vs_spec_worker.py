@@ -115,7 +115,8 @@ class Daemon(_Reachy):
         self.daemon.stop()
 
 
-SYSTEMS = {"spec": SpecDesign, "engine": Engine, "daemon": Daemon}
+SYSTEMS: dict[str, type[SpecDesign] | type[Engine] | type[Daemon]] = {"spec": SpecDesign, "engine": Engine,
+                                                                      "daemon": Daemon}
 
 
 def measure(job: dict[str, Any], started: float) -> dict[str, Any]:

@@ -78,7 +78,7 @@ def cosines(pairs: Sequence[Pair], embed: Callable[[list[str]], np.ndarray]) -> 
     return np.einsum("ij,ij->i", old, new)
 
 
-def score(pairs: Sequence[Pair], sims: Sequence[float], rule: Rule) -> Score:
+def score(pairs: Sequence[Pair], sims: Sequence[float] | np.ndarray, rule: Rule) -> Score:
     """Precision / recall / F1 of ``rule`` for the 'conflicting' class."""
     tp = fp = fn = 0
     for pair, sim in zip(pairs, sims, strict=True):
@@ -109,7 +109,7 @@ def candidates() -> dict[str, Rule]:
     return rules
 
 
-def choose(pairs: Sequence[Pair], sims: Sequence[float], names: Sequence[str]) -> str:
+def choose(pairs: Sequence[Pair], sims: Sequence[float] | np.ndarray, names: Sequence[str]) -> str:
     """Precision first among candidates with recall >= MIN_RECALL (see module doc)."""
     rules = candidates()
     scored = [(score(pairs, sims, rules[n]), n) for n in names]
