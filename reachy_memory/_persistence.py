@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from . import journal as jr
-from .errors import CorruptionError, StorageError, ValidationError
+from .errors import CorruptionError, FormatVersionError, StorageError, ValidationError
+from .vector_index import ITEM_BYTES, VECTOR_FORMAT
 
 log = logging.getLogger(__name__)
 
@@ -93,9 +94,20 @@ def read_snapshot(path: Path) -> dict[str, Any]:
         vectors = jr.raw_bin(frames[2])
     except ValueError as exc:
         raise CorruptionError(f"{path}: bad vector block", path=str(path), offset=0) from exc
+    _check_vector_format(path, head)
     return {**head, "records": records, "people": recs.get("people", []), "vectors": vectors,
             "lexical": lexical.get("lexical", {}),
             "window": window.get("window", [])}
+
+
+def _check_vector_format(path: Path, head: dict[str, Any]) -> None:
+    """FormatVersionError unless the head names a vector block format this version
+    reads (none: float32, written before bf16): a block read in the wrong format
+    would be silently wrong vectors, and one not read at all would lose them."""
+    fmt = head.get("vector_format", "f32")
+    if not (isinstance(fmt, str) and fmt in ITEM_BYTES):
+        raise FormatVersionError(f"{path}: vector block in format {fmt!r}; this reachy-memory reads "
+                                 f"{sorted(ITEM_BYTES)}", path=str(path), found=repr(fmt), expected=VECTOR_FORMAT)
 
 
 def journal_generation(result: jr.ReadResult) -> int | None:

@@ -397,9 +397,10 @@ class MemoryState:
         self._window.extend(tuple(turn) for turn in snapshot["window"])
         self.window_view = tuple(self._window)
         words_loaded = self.lexical.load_state(snapshot["lexical"])
-        dim, fmt = self.vectors.dim, snapshot.get("vector_format", "f32")  # no key: written before bf16
-        vectors = snapshot["vectors"] if snapshot.get("dim") == dim and fmt in ITEM_BYTES else b""  # another space
-        rows = len(vectors) // (ITEM_BYTES.get(fmt, 4) * dim)
+        # no format: float32, written before bf16 (read_snapshot refused any other)
+        dim, fmt = self.vectors.dim, snapshot.get("vector_format", "f32")
+        vectors = snapshot["vectors"] if snapshot.get("dim") == dim else b""  # another model's space
+        rows = len(vectors) // (ITEM_BYTES[fmt] * dim)
         alive, group = np.zeros(rows, bool), np.zeros(rows, np.int8)
         for obj in snapshot["records"]:
             rec = _decode_stored(obj)
@@ -410,7 +411,7 @@ class MemoryState:
         self._free = sorted(set(range(self.next_slot)) - set(self.by_slot))
         if not words_loaded:  # indexed with another search.previous_turn_weight
             self.lexical = words_index(self.by_slot.values(), self.lexical.previous_weight)
-        self.vectors.load_vectors(vectors, alive, group, fmt if vectors else VECTOR_FORMAT)
+        self.vectors.load_vectors(vectors, alive, group, fmt)
         self.last_turn = self._newest_turn()
 
     @property

@@ -92,21 +92,24 @@ def _verify_snapshot(path: Path, report: VerifyReport, progress: Progress | None
     report.generation = int(snapshot.get("generation", 0))
     matrix = _vector_matrix(snapshot, report)
     if matrix is not None:
-        _check_records(records, matrix, report, progress)
+        tolerance = NORM_TOLERANCE[snapshot.get("vector_format", "f32")]
+        _check_records(records, matrix, tolerance, report, progress)
     lexical_n = snapshot["lexical"].get("n")
     if lexical_n != len(records):
         report.problems.append(f"lexical index holds {lexical_n} documents for {len(records)} memories")
     return report.generation
 
 
+# How far a stored unit vector's norm may be from 1: a float32 row's rounding, or
+# bf16's (each component within 2^-8, relatively; ~1e-4 in practice)
+NORM_TOLERANCE = {"f32": 1e-3, "bf16": BF16_TOLERANCE}
+
+
 def _vector_matrix(snapshot: dict[str, Any], report: VerifyReport) -> np.ndarray | None:
     """The snapshot's vector block as float32 rows (None, with the problem noted, when
-    it is not a whole number of vectors in a format this version reads)."""
+    it is not a whole number of vectors)."""
     vectors, dim = snapshot["vectors"], int(snapshot.get("dim") or 384)
-    fmt = snapshot.get("vector_format", "f32")
-    if fmt not in ITEM_BYTES:
-        report.problems.append(f"vector block in unknown format {fmt!r}")
-        return None
+    fmt = snapshot.get("vector_format", "f32")  # read_snapshot refused any other
     if len(vectors) % (ITEM_BYTES[fmt] * dim):
         report.problems.append(f"vector block of {len(vectors)} bytes is not a whole number of {dim}-d vectors")
         return None
@@ -115,7 +118,7 @@ def _vector_matrix(snapshot: dict[str, Any], report: VerifyReport) -> np.ndarray
     return np.frombuffer(vectors, np.float32).reshape(-1, dim)
 
 
-def _check_records(records: list[Any], matrix: np.ndarray, report: VerifyReport,
+def _check_records(records: list[Any], matrix: np.ndarray, tolerance: float, report: VerifyReport,
                    progress: Progress | None) -> None:
     ids, slots = set(), set()
     for n, obj in enumerate(records):
@@ -131,17 +134,17 @@ def _check_records(records: list[Any], matrix: np.ndarray, report: VerifyReport,
             report.problems.append(f"slot {rec.slot} used twice")
         slots.add(rec.slot)
         if rec.vkey is not None:
-            _check_vector(rec, matrix, report)
+            _check_vector(rec, matrix, tolerance, report)
         if progress and (n % 1000 == 0 or n == len(records) - 1):
             progress(n + 1, len(records))
 
 
-def _check_vector(rec: Record, matrix: np.ndarray, report: VerifyReport) -> None:
+def _check_vector(rec: Record, matrix: np.ndarray, tolerance: float, report: VerifyReport) -> None:
     if rec.slot >= len(matrix):
         report.problems.append(f"memory {rec.id!r} has a vector slot {rec.slot} beyond the vector block")
         return
     norm = float(np.linalg.norm(matrix[rec.slot]))
-    if abs(norm - 1.0) > BF16_TOLERANCE:  # a unit vector rounded to bf16 is within ~1e-4 of 1
+    if not abs(norm - 1.0) <= tolerance:  # a NaN norm fails too
         report.problems.append(f"memory {rec.id!r}: vector norm {norm:.4f}, expected 1")
     else:
         report.vectors += 1

@@ -7,6 +7,10 @@ File layout (all integers little-endian)::
     frame v2  b"\xa7RMF" length:u32 crc32(payload):u32 crc32(first 12 bytes):u32 payload
     frame v1  length:u32 crc32(payload):u32 payload      (read only; written into v1 journals)
 
+Snapshot files are written at version 3: v2 frames, and a bf16 vector block
+(``docs/FORMAT.md``).  The version moved so that a reachy-memory reading only
+1 and 2 refuses such a file instead of reading bf16 rows as float32.
+
 Recovery rules, shared by every reader (:func:`scan`):
 
 * a frame is valid when its header checksum (v2), its length bound
@@ -60,8 +64,9 @@ from .errors import (
 log = logging.getLogger(__name__)
 
 MAGIC = b"RMEM"
-VERSION = 2
-READABLE_VERSIONS = (1, 2)
+VERSION = 2  # journals (and every frame) are written at 2
+SNAPSHOT_VERSION = 3  # snapshot files: v2 frames, bf16 vectors (see the module doc)
+READABLE_VERSIONS = (1, 2, 3)
 JOURNAL = b"J"
 SNAPSHOT = b"S"
 HEADER_SIZE = 8
@@ -70,7 +75,7 @@ _V1 = struct.Struct("<II")
 _V2 = struct.Struct("<4sIII")
 _V2_HEAD = struct.Struct("<4sII")
 MAX_FRAME = (1 << 31) - 1  # a frame's payload; the vector block of a very large snapshot stays below
-FRAME_OVERHEAD = {1: _V1.size, 2: _V2.size}
+FRAME_OVERHEAD = {1: _V1.size, 2: _V2.size, 3: _V2.size}  # a file's version -> its frames' header size
 
 FsyncPolicy = Literal["always", "batch", "never"]
 
@@ -423,14 +428,15 @@ def storage_error(what: str, path: Path, exc: OSError) -> StorageError:
     return StorageError(f"{what}: {exc.strerror or exc}", path=str(path))
 
 
-def write_snapshot(path: Path, frames: Iterable[Any]) -> int:
-    """Atomically replace ``path`` with a snapshot of ``frames``; returns bytes written."""
-    return write_atomic(path, _snapshot_chunks(frames))
+def write_snapshot(path: Path, frames: Iterable[Any], version: int = SNAPSHOT_VERSION) -> int:
+    """Atomically replace ``path`` with a snapshot of ``frames`` in a file of format
+    ``version`` (tests write earlier ones); returns bytes written."""
+    return write_atomic(path, _snapshot_chunks(frames, version))
 
 
-def _snapshot_chunks(frames: Iterable[Any]) -> Iterator[bytes | memoryview]:
+def _snapshot_chunks(frames: Iterable[Any], version: int) -> Iterator[bytes | memoryview]:
     offset = HEADER_SIZE
-    yield header(SNAPSHOT)
+    yield header(SNAPSHOT, version)
     for frame in frames:
         if isinstance(frame, RawBin):
             chunks = frame.chunks(offset)

@@ -514,8 +514,7 @@ class VectorIndex:
         self.in_graph[stable] = True
         self.pending.difference_update(stable.tolist())
 
-    def load_vectors(self, data: memoryview | bytes, alive: np.ndarray, group: np.ndarray,
-                     fmt: str = VECTOR_FORMAT) -> None:
+    def load_vectors(self, data: memoryview | bytes, alive: np.ndarray, group: np.ndarray, fmt: str) -> None:
         """Restore the vector matrix (from a snapshot's block in format ``fmt``, a key of
         ``ITEM_BYTES``; float32 blocks are rounded to bf16), live mask and groups.
 

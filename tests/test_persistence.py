@@ -7,13 +7,14 @@ import os
 import shutil
 import stat
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from conftest import HashEmbedder
 from store_util import abandon
 
-from reachy_memory import Config, CorruptionError, MemoryStore, ValidationError
+from reachy_memory import Config, CorruptionError, FormatVersionError, MemoryStore, ValidationError
 from reachy_memory import _persistence as files
 from reachy_memory import backup as bk
 from reachy_memory import journal as jr
@@ -134,7 +135,7 @@ def test_a_v1_store_opens_and_migrates(tmp_path: Path, base_config: Config) -> N
             assert [t["content"] for t in store.get_context_window()] == ["hello there", "hi!", "how are you"]
             assert store.search("fact number 3 about tea", limit=1, min_score=0)[0].memory.id == "f3"
             assert store.stats()["index"]["vectors"] == 8
-    assert (data / "snapshot.rms").read_bytes()[5] == jr.VERSION
+    assert (data / "snapshot.rms").read_bytes()[5] == jr.SNAPSHOT_VERSION
     snapshot = files.read_snapshot(data / "snapshot.rms")
     assert snapshot["records"] and all(isinstance(r, dict) for r in snapshot["records"])  # record format 2
 
@@ -205,17 +206,22 @@ def test_built_models_live_in_the_shared_cache_not_the_data_dir(tmp_path: Path) 
 
 
 def _as_float32_snapshot(path: Path, vectors: dict[str, np.ndarray]) -> None:
-    """Rewrite the snapshot at ``path`` as a version before bf16 wrote it: a float32
-    vector block (``vectors``: memory id -> the embedder's own vector) and no
-    ``vector_format`` in its head."""
+    """Rewrite the snapshot at ``path`` as a version before bf16 wrote it: a file of
+    format 2, a float32 vector block (``vectors``: memory id -> the embedder's own
+    vector) and no ``vector_format`` in its head."""
     snap = files.read_snapshot(path)
     head = {k: v for k, v in snap.items()
             if k not in ("records", "people", "vectors", "lexical", "window", "vector_format")}
     block = np.zeros((max(r["slot"] for r in snap["records"]) + 1, snap["dim"]), np.float32)
     for row in snap["records"]:
         block[row["slot"]] = vectors[row["id"]]
-    jr.write_snapshot(path, [head, {"records": snap["records"], "people": snap["people"]}, jr.RawBin(block.tobytes()),
-                             {"lexical": snap["lexical"]}, {"window": snap["window"]}, {"end": len(snap["records"])}])
+    _rewrite(path, head, snap, block.tobytes(), version=2)
+
+
+def _rewrite(path: Path, head: dict[str, Any], snap: dict[str, Any], block: bytes, version: int) -> None:
+    jr.write_snapshot(path, [head, {"records": snap["records"], "people": snap["people"]}, jr.RawBin(block),
+                             {"lexical": snap["lexical"]}, {"window": snap["window"]}, {"end": len(snap["records"])}],
+                      version)
 
 
 def test_a_float32_snapshot_of_an_earlier_version_opens_verifies_and_is_rewritten_as_bf16(config: Config) -> None:
@@ -239,18 +245,61 @@ def test_a_float32_snapshot_of_an_earlier_version_opens_verifies_and_is_rewritte
     assert bk.verify(config.data_dir).ok
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "f32"])  # what this version writes; what earlier ones wrote
-def test_verify_flags_a_vector_that_is_not_a_unit_vector(config: Config, fmt: str) -> None:
+@pytest.mark.parametrize(("fmt", "scale", "shown"), [
+    ("bf16", 2.0, "norm 2.0"),  # what this version writes; a stray write or a wrong decoding
+    ("f32", 2.0, "norm 2.0"),  # what earlier versions wrote
+    ("f32", float("nan"), "norm nan"),  # NaN compares false with any bound: it passed before
+    ("bf16", 1.01, "vector norm 1.0"),  # past bf16's own rounding (2^-8)
+    ("f32", 1.002, "vector norm 1.0020"),  # inside bf16's rounding but not float32's: a float32 block keeps its 1e-3
+])
+def test_verify_flags_a_vector_that_is_not_a_unit_vector(config: Config, fmt: str, scale: float, shown: str) -> None:
     embedder = HashEmbedder()
     with MemoryStore(config=config, embedder=embedder) as store:
         ids = [store.store(f"fact {i}").id for i in range(3)]
     path = config.data_dir / files.SNAPSHOT_FILE
     vectors = dict(zip(ids, embedder.embed([f"fact {i}" for i in range(3)]), strict=True))
-    vectors[ids[1]] = 2 * vectors[ids[1]]  # what a stray write or a wrong decoding would leave
+    vectors[ids[1]] = scale * vectors[ids[1]]
     _as_float32_snapshot(path, vectors)
     if fmt == "bf16":
         with MemoryStore(config=config, embedder=None) as store:  # opened without a model: vectors kept as read
             store.compact()
         assert files.read_snapshot(path)["vector_format"] == "bf16"
     report = bk.verify(config.data_dir)
-    assert not report.ok and any(ids[1] in problem and "norm 2.0" in problem for problem in report.problems)
+    assert not report.ok and any(ids[1] in problem and shown in problem for problem in report.problems)
+    assert report.vectors == 2  # the other two pass
+
+
+def test_snapshots_are_files_of_format_3_that_a_reader_of_1_and_2_refuses(config: Config,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """An earlier reachy-memory (versions 1 and 2) would read the bf16 block as float32
+    rows: garbage vectors under the current model's key. It must refuse instead."""
+    with MemoryStore(config=config, embedder=HashEmbedder()) as store:
+        store.store("a fact")
+    path = config.data_dir / files.SNAPSHOT_FILE
+    assert path.read_bytes()[:6] == b"RMEMS\x03"
+    monkeypatch.setattr(jr, "READABLE_VERSIONS", (1, 2))  # what 9c248a7 and before read
+    with pytest.raises(FormatVersionError, match="format version 3"):
+        MemoryStore(config=config, embedder=HashEmbedder())
+
+
+@pytest.mark.parametrize("fmt", [
+    "f16",  # a format name this version does not know
+    3,  # not a name at all
+    None,  # present but empty
+    ["bf16"],  # unhashable: raised TypeError from open and from verify
+])
+def test_a_snapshot_naming_an_unknown_vector_format_is_refused_and_left_alone(config: Config, fmt: Any) -> None:
+    """Read in a wrong format the vectors would be garbage; not read, they would be
+    lost at the next compaction (their records still name the model, so reindex skips them)."""
+    with MemoryStore(config=config, embedder=HashEmbedder()) as store:
+        store.store_batch([{"content": f"fact {i}"} for i in range(5)])
+    path = config.data_dir / files.SNAPSHOT_FILE
+    snap = files.read_snapshot(path)
+    head = {k: v for k, v in snap.items() if k not in ("records", "people", "vectors", "lexical", "window")}
+    _rewrite(path, head | {"vector_format": fmt}, snap, bytes(snap["vectors"]), version=3)
+    before = path.read_bytes()
+    with pytest.raises(FormatVersionError, match="vector block in format"):
+        MemoryStore(config=config, embedder=HashEmbedder())
+    report = bk.verify(config.data_dir)
+    assert not report.ok and any("vector block in format" in problem for problem in report.problems)
+    assert path.read_bytes() == before

@@ -107,7 +107,7 @@ def reopened(tmp_path: Path, saved_tag: str, wanted_tag: str) -> tuple[VectorInd
     path = tmp_path / "g.hnsw"
     vi.save_graph(path, saved_tag)
     again = VectorIndex(16, exact_below=50, exact_threshold=20)
-    again.load_vectors(vi.vector_bytes(), vi.alive[: len(vectors)], vi.group[: len(vectors)])
+    again.load_vectors(vi.vector_bytes(), vi.alive[: len(vectors)], vi.group[: len(vectors)], "bf16")
     again.load_graph(path, wanted_tag)
     return again, vectors
 

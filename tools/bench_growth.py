@@ -1,7 +1,8 @@
 """What opening a large vector matrix and then growing it costs in memory and time.
 
 Each run is a fresh process (peak RSS is per process): it reads a snapshot-like
-file of ``--memories`` random 384-d float32 rows with ``journal.read_bytes``,
+file of ``--memories`` random 384-d rows with ``journal.read_bytes`` (bf16, as
+snapshots hold them now; float32 for a checkout from before bf16),
 loads it into a ``VectorIndex`` (as opening a store does), then adds one row
 past the end (the first store after opening a full matrix, which doubles it).
 Prints, as medians over ``--runs``: the load time, the peak RSS the load adds,
@@ -14,6 +15,7 @@ the peak RSS the first add adds, and that add's time.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import subprocess
@@ -34,15 +36,17 @@ def _peak_mb() -> float:
 
 
 def one_run(path: Path, rows: int) -> dict[str, float]:
-    """Load ``path`` into a VectorIndex and add one row past the end (in this process)."""
+    """Load ``path`` (``.f32``, or its ``.bf16`` twin where the code keeps bf16) into a
+    VectorIndex and add one row past the end (in this process)."""
     from reachy_memory import journal as jr
     from reachy_memory.vector_index import VectorIndex
 
+    bf16 = "fmt" in inspect.signature(VectorIndex.load_vectors).parameters
     start = _peak_mb()
     t0 = time.perf_counter()
-    data = jr.read_bytes(path)
+    data = jr.read_bytes(path.with_suffix(".bf16") if bf16 else path)
     index = VectorIndex(DIM)
-    index.load_vectors(data, np.ones(rows, bool), np.zeros(rows, np.int8))
+    index.load_vectors(data, np.ones(rows, bool), np.zeros(rows, np.int8), *(["bf16"] if bf16 else []))
     del data
     t1 = time.perf_counter()
     opened = _peak_mb()
@@ -70,9 +74,12 @@ def main() -> None:
     args = parser.parse_args()
     checkouts = {"this": ROOT, **({"other": args.against.resolve()} if args.against else {})}
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "rows.bin"
-        rng = np.random.default_rng(0)
-        path.write_bytes(rng.standard_normal((args.memories, DIM)).astype(np.float32).tobytes())
+        path = Path(tmp) / "rows.f32"
+        rows = np.random.default_rng(0).standard_normal((args.memories, DIM)).astype(np.float32)
+        path.write_bytes(rows.tobytes())
+        bits = rows.view(np.uint32)  # the same rows as bf16 (vector_index.to_bf16, for any checkout)
+        bf16 = ((bits + (0x7FFF + ((bits >> 16) & 1))) >> 16).astype(np.uint16)
+        path.with_suffix(".bf16").write_bytes(bf16.tobytes())
         results: dict[str, list[dict[str, float]]] = {name: [] for name in checkouts}
         for run in range(args.runs):
             for name, checkout in checkouts.items():
