@@ -48,11 +48,18 @@ _NO_SLOTS = np.zeros(0, np.int64)
 _NO_TFS = np.zeros(0, np.float32)
 
 
+# Words the stem cache holds before it starts afresh: ~90 bytes each, so 4.5 MB at
+# most.  It was 200k (18 MB), and a daemon storing text with numbers in it
+# ("topic 4711") filled it at 0.44 MB/min under tools/bench_daemon.py's load:
+# all of that run's RSS creep.  A household's words fit many times over.
+STEM_CACHE_SIZE = 50_000
+
+
 class Tokenizer:
     """Text -> BM25 terms, with a bounded stem cache (stemming dominates cost).
     Thread-safe: the engine and a background compaction share one."""
 
-    def __init__(self, cache_size: int = 200_000) -> None:
+    def __init__(self, cache_size: int = STEM_CACHE_SIZE) -> None:
         self._stemmer = snowballstemmer.stemmer("english")
         self._stemming = threading.Lock()
         self._cache: dict[str, str] = {}
@@ -69,6 +76,8 @@ class Tokenizer:
         return out
 
     def _stem(self, word: str) -> str:
+        if word.isascii() and word.isdigit():
+            return word  # Snowball leaves numbers as they are: neither stemmed nor cached
         stem = self._cache.get(word)
         if stem is None:
             with self._stemming:  # the Snowball stemmer keeps the word it works on in itself
