@@ -33,7 +33,7 @@ from ._records import RECORD_VERSION
 from ._state import Frozen, MemoryState, snapshot_sections, words_state
 from ._threads import gc_paused
 from .config import Config
-from .errors import CorruptionError, ReachyMemoryError, ReadOnlyError, StorageError
+from .errors import ClosedError, CorruptionError, ReachyMemoryError, ReadOnlyError, StorageError
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +60,7 @@ class Storage:
         self.follows = files.follows_of(snapshot)  # (journal generation, offset) the snapshot covers
         self.journal_generation = self.generation
         self.compacting: threading.Thread | None = None
+        self.closed = False  # set under the lock by close(): no write reaches the files after it
         self.journal: jr.Journal
 
     def rebuilt_from(self, generation: int) -> None:
@@ -79,7 +80,9 @@ class Storage:
             raise
 
     def append(self, ops: list[list[Any]]) -> None:
-        """Journal one batch of ops (durable per policy when this returns)."""
+        """Journal one batch of ops (durable per policy when this returns); the caller
+        holds the lock.  Raises ClosedError after :meth:`close`."""
+        self._require_open()
         self.journal.append(ops)
 
     def apply(self, ops: list[list[Any]]) -> None:
@@ -92,7 +95,8 @@ class Storage:
 
     def maybe_compact(self) -> None:
         """Start a background compaction when the journal outgrew its threshold."""
-        if self.journal.size > self.config.memory.compact_journal_bytes and self.compacting is None:
+        if self.journal.size > self.config.memory.compact_journal_bytes and self.compacting is None \
+                and not self.closed:
             self.compact_in_background()
 
     @property
@@ -102,9 +106,12 @@ class Storage:
 
     def close(self) -> None:
         """Wait for a background compaction, compact what the journal holds, save the
-        graph cache, close the journal.  A failure is logged (the journal keeps everything)."""
-        self.wait()
-        with self.lock:
+        graph cache, close the journal.  A failure is logged (the journal keeps everything).
+        Safe while another thread writes: it waits for that write, and later ones raise
+        ClosedError; idempotent."""
+        with self.quiesced():
+            if self.closed:
+                return
             try:
                 if self.journal.size > jr.HEADER_SIZE + 64:
                     self.compact(full=True)
@@ -114,11 +121,28 @@ class Storage:
                 log.warning("could not compact on close (the journal keeps every change): %s", exc)
             finally:
                 self.journal.close()
+                self.closed = True
+
+    @contextlib.contextmanager
+    def quiesced(self) -> Iterator[None]:
+        """Hold the lock with no background compaction running (a finishing one needs
+        the lock, so it is waited for first; one started meanwhile is waited for too)."""
+        while True:
+            self.wait()
+            self.lock.acquire()
+            if self.compacting is None:
+                break
+            self.lock.release()
+        try:
+            yield
+        finally:
+            self.lock.release()
 
     def backup(self, target: Path) -> tuple[int, int]:
         """Write a consistent snapshot of the state to ``target`` (fsynced); returns
         (bytes, memories).  The caller checked the target."""
         with self.lock:
+            self._require_open()
             frozen = self.state.freeze(with_lexical=True)
             try:
                 sections = snapshot_sections(frozen, self._snapshot_head(self.generation), frozen.lexical or {})
@@ -186,6 +210,7 @@ class Storage:
         Steps and crash analysis: docs/FORMAT.md, "Generations and compaction".
         """
         with self.lock:
+            self._require_open()
             job = self._begin_compaction(background=False)
             try:
                 self._write_snapshot(job)
@@ -199,14 +224,16 @@ class Storage:
         """Auto-compaction: freeze the state (the only pause of the engine) and write
         the snapshot on a thread of its own.  A failure is logged, never raised: the
         write that triggered it is already durable in the journal (which keeps growing)."""
-        try:
-            job = self._begin_compaction(background=True)
-        except ReachyMemoryError as exc:
-            log.warning("compaction not started, the journal keeps every change: %s", exc)
-            return
-        self.compacting = threading.Thread(target=self._compaction_thread, args=(job,),
-                                            name="reachy-memory-compaction", daemon=True)
-        self.compacting.start()
+        with self.lock:  # held until compacting is set: the thread clears it under the lock
+            try:
+                job = self._begin_compaction(background=True)
+            except ReachyMemoryError as exc:
+                log.warning("compaction not started, the journal keeps every change: %s", exc)
+                return
+            thread = threading.Thread(target=self._compaction_thread, args=(job,),
+                                      name="reachy-memory-compaction", daemon=True)
+            thread.start()  # before it is published: wait() on another thread may join it at once
+            self.compacting = thread
 
     def _compaction_thread(self, job: _Compaction) -> None:
         """The background compaction: touches only its frozen view until it takes the lock."""
@@ -299,6 +326,10 @@ class Storage:
         else:
             self.journal.open({"kind": "journal", "generation": self.generation})
         self.journal_generation = self.generation
+
+    def _require_open(self) -> None:
+        if self.closed:
+            raise ClosedError("this MemoryStore is closed")
 
     def _require_writable(self) -> None:
         if self.journal.failure is not None:

@@ -595,13 +595,15 @@ class MemoryStore(PeopleMixin):
             self._touched[rec.id] = now
 
     def _flush_touches(self) -> None:
-        """Journal the pending decay clock refreshes as one frame (engine thread)."""
-        touched, self._touched = self._touched, {}
-        self._touches_flushed = time.monotonic()
-        ops = [["update", i, {"last_access": at, "confidence": 1.0}] for i, at in touched.items()
-               if i in self._state.records]
-        if ops:
-            self._commit(ops)
+        """Journal the pending decay clock refreshes as one frame (engine thread, or
+        close() on any thread: hence the lock)."""
+        with self._lock:
+            touched, self._touched = self._touched, {}
+            self._touches_flushed = time.monotonic()
+            ops = [["update", i, {"last_access": at, "confidence": 1.0}] for i, at in touched.items()
+                   if i in self._state.records]
+            if ops:
+                self._commit(ops)
 
     def compact(self, *, full: bool = False) -> None:
         """Fold the journal into a fresh snapshot (atomic) and save the graph cache,

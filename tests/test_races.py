@@ -303,6 +303,48 @@ def test_a_job_submitted_while_the_bridge_closes_on_another_thread_is_never_left
         pytest.fail("the job's future was left pending forever after close()")
 
 
+# -- 5b. close() on one thread while another thread writes ------------------------------------
+
+
+@pytest.mark.parametrize("compact_bytes", [
+    1 << 30,  # no compaction: close meets a write holding the lock
+    4096,  # a background compaction every few writes: close meets one finishing too
+])
+def test_close_while_another_thread_writes_loses_no_acknowledged_memory(
+        config: Config, compact_bytes: int) -> None:
+    """The daemon closes the store after waiting a bounded time for its engine thread;
+    a long operation can still be running then.  close() must wait for it, later
+    writes must fail with ClosedError (never a foreign error from a closed journal),
+    and every write that returned must be there after reopening."""
+    config = config.replace("memory", compact_journal_bytes=compact_bytes)
+    store = MemoryStore(config=config, embedder=HashEmbedder())
+    acked: list[str] = []
+    errors: list[BaseException] = []
+    started = threading.Event()
+
+    def writer() -> None:
+        try:
+            for i in range(100_000):
+                acked.extend(m.id for m in store.store_batch([{"content": f"note {i} {j}"} for j in range(5)]))
+                started.set()
+        except ReachyMemoryError:
+            pass  # ClosedError once close() has run: the expected end
+        except BaseException as exc:  # anything else escaped the store's contract
+            errors.append(exc)
+
+    with frequent_switches():
+        thread = threading.Thread(target=writer)
+        thread.start()
+        assert started.wait(10)
+        time.sleep(0.05)
+        store.close()
+        thread.join(timeout=30)
+    assert not thread.is_alive()
+    assert errors == []
+    with MemoryStore(config=config, embedder=None) as reopened:
+        assert len(reopened) == len(acked) and all(reopened.get(i) is not None for i in acked[-20:])
+
+
 # -- 6. the daemon's per-op stats, recorded from three threads ---------------------------------
 
 
