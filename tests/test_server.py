@@ -288,6 +288,20 @@ def test_sigkill_during_store_storm_loses_nothing_and_retries_do_not_duplicate(t
         assert d.stop() == 0
 
 
+def test_sigterm_during_store_storm_exits_cleanly_and_keeps_every_acknowledged_write(tmp_path: Path) -> None:
+    """SIGTERM while four clients store flat out, with background compactions every
+    few KB: the daemon drains, compacts and exits 0 in time, and the data dir opens
+    with every acknowledged memory (README: "SIGTERM/SIGINT finish in-flight requests,
+    compact and close")."""
+    d = DaemonProcess(tmp_path, memory={"compact_journal_bytes": 16384}).start()
+    acked, code = _storm_for(d, 4, 1.5, d.stop)
+    assert code == 0
+    assert len(acked) > 20
+    with MemoryStore(d.data, config=d.config, embedder=None) as store:
+        missing = [i for i in acked if store.get(i) is None]
+        assert missing == []
+
+
 def test_backup_during_write_storm_verifies_and_restores(tmp_path: Path) -> None:
     d = DaemonProcess(tmp_path).start()
     dest = tmp_path / "backup.rms"
