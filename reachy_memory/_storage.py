@@ -61,6 +61,7 @@ class Storage:
         self.journal_generation = self.generation
         self.compacting: threading.Thread | None = None
         self.closed = False  # set under the lock by close(): no write reaches the files after it
+        self.closing = False  # set by close() first: no background compaction starts after it
         self.journal: jr.Journal
 
     def rebuilt_from(self, generation: int) -> None:
@@ -96,7 +97,7 @@ class Storage:
     def maybe_compact(self) -> None:
         """Start a background compaction when the journal outgrew its threshold."""
         if self.journal.size > self.config.memory.compact_journal_bytes and self.compacting is None \
-                and not self.closed:
+                and not self.closing:
             self.compact_in_background()
 
     @property
@@ -109,6 +110,7 @@ class Storage:
         graph cache, close the journal.  A failure is logged (the journal keeps everything).
         Safe while another thread writes: it waits for that write, and later ones raise
         ClosedError; idempotent."""
+        self.closing = True  # else writers could start compactions faster than close waits for them
         with self.quiesced():
             if self.closed:
                 return

@@ -140,6 +140,7 @@ class MemoryStore(PeopleMixin):
         self.path = Path(path).expanduser() if path is not None else self._config.data_dir
         self._closed = True
         self._lock = threading.RLock()
+        self._close_lock = threading.Lock()  # two threads closing at once: the second waits, then returns
         self._recent_subjects: dict[str | None, list[str]] = {}  # engine thread: persons of the last facts
         self._count_tokens = None
         self._touched: dict[str, float] = {}  # engine thread: decay clock refreshes not yet journaled
@@ -640,9 +641,10 @@ class MemoryStore(PeopleMixin):
         self._require_open()
         if self._embedder is None:
             raise ModelError("reindex needs an embedding model; run 'reachy-memory model fetch'")
-        key = self._state.current_key
-        todo = sorted((r for r in self._state.records.values() if r.vkey != key), key=lambda r: r.created)
-        previous = self._state.previous_turns()
+        with self._lock:  # the records are read whole: no write may change them meanwhile
+            key = self._state.current_key
+            todo = sorted((r for r in self._state.records.values() if r.vkey != key), key=lambda r: r.created)
+            previous = self._state.previous_turns()
         for done in range(0, len(todo), batch):
             self._reembed(todo[done : done + batch], previous)
             if progress:
@@ -714,17 +716,21 @@ class MemoryStore(PeopleMixin):
         return self._closed
 
     def close(self) -> None:
-        """Compact if the journal holds changes, flush, and release the lock; idempotent."""
-        if self._closed:
-            return
-        try:
-            if self._touched:
-                with contextlib.suppress(ReachyMemoryError):  # a refresh lost on a failing disk is harmless
-                    self._flush_touches()
-            self._storage.close()
-        finally:
-            self._closed = True
-            self._dir_lock.release()
+        """Compact if the journal holds changes, flush, and release the lock; idempotent
+        and safe while other threads use the store (a write in flight finishes first,
+        later ones raise ClosedError).  Not from inside one of this store's own calls
+        (a signal handler interrupting one): set a flag there and close after."""
+        with self._close_lock:
+            if self._closed:
+                return
+            try:
+                if self._touched:
+                    with contextlib.suppress(ReachyMemoryError):  # a refresh lost on a failing disk is harmless
+                        self._flush_touches()
+                self._storage.close()
+            finally:
+                self._closed = True
+                self._dir_lock.release()
 
     def __enter__(self) -> MemoryStore:
         return self

@@ -5,6 +5,7 @@ a few seconds (``sys.setswitchinterval`` makes switches frequent)."""
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import random
 import string
@@ -343,6 +344,115 @@ def test_close_while_another_thread_writes_loses_no_acknowledged_memory(
     assert errors == []
     with MemoryStore(config=config, embedder=None) as reopened:
         assert len(reopened) == len(acked) and all(reopened.get(i) is not None for i in acked[-20:])
+
+
+def test_two_threads_closing_at_once_both_return_and_release_the_lock_once(config: Config) -> None:
+    """Both callers passed the closed check and both released the directory lock: the
+    second ``os.close`` raised EBADF, or closed a descriptor another thread had just
+    opened (43 of 100 tries before the close lock)."""
+    for round_ in range(20):
+        store = MemoryStore(config=config, embedder=None)
+        store.store(f"fact {round_}")
+        assert _close_twice_at_once(store) == [] and store.closed
+        with MemoryStore(config=config, embedder=None) as again:  # the lock is free
+            assert len(again) == round_ + 1
+
+
+def test_close_returns_while_writers_keep_the_journal_over_the_compaction_threshold(config: Config) -> None:
+    """With every write starting a background compaction, close() waited for one,
+    found the next one started meanwhile, and so on for as long as the writers ran
+    (still blocked after 10 s in 4 of 10 runs)."""
+    config = config.replace("memory", compact_journal_bytes=1)
+    store = MemoryStore(config=config, embedder=HashEmbedder())
+    stop, started, acked = threading.Event(), threading.Event(), []
+
+    def writer() -> None:
+        with contextlib.suppress(ReachyMemoryError):
+            while not stop.is_set():
+                acked.append(store.store("a note that grows the journal").id)
+                started.set()
+
+    writers = [threading.Thread(target=writer) for _ in range(2)]
+    for w in writers:
+        w.start()
+    assert started.wait(10)
+    waits: list[str] = []
+    real_wait = store._storage.wait
+
+    def counted_wait() -> None:
+        waits.append(threading.current_thread().name)
+        real_wait()
+
+    store._storage.wait = counted_wait  # type: ignore[method-assign]
+    closer = threading.Thread(target=store.close, name="closer")
+    closer.start()
+    closer.join(timeout=20)
+    stop.set()
+    for w in writers:
+        w.join(timeout=10)
+    assert not closer.is_alive(), "close() never returned while writes went on"
+    assert waits.count("closer") <= 2  # one compaction in flight at most, not one per write meanwhile
+    with MemoryStore(config=config, embedder=None) as again:
+        assert all(again.get(i) is not None for i in acked)
+
+
+def test_reindex_while_another_thread_writes_raises_nothing_foreign(config: Config) -> None:
+    """reindex listed the records without the lock: a write meanwhile made it raise
+    "dictionary changed size during iteration" (2 of 40 and 6 of 30 tries)."""
+    for round_ in range(4):
+        path = config.data_dir.parent / f"r{round_}"
+        cfg = config.replace("memory", path=str(path))
+        with MemoryStore(config=cfg, embedder=None) as lexical:  # memories without vectors
+            for start in range(0, 3000, 1000):
+                lexical.store_batch([{"content": f"pre {start + i}"} for i in range(1000)])
+        with MemoryStore(config=cfg, embedder=HashEmbedder()) as store:
+            assert _reindex_beside_a_writer(store) == []
+
+
+def _close_twice_at_once(store: MemoryStore) -> list[BaseException]:
+    """Call ``store.close()`` from two threads released together; what they raised."""
+    barrier, errors = threading.Barrier(2), []
+
+    def close() -> None:
+        barrier.wait()
+        try:
+            store.close()
+        except BaseException as exc:  # any exception at all breaks idempotency
+            errors.append(exc)
+
+    threads = [threading.Thread(target=close) for _ in range(2)]
+    with frequent_switches():
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=10)
+    return errors
+
+
+def _reindex_beside_a_writer(store: MemoryStore) -> list[BaseException]:
+    """Reindex ``store`` while another thread stores; what either raised."""
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def writer() -> None:
+        try:
+            while not stop.is_set():
+                store.store_batch([{"content": f"note {j}"} for j in range(5)])
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=writer)
+    with frequent_switches():
+        thread.start()
+        try:
+            if store.reindex(batch=64) < 3000:
+                errors.append(AssertionError("reindex skipped memories"))
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            stop.set()
+            thread.join(timeout=10)
+    return errors
 
 
 # -- 6. the daemon's per-op stats, recorded from three threads ---------------------------------
