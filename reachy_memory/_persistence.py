@@ -323,8 +323,17 @@ def backup_target(dest: str | Path, data_dir: Path, *, force: bool = False) -> P
 
     Raises ValidationError (nothing written) for a target inside the data
     directory, a symlink, a missing parent directory, or an existing file that
-    is not a backup (unless ``force``).
+    is not a backup (unless ``force``), a NUL byte or a name the file system refuses.
     """
+    if "\x00" in str(dest):
+        raise ValidationError("backup path contains a NUL byte", field="path")
+    try:
+        return _backup_target(dest, data_dir, force)
+    except OSError as exc:  # a name too long, a component that is a file, no permission
+        raise ValidationError(f"backup path {str(dest)[:200]!r}: {exc.strerror}", field="path") from exc
+
+
+def _backup_target(dest: str | Path, data_dir: Path, force: bool) -> Path:
     wants_dir = str(dest).endswith(os.sep)
     dest = Path(dest).expanduser()
     if wants_dir and not dest.is_dir():

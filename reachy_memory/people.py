@@ -370,8 +370,11 @@ def check_person(person: Person) -> None:
 def person_from_op(op: dict[str, Any]) -> Person:
     """The Person a ``person_put`` op describes. Raises ValidationError on a malformed op."""
     try:
+        aliases = op.get("aliases") or ()
+        if not isinstance(aliases, list | tuple):  # a bare string would become its letters
+            raise TypeError("aliases must be a list of strings")
         person = Person(id=_str_field(op, "id"), name=str(op["name"]), relation=op.get("relation"),
-                        aliases=tuple(op.get("aliases") or ()), owner=op.get("owner"),
+                        aliases=tuple(aliases), owner=op.get("owner"),
                         external_id=op.get("external_id"), metadata=dict(op.get("metadata") or {}),
                         created_at=to_datetime(float(op["created_at"])),
                         updated_at=to_datetime(float(op["updated_at"])))
@@ -403,7 +406,11 @@ def _united_aliases(kept: Person, gone: Person) -> tuple[str, ...]:
 def _merged_metadata(kept: Person, gone: Person) -> dict[str, Any]:
     metadata = {**gone.metadata, **kept.metadata}
     if kept.external_id and gone.external_id and kept.external_id != gone.external_id:
-        previous = list(metadata.get("merged_external_ids") or [])
+        previous = metadata.get("merged_external_ids") or []
+        if not isinstance(previous, list) or not all(isinstance(x, str) for x in previous):
+            # a caller's own value under the key this merge keeps: refuse rather than lose or split it
+            raise ValidationError("metadata.merged_external_ids must be a list of strings to merge "
+                                  "two persons with different external ids", field="metadata")
         metadata["merged_external_ids"] = [*previous, gone.external_id]
     return metadata
 

@@ -624,6 +624,8 @@ def _backup(d: Daemon, job: _Job) -> dict[str, Any]:
     path = job.args["path"]
     if not path:
         raise ValidationError("path must be a non-empty string", field="path")
+    if not os.path.isabs(os.path.expanduser(path)):  # else it lands in the daemon's working directory
+        raise ValidationError(f"backup path {path[:200]!r} must be absolute", field="path")
     return d.store.backup(path, force=job.args["force"])
 
 

@@ -255,6 +255,20 @@ def test_a_result_over_the_reply_limit_is_too_large_and_export_pages_shrink(tmp_
         assert d.stop() == 0
 
 
+@pytest.mark.parametrize(("path", "says"), [
+    ("/tmp/a\x00b", "NUL"),  # os functions raised a foreign ValueError ('internal' reply)
+    ("/tmp/" + "x" * 300, "too long"),  # OSError ENAMETOOLONG ('internal' reply)
+    ("relative.rms", "absolute"),  # would land in the daemon's working directory
+    (" ", "absolute"),  # the same, with a name that is easy to miss
+])
+def test_a_bad_backup_path_is_a_validation_error_and_writes_nothing(
+        daemon: DaemonProcess, path: str, says: str) -> None:
+    with daemon.client() as c, pytest.raises(ValidationError, match=says):
+        c.backup(path)
+    if says == "absolute":  # the daemon runs in the repository (tests/daemon_util.py)
+        assert not (ROOT / path).exists()
+
+
 def test_a_huge_filter_is_refused_before_it_is_decoded(daemon: DaemonProcess) -> None:
     where = {"$or": [{"n": i} for i in range(125_000)]}  # 868 KB: under the frame limit
     with daemon.client(timeout=10) as c:

@@ -197,6 +197,30 @@ def test_merge_refuses_self_and_unknown() -> None:
         reg.merge_people(a.id, "nobody")
 
 
+@pytest.mark.parametrize("previous", [
+    5,  # not a list: list(5) raised a foreign TypeError
+    "abc",  # a string: it was split into ['a', 'b', 'c', ...]
+    {"x": 1},  # a map: only its keys were kept
+    ["ok", 3],  # a list holding a non-string
+])
+def test_merge_refuses_a_callers_merged_external_ids_that_is_not_a_list_of_strings(previous: object) -> None:
+    reg = registry()
+    keep, other = commit(reg, [reg.add_person("A", external_id="ea", metadata={"merged_external_ids": previous}),
+                               reg.add_person("B", external_id="eb")])
+    with pytest.raises(ValidationError, match="merged_external_ids"):
+        reg.merge_people(keep.id, other.id)
+    assert reg.get(other.id) == other  # nothing merged
+
+
+def test_a_person_op_whose_aliases_are_a_string_is_refused_not_split_into_letters() -> None:
+    reg = registry()
+    [p] = commit(reg, [reg.add_person("A")])
+    op = p.to_op() | {"id": "imported", "aliases": "abc"}
+    with pytest.raises(ValidationError):
+        reg.apply(op)
+    assert reg.get("imported") is None
+
+
 def test_update_and_delete() -> None:
     reg = registry()
     [p] = commit(reg, [reg.add_person("sarah")])
