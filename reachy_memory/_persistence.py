@@ -23,11 +23,13 @@ previous generation (``snapshot.prev.rms`` + ``journal.prev.rmj`` +
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 import stat
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -315,6 +317,23 @@ def snapshot_usable(directory: Path) -> bool:
         return (journal_generation(jr.read_file(journal, jr.JOURNAL)) or 0) == 0
     except CorruptionError:
         return True  # the journal's own damage is repaired frame by frame, not here
+
+
+# What decoding a well-checksummed but malformed file raises from Python and numpy:
+# a frame rewritten with a valid CRC (a bug elsewhere, or tampering) reaches the state.
+DAMAGE = (TypeError, ValueError, KeyError, IndexError, AttributeError, OverflowError, ZeroDivisionError)
+
+
+@contextlib.contextmanager
+def damage_is_corruption(where: Path) -> Iterator[None]:
+    """Turn a foreign exception raised while reading the files of ``where`` into
+    CorruptionError (its type and text kept in the message and as the cause)."""
+    try:
+        yield
+    except DAMAGE as exc:
+        raise CorruptionError(f"{where}: a file holds content this version cannot read, though its checksum "
+                              f"matches ({type(exc).__name__}: {str(exc)[:200]}). Run 'reachy-memory verify'",
+                              path=str(where), offset=-1) from exc
 
 
 def backup_target(dest: str | Path, data_dir: Path, *, force: bool = False) -> Path:

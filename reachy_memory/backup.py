@@ -19,10 +19,10 @@ import numpy as np
 
 from . import _persistence as files
 from . import journal as jr
-from ._persistence import JOURNAL_FILE, PREV_JOURNAL_FILE, SNAPSHOT_FILE, read_snapshot
+from ._persistence import JOURNAL_FILE, PREV_JOURNAL_FILE, SNAPSHOT_FILE, damage_is_corruption, read_snapshot
 from ._records import Record, decode
 from .config import Config
-from .errors import ReachyMemoryError, StorageError, StoreLockedError, ValidationError
+from .errors import CorruptionError, ReachyMemoryError, StorageError, StoreLockedError, ValidationError
 from .vector_index import BF16_TOLERANCE, ITEM_BYTES, widen
 
 log = logging.getLogger(__name__)
@@ -59,12 +59,16 @@ def verify(path: str | Path, progress: Progress | None = None) -> VerifyReport:
     """
     path = Path(path).expanduser()
     report = VerifyReport(str(path))
-    if path.is_dir():
-        _verify_dir(path, report, progress)
-    elif path.is_file():
-        _verify_snapshot(path, report, progress)
-    else:
-        report.problems.append(f"{path} does not exist")
+    try:
+        with damage_is_corruption(path):
+            if path.is_dir():
+                _verify_dir(path, report, progress)
+            elif path.is_file():
+                _verify_snapshot(path, report, progress)
+            else:
+                report.problems.append(f"{path} does not exist")
+    except CorruptionError as exc:  # malformed content behind a valid checksum
+        report.problems.append(str(exc))
     return report
 
 

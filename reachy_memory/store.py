@@ -151,7 +151,8 @@ class MemoryStore(PeopleMixin):
         self._dir_lock.acquire()
         try:
             files.tighten_files(self.path)
-            self._open(embedder, reindex, recover)
+            with files.damage_is_corruption(self.path):
+                self._open(embedder, reindex, recover)
         except BaseException:
             self._dir_lock.release()
             raise

@@ -574,6 +574,7 @@ def _save_one(graph: hnswlib.Index, path: Path) -> int:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         graph.save_index(str(tmp))
+        os.chmod(tmp, 0o600)  # hnswlib creates it with the umask's mode; the data dir's files are private
         crc = zlib.crc32(tmp.read_bytes())
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
@@ -589,7 +590,9 @@ def _meta_path(path: Path) -> Path:
 
 def _write_meta(path: Path, meta: dict[str, Any]) -> None:
     try:
-        _meta_path(path).write_bytes(pack(meta))
+        meta_path = _meta_path(path)
+        meta_path.write_bytes(pack(meta))
+        os.chmod(meta_path, 0o600)
     except OSError as exc:
         raise StorageError(f"cannot write {path}.meta: {exc.strerror}", path=str(path)) from exc
 

@@ -4,6 +4,7 @@ recovered, and no acknowledged frame is lost (docs/FORMAT.md, "Frames")."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from store_util import abandon
@@ -12,6 +13,7 @@ from reachy_memory import Config, CorruptionError, FormatVersionError, MemorySto
 from reachy_memory import backup as bk
 from reachy_memory import journal as jr
 from reachy_memory._persistence import JOURNAL_FILE, read_snapshot
+from tests.conftest import HashEmbedder
 
 
 def _frames_file(path: Path, n: int = 4) -> tuple[bytes, list[int]]:
@@ -111,3 +113,52 @@ def test_torn_tail_is_set_aside_not_thrown_away(config: Config) -> None:
         assert len(store) == 1
     (aside,) = config.data_dir.glob("journal.rmj.torn-*")
     assert aside.read_bytes() == torn
+
+
+# -- malformed content behind a valid checksum ---------------------------------------------------
+
+
+def _rewrite_journal_frame(path: Path, change: Any) -> None:
+    """Replace the journal's last frame by ``change(frame)``, re-framed with a valid CRC."""
+    frames = jr.read_file(path, jr.JOURNAL).frames
+    frames[-1] = change(frames[-1])
+    path.write_bytes(jr.header(jr.JOURNAL) + b"".join(jr.encode_frame(f) for f in frames))
+
+
+def _rewrite_snapshot_section(path: Path, index: int, change: Any) -> None:
+    """Replace snapshot section ``index`` by ``change(section)``; the file stays well-checksummed."""
+    frames = jr.read_file(path, jr.SNAPSHOT, raw=frozenset({2})).frames
+    frames[index] = change(frames[index])
+    frames[2] = jr.RawBin(bytes(jr.raw_bin(frames[2])))
+    jr.write_snapshot(path, frames)
+
+
+def _first_record(section: dict[str, Any], **change: Any) -> dict[str, Any]:
+    return {"records": [{**r, **change} if i == 0 else r for i, r in enumerate(section["records"])]}
+
+
+@pytest.mark.parametrize(("file", "change"), [
+    # journal: each raised a foreign exception from open (a helper's attack)
+    ("journal", lambda ops: [[o[0], {**o[1], "metadata": None}, o[2]] for o in ops]),  # AttributeError
+    ("journal", lambda ops: [[o[0], o[1], o[2][:15]] for o in ops]),  # a 15-byte vector: ValueError
+    ("journal", lambda ops: None),  # a frame that is not a list: TypeError
+    # snapshot sections (1 records, 3 lexical, 4 window)
+    ("snapshot", (1, lambda s: _first_record(s, type=""))),  # KeyError
+    ("snapshot", (1, lambda s: _first_record(s, slot=-923))),  # IndexError
+    ("snapshot", (4, lambda s: {"window": None})),  # TypeError
+])
+def test_malformed_content_with_a_valid_checksum_is_corruption_not_a_foreign_error(
+        config: Config, file: str, change: Any) -> None:
+    with MemoryStore(config=config, embedder=HashEmbedder()) as store:
+        store.store_batch([{"content": f"fact {i}", "metadata": {"n": i}} for i in range(30)])
+        store.compact()
+        store.store_batch([{"content": f"later {i}"} for i in range(5)])
+        abandon(store)  # keep the journal frame (a clean close would compact it away)
+    if file == "journal":
+        _rewrite_journal_frame(config.data_dir / JOURNAL_FILE, change)
+    else:
+        _rewrite_snapshot_section(config.data_dir / "snapshot.rms", *change)
+    with pytest.raises(CorruptionError, match="checksum matches"):
+        MemoryStore(config=config, embedder=None)
+    report = bk.verify(config.data_dir)  # never raises, whatever it finds
+    assert isinstance(report.ok, bool)

@@ -184,13 +184,15 @@ def test_files_are_private_whatever_the_umask(tmp_path: Path, base_config: Confi
     os.chmod(data, 0o755)  # an existing, too open data dir
     old = os.umask(0o022)
     try:
-        cfg = base_config.replace("memory", path=str(data))
+        # exact_below 4: the graph cache is written too (hnswlib made it 0644)
+        cfg = base_config.replace("memory", path=str(data)).replace("search", exact_below=4)
         with MemoryStore(config=cfg, embedder=HashEmbedder()) as store:
-            store.store("private")
+            store.store_batch([{"content": f"private {i}"} for i in range(20)])
             store.compact()
     finally:
         os.umask(old)
     assert stat.S_IMODE(data.stat().st_mode) == 0o700
+    assert any(p.name.startswith("vectors.hnsw") for p in data.iterdir())
     for path in data.iterdir():
         assert stat.S_IMODE(path.stat().st_mode) & 0o077 == 0, path.name
 
