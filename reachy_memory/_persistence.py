@@ -287,7 +287,7 @@ def _covered_offset(directory: Path, generation: int | None) -> float:
     current journal's head names (the rest was carried into the current journal)."""
     try:
         head = jr.read_file(directory / JOURNAL_FILE, jr.JOURNAL).frames[0]
-    except (CorruptionError, OSError, IndexError):
+    except (StorageError, OSError, IndexError):  # damaged or missing: all of the previous journal
         return math.inf
     follows = follows_of(head)
     return follows[1] if follows is not None and follows[0] == generation else math.inf
@@ -296,6 +296,23 @@ def _covered_offset(directory: Path, generation: int | None) -> float:
 def _previous_snapshot(directory: Path) -> dict[str, Any] | None:
     path = directory / PREV_SNAPSHOT_FILE
     return read_snapshot(path) if path.exists() else None
+
+
+def previous_generation_kept(directory: Path) -> list[str]:
+    """The previous generation's files on disk (present once a compaction has run)."""
+    return [name for name in (PREV_SNAPSHOT_FILE, PREV_JOURNAL_FILE) if (directory / name).exists()]
+
+
+def require_journal(directory: Path) -> None:
+    """Refuse to start a fresh journal in a store that had one: with ``journal.rmj``
+    gone (deleted, or lost with its directory entry), opening would silently drop
+    every write since the last compaction.  Raises CorruptionError (nothing changed)."""
+    kept = previous_generation_kept(directory)
+    if kept and not (directory / JOURNAL_FILE).exists():
+        raise CorruptionError(f"{directory}: {JOURNAL_FILE} is missing although {' and '.join(kept)} show "
+                              "this store has one; the writes since the last compaction are in it. "
+                              "Nothing was changed. Put the file back, or run 'reachy-memory verify --repair' "
+                              "to go on without them", path=str(directory / JOURNAL_FILE), offset=0)
 
 
 def snapshot_usable(directory: Path) -> bool:
@@ -312,7 +329,7 @@ def snapshot_usable(directory: Path) -> bool:
             return False
         return True
     if not journal.exists():
-        return True
+        return not previous_generation_kept(directory)  # both current files gone: rebuild from the previous
     try:
         return (journal_generation(jr.read_file(journal, jr.JOURNAL)) or 0) == 0
     except CorruptionError:

@@ -68,10 +68,14 @@ class Storage:
         """The state was rebuilt from the previous generation (``verify --repair``)."""
         self.generation, self.follows = generation + 1, None
 
-    def open(self) -> None:
+    def open(self, *, rebuilding: bool = False) -> None:
         """Open the journal and replay it into the state.  Raises CorruptionError
-        (nothing changed on disk) when the journal does not follow the snapshot."""
+        (nothing changed on disk) when the journal does not follow the snapshot, or is
+        missing where a previous generation shows there was one (unless ``rebuilding``
+        from that generation)."""
         files.complete_switch(self.path, self.generation)
+        if not rebuilding:
+            files.require_journal(self.path)
         mem = self.config.memory
         self.journal = jr.Journal(self.path / JOURNAL_FILE, mem.fsync, mem.fsync_batch_window_ms)
         try:

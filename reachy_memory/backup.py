@@ -77,6 +77,9 @@ def _verify_dir(path: Path, report: VerifyReport, progress: Progress | None) -> 
     generation = _verify_snapshot(snapshot, report, progress) if snapshot.exists() else 0
     if journal.exists():
         _verify_journal(journal, generation, report)
+    elif files.previous_generation_kept(path):
+        report.problems.append(f"{journal} is missing although the previous generation is on disk: the writes "
+                               "since the last compaction are in it (put it back, or --repair to go on without)")
     if (path / PREV_JOURNAL_FILE).exists():
         _verify_frames(path / PREV_JOURNAL_FILE, report)
     if not snapshot.exists() and report.ok:
@@ -222,11 +225,24 @@ def repair(path: str | Path, config: Config | None = None) -> list[jr.RepairRepo
         reports = [jr.repair_file(path / name, jr.JOURNAL) for name in (JOURNAL_FILE, PREV_JOURNAL_FILE)
                    if (path / name).exists()]
         usable = files.snapshot_usable(path)
+        if usable and not (path / JOURNAL_FILE).exists() and files.previous_generation_kept(path):
+            reports.append(_start_empty_journal(path))
     finally:
         lock.release()
     if not usable:
         reports.append(_rebuild_snapshot(path, config or Config()))
     return reports
+
+
+def _start_empty_journal(path: Path) -> jr.RepairReport:
+    """The current journal is gone: accept the loss of the writes it held and start the
+    snapshot's generation afresh (the store refuses to open until this is asked for)."""
+    generation = int(read_snapshot(path / SNAPSHOT_FILE).get("generation", 0))
+    files.write_next_journal(path, generation)
+    files.complete_switch(path, generation)
+    log.warning("%s was missing: started an empty journal; the writes since the last compaction are lost",
+                path / JOURNAL_FILE)
+    return jr.RepairReport(str(path / JOURNAL_FILE), 0, None, None)
 
 
 def _rebuild_snapshot(path: Path, config: Config) -> jr.RepairReport:

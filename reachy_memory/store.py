@@ -183,7 +183,7 @@ class MemoryStore(PeopleMixin):
         if base is not None:  # rebuild: the previous generation's ops, then the current journal
             self._storage.apply(base.ops)
             self._storage.rebuilt_from(base.generation)
-        self._storage.open()
+        self._storage.open(rebuilding=base is not None)
         try:
             self._check_model(reindex)
         except BaseException:

@@ -162,3 +162,26 @@ def test_malformed_content_with_a_valid_checksum_is_corruption_not_a_foreign_err
         MemoryStore(config=config, embedder=None)
     report = bk.verify(config.data_dir)  # never raises, whatever it finds
     assert isinstance(report.ok, bool)
+
+
+@pytest.mark.parametrize("removed", [
+    (JOURNAL_FILE,),  # opened without the writes since the last compaction, silently
+    (JOURNAL_FILE, "snapshot.rms"),  # opened EMPTY although the previous generation was on disk
+])
+def test_a_missing_journal_is_refused_reported_and_repaired_only_on_request(
+        config: Config, removed: tuple[str, ...]) -> None:
+    with MemoryStore(config=config, embedder=HashEmbedder()) as store:
+        kept = [m.id for m in store.store_batch([{"content": f"fact {i}"} for i in range(20)])]
+        store.compact()
+        store.compact()  # a previous generation on disk, holding all 20
+        store.store("written after the last compaction")
+        abandon(store)
+    for name in removed:
+        (config.data_dir / name).unlink()
+    with pytest.raises(CorruptionError, match="missing"):
+        MemoryStore(config=config, embedder=None)
+    assert not bk.verify(config.data_dir).ok
+    bk.repair(config.data_dir, config)
+    with MemoryStore(config=config, embedder=None) as store:  # what the kept files hold
+        assert sorted(m.id for m in store.export_page(None, 100)[0]) == sorted(kept)
+    assert bk.verify(config.data_dir).ok
