@@ -176,10 +176,24 @@ def decode(obj: Any) -> Record:
                 fields[name] = tuple(fields[name])
         if not isinstance(fields["content"], str) or not isinstance(fields.get("previous_text"), str | None):
             raise ValidationError("record texts must be strings", field="record")  # the indexes tokenise them
-        return _shared_strings(Record(**fields))
+        return _checked_times(_shared_strings(Record(**fields)))
     if isinstance(obj, list | tuple) and len(obj) == len(_V1_FIELDS):
-        return _shared_strings(Record(*obj))
+        return _checked_times(_shared_strings(Record(*obj)))
     raise ValidationError(f"not a record: {type(obj).__name__}", field="record")
+
+
+# Epoch seconds a datetime can show (years 1..9999, with a day's margin for time zones).
+_EARLIEST, _LATEST = -62_135_510_400.0, 253_402_214_400.0
+
+
+def _checked_times(rec: Record) -> Record:
+    """``rec``, its times checked: a stored time a datetime cannot show (2^40 s is in
+    the year 36812) would make every listing of the memory fail, long after open."""
+    for name in ("created", "expires", "last_access"):
+        value = getattr(rec, name)
+        if value is not None and not (isinstance(value, int | float) and _EARLIEST <= value <= _LATEST):
+            raise ValidationError(f"record {name} {value!r} is not a usable time", field="record")
+    return rec
 
 
 def _shared_strings(rec: Record) -> Record:
