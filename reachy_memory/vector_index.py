@@ -48,7 +48,7 @@ import numpy as np
 
 from ._threads import big_buffer, release_pages
 from .errors import StorageError
-from .journal import fsync_dir, pack, unpack
+from .journal import fsync_dir, pack, unpack, write_atomic
 
 log = logging.getLogger(__name__)
 _NONE = (np.zeros(0, np.int64), np.zeros(0, np.float32))
@@ -589,12 +589,7 @@ def _meta_path(path: Path) -> Path:
 
 
 def _write_meta(path: Path, meta: dict[str, Any]) -> None:
-    try:
-        meta_path = _meta_path(path)
-        meta_path.write_bytes(pack(meta))
-        os.chmod(meta_path, 0o600)
-    except OSError as exc:
-        raise StorageError(f"cannot write {path}.meta: {exc.strerror}", path=str(path)) from exc
+    write_atomic(_meta_path(path), [pack(meta)], durable=False)  # 0600; a cache: no fsync needed
 
 
 def _read_meta(path: Path) -> dict[str, Any] | None:
