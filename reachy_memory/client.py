@@ -331,8 +331,14 @@ class MemoryClient(_Base):
 
     def _roundtrip(self, op: str, args: dict[str, Any], timeout: float) -> dict[str, Any]:
         request_id, frame = self._encode(op, args, timeout)
-        self._sock.send(frame)
         deadline = time.monotonic() + timeout
+        # A DEALER with no live pipe blocks a plain send forever: after a failed
+        # handshake (a client without the daemon's CURVE keys) libzmq drops the pipe
+        # and does not reconnect. Wait for room within the call's own deadline.
+        if self._sock.poll(int(timeout * 1000) + 1, zmq.POLLOUT):
+            self._sock.send(frame, zmq.NOBLOCK)
+        else:
+            deadline = 0.0
         while (left := deadline - time.monotonic()) > 0:
             if not self._sock.poll(int(left * 1000) + 1, zmq.POLLIN):
                 break
@@ -401,9 +407,11 @@ class AsyncMemoryClient(_Base):
         self._pending[request_id] = future
         if self._reader is None or self._reader.done():
             self._reader = asyncio.create_task(self._read())
-        await cast(Awaitable[Any], self._sock.send(frame))
         try:
-            return await asyncio.wait_for(future, timeout)
+            # bounded for the same reason as the blocking client's send
+            async with asyncio.timeout(timeout):
+                await cast(Awaitable[Any], self._sock.send(frame))
+                return await future
         except TimeoutError:
             raise RequestTimeoutError(f"no reply to {op!r} from {self.endpoint} within {timeout:.3g} s",
                                       op=op, endpoint=self.endpoint) from None

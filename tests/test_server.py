@@ -213,6 +213,46 @@ def test_client_timeout_leaves_client_usable_and_reconnects(tmp_path: Path) -> N
             d.stop()
 
 
+@pytest.mark.parametrize("client_class", [MemoryClient, AsyncMemoryClient])
+def test_a_socket_with_no_peer_to_send_to_times_out_instead_of_hanging(
+        client_class: type[MemoryClient] | type[AsyncMemoryClient], monkeypatch: pytest.MonkeyPatch) -> None:
+    # A DEALER without a live pipe blocks a plain send forever; libzmq drops the pipe
+    # after a failed CURVE handshake (the CI hang of stop 26). ZMQ_IMMEDIATE towards a
+    # port nobody listens on gives that state deterministically.
+
+    def no_pipe(self: Any, ctx: zmq.Context) -> zmq.Socket:
+        sock = ctx.socket(zmq.DEALER)
+        sock.linger, sock.immediate = 0, 1
+        sock.connect(self.endpoint)
+        return sock
+
+    monkeypatch.setattr(client_class, "_socket", no_pipe)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        endpoint = f"tcp://127.0.0.1:{probe.getsockname()[1]}"  # closed again below: nobody listens
+    outcome: dict[str, BaseException] = {}
+
+    async def async_ping() -> None:
+        async with AsyncMemoryClient(endpoint, timeout=0.3) as client:
+            await client.ping()
+
+    def call() -> None:
+        try:
+            if client_class is AsyncMemoryClient:
+                asyncio.run(async_ping())
+            else:
+                with MemoryClient(endpoint, timeout=0.3) as client:
+                    client.ping()
+        except BaseException as exc:
+            outcome["error"] = exc
+
+    caller = threading.Thread(target=call, daemon=True)
+    caller.start()
+    caller.join(10)
+    assert not caller.is_alive(), "the send waited past the call's timeout"
+    assert isinstance(outcome.get("error"), RequestTimeoutError), outcome
+
+
 def test_second_daemon_is_refused(daemon: DaemonProcess, tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     same_endpoint = subprocess.run([sys.executable, "-m", "reachy_memory.cli", "serve", "--config",
