@@ -45,7 +45,7 @@ from ._records import Record
 from ._supersession import decide
 from .errors import NotFoundError, ReachyMemoryError, ValidationError
 from .model import SEARCH_LIMIT, SEARCH_MIN_SCORE, Memory, MemoryType, SearchResult
-from .people import Person, PersonRegistry, Resolution, person_from_op
+from .people import Person, PersonRegistry, Resolution, check_metadata, person_from_op
 
 if TYPE_CHECKING:
     import threading
@@ -562,7 +562,8 @@ def _when(n: int, value: Any, field: str) -> float:
 
 
 def _person_op(n: int, p: Any) -> dict[str, Any]:
-    """The ``person_put`` op recreating an exported person (checked)."""
+    """The ``person_put`` op recreating an exported person (checked; its metadata as a
+    caller's: ``people.check_metadata``)."""
     if not isinstance(p, Mapping):
         raise ValidationError(f"person {n}: not a map", field="people")
     op = {"op": "person_put", **{k: p.get(k) for k in ("id", "name", "relation", "aliases", "owner",
@@ -570,6 +571,7 @@ def _person_op(n: int, p: Any) -> dict[str, Any]:
     op["created_at"] = _when(n, p.get("created_at"), "created_at")
     op["updated_at"] = _when(n, p.get("updated_at") or p.get("created_at"), "updated_at")
     try:
+        op["metadata"] = check_metadata(op["metadata"])
         return person_from_op(op).to_op()
     except ValidationError as exc:
         raise ValidationError(f"person {n}: {exc.message}", field="people") from exc

@@ -29,6 +29,14 @@ tier the owner's own people come before shared ones (``owner=None``), then
 the most recently updated.  A person whose name is not known yet ("my wife")
 has ``name == ""`` and is shown as "the user's wife".
 
+Metadata: what a caller gives (``add_person``, ``update_person``, an import)
+follows the rules of a memory's metadata (``_filters.validate_metadata``: str
+keys not starting with ``$``; values str, int, finite float, bool, None or lists
+of those) within ``MAX_METADATA_BYTES`` and ``MAX_METADATA_KEYS``.  Stored
+persons (journal, snapshot) are only checked for shape and size when read, so
+persons written before these rules still load; ``merge_people`` keeps the
+stored metadata of both as it is (plus ``merged_external_ids``, a list of str).
+
 Owner scoping: a person belongs to an owner (a user of the robot) or, with
 ``owner=None``, to the household.  ``people(owner="alex")`` and
 ``find_person(..., owner="alex")`` see Alex's people plus household ones;
@@ -50,6 +58,7 @@ from typing import Any, NamedTuple
 
 import msgpack
 
+from ._filters import validate_metadata
 from ._mentions import Reference, extract_mentions, norm, parse_reference, pronoun_gender
 from .errors import NotFoundError, TooLargeError, ValidationError
 from .model import to_datetime, to_epoch
@@ -60,6 +69,7 @@ MAX_ALIASES = 32
 MAX_ALIAS_CHARS = 100
 MAX_EXTERNAL_ID_CHARS = 200
 MAX_METADATA_BYTES = 4096  # packed msgpack
+MAX_METADATA_KEYS = 64
 MAX_REFERENCE_CHARS = 200
 MAX_SENTENCE_CHARS = 4000
 OPS = ("person_put", "person_merge", "person_delete")
@@ -221,7 +231,7 @@ class PersonRegistry:
         now = self._clock()
         person = Person(id=self._new_id(), name=_display(name), relation=_relation(relation),
                         aliases=_aliases(aliases), owner=owner, external_id=external_id,
-                        metadata=dict(metadata or {}), created_at=to_datetime(now), updated_at=to_datetime(now))
+                        metadata=check_metadata(metadata), created_at=to_datetime(now), updated_at=to_datetime(now))
         self._check_person(person)
         return Resolution(person, True, person.to_op())
 
@@ -266,6 +276,8 @@ class PersonRegistry:
             changes["relation"] = _relation(changes["relation"])
         if "aliases" in changes:
             changes["aliases"] = _aliases(changes["aliases"])
+        if "metadata" in changes:
+            changes["metadata"] = check_metadata(changes["metadata"])
         updated = replace(person, **changes, updated_at=to_datetime(self._clock()))
         self._check_person(updated)
         return Resolution(updated, False, updated.to_op())
@@ -273,8 +285,10 @@ class PersonRegistry:
     def merge_people(self, keep: str, other: str) -> Merge:
         """Plan merging ``other`` into ``keep``: aliases united (other's name becomes one),
         missing relation / external id taken from ``other`` (a second external id goes
-        to ``metadata["merged_external_ids"]``), keep's metadata wins.  Raises
-        NotFoundError, ValidationError (same person, or the union is too large).
+        to ``metadata["merged_external_ids"]``), keep's metadata wins.  The stored
+        metadata is not re-checked against the input rules (``check_metadata``), only
+        for size.  Raises NotFoundError, ValidationError (same person, or the union
+        is too large).
         """
         kept, gone = self._require(keep), self._require(other)
         if kept.id == gone.id:
@@ -364,11 +378,22 @@ def check_person(person: Person) -> None:
     for name, value in (("owner", person.owner), ("external_id", person.external_id)):
         if value is not None:
             _check_text(value, name, MAX_EXTERNAL_ID_CHARS)
-    _check_metadata(person.metadata)
+    _check_stored_metadata(person.metadata)
+
+
+def check_metadata(metadata: Any) -> dict[str, Any]:
+    """A clean copy of metadata a caller gives for a person (None: ``{}``), under the
+    rules of a memory's metadata (``_filters.validate_metadata``) with the person
+    limits ``MAX_METADATA_BYTES`` and ``MAX_METADATA_KEYS``.  Raises ValidationError /
+    TooLargeError whose ``field`` is ``"metadata"`` or ``"metadata.<key>"``."""
+    return validate_metadata(metadata, max_bytes=MAX_METADATA_BYTES, max_keys=MAX_METADATA_KEYS)
 
 
 def person_from_op(op: dict[str, Any]) -> Person:
-    """The Person a ``person_put`` op describes. Raises ValidationError on a malformed op."""
+    """The Person a ``person_put`` op describes. Raises ValidationError on a malformed op.
+
+    Its metadata is checked for shape and size only (stored persons must load);
+    new input goes through :func:`check_metadata` first."""
     try:
         aliases = op.get("aliases") or ()
         if not isinstance(aliases, list | tuple):  # a bare string would become its letters
@@ -461,7 +486,10 @@ def _check_text(value: Any, name: str, limit: int, allow_empty: bool = False) ->
         raise ValidationError(f"{name} must not contain control characters", field=name)
 
 
-def _check_metadata(metadata: Any) -> None:
+def _check_stored_metadata(metadata: Any) -> None:
+    """Shape and size of a person's metadata as stored: a str-keyed dict that packs
+    within ``MAX_METADATA_BYTES``.  Looser than :func:`check_metadata` on purpose:
+    persons stored before it (NaN, bytes, nested maps...) must still load."""
     if not isinstance(metadata, dict) or not all(isinstance(k, str) for k in metadata):
         raise ValidationError("metadata must be a dict with string keys", field="metadata")
     try:

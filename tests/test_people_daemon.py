@@ -60,6 +60,14 @@ def test_persons_through_the_daemon(client: MemoryClient) -> None:
     assert {p.name for p in client.people()} >= {"Tom"}
 
 
+def test_person_metadata_the_rules_refuse_is_a_validation_error(client: MemoryClient) -> None:
+    """NaN metadata (which the daemon stored before) is refused as bad_request, not internal."""
+    with pytest.raises(ValidationError) as err:
+        client.add_person("Quinn", metadata={"score": float("nan")})
+    assert err.value.remote_code == "bad_request" and err.value.field == "metadata.score"  # type: ignore[attr-defined]
+    assert "Quinn" not in {p.name for p in client.people()}
+
+
 def test_named_notes_and_archives(client: MemoryClient) -> None:
     note = client.remember("Feed the cat at 7", name="cat routine", aliases=["cat"])[0]
     assert client.note("CAT").id == note.id

@@ -4,13 +4,16 @@ archives, one-call context, persistence of all of it, lexical-only mode."""
 
 from __future__ import annotations
 
+import math
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import msgpack
 import pytest
 
-from reachy_memory import Config, MemoryStore, NotFoundError, ValidationError
+from reachy_memory import Config, MemoryStore, NotFoundError, TooLargeError, ValidationError
 from reachy_memory.embedding import OnnxEmbedder
 
 FIXTURE_V1 = Path(__file__).parent / "fixtures" / "v1_store"
@@ -152,6 +155,70 @@ def test_external_id_anchors_a_person(people_store: MemoryStore) -> None:
     assert found is not None and found.id == person.id
     updated = people_store.update_person(person.id, relation="son")
     assert people_store.find_person("my son").id == updated.id  # type: ignore[union-attr]
+
+
+VALID_METADATA = {"nick": "Sassy", "age": 41, "height_m": 1.68, "vegan": True, "pet": None,
+                  "languages": ["fr", "en"], "merged_external_ids": ["face:1"]}
+
+
+@pytest.mark.parametrize(("metadata", "error"), [
+    ({"score": math.nan}, ValidationError),  # NaN: memory metadata refuses it, person metadata took it
+    ({"score": math.inf}, ValidationError),  # inf, likewise
+    ({"photo": b"\x89PNG"}, ValidationError),  # bytes
+    ({"x": msgpack.ExtType(5, b"x")}, ValidationError),  # a msgpack ext value
+    ({"a": {"b": {"c": {"d": 1}}}}, ValidationError),  # nested maps (only scalars and lists of scalars)
+    ({"tags": [["a"]]}, ValidationError),  # a list of lists
+    ({"$where": "x"}, ValidationError),  # a key starting with '$' (a filter operator)
+    ({"": "x"}, ValidationError),  # an empty key
+    ({1: "x"}, ValidationError),  # a non-string key
+    ({"blob": "x" * 5000}, TooLargeError),  # over MAX_METADATA_BYTES (4096 packed)
+    ({f"k{i}": i for i in range(65)}, TooLargeError),  # over MAX_METADATA_KEYS (64)
+    ("nick=Sassy", ValidationError),  # not a map
+    (VALID_METADATA, None),  # valid: every kind of value allowed, merge's own key included
+])
+def test_person_metadata_follows_the_memory_metadata_rules(lexical_store: MemoryStore, metadata: Any,
+                                                           error: type[ValidationError] | None) -> None:
+    """add_person and update_person check metadata as store() does (field "metadata" or
+    "metadata.<key>"), and a refused call stores nothing."""
+    if error is None:
+        person = lexical_store.add_person("Sarah", metadata=metadata)
+        assert person.metadata == metadata == lexical_store.update_person(person.id, metadata=metadata).metadata
+        return
+    with pytest.raises(error) as added:
+        lexical_store.add_person("Sarah", metadata=metadata)
+    assert lexical_store.people() == []
+    person = lexical_store.add_person("Sarah", metadata={"nick": "Sassy"})
+    with pytest.raises(error) as updated:
+        lexical_store.update_person(person.id, metadata=metadata)
+    assert lexical_store.people() == [person]
+    for err in (added, updated):
+        assert err.value.field == "metadata" or err.value.field.startswith("metadata.")  # type: ignore[attr-defined]
+
+
+def test_imported_person_metadata_follows_the_same_rules(lexical_store: MemoryStore) -> None:
+    person = {"id": "p1", "name": "Ida", "created_at": 1.7e9, "metadata": {"score": math.nan}}
+    with pytest.raises(ValidationError, match="person 0"):
+        lexical_store.import_memories([], people=[person])
+    assert lexical_store.people() == []
+
+
+def test_persons_stored_before_the_metadata_rules_still_load_update_and_merge(config: Config) -> None:
+    """The rules apply to new input: a person whose stored metadata they refuse (written
+    by an older version) opens, can be renamed and merged, and its metadata is kept."""
+    old = {"score": math.nan, "photo": b"\x89PNG", "deep": {"a": {"b": 1}}, "$odd": 1}
+    op = {"op": "person_put", "id": "old", "name": "Ida", "relation": None, "aliases": [], "owner": None,
+          "external_id": "face:1", "metadata": old, "created_at": 1.7e9, "updated_at": 1.7e9}
+    with MemoryStore(config=config, embedder=None) as store:
+        store._commit([op])  # as an older version journaled it
+    for _ in range(2):  # from the journal, then from the snapshot written on close
+        with MemoryStore(config=config, embedder=None) as store:
+            person = store.find_person("Ida")
+            assert person is not None and math.isnan(person.metadata["score"])
+    with MemoryStore(config=config, embedder=None) as store:
+        renamed = store.update_person("old", name="Idaline")
+        other = store.add_person("Ida B", external_id="face:2", metadata={"merged_external_ids": ["face:0"]})
+        merged = store.merge_people(renamed.id, other.id)
+        assert merged.metadata["photo"] == b"\x89PNG" and merged.metadata["merged_external_ids"] == ["face:0", "face:2"]
 
 
 # -- scoping ---------------------------------------------------------------------------------------
