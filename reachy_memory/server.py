@@ -35,7 +35,7 @@ from . import protocol as proto
 from ._operations import LANES, OPERATIONS, check_args
 from ._systemd import notify, watchdog_interval
 from ._threads import bound_native_heap, release_free_heap
-from .config import Config
+from .config import Config, ServerConfig
 from .embedding import describe
 from .endpoint import EndpointLock, check_endpoint, ipc_path, prepare_ipc_dir, resolve_endpoint
 from .errors import (
@@ -64,6 +64,16 @@ IDLE_STEP = 8  # vectors (or buried records) per upkeep step: 2-4 ms of graph in
 IDLE_SLICE = 0.04  # seconds of upkeep per idle tick (the engine then checks its queue again)
 INLINE = LANES["inline"]  # answered on the I/O thread (lock-free views)
 EMBEDDED = LANES["embed"]  # embedded on the embedding thread, committed on the engine thread
+# SIGTERM's worst case, part by part: the I/O loop lets in-flight requests finish for up to
+# server.drain_seconds; _shutdown gives both workers STOP_WORKERS_SECONDS in all (one deadline
+# for their sentinels and joins); the store's close (a closing compaction, after any background
+# one in flight: 4.3 s at 100k memories on the dev VM, README) is allowed STOP_CLOSE_SECONDS but
+# not cut short (a kill there is a crash, recovered at the next open).  TimeoutStopSec in
+# systemd/reachy-memory.service must stay above STOP_BUDGET_SECONDS (tests/test_systemd_units.py)
+# or systemd SIGKILLs a daemon still stopping: raise it with server.drain_seconds.
+STOP_WORKERS_SECONDS = 30.0
+STOP_CLOSE_SECONDS = 30.0
+STOP_BUDGET_SECONDS = ServerConfig.drain_seconds + STOP_WORKERS_SECONDS + STOP_CLOSE_SECONDS
 
 
 @dataclass
@@ -538,13 +548,18 @@ class Daemon:
             log.info("stopping: finishing %d in-flight requests", self._inflight)
 
     def _shutdown(self, workers: list[threading.Thread], router: zmq.Socket, replies: zmq.Socket) -> None:
-        self._embed_q.put(None)
-        workers[0].join(timeout=5)
-        try:
-            self._engine_q.put(None, timeout=30)
-        except queue.Full:
-            log.error("engine queue did not drain; stopping anyway")
-        workers[1].join(timeout=30)
+        """Stop the embed thread, then the engine thread (their sentinels and joins share
+        one deadline, STOP_WORKERS_SECONDS from now; a worker still busy then is left
+        running), forward the last replies, close the store and release the endpoint."""
+        deadline = time.monotonic() + STOP_WORKERS_SECONDS
+        stages: list[tuple[queue.Queue[Any], threading.Thread]] = [(self._embed_q, workers[0]),
+                                                                  (self._engine_q, workers[1])]
+        for jobs, worker in stages:
+            try:
+                jobs.put(None, timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Full:
+                log.error("%s queue did not drain; stopping anyway", worker.name)
+            worker.join(timeout=max(0.0, deadline - time.monotonic()))
         self._forward(replies, router)
         router.close(linger=0)
         replies.close(linger=0)

@@ -574,6 +574,52 @@ def test_idle_upkeep_gives_the_engine_back_after_its_slice() -> None:
     assert 1 <= len(store.budgets) <= server.IDLE_SLICE / 0.005 + 1
 
 
+class _Closable:
+    """Stands in for what ``_shutdown`` closes (sockets, context, store, endpoint lock)."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    def close(self, linger: int | None = None) -> None:
+        self.closed = True
+
+    term = release = close
+
+    def recv_multipart(self, flags: int = 0) -> list[bytes]:
+        raise zmq.Again  # no reply left to forward
+
+
+@pytest.mark.timeout(30)
+def test_stop_gives_stuck_workers_one_shared_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both workers busy for good and both queues full: ``_shutdown`` waits
+    STOP_WORKERS_SECONDS in all, then closes everything (it waited forever for room in
+    the embed queue, then 5 + 30 + 30 s one after another, past systemd's TimeoutStopSec)."""
+    import queue
+
+    from reachy_memory import server
+
+    monkeypatch.setattr(server, "STOP_WORKERS_SECONDS", 0.5)
+    busy = threading.Event()
+    workers = [threading.Thread(target=busy.wait, name=name, daemon=True) for name in ("embed", "engine")]
+    daemon: Any = server.Daemon.__new__(server.Daemon)  # only what _shutdown reads
+    daemon._embed_q, daemon._engine_q = queue.Queue(1), queue.Queue(1)
+    daemon._embed_q.put("job")
+    daemon._engine_q.put("job")
+    daemon._auth, daemon.endpoint = None, "tcp://127.0.0.1:1"
+    daemon.store, daemon._ctx, daemon._endpoint_lock = _Closable(), _Closable(), _Closable()
+    router, replies = _Closable(), _Closable()
+    for w in workers:
+        w.start()
+    try:
+        started = time.monotonic()
+        daemon._shutdown(workers, router, replies)
+        took = time.monotonic() - started
+    finally:
+        busy.set()
+    assert 0.45 < took < 0.5 + 1.0
+    assert all(c.closed for c in (router, replies, daemon.store, daemon._ctx, daemon._endpoint_lock))
+
+
 @pytest.mark.parametrize("appended", [
     0,  # nothing yet: nothing held
     5,  # fewer than it holds: all of them

@@ -1,10 +1,14 @@
 """The systemd units verify cleanly and keep an exposure of 2.5 or lower."""
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+
+from reachy_memory import server
+from reachy_memory.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,3 +29,14 @@ def test_unit_declares_notify_watchdog_and_restart() -> None:
         assert line in unit, line
     timer = (ROOT / "systemd" / "reachy-memory-backup.timer").read_text()
     assert "OnCalendar=daily" in timer and "Persistent=true" in timer
+
+
+def test_stop_timeout_exceeds_the_daemons_shutdown_budget() -> None:
+    """systemd SIGKILLs a daemon still stopping after TimeoutStopSec (mid-compaction on
+    close): the unit must allow the daemon's whole stop, server.STOP_BUDGET_SECONDS, which
+    must count the drain of the config the unit runs (config/default.yaml, installed)."""
+    unit = (ROOT / "systemd" / "reachy-memory.service").read_text()
+    [timeout] = re.findall(r"^TimeoutStopSec=(\d+)s?$", unit, re.MULTILINE)
+    drain = load_config(ROOT / "config" / "default.yaml").server.drain_seconds
+    assert drain + server.STOP_WORKERS_SECONDS + server.STOP_CLOSE_SECONDS <= server.STOP_BUDGET_SECONDS
+    assert int(timeout) > server.STOP_BUDGET_SECONDS
