@@ -35,6 +35,8 @@ from .errors import ClosedError, ProtocolError, RequestTimeoutError
 from .model import SEARCH_LIMIT, SEARCH_MIN_SCORE, Memory, MemoryType, SearchResult
 
 _IDEMPOTENT = IDEMPOTENT  # from the operations table
+# What the converters raise for a result of the wrong shape (a buggy or foreign daemon).
+_MALFORMED = (LookupError, TypeError, ValueError, AttributeError, ArithmeticError)
 
 
 def _wire_type(memory_type: MemoryType | str) -> str:
@@ -308,6 +310,16 @@ class _Base(_Api):
     def _attempts(self, op: str) -> int:
         return 1 + (self.retries if op in _IDEMPOTENT else 0)
 
+    @staticmethod
+    def _result(op: str, reply: dict[str, Any], convert: Callable[[Any], Any]) -> Any:
+        """The converted result of a reply; its error raised; ProtocolError for a
+        result not of the op's shape (never the KeyError or TypeError of the converter)."""
+        value = proto.raise_for(reply)
+        try:
+            return convert(value)
+        except _MALFORMED as exc:
+            raise ProtocolError(f"malformed result of {op!r}: {exc.__class__.__name__}: {exc}", op=op) from exc
+
 
 class MemoryClient(_Base):
     """Blocking client. Use as a context manager or call :meth:`close`."""
@@ -323,7 +335,7 @@ class MemoryClient(_Base):
         timeout = self.timeout if timeout is None else timeout
         for attempt in range(self._attempts(op)):
             try:
-                return convert(proto.raise_for(self._roundtrip(op, args, timeout)))
+                return self._result(op, self._roundtrip(op, args, timeout), convert)
             except RequestTimeoutError:
                 if attempt + 1 == self._attempts(op):
                     raise
@@ -393,7 +405,7 @@ class AsyncMemoryClient(_Base):
     async def _acall(self, op: str, args: dict[str, Any], convert: Callable[[Any], Any], timeout: float) -> Any:
         for attempt in range(self._attempts(op)):
             try:
-                return convert(proto.raise_for(await self._roundtrip(op, args, timeout)))
+                return self._result(op, await self._roundtrip(op, args, timeout), convert)
             except RequestTimeoutError:
                 if attempt + 1 == self._attempts(op):
                     raise

@@ -124,15 +124,23 @@ def _plain(fields: dict[str, Any]) -> dict[str, Any]:
 
 
 def raise_for(reply: dict[str, Any]) -> Any:
-    """The result of a reply, or the matching ReachyMemoryError raised."""
+    """The result of a reply, or the matching ReachyMemoryError raised.
+
+    A malformed error body (not a map, a code that is not a string, a field named
+    like an attribute of the exception, such as ``message`` or ``args``) still
+    raises a ReachyMemoryError: the odd parts are left out, never a TypeError.
+    """
     if reply.get("ok"):
         return reply.get("result")
-    err = reply.get("error") or {}
-    code = err.get("code", "internal")
+    raw_err = reply.get("error")
+    err: dict[Any, Any] = raw_err if isinstance(raw_err, dict) else {}
+    raw_code = err.get("code", "internal")
+    code = raw_code if isinstance(raw_code, str) else "internal"
     cls = error_class(err.get("type")) or ERROR_BY_CODE.get(code, RemoteError)
     raw = err.get("fields")
     fields: dict[Any, Any] = raw if isinstance(raw, dict) else {}
-    exc = cls(str(err.get("message", "unknown error")), **{str(k): v for k, v in fields.items()})
+    kept = {k: v for k, v in fields.items() if isinstance(k, str) and k != "message" and not hasattr(cls, k)}
+    exc = cls(str(err.get("message", "unknown error")), **kept)
     exc.remote_code = code  # type: ignore[attr-defined]
     raise exc
 

@@ -8,15 +8,21 @@ import socket
 import stat
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from reachy_memory import (
+    BusyError,
     ConfigError,
     MemoryClient,
+    NotFoundError,
+    ProtocolError,
+    RemoteError,
     RequestTimeoutError,
     TooLargeError,
     ValidationError,
@@ -275,3 +281,144 @@ def test_a_huge_filter_is_refused_before_it_is_decoded(daemon: DaemonProcess) ->
         with pytest.raises(TooLargeError, match="more than"):
             c.search("robots", where=where)
         assert c.ping()["pong"]
+
+
+# -- a buggy or hostile daemon, as seen by the clients ------------------------------------------
+
+
+class FakeDaemon:
+    """An in-process ROUTER on a private ipc path: ``answer(request)`` gives the frames sent back
+    (``request`` is None for an undecodable one). Stopped by ``close`` (linger 0, bounded join)."""
+
+    def __init__(self, tmp: Path, answer: Callable[[dict[str, Any] | None], list[bytes]]) -> None:
+        import zmq
+
+        self.endpoint = f"ipc://{tmp}/fake.sock"
+        self.answer = answer
+        self._ctx = zmq.Context()
+        self._router = self._ctx.socket(zmq.ROUTER)
+        self._router.linger = 0
+        self._router.bind(self.endpoint)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        import msgpack
+
+        while not self._stop.is_set():
+            if not self._router.poll(20):
+                continue
+            frames = self._router.recv_multipart()
+            try:
+                request = msgpack.unpackb(frames[-1], raw=False)
+            except Exception:
+                request = None
+            for frame in self.answer(request):
+                self._router.send_multipart([frames[0], frame])
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._router.close(linger=0)
+        self._ctx.term()
+
+
+def _reply(request: dict[str, Any] | None, **body: Any) -> bytes:
+    import msgpack
+
+    return msgpack.packb({"v": 1, "id": (request or {}).get("id"), **body}, use_bin_type=True)
+
+
+def _in_thread(call: Callable[[], Any], limit: float = 10.0) -> Any:
+    """``call()``'s result or exception, run on a daemon thread: a hang fails the test, not the run."""
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["result"] = call()
+        except BaseException as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(limit)
+    assert not thread.is_alive(), "the client call hung"
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("result")
+
+
+def _client_call(client_class: type, endpoint: str, method: str, *args: Any) -> Any:
+    """One call through a new client of ``client_class`` (blocking or asyncio), then a ping on
+    the same client: it must still work after whatever the first call raised."""
+    import asyncio
+
+    from reachy_memory import AsyncMemoryClient, ReachyMemoryError
+
+    async def via_async() -> Any:
+        async with AsyncMemoryClient(endpoint, config=load_config(), timeout=2) as client:
+            try:
+                return await getattr(client, method)(*args)
+            except ReachyMemoryError as exc:
+                return exc
+            finally:
+                assert (await client.ping())["pong"]
+
+    def call() -> Any:
+        if client_class is AsyncMemoryClient:
+            return asyncio.run(via_async())
+        with MemoryClient(endpoint, config=load_config(), timeout=2) as client:
+            try:
+                return getattr(client, method)(*args)
+            except ReachyMemoryError as exc:
+                return exc
+            finally:
+                assert client.ping()["pong"]
+
+    return _in_thread(call)
+
+
+_MALFORMED_REPLIES: list[tuple[str, str, dict[str, Any], type]] = [
+    ("error body not a map", "ping", {"ok": False, "error": "boom"}, RemoteError),
+    ("error code not a string", "ping", {"ok": False, "error": {"code": [1], "message": "m"}}, RemoteError),
+    ("error field named message", "ping", {"ok": False, "error": {"code": "not_found", "fields": {"message": 1}}},
+     NotFoundError),
+    ("error field named args", "ping", {"ok": False, "error": {"code": "busy", "fields": {"args": 1}}}, BusyError),
+    ("error field named __class__", "ping", {"ok": False, "error": {"fields": {"__class__": 1}}}, RemoteError),
+    ("memory without content", "get", {"ok": True, "result": {"id": "m1"}}, ProtocolError),
+    ("memory as a string", "get", {"ok": True, "result": "m1"}, ProtocolError),
+    ("memory of an unknown type", "get",
+     {"ok": True, "result": {"id": "m", "content": "c", "type": "gossip", "created_at": 0}}, ProtocolError),
+    ("memory from the year 10^300", "get",
+     {"ok": True, "result": {"id": "m", "content": "c", "type": "fact", "created_at": 1e300}}, ProtocolError),
+    ("forget without 'deleted'", "forget", {"ok": True, "result": None}, ProtocolError),
+    ("search hits not a list", "search", {"ok": True, "result": 5}, ProtocolError),
+    ("search score not a number", "search", {"ok": True, "result": [{"memory": None, "score": "x"}]},
+     ProtocolError),
+    ("person as a number", "people", {"ok": True, "result": [1]}, ProtocolError),
+]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("client_class", ["MemoryClient", "AsyncMemoryClient"])
+@pytest.mark.parametrize(("case", "method", "body", "expected"), _MALFORMED_REPLIES,
+                         ids=[row[0] for row in _MALFORMED_REPLIES])
+def test_a_malformed_reply_raises_our_error_and_the_client_stays_usable(
+        tmp_path: Path, client_class: str, case: str, method: str, body: dict[str, Any], expected: type) -> None:
+    import reachy_memory
+
+    def answer(request: dict[str, Any] | None) -> list[bytes]:
+        answered.append(request)
+        if len(answered) == 1:  # the call under test; then the ping that shows the client still works
+            return [_reply(request, **body)]
+        return [_reply(request, ok=True, result={"pong": True})]
+
+    answered: list[Any] = []
+    fake = FakeDaemon(tmp_path, answer)
+    try:
+        args = {"get": ("m1",), "forget": ("m1",), "search": ("tea",), "people": (), "ping": ()}[method]
+        outcome = _client_call(getattr(reachy_memory, client_class), fake.endpoint, method, *args)
+    finally:
+        fake.close()
+    assert type(outcome) is expected, f"{case}: {outcome!r}"
