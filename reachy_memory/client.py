@@ -436,7 +436,8 @@ class AsyncMemoryClient(_Base):
                 reply = proto.decode(await cast(Awaitable[bytes], self._sock.recv()))
             except ProtocolError:
                 continue
-            future = self._pending.get(reply.get("id"))  # type: ignore[arg-type]
+            request_id = reply.get("id")  # a list or map here must not end the reader (TypeError)
+            future = self._pending.get(request_id) if isinstance(request_id, str) else None
             if future is not None and not future.done():
                 future.set_result(reply)
 

@@ -422,3 +422,21 @@ def test_a_malformed_reply_raises_our_error_and_the_client_stays_usable(
     finally:
         fake.close()
     assert type(outcome) is expected, f"{case}: {outcome!r}"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("odd_id", [[1], {"a": 1}], ids=["list", "map"])
+def test_a_reply_with_an_unhashable_id_does_not_stop_the_async_reader(tmp_path: Path, odd_id: Any) -> None:
+    # The reader task matched replies with a dict lookup: a list or map id raised TypeError,
+    # ended the task, and every call in flight then waited for its full timeout.
+    from reachy_memory import AsyncMemoryClient
+
+    def answer(request: dict[str, Any] | None) -> list[bytes]:
+        return [_reply({"id": odd_id}, ok=True, result=None), _reply(request, ok=True, result={"pong": True})]
+
+    fake = FakeDaemon(tmp_path, answer)
+    try:
+        outcome = _client_call(AsyncMemoryClient, fake.endpoint, "ping")
+    finally:
+        fake.close()
+    assert outcome == {"pong": True}
