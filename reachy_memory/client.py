@@ -31,7 +31,7 @@ from . import protocol as proto
 from ._operations import IDEMPOTENT
 from .config import Config, load_config
 from .endpoint import resolve_endpoint
-from .errors import ClosedError, ProtocolError, RequestTimeoutError
+from .errors import ClosedError, ProtocolError, RequestTimeoutError, ValidationError
 from .model import SEARCH_LIMIT, SEARCH_MIN_SCORE, Memory, MemoryType, SearchResult
 
 _IDEMPOTENT = IDEMPOTENT  # from the operations table
@@ -302,10 +302,16 @@ class _Base(_Api):
         return sock
 
     def _encode(self, op: str, args: dict[str, Any], timeout: float) -> tuple[str, bytes]:
+        """A new request id and the request's frame. ClosedError after close(); ValidationError
+        (field "args") for an argument msgpack cannot carry (a datetime, an int past 64 bits,
+        a lone surrogate, a map that contains itself): nothing is sent."""
         if self._closed:
             raise ClosedError(f"{type(self).__name__} is closed")
         request_id = uuid.uuid4().hex
-        return request_id, proto.request(request_id, op, args, timeout_ms=timeout * 1000)
+        try:
+            return request_id, proto.request(request_id, op, args, timeout_ms=timeout * 1000)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise ValidationError(f"the arguments of {op!r} cannot be sent: {exc}", field="args") from exc
 
     def _attempts(self, op: str) -> int:
         return 1 + (self.retries if op in _IDEMPOTENT else 0)

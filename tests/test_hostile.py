@@ -440,3 +440,46 @@ def test_a_reply_with_an_unhashable_id_does_not_stop_the_async_reader(tmp_path: 
     finally:
         fake.close()
     assert outcome == {"pong": True}
+
+
+_UNSENDABLE: list[tuple[str, Callable[[Any], Any]]] = [
+    ("a datetime in metadata", lambda c: c.store("x", metadata={"when": __import__("datetime").datetime.now()})),
+    ("an object as content", lambda c: c.store(object())),
+    ("an int past 64 bits", lambda c: c.search("x", limit=2**70)),
+    ("a lone surrogate", lambda c: c.remember_fact("\ud800")),
+]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("client_class", ["MemoryClient", "AsyncMemoryClient"])
+@pytest.mark.parametrize(("case", "call"), _UNSENDABLE, ids=[row[0] for row in _UNSENDABLE])
+def test_arguments_msgpack_cannot_carry_are_a_validation_error(
+        tmp_path: Path, client_class: str, case: str, call: Callable[[Any], Any]) -> None:
+    # msgpack's TypeError/OverflowError/UnicodeEncodeError escaped both clients (and, through
+    # MemoryBridge.remember, ended the bridge's worker thread).
+    import asyncio
+
+    from reachy_memory import AsyncMemoryClient
+
+    received: list[Any] = []
+    fake = FakeDaemon(tmp_path, lambda r: received.append(r) or [_reply(r, ok=True, result={"pong": True})])
+
+    async def via_async() -> None:
+        async with AsyncMemoryClient(fake.endpoint, config=load_config(), timeout=2) as client:
+            with pytest.raises(ValidationError) as info:
+                await call(client)
+            assert (await client.ping())["pong"]
+        assert info.value.field == "args"
+
+    def via_blocking() -> None:
+        with MemoryClient(fake.endpoint, config=load_config(), timeout=2) as client:
+            with pytest.raises(ValidationError) as info:
+                call(client)
+            assert client.ping()["pong"]
+        assert info.value.field == "args"
+
+    try:
+        _in_thread(via_blocking if client_class == "MemoryClient" else lambda: asyncio.run(via_async()))
+    finally:
+        fake.close()
+    assert [r["op"] for r in received] == ["ping"]  # nothing of the refused call was sent
