@@ -6,9 +6,10 @@ operations (``store``, ``search``, ``forget``, ``cleanup_expired``, the context
 window, ``set_context``/``get_context``, ``remember_fact``/``remember_conversation``)
 plus ``get``, ``store_batch``, ``ping``, ``health``, ``stats``, ``backup``.
 
-* Every call has a timeout (``timeout=`` per call, default from the client);
-  a timeout raises :class:`RequestTimeoutError` and the client stays usable:
-  its socket is replaced, so a late reply can never be mistaken for another.
+* Every call has a timeout (``timeout=`` per call, default from the client):
+  seconds >= 0, ``inf`` for none (NaN, negative: ValidationError).  A timeout
+  raises :class:`RequestTimeoutError` and the client stays usable: its socket
+  is replaced, so a late reply can never be mistaken for another.
 * ``store`` sends a client-made memory id, so retrying it (``retries=``) after
   a timeout or a daemon restart cannot create a duplicate.
 * Sockets use linger 0: a dead daemon never blocks the caller's exit.
@@ -37,6 +38,7 @@ from .model import SEARCH_LIMIT, SEARCH_MIN_SCORE, Memory, MemoryType, SearchRes
 _IDEMPOTENT = IDEMPOTENT  # from the operations table
 # What the converters raise for a result of the wrong shape (a buggy or foreign daemon).
 _MALFORMED = (LookupError, TypeError, ValueError, AttributeError, ArithmeticError)
+_POLL_SLICE = 3600.0  # seconds: the longest single zmq poll of the blocking client
 
 
 def _wire_type(memory_type: MemoryType | str) -> str:
@@ -280,6 +282,13 @@ def _given(**args: Any) -> dict[str, Any]:
     return {k: v for k, v in args.items() if v is not None}
 
 
+def _check_timeout(timeout: Any) -> None:
+    """ValidationError (field "timeout") unless ``timeout`` is a number of seconds >= 0
+    (NaN and negative numbers are refused; ``inf`` waits without limit)."""
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0:
+        raise ValidationError(f"timeout must be a number of seconds >= 0, not {timeout!r}", field="timeout")
+
+
 class _Base(_Api):
     def __init__(self, endpoint: str | None, config: Config | None, timeout: float, retries: int) -> None:
         self.config = config or load_config()
@@ -307,6 +316,7 @@ class _Base(_Api):
         a lone surrogate, a map that contains itself): nothing is sent."""
         if self._closed:
             raise ClosedError(f"{type(self).__name__} is closed")
+        _check_timeout(timeout)
         request_id = uuid.uuid4().hex
         try:
             return request_id, proto.request(request_id, op, args, timeout_ms=timeout * 1000)
@@ -353,21 +363,26 @@ class MemoryClient(_Base):
         # A DEALER with no live pipe blocks a plain send forever: after a failed
         # handshake (a client without the daemon's CURVE keys) libzmq drops the pipe
         # and does not reconnect. Wait for room within the call's own deadline.
-        if self._sock.poll(int(timeout * 1000) + 1, zmq.POLLOUT):
+        if self._wait(zmq.POLLOUT, deadline):
             self._sock.send(frame, zmq.NOBLOCK)
-        else:
-            deadline = 0.0
-        while (left := deadline - time.monotonic()) > 0:
-            if not self._sock.poll(int(left * 1000) + 1, zmq.POLLIN):
-                break
-            reply = proto.decode(self._sock.recv())
-            if reply.get("id") == request_id:
-                return reply
-            if reply.get("id") is None and not reply.get("ok"):
-                proto.raise_for(reply)  # an error the daemon could not tie to a request
+            while self._wait(zmq.POLLIN, deadline):
+                reply = proto.decode(self._sock.recv())
+                if reply.get("id") == request_id:
+                    return reply
+                if reply.get("id") is None and not reply.get("ok"):
+                    proto.raise_for(reply)  # an error the daemon could not tie to a request
         self._reset()
         raise RequestTimeoutError(f"no reply to {op!r} from {self.endpoint} within {timeout:.3g} s",
                                   op=op, endpoint=self.endpoint)
+
+    def _wait(self, event: int, deadline: float) -> bool:
+        """True once the socket is ready for ``event``, False if ``deadline`` (monotonic) passes
+        first. Polled in slices: zmq_poll takes an int of milliseconds (a timeout of 25 days
+        overflowed it; ``inf`` has no int at all)."""
+        while (left := deadline - time.monotonic()) > 0:
+            if self._sock.poll(int(min(left, _POLL_SLICE) * 1000) + 1, event):
+                return True
+        return False
 
     def _reset(self) -> None:
         """A fresh socket: queued requests and late replies of the old one are dropped."""

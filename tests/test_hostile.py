@@ -483,3 +483,35 @@ def test_arguments_msgpack_cannot_carry_are_a_validation_error(
     finally:
         fake.close()
     assert [r["op"] for r in received] == ["ping"]  # nothing of the refused call was sent
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("client_class", ["MemoryClient", "AsyncMemoryClient"])
+@pytest.mark.parametrize("timeout", [float("nan"), -1.0, "5", 1e7, 1e12, float("inf")])
+def test_timeouts_are_checked_and_long_ones_work(tmp_path: Path, client_class: str, timeout: Any) -> None:
+    # The blocking client raised ValueError for NaN and OverflowError from zmq_poll for a
+    # timeout of 1e7 s or more (an int of milliseconds) or inf; -1 was a timeout at once.
+    import asyncio
+
+    from reachy_memory import AsyncMemoryClient
+
+    fake = FakeDaemon(tmp_path, lambda r: [_reply(r, ok=True, result={"pong": True})])
+
+    async def via_async() -> Any:
+        async with AsyncMemoryClient(fake.endpoint, config=load_config(), timeout=2) as client:
+            return await client.ping(timeout=timeout)
+
+    def via_blocking() -> Any:
+        with MemoryClient(fake.endpoint, config=load_config(), timeout=2) as client:
+            return client.ping(timeout=timeout)
+
+    try:
+        call = via_blocking if client_class == "MemoryClient" else lambda: asyncio.run(via_async())
+        if isinstance(timeout, float) and timeout >= 0:
+            assert _in_thread(call)["pong"]
+        else:
+            with pytest.raises(ValidationError) as info:
+                _in_thread(call)
+            assert info.value.field == "timeout"
+    finally:
+        fake.close()
