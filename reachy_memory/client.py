@@ -32,7 +32,7 @@ from . import protocol as proto
 from ._operations import IDEMPOTENT
 from .config import Config, load_config
 from .endpoint import resolve_endpoint
-from .errors import ClosedError, ProtocolError, RequestTimeoutError, ValidationError
+from .errors import ClosedError, ProtocolError, RequestTimeoutError, TooLargeError, ValidationError
 from .model import SEARCH_LIMIT, SEARCH_MIN_SCORE, Memory, MemoryType, SearchResult
 
 _IDEMPOTENT = IDEMPOTENT  # from the operations table
@@ -313,15 +313,24 @@ class _Base(_Api):
     def _encode(self, op: str, args: dict[str, Any], timeout: float) -> tuple[str, bytes]:
         """A new request id and the request's frame. ClosedError after close(); ValidationError
         (field "args") for an argument msgpack cannot carry (a datetime, an int past 64 bits,
-        a lone surrogate, a map that contains itself): nothing is sent."""
+        a lone surrogate, a map that contains itself), TooLargeError (field "request") for a
+        frame over ``server.max_message_bytes``: nothing is sent."""
         if self._closed:
             raise ClosedError(f"{type(self).__name__} is closed")
         _check_timeout(timeout)
         request_id = uuid.uuid4().hex
         try:
-            return request_id, proto.request(request_id, op, args, timeout_ms=timeout * 1000)
+            frame = proto.request(request_id, op, args, timeout_ms=timeout * 1000)
         except (TypeError, ValueError, OverflowError) as exc:
             raise ValidationError(f"the arguments of {op!r} cannot be sent: {exc}", field="args") from exc
+        # The daemon answers such a frame with an error it cannot tie to a request (it
+        # does not decode it): the async client could only wait out its timeout, and past
+        # 16 x the limit the daemon drops the frame unanswered. Refuse it here.
+        limit = self.config.server.max_message_bytes
+        if len(frame) > limit:
+            raise TooLargeError(f"{op!r} request of {len(frame)} bytes exceeds {limit}", field="request",
+                                size=len(frame), limit=limit)
+        return request_id, frame
 
     def _attempts(self, op: str) -> int:
         return 1 + (self.retries if op in _IDEMPOTENT else 0)

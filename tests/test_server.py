@@ -442,6 +442,27 @@ def test_oversized_value_errors_are_structured(daemon: DaemonProcess) -> None:
     assert info.value.limit == 16_000 and info.value.field == "content"
 
 
+@pytest.mark.parametrize("size", [1_100_000, 20_000_000])  # over the 1 MiB limit; over the 16 MiB hard cap
+def test_an_oversized_request_is_too_large_at_once_on_both_clients(shared_daemon: DaemonProcess, size: int) -> None:
+    # The daemon answers a frame over the limit without decoding it, so its error carries
+    # no request id: AsyncMemoryClient waited its whole timeout and raised RequestTimeoutError
+    # (which the MCP tools report as "no daemon"); over the hard cap both clients timed out.
+    async def via_async() -> None:
+        async with AsyncMemoryClient(shared_daemon.endpoint, config=shared_daemon.config, timeout=5) as c:
+            with pytest.raises(TooLargeError):
+                await c.store("x" * size)
+            assert (await c.ping())["pong"]
+
+    started = time.monotonic()
+    with shared_daemon.client(timeout=5) as c:
+        with pytest.raises(TooLargeError) as info:
+            c.store("x" * size)
+        assert c.ping()["pong"]
+    asyncio.run(via_async())
+    assert time.monotonic() - started < 4.0  # neither waited for its 5 s timeout
+    assert info.value.limit == shared_daemon.config.server.max_message_bytes and info.value.size > size
+
+
 def test_curve_lets_in_allowed_clients_only(tmp_path: Path) -> None:
     from zmq import auth
 
