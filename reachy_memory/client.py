@@ -8,8 +8,10 @@ plus ``get``, ``store_batch``, ``ping``, ``health``, ``stats``, ``backup``.
 
 * Every call has a timeout (``timeout=`` per call, default from the client):
   seconds >= 0, ``inf`` for none (NaN, negative: ValidationError).  A timeout
-  raises :class:`RequestTimeoutError` and the client stays usable: its socket
-  is replaced, so a late reply can never be mistaken for another.
+  raises :class:`RequestTimeoutError` and the client stays usable: a late reply
+  is never mistaken for another (the blocking client replaces its socket, the
+  async one matches ids), and a request is only queued on a live connection, so
+  one that timed out unsent never reaches a daemon started later.
 * ``store`` sends a client-made memory id, so retrying it (``retries=``) after
   a timeout or a daemon restart cannot create a duplicate.
 * Sockets use linger 0: a dead daemon never blocks the caller's exit.
@@ -300,6 +302,12 @@ class _Base(_Api):
     def _socket(self, ctx: zmq.Context) -> zmq.Socket:
         sock = ctx.socket(zmq.DEALER)
         sock.linger = 0
+        # Queue requests only on a live connection: without this a request made while no
+        # daemon listens waits in the socket and reaches the next daemon that starts, long
+        # after its caller got RequestTimeoutError (a store done that its caller was told
+        # failed). The blocking client also replaces its socket; the async one cannot,
+        # its other calls share it. Sends wait for a connection within the call's timeout.
+        sock.immediate = 1
         server = self.config.server
         if server.curve_server_public_key and server.curve_client_secret_key:
             from zmq import auth

@@ -253,6 +253,33 @@ def test_a_socket_with_no_peer_to_send_to_times_out_instead_of_hanging(
     assert isinstance(outcome.get("error"), RequestTimeoutError), outcome
 
 
+def test_an_async_call_that_timed_out_never_reaches_a_later_daemon(tmp_path: Path) -> None:
+    # AsyncMemoryClient kept one socket, and a DEALER queues a request while no daemon
+    # listens: after RequestTimeoutError the request still went out to the next daemon
+    # that started (at boot, or after a restart) and was done then.
+    d = DaemonProcess(tmp_path)
+
+    async def scenario() -> None:
+        async with AsyncMemoryClient(d.endpoint, config=d.config, timeout=0.3) as c:
+            with pytest.raises(RequestTimeoutError):
+                await c.store("said while no daemon listened", id="before-start")
+            await asyncio.to_thread(d.start)
+            await c.store("a write after it", id="first", timeout=10)  # the engine does writes in order
+            assert await c.get("before-start", timeout=10) is None
+            await asyncio.to_thread(d.stop)
+            with pytest.raises(RequestTimeoutError):
+                await c.store("said while the daemon restarted", id="during-restart")
+            await asyncio.to_thread(d.start)
+            await c.store("a write after that", id="second", timeout=10)
+            assert await c.get("during-restart", timeout=10) is None
+            assert (await c.get("first", timeout=10)).content == "a write after it"
+
+    try:
+        asyncio.run(asyncio.wait_for(scenario(), 120))
+    finally:
+        d.stop()
+
+
 def test_second_daemon_is_refused(daemon: DaemonProcess, tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     same_endpoint = subprocess.run([sys.executable, "-m", "reachy_memory.cli", "serve", "--config",
