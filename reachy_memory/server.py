@@ -566,7 +566,12 @@ class Daemon:
         if self._auth is not None:
             self._auth.stop()
         self.store.close()
-        self._ctx.term()
+        if any(w.is_alive() for w in workers):
+            # A worker still busy holds its sockets open, and term() would wait for it
+            # for good; the workers are daemon threads, so the process ends without it.
+            log.error("a worker thread is still busy; the ZeroMQ context is left to the exit")
+        else:
+            self._ctx.term()
         path = ipc_path(self.endpoint)
         if path is not None:
             path.unlink(missing_ok=True)

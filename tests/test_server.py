@@ -648,24 +648,38 @@ def test_stop_gives_stuck_workers_one_shared_deadline(monkeypatch: pytest.Monkey
 
     monkeypatch.setattr(server, "STOP_WORKERS_SECONDS", 0.5)
     busy = threading.Event()
-    workers = [threading.Thread(target=busy.wait, name=name, daemon=True) for name in ("embed", "engine")]
+    ctx = zmq.Context()
+
+    def stuck() -> None:  # as a real worker: a socket of the daemon's context open while busy
+        sock = ctx.socket(zmq.PUSH)
+        busy.wait()
+        sock.close(linger=0)
+
+    workers = [threading.Thread(target=stuck, name=name, daemon=True) for name in ("embed", "engine")]
     daemon: Any = server.Daemon.__new__(server.Daemon)  # only what _shutdown reads
     daemon._embed_q, daemon._engine_q = queue.Queue(1), queue.Queue(1)
     daemon._embed_q.put("job")
     daemon._engine_q.put("job")
-    daemon._auth, daemon.endpoint = None, "tcp://127.0.0.1:1"
-    daemon.store, daemon._ctx, daemon._endpoint_lock = _Closable(), _Closable(), _Closable()
+    daemon._auth, daemon.endpoint, daemon._ctx = None, "tcp://127.0.0.1:1", ctx
+    daemon.store, daemon._endpoint_lock = _Closable(), _Closable()
     router, replies = _Closable(), _Closable()
     for w in workers:
         w.start()
+    finished = threading.Event()
+    started = time.monotonic()
+    stopper = threading.Thread(target=lambda: (daemon._shutdown(workers, router, replies), finished.set()),
+                               daemon=True)
+    stopper.start()
     try:
-        started = time.monotonic()
-        daemon._shutdown(workers, router, replies)
+        # term() of a context whose sockets a stuck worker holds would wait for good
+        assert finished.wait(5), "_shutdown waited for a stuck worker's sockets"
         took = time.monotonic() - started
     finally:
         busy.set()
+        stopper.join(5)
+        ctx.term()
     assert 0.45 < took < 0.5 + 1.0
-    assert all(c.closed for c in (router, replies, daemon.store, daemon._ctx, daemon._endpoint_lock))
+    assert all(c.closed for c in (router, replies, daemon.store, daemon._endpoint_lock))
 
 
 @pytest.mark.parametrize("appended", [
