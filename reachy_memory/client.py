@@ -20,6 +20,7 @@ plus ``get``, ``store_batch``, ``ping``, ``health``, ``stats``, ``backup``.
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -40,7 +41,7 @@ from .model import SEARCH_LIMIT, SEARCH_MIN_SCORE, Memory, MemoryType, SearchRes
 _IDEMPOTENT = IDEMPOTENT  # from the operations table
 # What the converters raise for a result of the wrong shape (a buggy or foreign daemon).
 _MALFORMED = (LookupError, TypeError, ValueError, AttributeError, ArithmeticError)
-_POLL_SLICE = 3600.0  # seconds: the longest single zmq poll of the blocking client
+_POLL_SLICE = 0.1  # seconds: the longest single zmq poll of the blocking client
 
 
 def _wire_type(memory_type: MemoryType | str) -> str:
@@ -355,13 +356,19 @@ class _Base(_Api):
 
 
 class MemoryClient(_Base):
-    """Blocking client. Use as a context manager or call :meth:`close`."""
+    """Blocking client. Use as a context manager or call :meth:`close`.
+
+    Threads may share one: their calls take turns on the socket (a call waits for
+    another thread's within its own timeout, else RequestTimeoutError), and
+    :meth:`close` from another thread makes a call in flight raise ClosedError.
+    """
 
     def __init__(self, endpoint: str | None = None, *, config: Config | None = None, timeout: float = 5.0,
                  retries: int = 0) -> None:
         super().__init__(endpoint, config, timeout, retries)
         self._ctx = zmq.Context()
         self._sock = self._socket(self._ctx)
+        self._lock = threading.Lock()  # the socket, one call at a time: a zmq socket is not thread-safe
 
     def _call(self, op: str, args: dict[str, Any], convert: Callable[[Any], Any] = lambda r: r,
               timeout: float | None = None) -> Any:
@@ -377,6 +384,18 @@ class MemoryClient(_Base):
     def _roundtrip(self, op: str, args: dict[str, Any], timeout: float) -> dict[str, Any]:
         request_id, frame = self._encode(op, args, timeout)
         deadline = time.monotonic() + timeout
+        if not self._lock.acquire(timeout=timeout if timeout < threading.TIMEOUT_MAX else -1):
+            raise RequestTimeoutError(f"no reply to {op!r} within {timeout:.3g} s: another thread's call "
+                                      "held the client", op=op, endpoint=self.endpoint)
+        try:
+            if self._closed:  # by another thread while this one waited for the lock
+                raise ClosedError("MemoryClient is closed")
+            return self._exchange(op, request_id, frame, deadline, timeout)
+        finally:
+            self._lock.release()
+
+    def _exchange(self, op: str, request_id: str, frame: bytes, deadline: float, timeout: float) -> dict[str, Any]:
+        """Send ``frame`` and wait for its reply (the caller holds the lock)."""
         # A DEALER with no live pipe blocks a plain send forever: after a failed
         # handshake (a client without the daemon's CURVE keys) libzmq drops the pipe
         # and does not reconnect. Wait for room within the call's own deadline.
@@ -394,9 +413,11 @@ class MemoryClient(_Base):
 
     def _wait(self, event: int, deadline: float) -> bool:
         """True once the socket is ready for ``event``, False if ``deadline`` (monotonic) passes
-        first. Polled in slices: zmq_poll takes an int of milliseconds (a timeout of 25 days
-        overflowed it; ``inf`` has no int at all)."""
+        first; ClosedError once :meth:`close` was called (on another thread). Polled in slices
+        (zmq_poll takes an int of milliseconds, and close must not wait for a long timeout)."""
         while (left := deadline - time.monotonic()) > 0:
+            if self._closed:
+                raise ClosedError("MemoryClient closed during the call")
             if self._sock.poll(int(min(left, _POLL_SLICE) * 1000) + 1, event):
                 return True
         return False
@@ -407,11 +428,13 @@ class MemoryClient(_Base):
         self._sock = self._socket(self._ctx)
 
     def close(self) -> None:
-        """Close the socket (linger 0); idempotent."""
-        if not self._closed:
-            self._closed = True
-            self._sock.close(linger=0)
-            self._ctx.term()
+        """Close the socket (linger 0); idempotent, from any thread: a call in flight on
+        another thread raises ClosedError within ``_POLL_SLICE`` and close waits for that."""
+        self._closed = True
+        with self._lock:
+            if not self._ctx.closed:
+                self._sock.close(linger=0)
+                self._ctx.term()
 
     def __enter__(self) -> MemoryClient:
         return self

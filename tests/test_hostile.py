@@ -515,3 +515,66 @@ def test_timeouts_are_checked_and_long_ones_work(tmp_path: Path, client_class: s
             assert info.value.field == "timeout"
     finally:
         fake.close()
+
+
+@pytest.mark.timeout(60)
+def test_threads_sharing_a_blocking_client_take_turns(tmp_path: Path) -> None:
+    # Two threads on one MemoryClient took each other's replies (timeouts), and the
+    # timed-out one replaced the socket under the other: zmq.ZMQError "Socket operation
+    # on non-socket", and once a thread stuck past its timeout.
+    fake = FakeDaemon(tmp_path, lambda r: [_reply(r, ok=True, result={"pong": True, "id": r and r["id"]})])
+    outcomes: list[str] = []
+    client = MemoryClient(fake.endpoint, config=load_config(), timeout=5)
+
+    def pings() -> None:
+        for _ in range(150):
+            try:
+                outcomes.append("ok" if client.ping()["pong"] else "wrong")
+            except Exception as exc:
+                outcomes.append(f"{type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=pings, daemon=True) for _ in range(4)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert not any(t.is_alive() for t in threads), "a call hung"
+    finally:
+        client.close()
+        fake.close()
+    assert outcomes == ["ok"] * 600, sorted(set(outcomes))
+
+
+@pytest.mark.timeout(60)
+def test_closing_a_blocking_client_from_another_thread_ends_its_call_with_closed_error(tmp_path: Path) -> None:
+    # close() on another thread closed the socket under the call in flight: zmq.ZMQError.
+    from reachy_memory import ClosedError
+
+    fake = FakeDaemon(tmp_path, lambda r: [])  # never answers
+    client = MemoryClient(fake.endpoint, config=load_config(), timeout=10)
+    outcome: dict[str, Any] = {}
+
+    def call() -> None:
+        started = time.monotonic()
+        try:
+            client.ping()
+        except Exception as exc:
+            outcome["error"], outcome["after"] = exc, time.monotonic() - started
+
+    caller = threading.Thread(target=call, daemon=True)
+    try:
+        caller.start()
+        time.sleep(0.3)
+        closer = threading.Thread(target=client.close, daemon=True)
+        closer.start()
+        closer.join(5)
+        caller.join(5)
+        assert not closer.is_alive() and not caller.is_alive(), "close or the call hung"
+    finally:
+        fake.close()
+    assert isinstance(outcome.get("error"), ClosedError), outcome
+    assert outcome["after"] < 2.0  # not the 10 s timeout
+    with pytest.raises(ClosedError):
+        client.ping()
+    client.close()  # idempotent
