@@ -488,8 +488,17 @@ class AsyncMemoryClient(_Base):
         except TimeoutError:
             raise RequestTimeoutError(f"no reply to {op!r} from {self.endpoint} within {timeout:.3g} s",
                                       op=op, endpoint=self.endpoint) from None
+        except (asyncio.CancelledError, zmq.ZMQError) as exc:
+            # close() from another task cancels a send in progress (pyzmq); a cancellation
+            # of this task itself is passed on as it is
+            task = asyncio.current_task()
+            if not self._closed or (task is not None and task.cancelling()):
+                raise
+            raise ClosedError(f"{type(self).__name__} closed during the call") from exc
         finally:
             self._pending.pop(request_id, None)
+            if future.done() and not future.cancelled():
+                future.exception()  # set by close() while the send was in progress: seen, not "never retrieved"
 
     async def _read(self) -> None:
         while self._pending:
@@ -503,10 +512,14 @@ class AsyncMemoryClient(_Base):
                 future.set_result(reply)
 
     async def close(self) -> None:
-        """Close the socket (linger 0); idempotent."""
+        """Close the socket (linger 0); idempotent. Calls in flight (in other tasks)
+        raise ClosedError at once rather than waiting out their timeouts."""
         if self._closed:
             return
         self._closed = True
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(ClosedError(f"{type(self).__name__} closed during the call"))
         if self._reader is not None:
             self._reader.cancel()
         self._sock.close(linger=0)

@@ -578,3 +578,38 @@ def test_closing_a_blocking_client_from_another_thread_ends_its_call_with_closed
     with pytest.raises(ClosedError):
         client.ping()
     client.close()  # idempotent
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("where", ["awaiting the reply", "in the send"])
+def test_closing_an_async_client_ends_calls_in_flight_with_closed_error(tmp_path: Path, where: str) -> None:
+    # A call awaiting its reply waited out its whole timeout and raised RequestTimeoutError;
+    # one still in the send (no connection yet) raised CancelledError in a task nobody cancelled.
+    import asyncio
+
+    from reachy_memory import AsyncMemoryClient, ClosedError
+
+    fake = FakeDaemon(tmp_path, lambda r: [])  # never answers
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        nobody = f"tcp://127.0.0.1:{probe.getsockname()[1]}"  # closed again: nobody listens
+    endpoint = fake.endpoint if where == "awaiting the reply" else nobody
+
+    async def scenario() -> tuple[BaseException | None, float]:
+        client = AsyncMemoryClient(endpoint, config=load_config(), timeout=10)
+        call = asyncio.ensure_future(client.ping())
+        await asyncio.sleep(0.3)
+        started = time.monotonic()
+        await client.close()
+        try:
+            await call
+        except BaseException as exc:
+            return exc, time.monotonic() - started
+        return None, time.monotonic() - started
+
+    try:
+        error, waited = _in_thread(lambda: asyncio.run(scenario()), limit=20)
+    finally:
+        fake.close()
+    assert isinstance(error, ClosedError), repr(error)
+    assert waited < 2.0  # not the 10 s timeout
