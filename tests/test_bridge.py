@@ -187,3 +187,48 @@ def test_round_trip_with_the_daemon(daemon: DaemonProcess) -> None:
     assert hits[0].memory.metadata == {"role": "user", "person": "Alex"}
     with daemon.client() as c:
         assert c.get_context(PERSON_KEY) == "Alex"
+
+
+# -- failures that are not the daemon's ---------------------------------------------------------
+
+
+class BrokenStoreClient(RecordingClient):
+    """``store`` fails with a foreign error (a bug, or a value the client cannot send)."""
+
+    def store(self, content: str, memory_type: Any = "fact", metadata: dict[str, Any] | None = None) -> Memory:
+        raise TypeError("can not serialize 'datetime.datetime' object")
+
+
+def test_a_job_failing_with_a_foreign_error_fails_its_future_only() -> None:
+    # Only ReachyMemoryError was caught: any other error ended the worker thread, the
+    # job's future never finished and every later job was queued for nobody.
+    fake = BrokenStoreClient()
+    with MemoryBridge(client_factory=lambda: fake, queue_size=8, refresh_interval=0.05) as bridge:
+        failed = bridge.remember("Alex likes tea")
+        assert isinstance(failed.exception(timeout=10), TypeError)
+        assert bridge.search("tea").result(timeout=10)[0].memory.content == "about tea"
+        assert bridge.stats.errors == 1 and bridge.latest().error is None
+
+
+def test_a_worker_that_cannot_start_fails_futures_instead_of_leaving_them_pending() -> None:
+    # The client factory raising (a bad endpoint, unreadable CURVE keys) ended the worker;
+    # futures of jobs queued before or after never finished, record_turn kept saying True.
+    from reachy_memory import ConfigError
+
+    gate = threading.Event()
+
+    def factory() -> RecordingClient:
+        assert gate.wait(10)
+        raise ConfigError("bad endpoint", key="server.endpoint")
+
+    bridge = MemoryBridge(client_factory=factory, queue_size=8).start()
+    try:
+        queued = bridge.search("queued before the failure")
+        gate.set()
+        assert isinstance(queued.exception(timeout=10), ClosedError)
+        wait_for(lambda: bridge.latest().error is not None, timeout=10)
+        assert isinstance(bridge.search("after").exception(timeout=10), BusyError)
+        assert bridge.record_turn("user", "hello") is False
+    finally:
+        gate.set()
+        bridge.close()

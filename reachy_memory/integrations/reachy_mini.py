@@ -17,7 +17,10 @@ the loop must never call the daemon.  :class:`MemoryBridge` does it for the loop
 * :meth:`~MemoryBridge.search` and :meth:`~MemoryBridge.remember` return a
   :class:`concurrent.futures.Future`: poll ``done()`` from the loop, or
   ``add_done_callback``.  A future of a dropped job fails with
-  :class:`~reachy_memory.BusyError`.
+  :class:`~reachy_memory.BusyError`; a job that raises fails its own future
+  only.  Should the worker itself end (its client cannot be made), queued
+  futures fail with :class:`~reachy_memory.ClosedError`, later calls are
+  dropped, and ``latest().error`` says so.
 
 This module does not import ``reachy_mini``; any app (or test) can use it.
 Guide: README.md, "For apps and language models".
@@ -197,7 +200,7 @@ class MemoryBridge:
         return future
 
     def _put(self, job: _Job) -> _Job | None:
-        if self._closed:
+        if self._stop.is_set():  # closed, or the worker ended
             self.stats.dropped += 1
             return None
         try:
@@ -205,7 +208,7 @@ class MemoryBridge:
         except queue.Full:
             self.stats.dropped += 1
             return None
-        if self._closed:  # close() ran on another thread since the check: its drain may have missed it
+        if self._stop.is_set():  # close() or the worker's end since the check: its drain may have missed it
             self._cancel_pending()
             self.stats.dropped += 1
             return None
@@ -213,13 +216,14 @@ class MemoryBridge:
         return job
 
     def _cancel_pending(self) -> None:
+        why = "closed" if self._closed else "worker failed (see the log)"
         while True:
             try:
                 job = self._jobs.get_nowait()
             except queue.Empty:
                 return
             if job is not None and job.future is not None and not job.future.done():
-                job.future.set_exception(ClosedError("memory bridge closed before the job ran"))
+                job.future.set_exception(ClosedError(f"memory bridge {why} before the job ran"))
 
     # -- the worker thread ------------------------------------------------------------------------
 
@@ -234,6 +238,10 @@ class MemoryBridge:
             log.exception("memory bridge worker failed")
             self._snapshot = MemorySnapshot(error="memory bridge worker failed; see the log")
         finally:
+            # No job is taken after this: refuse new ones and fail the queued ones (their
+            # futures would otherwise never finish); close() does the same.
+            self._stop.set()
+            self._cancel_pending()
             if client is not None:
                 client.close()
 
@@ -258,7 +266,9 @@ class MemoryBridge:
             return False
         try:
             result = job.run(client)
-        except ReachyMemoryError as exc:
+        except Exception as exc:  # the job's own failure (any type): its future says it, the worker goes on
+            if not isinstance(exc, ReachyMemoryError):
+                log.exception("memory bridge job %s failed", job.label)
             self.stats.errors += 1
             self.stats.last_error = f"{job.label}: {exc}"
             if job.future is not None:
