@@ -35,7 +35,7 @@ from . import protocol as proto
 from ._operations import IDEMPOTENT
 from .config import Config, load_config
 from .endpoint import resolve_endpoint
-from .errors import ClosedError, ProtocolError, RequestTimeoutError, TooLargeError, ValidationError
+from .errors import ClosedError, ConfigError, ProtocolError, RequestTimeoutError, TooLargeError, ValidationError
 from .model import SEARCH_LIMIT, SEARCH_MIN_SCORE, Memory, MemoryType, SearchResult
 
 _IDEMPOTENT = IDEMPOTENT  # from the operations table
@@ -292,6 +292,17 @@ def _check_timeout(timeout: Any) -> None:
         raise ValidationError(f"timeout must be a number of seconds >= 0, not {timeout!r}", field="timeout")
 
 
+def _certificate(path: str, key: str) -> tuple[bytes, bytes | None]:
+    """The (public, secret) keys of a CURVE certificate file; ConfigError naming ``key``
+    for a file that is missing or is not a certificate (OSError, ValueError from zmq.auth)."""
+    from zmq import auth
+
+    try:
+        return auth.load_certificate(path)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"CURVE certificate {path} ({key}) cannot be loaded: {exc}", key=key) from exc
+
+
 class _Base(_Api):
     def __init__(self, endpoint: str | None, config: Config | None, timeout: float, retries: int) -> None:
         self.config = config or load_config()
@@ -301,7 +312,17 @@ class _Base(_Api):
         self._closed = False
 
     def _socket(self, ctx: zmq.Context) -> zmq.Socket:
+        """A DEALER connected to the endpoint. ConfigError (the socket closed again) for an
+        endpoint zmq refuses ("nonsense", "tcp://") or CURVE files that are not certificates."""
         sock = ctx.socket(zmq.DEALER)
+        try:
+            self._connect(sock)
+        except BaseException:
+            sock.close(linger=0)
+            raise
+        return sock
+
+    def _connect(self, sock: zmq.Socket) -> None:
         sock.linger = 0
         # Queue requests only on a live connection: without this a request made while no
         # daemon listens waits in the socket and reaches the next daemon that starts, long
@@ -311,13 +332,16 @@ class _Base(_Api):
         sock.immediate = 1
         server = self.config.server
         if server.curve_server_public_key and server.curve_client_secret_key:
-            from zmq import auth
-
-            public, secret = auth.load_certificate(server.curve_client_secret_key)
+            public, secret = _certificate(server.curve_client_secret_key, "server.curve_client_secret_key")
+            if secret is None:
+                raise ConfigError(f"{server.curve_client_secret_key} holds no secret key",
+                                  key="server.curve_client_secret_key")
             sock.curve_secretkey, sock.curve_publickey = secret, public
-            sock.curve_serverkey, _ = auth.load_certificate(server.curve_server_public_key)
-        sock.connect(self.endpoint)
-        return sock
+            sock.curve_serverkey, _ = _certificate(server.curve_server_public_key, "server.curve_server_public_key")
+        try:
+            sock.connect(self.endpoint)
+        except zmq.ZMQError as exc:
+            raise ConfigError(f"cannot connect to endpoint {self.endpoint!r}: {exc}", key="server.endpoint") from exc
 
     def _encode(self, op: str, args: dict[str, Any], timeout: float) -> tuple[str, bytes]:
         """A new request id and the request's frame. ClosedError after close(); ValidationError
@@ -355,6 +379,15 @@ class _Base(_Api):
             raise ProtocolError(f"malformed result of {op!r}: {exc.__class__.__name__}: {exc}", op=op) from exc
 
 
+def _first_socket(client: _Base, ctx: zmq.Context) -> zmq.Socket:
+    """The client's socket; the context is terminated again when it cannot be made."""
+    try:
+        return client._socket(ctx)
+    except BaseException:
+        ctx.term()
+        raise
+
+
 class MemoryClient(_Base):
     """Blocking client. Use as a context manager or call :meth:`close`.
 
@@ -367,7 +400,7 @@ class MemoryClient(_Base):
                  retries: int = 0) -> None:
         super().__init__(endpoint, config, timeout, retries)
         self._ctx = zmq.Context()
-        self._sock = self._socket(self._ctx)
+        self._sock = _first_socket(self, self._ctx)
         self._lock = threading.Lock()  # the socket, one call at a time: a zmq socket is not thread-safe
 
     def _call(self, op: str, args: dict[str, Any], convert: Callable[[Any], Any] = lambda r: r,
@@ -455,7 +488,7 @@ class AsyncMemoryClient(_Base):
 
         super().__init__(endpoint, config, timeout, retries)
         self._ctx = zmq.asyncio.Context()
-        self._sock = self._socket(self._ctx)
+        self._sock = _first_socket(self, self._ctx)
         self._pending: dict[str, asyncio.Future[dict[str, Any]]] = {}
         self._reader: asyncio.Task[None] | None = None
 

@@ -613,3 +613,44 @@ def test_closing_an_async_client_ends_calls_in_flight_with_closed_error(tmp_path
         fake.close()
     assert isinstance(error, ClosedError), repr(error)
     assert waited < 2.0  # not the 10 s timeout
+
+
+def _curve_files(tmp: Path, case: str) -> dict[str, str]:
+    """Client CURVE settings whose files are missing, not certificates, or lack the secret key."""
+    import zmq.auth
+
+    public, _ = zmq.auth.create_certificates(str(tmp), "good")
+    (tmp / "junk").write_text("not a certificate")
+    client = {"missing": str(tmp / "absent"), "junk": str(tmp / "junk"), "public only": public}[case]
+    return {"curve_server_public_key": public, "curve_client_secret_key": client}
+
+
+@pytest.mark.parametrize("client_class", ["MemoryClient", "AsyncMemoryClient"])
+@pytest.mark.parametrize(("endpoint", "curve"), [
+    ("nonsense", None), ("tcp://", None), ("ipc://", None),
+    ("tcp://127.0.0.1:5", "missing"), ("tcp://127.0.0.1:5", "junk"), ("tcp://127.0.0.1:5", "public only"),
+])
+def test_a_client_that_cannot_be_made_raises_config_error(
+        tmp_path: Path, client_class: str, endpoint: str, curve: str | None) -> None:
+    # zmq.ZMQError (endpoint zmq refuses), OSError or ValueError (zmq.auth on a missing or
+    # junk file) and TypeError (a certificate with no secret key) escaped the constructors,
+    # leaving a context with an open socket: when the garbage collector later finalised the
+    # context first, its term() waited for that socket forever (the next test hung in gc).
+    import asyncio
+    import gc
+
+    import reachy_memory
+
+    config = load_config(server=_curve_files(tmp_path, curve)) if curve else load_config()
+
+    async def make_async() -> None:
+        reachy_memory.AsyncMemoryClient(endpoint, config=config)
+
+    with pytest.raises(ConfigError) as info:
+        if client_class == "MemoryClient":
+            MemoryClient(endpoint, config=config)
+        else:
+            asyncio.run(make_async())
+    assert info.value.key.startswith("server.")
+    del info
+    _in_thread(gc.collect)  # nothing left behind that blocks when collected
