@@ -480,6 +480,8 @@ class AsyncMemoryClient(_Base):
     """asyncio client; concurrent calls are matched to replies by request id.
 
     Every method returns an awaitable, mirroring the spec's async MemoryManager.
+    Use it on one event loop at a time; a later loop (another ``asyncio.run``, or
+    ``run_until_complete`` on a new loop) may take it over once the earlier one is done.
     """
 
     def __init__(self, endpoint: str | None = None, *, config: Config | None = None, timeout: float = 5.0,
@@ -509,7 +511,10 @@ class AsyncMemoryClient(_Base):
         import asyncio
 
         request_id, frame = self._encode(op, args, timeout)
-        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        if self._reader is not None and self._reader.get_loop() is not loop:
+            self._new_loop()
+        future: asyncio.Future[dict[str, Any]] = loop.create_future()
         self._pending[request_id] = future
         if self._reader is None or self._reader.done():
             self._reader = asyncio.create_task(self._read())
@@ -533,6 +538,18 @@ class AsyncMemoryClient(_Base):
             if future.done() and not future.cancelled():
                 future.exception()  # set by close() while the send was in progress: seen, not "never retrieved"
 
+    def _new_loop(self) -> None:
+        """Called on another event loop than the reader's: a fresh socket and reader.
+
+        A loop closed without cancelling its tasks (``run_until_complete``, then ``close``)
+        leaves the reader waiting in a recv on the socket, first in its queue, for good:
+        it would take every reply and no call on a later loop could get one.
+        """
+        self._sock.close(linger=0)
+        self._sock = self._socket(self._ctx)
+        self._reader = None
+        self._pending.clear()  # calls of the old loop: none can be resumed
+
     async def _read(self) -> None:
         while self._pending:
             try:
@@ -547,14 +564,17 @@ class AsyncMemoryClient(_Base):
     async def close(self) -> None:
         """Close the socket (linger 0); idempotent. Calls in flight (in other tasks)
         raise ClosedError at once rather than waiting out their timeouts."""
+        import asyncio
+
         if self._closed:
             return
         self._closed = True
+        loop = asyncio.get_running_loop()
         for future in self._pending.values():
-            if not future.done():
+            if not future.done() and future.get_loop() is loop:
                 future.set_exception(ClosedError(f"{type(self).__name__} closed during the call"))
-        if self._reader is not None:
-            self._reader.cancel()
+        if self._reader is not None and self._reader.get_loop() is loop:
+            self._reader.cancel()  # (one of a closed loop cannot be, and never runs again)
         self._sock.close(linger=0)
         self._ctx.term()
 

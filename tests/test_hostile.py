@@ -654,3 +654,29 @@ def test_a_client_that_cannot_be_made_raises_config_error(
     assert info.value.key.startswith("server.")
     del info
     _in_thread(gc.collect)  # nothing left behind that blocks when collected
+
+
+@pytest.mark.timeout(60)
+def test_an_async_client_keeps_working_on_a_later_event_loop(tmp_path: Path) -> None:
+    # The reader task lived on the first loop; run_until_complete leaves it pending when
+    # that loop is closed, and the client never started another: every later call timed out.
+    import asyncio
+
+    from reachy_memory import AsyncMemoryClient
+
+    fake = FakeDaemon(tmp_path, lambda r: [_reply(r, ok=True, result={"pong": True})])
+    client = AsyncMemoryClient(fake.endpoint, config=load_config(), timeout=2)
+
+    def on_a_new_loop() -> Any:
+        loop = asyncio.new_event_loop()
+        try:
+            return loop.run_until_complete(client.ping())
+        finally:
+            loop.close()
+
+    try:
+        assert _in_thread(on_a_new_loop)["pong"]
+        assert _in_thread(on_a_new_loop)["pong"]
+        _in_thread(lambda: asyncio.run(client.close()))
+    finally:
+        fake.close()
