@@ -302,7 +302,31 @@ def load_config(path: str | os.PathLike[str] | None = None, **overrides: Any) ->
         if not isinstance(data[section], dict):
             raise ConfigError(f"{section}: expected a mapping", key=section)
         data[section].update(changes)
-    return typing.cast(Config, from_dict(data))
+    return typing.cast(Config, from_dict(_spec_keys(data)))
+
+
+# Keys of the spec's own config/default.yaml that live elsewhere here: (section, key) -> (section, key).
+SPEC_KEYS = {("memory", "embedding_model"): ("embedding", "model")}
+
+
+def _spec_keys(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with the spec's key names moved to ours, so the spec's config file loads.
+    Raises ConfigError when both names are given with different values."""
+    for (section, key), (ours, our_key) in SPEC_KEYS.items():
+        old = data.get(section)
+        if not isinstance(old, dict) or key not in old:
+            continue  # a section that is not a mapping is refused by from_dict
+        value = old[key]
+        data = {**data, section: {k: v for k, v in old.items() if k != key}}
+        target = data.get(ours) or {}
+        if not isinstance(target, dict):
+            raise ConfigError(f"{ours}: expected a mapping", key=ours)
+        if our_key in target and target[our_key] != value:
+            raise ConfigError(f"{section}.{key} ({value!r}) and {ours}.{our_key} ({target[our_key]!r}) disagree; "
+                              f"{section}.{key} is the spec's name for {ours}.{our_key}: keep one",
+                              key=f"{section}.{key}")
+        data[ours] = {**target, our_key: value}
+    return data
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:

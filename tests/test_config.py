@@ -48,6 +48,9 @@ def test_yaml_overrides_defaults(tmp_path: Path) -> None:
         ("server:\n  heap_trim_seconds: 0.05\n", "server.heap_trim_seconds"),  # a trim at every idle tick
         ("search:\n  bm25_b: 1.5\n", "search.bm25_b"),  # BM25's b is in [0, 1]
         ("search:\n  previous_turn_weight: -0.5\n", "search.previous_turn_weight"),  # a field weight is in [0, 1]
+        ("memory:\n  embedding_model: bge-small\n", "embedding.model"),  # the spec's name, an unknown model
+        # the spec's name and ours, disagreeing
+        ("memory:\n  embedding_model: all-MiniLM-L6-v2\nembedding:\n  model: other\n", "memory.embedding_model"),
     ],
 )
 def test_bad_config_names_the_key(tmp_path: Path, text: str, key: str) -> None:
@@ -73,3 +76,24 @@ def test_missing_and_invalid_files_are_config_errors(tmp_path: Path) -> None:
     bad.write_text("memory: [unclosed\n")
     with pytest.raises(ConfigError):
         load_config(bad)
+
+
+SPEC_DEFAULT_YAML = """\
+# config/default.yaml
+memory:
+  path: ~/.reachy/memory
+  context_window_size: 5
+  embedding_model: all-MiniLM-L6-v2
+  cleanup_interval: 3600  # seconds, run cleanup hourly
+"""  # spec 000's "Configuration" section, verbatim
+
+
+def test_the_spec_config_file_loads(tmp_path: Path) -> None:
+    path = tmp_path / "spec.yaml"
+    path.write_text(SPEC_DEFAULT_YAML)
+    cfg = load_config(path)
+    assert cfg.embedding.model == "all-MiniLM-L6-v2"
+    assert (cfg.memory.path, cfg.memory.context_window_size, cfg.memory.cleanup_interval) == \
+        ("~/.reachy/memory", 5, 3600)
+    path.write_text(SPEC_DEFAULT_YAML + "embedding:\n  model: all-MiniLM-L6-v2\n  threads: 2\n")
+    assert load_config(path).embedding.threads == 2  # both names, agreeing: fine
