@@ -15,7 +15,8 @@ Two entry points, both pure:
 Rules, in order: (1) a relation word after "my"/"our"/"the user's", with a
 name taken from "...'s name is X", "... is called X", "my wife X",
 "X is my wife", "X, my wife"; (2) runs of capitalised words, minus a stop list
-(sentence starters, days, months, nationalities) and minus words right after
+(sentence starters, days, months, nationalities, "User", the robot's name),
+minus words with a digit and acronyms ("Banana42", "TV"), and minus words right after
 "in/at/from/to/near" (places, employers) or after "dog named"/"cat called"
 (pets); (3) names and aliases of people already known, in any case;
 (4) singular pronouns she/her/he/him/his, kept only when nothing else names a
@@ -76,7 +77,8 @@ september october november december christmas easter
 english french italian spanish german chinese japanese korean thai indian mexican greek turkish american british
 irish scottish canadian australian russian portuguese dutch swedish vietnamese lebanese moroccan brazilian arabic
 hindi european asian african
-""".split())
+user users user's reachy robot assistant wi-fi wifi bluetooth internet email e-mail password pin tv
+""".split())  # the last line: who the robot talks to, the robot itself, and household words of a sentence's start
 _PLACE_PREPOSITIONS = frozenset({"in", "at", "from", "to", "near", "into", "visiting", "for"})
 _OWNER_WORDS = r"(?:my|our|the\s+user's|user's|the\s+user’s)"
 _REL_ALT = "|".join(sorted((re.escape(r) for r in _RELATIONS), key=len, reverse=True))
@@ -221,7 +223,7 @@ def _name_runs(text: str, start: int, end: int) -> list[tuple[int, int]]:
     current: tuple[int, int] | None = None
     for token in re.finditer(r"\S+", text[start:end]):
         t_start, t_end = start + token.start(), start + token.end()
-        if norm(re.sub(r"['’]s$", "", token.group())) in _STOP:
+        if not _name_word(token.group()):
             current = None
             continue
         current = (current[0], t_end) if current else (t_start, t_end)
@@ -259,6 +261,16 @@ def _dedupe(mentions: list[Mention]) -> list[Mention]:
             seen.add(key)
             out.append(mention)
     return out
+
+
+def _name_word(token: str) -> bool:
+    """Whether a capitalised token can be part of a name: not a stop word, no digit
+    ("Banana42", "R2"), not an acronym of two or more capitals ("TV", "NASA")."""
+    word = re.sub(r"['’]s$", "", token).strip(" ,.;:!?\"()[]")
+    if norm(word) in _STOP or any(ch.isdigit() for ch in word):
+        return False
+    letters = [ch for ch in word if ch.isalpha()]
+    return not (len(letters) >= 2 and all(ch.isupper() for ch in letters))
 
 
 def _is_name(candidate: str) -> bool:

@@ -359,6 +359,16 @@ def test_ops_round_trip_through_msgpack(steps: list) -> None:
     ("Mom called about dinner", [(None, "mother", None)]),
     # Months, days and nationalities are not names.
     ("On Monday in May we eat Thai food", []),
+    # Spec 000's profile fact: "User" is who the robot talks to, not a person to know; the name is.
+    ("User prefers to be called Alex", [("Alex", None, None)]),
+    # The robot itself is not one of the people it knows.
+    ("Reachy should speak French in Paris", []),
+    # A household word at a sentence's start and a token with digits are not names.
+    ("The Wi-Fi password is Banana42", []),
+    # Acronyms are not names; the name beside them is.
+    ("Sarah watches TV with NASA documentaries", [("Sarah", None, None)]),
+    # A hyphenated first name still is one.
+    ("Jean-Luc visits on Sunday", [("Jean-Luc", None, None)]),
 ])
 def test_extract_mentions(sentence: str, expected: list) -> None:
     got = [(m.reference.name, m.reference.relation, m.reference.pronoun) for m in extract_mentions(sentence)]
