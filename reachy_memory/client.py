@@ -23,6 +23,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, cast
 
@@ -365,6 +366,26 @@ class _Base(_Api):
                                 size=len(frame), limit=limit)
         return request_id, frame
 
+    def _open(self, ctx: zmq.Context) -> zmq.Socket:
+        """The first socket on ``ctx`` (the context terminated again if it cannot be made);
+        from here on ``self._release()`` closes the client's sockets and ``ctx``, and runs by
+        itself if the client is collected unclosed (not at interpreter exit: a daemon thread
+        may still be in a call)."""
+        self._sockets: list[zmq.Socket] = []
+        try:
+            sock = self._track(self._socket(ctx))
+        except BaseException:
+            ctx.term()
+            raise
+        self._release = weakref.finalize(self, _release, ctx, self._sockets)
+        self._release.atexit = False
+        return sock
+
+    def _track(self, sock: zmq.Socket) -> zmq.Socket:
+        """``sock``, kept for ``_release`` (closed ones are let go)."""
+        self._sockets[:] = [s for s in self._sockets if not s.closed] + [sock]
+        return sock
+
     def _attempts(self, op: str) -> int:
         return 1 + (self.retries if op in _IDEMPOTENT else 0)
 
@@ -379,13 +400,14 @@ class _Base(_Api):
             raise ProtocolError(f"malformed result of {op!r}: {exc.__class__.__name__}: {exc}", op=op) from exc
 
 
-def _first_socket(client: _Base, ctx: zmq.Context) -> zmq.Socket:
-    """The client's socket; the context is terminated again when it cannot be made."""
-    try:
-        return client._socket(ctx)
-    except BaseException:
-        ctx.term()
-        raise
+def _release(ctx: zmq.Context, sockets: list[zmq.Socket]) -> None:
+    """Close ``sockets``, then terminate ``ctx``: what close() does, and what runs when a
+    client is collected unclosed. Left to pyzmq, a context collected in a reference cycle
+    with its socket (an AsyncMemoryClient and its reader task are one) finds its list of
+    sockets already cleared, and its term() waits for that socket forever."""
+    for sock in sockets:
+        sock.close(linger=0)
+    ctx.term()
 
 
 class MemoryClient(_Base):
@@ -400,7 +422,7 @@ class MemoryClient(_Base):
                  retries: int = 0) -> None:
         super().__init__(endpoint, config, timeout, retries)
         self._ctx = zmq.Context()
-        self._sock = _first_socket(self, self._ctx)
+        self._sock = self._open(self._ctx)
         self._lock = threading.Lock()  # the socket, one call at a time: a zmq socket is not thread-safe
 
     def _call(self, op: str, args: dict[str, Any], convert: Callable[[Any], Any] = lambda r: r,
@@ -458,16 +480,14 @@ class MemoryClient(_Base):
     def _reset(self) -> None:
         """A fresh socket: queued requests and late replies of the old one are dropped."""
         self._sock.close(linger=0)
-        self._sock = self._socket(self._ctx)
+        self._sock = self._track(self._socket(self._ctx))
 
     def close(self) -> None:
         """Close the socket (linger 0); idempotent, from any thread: a call in flight on
         another thread raises ClosedError within ``_POLL_SLICE`` and close waits for that."""
         self._closed = True
         with self._lock:
-            if not self._ctx.closed:
-                self._sock.close(linger=0)
-                self._ctx.term()
+            self._release()
 
     def __enter__(self) -> MemoryClient:
         return self
@@ -490,7 +510,7 @@ class AsyncMemoryClient(_Base):
 
         super().__init__(endpoint, config, timeout, retries)
         self._ctx = zmq.asyncio.Context()
-        self._sock = _first_socket(self, self._ctx)
+        self._sock = self._open(self._ctx)
         self._pending: dict[str, asyncio.Future[dict[str, Any]]] = {}
         self._reader: asyncio.Task[None] | None = None
 
@@ -546,7 +566,7 @@ class AsyncMemoryClient(_Base):
         it would take every reply and no call on a later loop could get one.
         """
         self._sock.close(linger=0)
-        self._sock = self._socket(self._ctx)
+        self._sock = self._track(self._socket(self._ctx))
         self._reader = None
         self._pending.clear()  # calls of the old loop: none can be resumed
 
@@ -575,8 +595,7 @@ class AsyncMemoryClient(_Base):
                 future.set_exception(ClosedError(f"{type(self).__name__} closed during the call"))
         if self._reader is not None and self._reader.get_loop() is loop:
             self._reader.cancel()  # (one of a closed loop cannot be, and never runs again)
-        self._sock.close(linger=0)
-        self._ctx.term()
+        self._release()
 
     async def __aenter__(self) -> AsyncMemoryClient:
         return self

@@ -680,3 +680,44 @@ def test_an_async_client_keeps_working_on_a_later_event_loop(tmp_path: Path) -> 
         _in_thread(lambda: asyncio.run(client.close()))
     finally:
         fake.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("client_class", ["MemoryClient", "AsyncMemoryClient"])
+def test_a_client_collected_unclosed_does_not_hang_the_garbage_collector(tmp_path: Path, client_class: str) -> None:
+    # A client never closed, collected in a reference cycle (an AsyncMemoryClient that made a
+    # call is one, with its reader task): the gc cleared pyzmq's weak list of the context's
+    # sockets first, so Context.__del__ -> destroy() -> term() waited for the socket forever,
+    # in whichever thread the collection happened to run (a robot's control loop, say).
+    import asyncio
+    import gc
+    import weakref
+
+    from reachy_memory import AsyncMemoryClient
+
+    fake = FakeDaemon(tmp_path, lambda r: [_reply(r, ok=True, result={"pong": True})])
+
+    async def forgotten_async() -> None:
+        client = AsyncMemoryClient(fake.endpoint, config=load_config(), timeout=2)
+        gone.append(weakref.ref(client))
+        assert (await client.ping())["pong"]
+
+    def forgotten_blocking() -> None:
+        client = MemoryClient(fake.endpoint, config=load_config(), timeout=2)
+        gone.append(weakref.ref(client))
+        assert client.ping()["pong"]
+        client.cycle = client  # type: ignore[attr-defined]
+
+    gone: list[weakref.ref[Any]] = []
+
+    try:
+        gc.collect()
+        gc.disable()  # the collection below, on a thread that cannot hang the run, is the one
+        try:
+            _in_thread(forgotten_blocking if client_class == "MemoryClient" else lambda: asyncio.run(forgotten_async()))
+            _in_thread(gc.collect)
+        finally:
+            gc.enable()
+    finally:
+        fake.close()
+    assert gone[0]() is None  # it was collected here, not later
