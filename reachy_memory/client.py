@@ -306,6 +306,11 @@ def _certificate(path: str, key: str) -> tuple[bytes, bytes | None]:
 
 class _Base(_Api):
     def __init__(self, endpoint: str | None, config: Config | None, timeout: float, retries: int) -> None:
+        """ValidationError for a ``timeout`` that is not seconds >= 0 or ``retries`` that is
+        not an int >= 0 (-1 made every call fail with AssertionError)."""
+        _check_timeout(timeout)
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise ValidationError(f"retries must be an int >= 0, not {retries!r}", field="retries")
         self.config = config or load_config()
         self.endpoint = resolve_endpoint(endpoint, self.config)
         self.timeout = timeout

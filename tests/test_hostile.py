@@ -721,3 +721,24 @@ def test_a_client_collected_unclosed_does_not_hang_the_garbage_collector(tmp_pat
     finally:
         fake.close()
     assert gone[0]() is None  # it was collected here, not later
+
+
+@pytest.mark.parametrize("client_class", ["MemoryClient", "AsyncMemoryClient"])
+@pytest.mark.parametrize(("option", "value"), [("retries", -1), ("retries", 2.5), ("retries", "2"),
+                                               ("timeout", -1.0), ("timeout", float("nan"))])
+def test_bad_client_options_are_a_validation_error_when_made(client_class: str, option: str, value: Any) -> None:
+    # retries=-1 made every call raise AssertionError("unreachable"), 2.5 a TypeError;
+    # a bad default timeout only failed at the first call.
+    import asyncio
+
+    import reachy_memory
+
+    async def make() -> None:
+        reachy_memory.AsyncMemoryClient("ipc:///nonexistent/x.sock", config=load_config(), **{option: value})
+
+    with pytest.raises(ValidationError) as info:
+        if client_class == "MemoryClient":
+            MemoryClient("ipc:///nonexistent/x.sock", config=load_config(), **{option: value})
+        else:
+            asyncio.run(make())
+    assert info.value.field == option
