@@ -40,7 +40,7 @@ from ._context_text import (
     token_counter,
     tokenizer_path,
 )
-from ._mentions import extract_mentions, parse_reference
+from ._mentions import extract_mentions, norm, parse_reference
 from ._records import Record
 from ._supersession import decide
 from .errors import NotFoundError, ReachyMemoryError, ValidationError
@@ -55,6 +55,8 @@ if TYPE_CHECKING:
     from .store import _Prepared
 
 log = logging.getLogger(__name__)
+# The metadata key spec 000's callers and the robot bridge name a memory's person with.
+PERSON_FIELD = "person"
 
 MAX_SUBJECTS = 16
 MAX_NAME_CHARS = 200
@@ -494,6 +496,19 @@ class PeopleMixin:
             log.info("search about %r: no such person, results are not filtered", about)
             return None
         return [person.id]
+
+    def _named_slots(self, person_ids: list[str] | None) -> set[int]:
+        """Slots whose ``metadata.person`` (spec 000's way of saying who a memory is
+        about: ``store(..., {"person": "Sarah"})``, the robot bridge) names one of these
+        persons by name or alias, in any case: ``about=`` finds them beside the memories
+        whose ``subjects`` hold the person."""
+        if not person_ids:
+            return set()
+        people = (self._people.get(p) for p in person_ids)
+        names = {norm(n) for person in people if person is not None for n in (person.name, *person.aliases) if n}
+        values = self._state.fields.string_values(PERSON_FIELD)  # live or not: keep the live ones
+        slots = set().union(*(slots for value, slots in values.items() if norm(value) in names))
+        return {slot for slot in slots if slot in self._state.by_slot}
 
     def subject_names(self, rec: Record) -> tuple[str, ...]:
         """Display names of a memory's persons, as they are now."""

@@ -492,10 +492,11 @@ class MemoryState:
         return {after.id: before for before, after in itertools.pairwise(turns)}
 
     def scope_mask(self, owner: str | None = None, about: list[str] | None = None,
-                   include_hidden: bool = False) -> np.ndarray | None:
+                   include_hidden: bool = False, named: set[int] | None = None) -> np.ndarray | None:
         """Slots a search may return: not superseded (unless ``include_hidden``), visible
         to ``owner`` (theirs, shared and unscoped ones), about one of the persons
-        ``about``.  None when nothing is restricted (the fast, unfiltered path)."""
+        ``about`` (or among ``named``, the slots that name them in their metadata).
+        None when nothing is restricted (the fast, unfiltered path)."""
         mask: np.ndarray | None = None
         if self.hidden and not include_hidden:
             mask = np.ones(self.next_slot, bool)
@@ -504,7 +505,7 @@ class MemoryState:
             mask = _and(mask, self.by_owner.get(owner, set()) | self.by_owner.get(None, set()) | self.shared,
                         self.next_slot)
         if about is not None:
-            slots: set[int] = set().union(*(self.by_subject.get(p, set()) for p in about))
+            slots: set[int] = set().union(named or (), *(self.by_subject.get(p, set()) for p in about))
             mask = _and(mask, slots, self.next_slot)
         return mask
 

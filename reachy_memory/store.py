@@ -461,8 +461,9 @@ class MemoryStore(PeopleMixin):
         if owner is not None:
             ingest.check_str(owner, "owner")
         with self._lock:
+            about_ids = self._about_ids(about, owner)
             mask = _both(self._state.fields.mask(mtype, where),
-                         self._state.scope_mask(owner, self._about_ids(about, owner), include_superseded))
+                         self._state.scope_mask(owner, about_ids, include_superseded, self._named_slots(about_ids)))
             slots, scores = self._rank(query, qvec, mask, limit, mode, mtype, at)
             diversity = self._config.search.diversity if mode == "hybrid" else 0.0
             want = max(2 * limit, ranking.MMR_POOL) if diversity else limit

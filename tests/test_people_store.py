@@ -69,6 +69,23 @@ def test_recall_about_my_wife_finds_her_facts_with_attribution(people_store: Mem
     assert len(people_store.recall("Italian food")) == 2  # without about: both
 
 
+def test_about_finds_what_spec_000_callers_said_with_metadata_person(lexical_store: MemoryStore) -> None:
+    # Spec 000 (and the robot bridge) say who a memory is about with metadata.person; spec 004
+    # with subjects. about= hid the first kind as soon as the person was known.
+    store = lexical_store
+    sarah_meta = store.store("Sarah likes Italian food", "fact", {"person": "Sarah"})
+    nickname = store.store("Sassy takes her tea with lemon", "fact", {"person": "sassy"})  # an alias, any case
+    store.store("John likes Italian food too", "fact", {"person": "John"})  # someone else
+    store.remember("my wife's name is Sarah", subjects=["my wife"])
+    store.update_person(store.find_person("Sarah").id, aliases=["Sassy"])  # type: ignore[union-attr]
+    found = {r.memory.id for r in store.search("Italian food tea lemon", about="my wife", min_score=0.0)}
+    assert {sarah_meta.id, nickname.id} <= found
+    assert all(r.memory.metadata.get("person") != "John"
+               for r in store.search("Italian food", about="Sarah", min_score=0.0))
+    store.forget(sarah_meta.id)
+    assert sarah_meta.id not in {r.memory.id for r in store.search("Italian food", about="Sarah", min_score=0.0)}
+
+
 @pytest.mark.parametrize(("reference", "expected"), [
     ("my wife", "Sarah"),  # relation phrase
     ("Sarah", "Sarah"),  # name
