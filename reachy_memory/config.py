@@ -31,6 +31,7 @@ SUPPORTED_MODEL = "all-MiniLM-L6-v2"  # embedding.model: the one architecture th
 # TTL that pushes expiry past year 2300 would make every stored memory unreadable.
 RANGES: dict[str, tuple[float | None, float | None]] = {
     "memory.context_window_size": (1, 1000),
+    "memory.context_window_max_age_minutes": (0, 10_000_000),
     "memory.conversation_ttl_days": (1 / 24, 36_500),
     "memory.cleanup_interval": (1, 7 * 86_400),
     "memory.fsync_batch_window_ms": (0.1, 10_000),
@@ -74,6 +75,9 @@ class MemoryConfig:
 
     path: str = "~/.reachy/memory"
     context_window_size: int = 5
+    # The window is persisted (a daemon restart mid-conversation keeps it), but turns older
+    # than this are not shown: after a night the robot starts a new conversation. 0: no limit.
+    context_window_max_age_minutes: float = 240.0
     conversation_ttl_days: float = 30.0
     timezone: str = "local"  # IANA name, or "local" for the system's zone
     cleanup_interval: float = 3600.0

@@ -24,6 +24,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -532,11 +533,14 @@ class MemoryStore(PeopleMixin):
         self._commit([["win", role, ingest.validate_text(content, "content", self._config), time.time()]])
 
     def get_context_window(self) -> list[dict[str, Any]]:
-        """The recent messages, oldest first: dicts with role, content, timestamp.
-        Takes no lock (reads the window view)."""
+        """The recent messages, oldest first: dicts with role, content, timestamp; those
+        older than ``memory.context_window_max_age_minutes`` are left out (kept on disk
+        until the window moves on).  Takes no lock (reads the window view)."""
         self._require_open()
+        max_age = self._config.memory.context_window_max_age_minutes * 60.0
+        oldest = time.time() - max_age if max_age else -math.inf
         return [{"role": r, "content": c, "timestamp": to_datetime(t).isoformat()}
-                for r, c, t in self._state.window_view]
+                for r, c, t in self._state.window_view if t >= oldest]
 
     def clear_context_window(self) -> None:
         """Empty the window (a new session)."""
