@@ -537,8 +537,8 @@ class AsyncMemoryClient(_Base):
 
         request_id, frame = self._encode(op, args, timeout)
         loop = asyncio.get_running_loop()
-        if self._reader is not None and self._reader.get_loop() is not loop:
-            self._new_loop()
+        if self._reader is not None and not self._reader.done() and self._reader.get_loop() is not loop:
+            self._new_loop()  # (asyncio.run cancels its tasks: a reader it ended leaves the socket usable)
         future: asyncio.Future[dict[str, Any]] = loop.create_future()
         self._pending[request_id] = future
         if self._reader is None or self._reader.done():
@@ -564,7 +564,7 @@ class AsyncMemoryClient(_Base):
                 future.exception()  # set by close() while the send was in progress: seen, not "never retrieved"
 
     def _new_loop(self) -> None:
-        """Called on another event loop than the reader's: a fresh socket and reader.
+        """Called on another event loop than the live reader's: a fresh socket and reader.
 
         A loop closed without cancelling its tasks (``run_until_complete``, then ``close``)
         leaves the reader waiting in a recv on the socket, first in its queue, for good:
