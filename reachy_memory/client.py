@@ -37,7 +37,7 @@ from ._operations import IDEMPOTENT
 from .config import Config, load_config
 from .endpoint import resolve_endpoint
 from .errors import ClosedError, ConfigError, ProtocolError, RequestTimeoutError, TooLargeError, ValidationError
-from .model import SEARCH_LIMIT, SEARCH_MIN_SCORE, Memory, MemoryType, SearchResult
+from .model import SEARCH_LIMIT, SEARCH_MIN_SCORE, Memory, MemoryType, SearchResult, merged_metadata
 
 _IDEMPOTENT = IDEMPOTENT  # from the operations table
 # What the converters raise for a result of the wrong shape (a buggy or foreign daemon).
@@ -95,14 +95,18 @@ class _Api:
         return self._call("store_batch", {"items": _with_ids(items)}, _memories, timeout)
 
     def remember_fact(self, content: str, metadata: dict[str, Any] | None = None, *, id: str | None = None,
-                      timeout: float | None = None) -> Any:
-        """Store a permanent FACT (``metadata`` as a dict: no catch-all keywords)."""
-        return self.store(content, MemoryType.FACT, metadata, id=id, timeout=timeout)
+                      timeout: float | None = None, **fields: Any) -> Any:
+        """Store a permanent FACT.  Metadata as a dict, or as spec 000's keywords
+        (``remember_fact("...", category="user_profile")``), or both (keywords win);
+        ``id`` and ``timeout`` are this call's own."""
+        return self.store(content, MemoryType.FACT, merged_metadata(metadata, fields), id=id, timeout=timeout)
 
     def remember_conversation(self, content: str, metadata: dict[str, Any] | None = None, *,
-                              id: str | None = None, timeout: float | None = None) -> Any:
-        """Store a CONVERSATION memory (expires after the configured TTL)."""
-        return self.store(content, MemoryType.CONVERSATION, metadata, id=id, timeout=timeout)
+                              id: str | None = None, timeout: float | None = None, **fields: Any) -> Any:
+        """Store a CONVERSATION memory (expires after the configured TTL); metadata as
+        for :meth:`remember_fact`."""
+        return self.store(content, MemoryType.CONVERSATION, merged_metadata(metadata, fields), id=id,
+                          timeout=timeout)
 
     def get(self, memory_id: str, *, timeout: float | None = None) -> Any:
         """The memory with that id, or None."""

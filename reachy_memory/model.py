@@ -182,3 +182,13 @@ def to_epoch(value: datetime | float | None) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise ValidationError(f"expected a datetime or epoch seconds, got {value!r}", field="now")
     return float(value)
+
+
+def merged_metadata(metadata: Any, fields: dict[str, Any]) -> Any:
+    """``metadata`` (a dict, or None) with keyword ``fields`` laid over it; anything else
+    than a dict is passed on as it is, for the store's checks to refuse by name."""
+    if not fields:
+        return metadata
+    if metadata is None:
+        return fields
+    return {**metadata, **fields} if isinstance(metadata, dict) else metadata

@@ -61,6 +61,7 @@ from .model import (
     Memory,
     MemoryType,
     SearchResult,
+    merged_metadata,
     resolve_timezone,
     to_datetime,
     to_epoch,
@@ -364,13 +365,17 @@ class MemoryStore(PeopleMixin):
             return None
         return vectors
 
-    def remember_fact(self, content: str, **metadata: Any) -> Memory:
-        """Store a permanent FACT."""
-        return self.store(content, MemoryType.FACT, metadata)
+    def remember_fact(self, content: str, metadata: dict[str, Any] | None = None, **fields: Any) -> Memory:
+        """Store a permanent FACT.  Metadata as spec 000's keywords
+        (``remember_fact("...", category="user_profile")``), or as a dict like the
+        clients take, or both (keywords win).  Raises ValidationError for bad input."""
+        return self.store(content, MemoryType.FACT, merged_metadata(metadata, fields))
 
-    def remember_conversation(self, content: str, **metadata: Any) -> Memory:
-        """Store a CONVERSATION memory (expires after the configured TTL)."""
-        return self.store(content, MemoryType.CONVERSATION, metadata)
+    def remember_conversation(self, content: str, metadata: dict[str, Any] | None = None,
+                              **fields: Any) -> Memory:
+        """Store a CONVERSATION memory (expires after the configured TTL); metadata as
+        for :meth:`remember_fact`."""
+        return self.store(content, MemoryType.CONVERSATION, merged_metadata(metadata, fields))
 
     def forget(self, memory_id: str) -> bool:
         """Delete a memory; False if there was none with that id."""

@@ -280,6 +280,21 @@ def test_an_async_call_that_timed_out_never_reaches_a_later_daemon(tmp_path: Pat
         d.stop()
 
 
+def test_clients_take_spec_000_keyword_metadata(daemon: DaemonProcess) -> None:
+    # spec 000: remember_fact(content, **metadata); a TypeError on both clients before
+    with daemon.client() as c:
+        fact = c.remember_fact("User prefers to be called Alex", category="user_profile")
+        turn = c.remember_conversation("hello", {"role": "user"}, person="Alex")
+    assert fact.metadata == {"category": "user_profile"} and fact.memory_type.value == "fact"
+    assert turn.metadata == {"role": "user", "person": "Alex"}
+
+    async def run() -> Any:
+        async with AsyncMemoryClient(daemon.endpoint, config=daemon.config, timeout=10) as ac:
+            return await ac.remember_fact("User likes jazz", category="user_profile")
+
+    assert asyncio.run(run()).metadata == {"category": "user_profile"}
+
+
 def test_second_daemon_is_refused(daemon: DaemonProcess, tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     same_endpoint = subprocess.run([sys.executable, "-m", "reachy_memory.cli", "serve", "--config",

@@ -3,6 +3,7 @@ import sys
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -226,6 +227,17 @@ def test_context_window_leaves_out_turns_older_than_its_max_age(tmp_path: Path) 
         assert [m["content"] for m in s.get_context_window()] == ["good morning"]
     with MemoryStore(config=cfg.replace("memory", context_window_max_age_minutes=0), embedder=None) as s:
         assert [m["content"] for m in s.get_context_window()] == ["good night", "good morning"]  # 0: no limit
+
+
+@pytest.mark.parametrize(("args", "kwargs", "expected"), [
+    ((), {"category": "user_profile"}, {"category": "user_profile"}),  # spec 000's **metadata
+    (({"person": "Sarah"},), {}, {"person": "Sarah"}),  # a dict, as the clients take it
+    (({"a": 1, "b": 1},), {"b": 2}, {"a": 1, "b": 2}),  # both: the keywords win
+])
+def test_remember_takes_metadata_as_keywords_or_a_dict(lexical_store: MemoryStore, args: tuple[Any, ...],
+                                                      kwargs: dict[str, Any], expected: dict[str, Any]) -> None:
+    assert lexical_store.remember_fact("User prefers tea", *args, **kwargs).metadata == expected
+    assert lexical_store.remember_conversation("hello there", *args, **kwargs).metadata == expected
 
 
 def test_min_score_and_limit(store: MemoryStore) -> None:
