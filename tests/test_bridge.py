@@ -56,9 +56,12 @@ class RecordingClient:
         return Memory(f"id{len(self.calls)}", content, MemoryType.parse(memory_type), to_datetime(0), metadata or {})
 
     def search(self, query: str, memory_type: Any = None, limit: int = 5, min_score: float = 0.3,
-               where: dict[str, Any] | None = None) -> list[SearchResult]:
+               where: dict[str, Any] | None = None, about: str | None = None) -> list[SearchResult]:
         self._op("search")
         return [SearchResult(Memory("m1", f"about {query}", MemoryType.FACT, to_datetime(0)), 0.9)]
+
+    def find_person(self, reference: str) -> None:
+        self._op("find_person")  # nobody known: the bridge filters on metadata.person
 
     def get_context_window(self) -> list[dict[str, Any]]:
         self._op("get_context_window")
@@ -187,6 +190,19 @@ def test_round_trip_with_the_daemon(daemon: DaemonProcess) -> None:
     assert hits[0].memory.metadata == {"role": "user", "person": "Alex"}
     with daemon.client() as c:
         assert c.get_context(PERSON_KEY) == "Alex"
+
+
+def test_the_person_facts_include_what_remember_linked(daemon: DaemonProcess) -> None:
+    # ROBOT.md's demo: `reachy-memory remember "Nora likes jazz" --about Nora`, then the greeter
+    # asks the bridge what it knows of Nora; the bridge read metadata.person only and found nothing.
+    with daemon.client() as c:
+        c.remember("Nora likes jazz", subjects=["Nora"])
+        c.remember_fact("Nora grows tomatoes", person="Nora")  # spec 000's way, same person
+        c.remember_fact("Sam likes rock", person="Sam")
+    with MemoryBridge(daemon.endpoint, config=daemon.config, refresh_interval=0.1) as bridge:
+        bridge.set_current_person("Nora")
+        wait_for(lambda: {"Nora likes jazz", "Nora grows tomatoes"} <= set(bridge.latest().person_facts))
+        assert "Sam likes rock" not in bridge.latest().person_facts
 
 
 # -- failures that are not the daemon's ---------------------------------------------------------

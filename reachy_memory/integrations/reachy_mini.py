@@ -296,7 +296,13 @@ class MemoryBridge:
         self._snapshot = MemorySnapshot(window, person, facts, time.monotonic())
 
     def _facts(self, client: Any, person: str) -> tuple[str, ...]:
-        hits = client.search(person, MemoryType.FACT, self._person_facts, 0.0, where={"person": person})
+        """The facts about ``person``: those whose subjects hold them (``remember``) or whose
+        ``metadata.person`` names them, for a person the daemon knows; by ``metadata.person``
+        alone otherwise (``about=`` an unknown person would not filter at all)."""
+        if client.find_person(person) is not None:
+            hits = client.search(person, MemoryType.FACT, self._person_facts, 0.0, about=person)
+        else:
+            hits = client.search(person, MemoryType.FACT, self._person_facts, 0.0, where={"person": person})
         return tuple(h.memory.content for h in hits)
 
 
