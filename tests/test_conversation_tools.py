@@ -180,3 +180,24 @@ def test_remember_and_recall_through_the_dispatcher(daemon: DaemonProcess) -> No
     assert stored["count"] == 1 and stored["stored"][0]["subjects"]
     assert found["count"] >= 1 and found["results"][0]["about"] == ["Leo"]
     assert "subjects must be a list" in bad["error"]
+
+
+def test_a_stored_fact_supersedes_the_one_it_contradicts_and_links_its_person(daemon: DaemonProcess) -> None:
+    # store_memory is what the MCP instructions steer an LLM to for facts: it left "likes tea"
+    # beside "likes coffee" (supersession ran only in remember), and metadata.person linked nobody.
+    async def scenario() -> list[dict[str, Any]]:
+        store, search, recall = StoreMemory(config=daemon.config), SearchMemories(config=daemon.config), \
+            Recall(config=daemon.config)
+        await dispatch(store, '{"content": "User\'s favorite drink is tea"}')
+        newer = await dispatch(store, '{"content": "User\'s favorite drink is coffee"}')
+        found = await dispatch(search, '{"query": "favorite drink", "memory_type": "fact"}')
+        await dispatch(store, '{"content": "Her birthday is in May", "metadata": {"person": "Ines"}}')
+        about = await dispatch(recall, '{"query": "birthday", "about": "Ines"}')
+        for tool in (store, search, recall):
+            await tool.aclose()
+        return [newer, found, about]
+
+    newer, found, about = run(scenario())
+    assert set(newer) == {"id", "content", "type", "created_at"} and newer["type"] == "fact"
+    assert [r["content"] for r in found["results"]] == ["User's favorite drink is coffee"]
+    assert about["results"][0]["content"] == "Her birthday is in May" and about["results"][0]["about"] == ["Ines"]

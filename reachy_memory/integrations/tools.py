@@ -179,7 +179,17 @@ async def _search(backend: Backend, a: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 async def _store(backend: Backend, a: dict[str, Any]) -> dict[str, Any]:
-    m = await backend.store(a["content"], a["memory_type"], a["metadata"])
+    """Spec 000's store; a fact goes the way of ``remember`` (its metadata kept), so it is
+    linked to the persons it names (``metadata.person`` first) and a newer fact supersedes
+    the one it contradicts: an LLM using this tool must not leave "likes tea" beside
+    "likes coffee"."""
+    if a["memory_type"] == "fact":
+        person = (a["metadata"] or {}).get("person")
+        fact = {"content": a["content"], "metadata": a["metadata"],
+                **({"subjects": [person]} if isinstance(person, str) and person.strip() else {})}
+        [m] = await backend.remember({"facts": [fact]})
+    else:
+        m = await backend.store(a["content"], a["memory_type"], a["metadata"])
     return {"id": m.id, "content": m.content, "type": m.memory_type.value, "created_at": m.created_at.isoformat()}
 
 
@@ -228,8 +238,9 @@ STORE_MEMORY = ToolDef(
         "\"fact\" (default) for lasting knowledge such as preferences, names, relationships and birthdays, kept "
         "forever; \"context\" for the current task, topic or situation, forgotten at the end of today; "
         "\"conversation\" for notable things that were said, kept 30 days. Put who it is about in metadata "
-        "(e.g. {\"person\": \"Sarah\"}) so later searches naming them rank it first. Returns the stored memory "
-        "with its id."),
+        "(e.g. {\"person\": \"Sarah\"}) so later searches naming them rank it first. A new fact that "
+        "contradicts an older one about the same people replaces it (the old one is kept in history). Returns "
+        "the stored memory with its id."),
     params=(
         Param("content", {"type": "string", "minLength": 1}, str, "The statement to remember.", required=True),
         Param("memory_type", _TYPE_SCHEMA, _TypeName,
