@@ -39,6 +39,7 @@ from .errors import (
     TooLargeError,
     ValidationError,
 )
+from .manager import MemoryManager
 from .model import Memory, MemoryType, SearchResult
 from .store import DEFAULT_EMBEDDER, Embedder, MemoryStore
 
@@ -58,6 +59,7 @@ __all__ = [
     "FormatVersionError",
     "Memory",
     "MemoryClient",
+    "MemoryManager",
     "MemoryStore",
     "MemoryType",
     "ModelError",
