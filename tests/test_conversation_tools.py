@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from reachy_memory import Config, MemoryStore
 from reachy_memory.integrations.conversation import (
     TOOL_CLASSES,
     TOOLS_TXT,
@@ -28,7 +29,7 @@ from reachy_memory.integrations.conversation import (
     aclose_default,
     app_tool_classes,
 )
-from reachy_memory.integrations.tools import MAX_LIMIT, TOOLS
+from reachy_memory.integrations.tools import MAX_LIMIT, TOOLS, TOOLS_BY_NAME, LocalBackend
 from tests.daemon_util import DaemonProcess
 
 
@@ -201,3 +202,22 @@ def test_a_stored_fact_supersedes_the_one_it_contradicts_and_links_its_person(da
     assert set(newer) == {"id", "content", "type", "created_at"} and newer["type"] == "fact"
     assert [r["content"] for r in found["results"]] == ["User's favorite drink is coffee"]
     assert about["results"][0]["content"] == "Her birthday is in May" and about["results"][0]["about"] == ["Ines"]
+
+
+@pytest.mark.parametrize("person", ["she", "her", "user", "Reachy", "x" * 150, "Sam\n", "my " + "w" * 60])
+def test_a_fact_whose_metadata_person_names_nobody_is_still_stored(config: Config, person: str) -> None:
+    # store_memory used to store any metadata.person; routed through remember, a pronoun or an
+    # over-long value was refused (ValidationError / TooLargeError: the fact was lost), and "user"
+    # or the robot's name became a person filling every prompt's Known people.
+    async def scenario() -> tuple[dict[str, Any], list[str]]:
+        backend = LocalBackend(MemoryStore(config=config, embedder=None))
+        try:
+            stored = await TOOLS_BY_NAME["store_memory"].run(
+                backend, {"content": "likes green tea", "metadata": {"person": person}})
+            return stored, [p.display_name for p in backend.memory_store.people()]
+        finally:
+            await backend.aclose()
+
+    stored, people = run(scenario())
+    assert stored["type"] == "fact" and stored["content"] == "likes green tea"
+    assert people == []

@@ -24,16 +24,19 @@ from __future__ import annotations
 
 import asyncio
 import math
+import unicodedata
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from .._mentions import norm, parse_reference
 from ..client import AsyncMemoryClient
 from ..config import Config
 from ..errors import DaemonUnavailableError, RequestTimeoutError, ValidationError
 from ..model import SEARCH_LIMIT, Memory, MemoryType, SearchResult
+from ..people import MAX_NAME_CHARS, MAX_RELATION_CHARS
 
 MEMORY_TYPES: tuple[str, ...] = tuple(m.value for m in MemoryType)
 MAX_LIMIT = 50
@@ -178,15 +181,34 @@ async def _search(backend: Backend, a: dict[str, Any]) -> list[dict[str, Any]]:
     return [_hit(h) for h in await backend.search(a["query"], a["memory_type"], int(a["limit"]))]
 
 
+#: ``metadata.person`` values that name nobody to link: the user speaking and the robot itself.
+_NOBODY = frozenset({"user", "the user", "me", "myself", "i", "reachy", "robot", "the robot", "assistant"})
+
+
+def _person_subjects(person: Any) -> list[str]:
+    """``[person]`` when ``metadata.person`` can name a person for ``remember`` (a name,
+    "my wife"); ``[]`` for what it would refuse or should not make a person of: not a
+    string, empty, a pronoun ("she"), the user or the robot, past the person limits,
+    control characters.  The fact is then stored like one without ``metadata.person``
+    (its metadata kept; the persons its sentence names are found)."""
+    if not isinstance(person, str) or len(person) > MAX_NAME_CHARS or norm(person) in _NOBODY:
+        return []
+    if any(unicodedata.category(ch) == "Cc" for ch in person):
+        return []
+    ref = parse_reference(person)
+    if ref.pronoun or ref.empty or len(ref.relation or "") > MAX_RELATION_CHARS:
+        return []
+    return [person]
+
+
 async def _store(backend: Backend, a: dict[str, Any]) -> dict[str, Any]:
     """Spec 000's store; a fact goes the way of ``remember`` (its metadata kept), so it is
     linked to the persons it names (``metadata.person`` first) and a newer fact supersedes
     the one it contradicts: an LLM using this tool must not leave "likes tea" beside
     "likes coffee"."""
     if a["memory_type"] == "fact":
-        person = (a["metadata"] or {}).get("person")
-        fact = {"content": a["content"], "metadata": a["metadata"],
-                **({"subjects": [person]} if isinstance(person, str) and person.strip() else {})}
+        subjects = _person_subjects((a["metadata"] or {}).get("person"))
+        fact = {"content": a["content"], "metadata": a["metadata"], **({"subjects": subjects} if subjects else {})}
         [m] = await backend.remember({"facts": [fact]})
     else:
         m = await backend.store(a["content"], a["memory_type"], a["metadata"])
