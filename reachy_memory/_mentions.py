@@ -16,7 +16,8 @@ Rules, in order: (1) a relation word after "my"/"our"/"the user's", with a
 name taken from "...'s name is X", "... is called X", "my wife X",
 "X is my wife", "X, my wife"; (2) runs of capitalised words, minus a stop list
 (sentence starters, days, months, nationalities, "User", the robot's name),
-minus words with a digit and acronyms ("Banana42", "TV"), and minus words right after
+minus words with a digit and acronyms ("Banana42", "TV"; initials beside a relation,
+"my son AJ", are a name), and minus words right after
 "in/at/from/to/near" (places, employers) or after "dog named"/"cat called"
 (pets); (3) names and aliases of people already known, in any case;
 (4) singular pronouns she/her/he/him/his, kept only when nothing else names a
@@ -191,12 +192,12 @@ def _name_near(text: str, start: int, end: int) -> tuple[str | None, tuple[int, 
     """A name right after ("my wife Sarah", "my wife's name is Sarah") or before ("Sarah, my wife")."""
     after = _NAME_AFTER.match(text[end:])
     if after:
-        runs = _name_runs(text, end + after.start(1), end + after.end(1))
+        runs = _name_runs(text, end + after.start(1), end + after.end(1), initials=True)
         if runs and runs[0][0] == end + after.start(1) and _is_name(text[slice(*runs[0])]):
             return _clean_name(text[slice(*runs[0])]), runs[0]
     before = _NAME_BEFORE.search(text[:start])
     if before:
-        runs = _name_runs(text, before.start(1), before.end(1))
+        runs = _name_runs(text, before.start(1), before.end(1), initials=True)
         if runs and runs[-1][1] == before.end(1) and _is_name(text[slice(*runs[-1])]):
             return _clean_name(text[slice(*runs[-1])]), runs[-1]
     return None, None
@@ -216,14 +217,15 @@ def _name_mentions(text: str, taken: list[tuple[int, int]]) -> list[Mention]:
     return out
 
 
-def _name_runs(text: str, start: int, end: int) -> list[tuple[int, int]]:
+def _name_runs(text: str, start: int, end: int, initials: bool = False) -> list[tuple[int, int]]:
     """Split a capitalised run at stop words: "Remember Sarah" -> "Sarah"; runs of more
-    than MAX_NAME_WORDS words (titles, shouting) are not names."""
+    than MAX_NAME_WORDS words (titles, shouting) are not names.  ``initials``: beside a
+    relation ("my son AJ", "KC is my wife") two or three capitals are a name."""
     runs: list[tuple[int, int]] = []
     current: tuple[int, int] | None = None
     for token in re.finditer(r"\S+", text[start:end]):
         t_start, t_end = start + token.start(), start + token.end()
-        if not _name_word(token.group()):
+        if not _name_word(token.group(), initials):
             current = None
             continue
         current = (current[0], t_end) if current else (t_start, t_end)
@@ -263,14 +265,16 @@ def _dedupe(mentions: list[Mention]) -> list[Mention]:
     return out
 
 
-def _name_word(token: str) -> bool:
+def _name_word(token: str, initials: bool = False) -> bool:
     """Whether a capitalised token can be part of a name: not a stop word, no digit
-    ("Banana42", "R2"), not an acronym of two or more capitals ("TV", "NASA")."""
+    ("Banana42", "R2"), not an acronym of two or more capitals ("TV", "NASA"), except
+    initials of two or three capitals where ``initials`` ("AJ" beside "my son")."""
     word = re.sub(r"['’]s$", "", token).strip(" ,.;:!?\"()[]")
     if norm(word) in _STOP or any(ch.isdigit() for ch in word):
         return False
     letters = [ch for ch in word if ch.isalpha()]
-    return not (len(letters) >= 2 and all(ch.isupper() for ch in letters))
+    acronym = len(letters) >= 2 and all(ch.isupper() for ch in letters)
+    return not acronym or (initials and len(letters) <= 3)
 
 
 def _is_name(candidate: str) -> bool:

@@ -369,6 +369,9 @@ def test_ops_round_trip_through_msgpack(steps: list) -> None:
     ("Sarah watches TV with NASA documentaries", [("Sarah", None, None)]),
     # A hyphenated first name still is one.
     ("Jean-Luc visits on Sunday", [("Jean-Luc", None, None)]),
+    # Initials beside a relation are a name (the acronym rule made them an unnamed son / wife).
+    ("AJ is my son", [("AJ", "son", None)]),
+    ("My wife KC likes tea", [("KC", "wife", None)]),
 ])
 def test_extract_mentions(sentence: str, expected: list) -> None:
     got = [(m.reference.name, m.reference.relation, m.reference.pronoun) for m in extract_mentions(sentence)]
