@@ -165,8 +165,9 @@ def test_remember_fact_timeout_is_a_timeout_not_metadata(daemon: DaemonProcess) 
     with daemon.client() as c:
         memory = c.remember_fact("Sarah likes tea", {"person": "Sarah"}, timeout=5)
         assert memory.metadata == {"person": "Sarah"}  # no {"timeout": 5}
-        with pytest.raises(TypeError):  # no catch-all keywords next to the call's options
-            c.remember_fact("Sarah likes tea", topic="drinks")  # type: ignore[call-arg]
+        # spec 000's keyword metadata sits beside the call's own options, which stay options
+        tagged = c.remember_fact("Sarah likes tea", topic="drinks", timeout=5)
+        assert tagged.metadata == {"topic": "drinks"}
 
 
 def test_bad_requests_are_summarised_not_logged_one_by_one(caplog: pytest.LogCaptureFixture) -> None:

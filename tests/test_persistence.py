@@ -126,7 +126,8 @@ def test_a_journal_older_than_the_snapshot_is_moved_not_rewritten(config: Config
 def test_a_v1_store_opens_and_migrates(tmp_path: Path, base_config: Config) -> None:
     data = tmp_path / "v1"
     shutil.copytree(FIXTURE_V1, data)
-    cfg = base_config.replace("memory", path=str(data), timezone="UTC")
+    # the fixture's window is from 2026-09: shown whatever its age (the window's ageing is tested in test_store)
+    cfg = base_config.replace("memory", path=str(data), timezone="UTC", context_window_max_age_minutes=0)
     expected = {"f0", "f1", "f2", "f3", "f4", "c0", "c1", "x0"}
     for _ in range(2):  # as written by the old code, then after the v2 compaction on close
         with MemoryStore(config=cfg, embedder=HashEmbedder()) as store:
