@@ -197,8 +197,9 @@ class PeopleMixin:
         optionally subjects, name, aliases, shared, expires_in_days, metadata).
 
         Each fact's ``subjects`` (references: "my wife", "Sarah", a person id) are
-        resolved, or created as persons; without them the persons the sentence
-        names are found ("she" is the person of the previous fact).  An older fact
+        resolved, or created as persons; without them (None) the persons the sentence
+        names are found ("she" is the person of the previous fact); ``[]`` is a fact
+        about nobody.  An older fact
         the new one contradicts is superseded (kept, hidden by default).
         Returns the stored memories. Raises ValidationError / TooLargeError.
         """
@@ -230,6 +231,8 @@ class PeopleMixin:
         if refs:
             return [self._people.resolve_person(_enriched(_text(r, "subjects"), item["content"]), owner)
                     for r in refs]
+        if refs is not None:  # subjects=[] given: a fact about nobody, nothing read from the sentence
+            return []
         recent = self._recent_subjects.get(owner, [])
         return self._people.subjects_in(item["content"], owner, recent)
 

@@ -221,3 +221,21 @@ def test_a_fact_whose_metadata_person_names_nobody_is_still_stored(config: Confi
     stored, people = run(scenario())
     assert stored["type"] == "fact" and stored["content"] == "likes green tea"
     assert people == []
+
+
+@pytest.mark.parametrize("content", [
+    "Trash day is Monday",  # a word capitalised because it starts the sentence
+    "Paris is lovely in spring",  # a place at the start, no preposition before it
+    "Google Home is in the kitchen",  # a brand
+])
+def test_a_stored_fact_makes_no_person_of_a_capitalised_word(config: Config, content: str) -> None:
+    # store_memory reads who a fact is about from metadata.person only, not from the sentence
+    async def scenario() -> list[str]:
+        backend = LocalBackend(MemoryStore(config=config, embedder=None))
+        try:
+            await TOOLS_BY_NAME["store_memory"].run(backend, {"content": content, "metadata": None})
+            return [p.display_name for p in backend.memory_store.people()]
+        finally:
+            await backend.aclose()
+
+    assert run(scenario()) == []

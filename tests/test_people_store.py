@@ -69,6 +69,13 @@ def test_recall_about_my_wife_finds_her_facts_with_attribution(people_store: Mem
     assert len(people_store.recall("Italian food")) == 2  # without about: both
 
 
+def test_empty_subjects_is_a_fact_about_nobody(lexical_store: MemoryStore) -> None:
+    [omitted] = lexical_store.remember("Sarah likes tea")  # None: the sentence's persons are found
+    [nobody] = lexical_store.remember("Trash day is Monday", subjects=[])  # []: about nobody
+    assert omitted.subjects and nobody.subjects == ()
+    assert [p.display_name for p in lexical_store.people()] == ["Sarah"]
+
+
 def test_about_finds_what_spec_000_callers_said_with_metadata_person(lexical_store: MemoryStore) -> None:
     # Spec 000 (and the robot bridge) say who a memory is about with metadata.person; spec 004
     # with subjects. about= hid the first kind as soon as the person was known.

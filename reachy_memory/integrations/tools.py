@@ -189,8 +189,7 @@ def _person_subjects(person: Any) -> list[str]:
     """``[person]`` when ``metadata.person`` can name a person for ``remember`` (a name,
     "my wife"); ``[]`` for what it would refuse or should not make a person of: not a
     string, empty, a pronoun ("she"), the user or the robot, past the person limits,
-    control characters.  The fact is then stored like one without ``metadata.person``
-    (its metadata kept; the persons its sentence names are found)."""
+    control characters.  The fact is then stored about nobody (its metadata kept)."""
     if not isinstance(person, str) or len(person) > MAX_NAME_CHARS or norm(person) in _NOBODY:
         return []
     if any(unicodedata.category(ch) == "Cc" for ch in person):
@@ -203,13 +202,15 @@ def _person_subjects(person: Any) -> list[str]:
 
 async def _store(backend: Backend, a: dict[str, Any]) -> dict[str, Any]:
     """Spec 000's store; a fact goes the way of ``remember`` (its metadata kept), so it is
-    linked to the persons it names (``metadata.person`` first) and a newer fact supersedes
-    the one it contradicts: an LLM using this tool must not leave "likes tea" beside
+    linked to the person ``metadata.person`` names and a newer fact supersedes the one it
+    contradicts: an LLM using this tool must not leave "likes tea" beside
     "likes coffee"."""
     if a["memory_type"] == "fact":
+        # Only metadata.person names who it is about: reading persons from the sentence would
+        # make "Trash day is Monday" a fact about a person named Trash.
         subjects = _person_subjects((a["metadata"] or {}).get("person"))
-        fact = {"content": a["content"], "metadata": a["metadata"], **({"subjects": subjects} if subjects else {})}
-        [m] = await backend.remember({"facts": [fact]})
+        [m] = await backend.remember({"facts": [{"content": a["content"], "metadata": a["metadata"],
+                                                 "subjects": subjects}]})
     else:
         m = await backend.store(a["content"], a["memory_type"], a["metadata"])
     return {"id": m.id, "content": m.content, "type": m.memory_type.value, "created_at": m.created_at.isoformat()}
@@ -306,7 +307,8 @@ REMEMBER = ToolDef(
               "Batch multiple facts in one call (preferred): [{content, subjects?, expires_in_days?, shared?}].",
               nullable=True),
         Param("subjects", {"type": "array", "items": {"type": "string"}, "maxItems": 16}, list[str] | None,
-              "Who this fact is about (e.g. ['Sarah'], ['my wife', 'John']).", nullable=True),
+              "Who this fact is about (e.g. ['Sarah'], ['my wife', 'John']); omit to have the people the "
+              "sentence names found, [] for a fact about nobody.", nullable=True),
         Param("expires_in_days", {"type": "integer", "minimum": 1, "maximum": 36500}, int | None,
               "Days until the fact expires (omit: kept forever).", nullable=True),
         Param("shared", {"type": "boolean"}, bool, "True for household facts every user sees.", default=False),
