@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import Config, load_config
-from .model import SEARCH_LIMIT, SEARCH_MIN_SCORE, Memory, MemoryType, SearchResult
+from .model import SEARCH_LIMIT, SEARCH_MIN_SCORE, Memory, MemoryType, SearchResult, merged_metadata
 from .store import DEFAULT_EMBEDDER, MemoryStore
 
 
@@ -45,11 +45,16 @@ class MemoryManager:
     (``StoreLockedError`` when another process holds the directory, ``ValidationError``
     for bad input)."""
 
-    def __init__(self, persist_path: str | Path = "~/.reachy/memory", context_window_size: int = 5, *,
+    def __init__(self, persist_path: str | Path | None = None, context_window_size: int | None = None, *,
                  config: Config | None = None, embedder: Any = DEFAULT_EMBEDDER) -> None:
-        base = config or load_config()
-        cfg = base.replace("memory", path=str(persist_path), context_window_size=context_window_size)
-        self.memory_store = MemoryStore(config=cfg, embedder=embedder)
+        """``persist_path`` and ``context_window_size`` default to the configuration's
+        (``memory.path``, ``~/.reachy/memory``, and ``memory.context_window_size``, 5: the
+        spec's defaults); ``config`` defaults to :func:`load_config`'s."""
+        cfg = config or load_config()
+        changes = {k: v for k, v in (("path", None if persist_path is None else str(persist_path)),
+                                     ("context_window_size", context_window_size)) if v is not None}
+        self.memory_store = MemoryStore(config=cfg.replace("memory", **changes) if changes else cfg,
+                                        embedder=embedder)
 
     # -- core operations (async, as the spec's) ------------------------------------------------
 
@@ -87,13 +92,15 @@ class MemoryManager:
 
     # -- convenience (async) -------------------------------------------------------------------
 
-    async def remember_fact(self, content: str, **metadata: Any) -> Memory:
-        """Store a permanent fact."""
-        return await self.store(content, MemoryType.FACT, metadata)
+    async def remember_fact(self, content: str, metadata: dict[str, Any] | None = None, **fields: Any) -> Memory:
+        """Store a permanent fact; metadata as the spec's keywords, a dict, or both."""
+        return await self.store(content, MemoryType.FACT, merged_metadata(metadata, fields))
 
-    async def remember_conversation(self, content: str, **metadata: Any) -> Memory:
-        """Store a conversation memory (kept ``memory.conversation_ttl_days``)."""
-        return await self.store(content, MemoryType.CONVERSATION, metadata)
+    async def remember_conversation(self, content: str, metadata: dict[str, Any] | None = None,
+                                    **fields: Any) -> Memory:
+        """Store a conversation memory (kept ``memory.conversation_ttl_days``); metadata as
+        for :meth:`remember_fact`."""
+        return await self.store(content, MemoryType.CONVERSATION, merged_metadata(metadata, fields))
 
     async def set_context(self, key: str, value: str) -> Memory:
         """Set named session context (expires at the end of the day)."""

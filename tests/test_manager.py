@@ -76,3 +76,14 @@ def test_persist_path_and_window_size_are_the_manager_s(tmp_path: Path, config: 
     with MemoryStore(config=config.replace("memory", path=str(path)), embedder=embedder) as store:
         assert [h.memory.content for h in store.search("manager's directory")] == ["kept in the manager's directory"]
     memory.close()  # idempotent
+
+
+def test_without_a_path_the_config_s_directory_is_used(config: Config, embedder: OnnxEmbedder) -> None:
+    # MemoryManager(config=cfg) replaced cfg's memory.path with ~/.reachy/memory
+    with MemoryManager(config=config.replace("memory", context_window_size=1), embedder=embedder) as memory:
+        assert memory.memory_store.path == config.data_dir
+        for i in range(3):
+            memory.add_to_context_window("user", f"turn {i}")
+        assert len(memory.get_context_window()) == 2  # the config's window size, 1 turn
+        fact = asyncio.run(memory.remember_fact("tea at five", {"category": "habit"}, person="Alex"))
+    assert fact.metadata == {"category": "habit", "person": "Alex"}
