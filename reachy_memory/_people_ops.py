@@ -262,6 +262,9 @@ class PeopleMixin:
         query = np.frombuffer(vector, np.float32)
         sims = self._state.vectors.similarity(query, np.array([r.slot for r in candidates], np.int64))
         best = np.argsort(-sims, kind="stable")[:CANDIDATES]
+        if not new.subjects:  # facts about nobody: the same only when their sentences name the same persons
+            named = _named_in(new.content)
+            best = best[[_named_in(candidates[i].content) == named for i in best]]
         return [_supersede_op(candidates[i].id, new.id, new.created) for i in best
                 if decide(new.content, candidates[i].content, float(sims[i])).conflict]
 
@@ -517,6 +520,14 @@ class PeopleMixin:
         """Display names of a memory's persons, as they are now."""
         people = (self._people.get(p) for p in rec.subjects)
         return tuple(p.display_name for p in people if p is not None)
+
+
+def _named_in(content: str) -> set[tuple[str | None, str | None, str | None]]:
+    """Who a sentence names (names, relations, pronouns), for facts about nobody: "Mom likes
+    coffee" and "Dad does not like coffee" (stored with ``subjects=[]``, store_memory without
+    ``metadata.person``) are about different people, and neither supersedes the other."""
+    return {(norm(r.name) if r.name else None, r.relation, r.pronoun)
+            for r in (m.reference for m in extract_mentions(content))}
 
 
 def _enriched(reference: str, content: str) -> str:

@@ -239,3 +239,23 @@ def test_a_stored_fact_makes_no_person_of_a_capitalised_word(config: Config, con
             await backend.aclose()
 
     assert run(scenario()) == []
+
+
+def test_stored_facts_about_different_people_do_not_supersede_each_other(config: Config, embedder: Any) -> None:
+    # since store_memory stores a fact without metadata.person about nobody, all such facts
+    # were one subject: "Dad does not like coffee" hid "Mom likes coffee" (a negation flip)
+    async def scenario() -> tuple[bool, bool]:
+        backend = LocalBackend(MemoryStore(config=config, embedder=embedder))
+        store = TOOLS_BY_NAME["store_memory"]
+        try:
+            mom = await store.run(backend, {"content": "Mom likes coffee", "metadata": None})
+            await store.run(backend, {"content": "Dad does not like coffee", "metadata": None})
+            kept = backend.memory_store.get(mom["id"])
+            await store.run(backend, {"content": "Mom does not like coffee", "metadata": None})
+            changed = backend.memory_store.get(mom["id"])
+            assert kept is not None and changed is not None
+            return kept.superseded_at is None, changed.superseded_at is not None
+        finally:
+            await backend.aclose()
+
+    assert run(scenario()) == (True, True)  # the same person's newer fact still supersedes
