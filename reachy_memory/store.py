@@ -542,10 +542,13 @@ class MemoryStore(PeopleMixin):
         older than ``memory.context_window_max_age_minutes`` are left out (kept on disk
         until the window moves on).  Takes no lock (reads the window view)."""
         self._require_open()
+        return [{"role": r, "content": c, "timestamp": to_datetime(t).isoformat()} for r, c, t in self._window_shown()]
+
+    def _window_shown(self) -> list[tuple[Any, ...]]:
+        """The window's turns not older than ``memory.context_window_max_age_minutes``."""
         max_age = self._config.memory.context_window_max_age_minutes * 60.0
         oldest = time.time() - max_age if max_age else -math.inf
-        return [{"role": r, "content": c, "timestamp": to_datetime(t).isoformat()}
-                for r, c, t in self._state.window_view if t >= oldest]
+        return [turn for turn in self._state.window_view if turn[2] >= oldest]
 
     def clear_context_window(self) -> None:
         """Empty the window (a new session)."""
@@ -692,7 +695,7 @@ class MemoryStore(PeopleMixin):
         by_type = {t.value: 0 for t in MemoryType} | state.fields.type_counts()
         return {
             "memories": len(state.records), "by_type": by_type,
-            "context_window": len(state.window_view), "generation": self._storage.generation,
+            "context_window": len(self._window_shown()), "generation": self._storage.generation,
             "journal_bytes": self._storage.journal.size, "snapshot_bytes": _size(self.path / SNAPSHOT_FILE),
             "model": state.current_key, "embedder": "ready" if self._embedder is not None else "unavailable",
             "embedder_error": self.embedder_error, "index": state.vectors.stats(),

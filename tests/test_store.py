@@ -272,6 +272,15 @@ def test_a_sweep_under_a_shorter_ttl_is_replayed_as_it_ran(tmp_path: Path) -> No
         assert s.get(turn.id) is None and s.get(fact.id) is not None and len(s) == 1
 
 
+def test_stats_count_the_context_window_shown(tmp_path: Path) -> None:
+    # stats counted every persisted turn, also those get_context_window leaves out as too old
+    cfg = Config().replace("memory", path=str(tmp_path), context_window_max_age_minutes=60)
+    with MemoryStore(config=cfg, embedder=None) as s:
+        s._commit([["win", "user", "good night", time.time() - 8 * 3600]])  # written before the night
+        s.add_to_context_window("user", "good morning")
+        assert len(s.get_context_window()) == s.stats()["context_window"] == 1
+
+
 def test_min_score_and_limit(store: MemoryStore) -> None:
     for i in range(20):
         store.remember_fact(f"note number {i} about robots")
