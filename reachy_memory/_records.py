@@ -11,8 +11,7 @@ Journal operations (``docs/FORMAT.md``, "Operations")::
 
     ["put", record, vector | None]   store or replace a memory
     ["del", id]                      delete a memory
-    ["expire", time, ttl?]           delete every memory expired at ``time`` (a sweep; ``ttl``: its
-                                     conversation TTL in seconds, turns older than that go too)
+    ["expire", time]                 delete every memory expired at ``time`` (a sweep)
     ["win", role, content, time]     append a turn to the context window
     ["winclr"]                       clear the context window
     ["model", key]                   the vector space of the stored vectors

@@ -97,7 +97,7 @@ class MemoryState:
         self.shared: set[int] = set()
         self.names: dict[str, str] = {}  # casefolded note name or alias -> memory id
         self._expires = np.zeros(0, np.float64)  # by slot: when the memory expires (inf: never, or free)
-        self.turn_ttl = config.memory.conversation_ttl_days * 86400.0  # the retention in force now
+        self._turn_ttl = config.memory.conversation_ttl_days * 86400.0  # the retention in force now
         self._kind = np.zeros(0, np.int8)  # by slot: GROUP of the memory's type
         self._ghosts: list[Record] = []  # deleted by delete_many, slots not yet reusable (see bury)
 
@@ -147,7 +147,7 @@ class MemoryState:
             elif kind == "del":
                 self._forget(_memory_id(op[1]))
             elif kind == "expire":
-                self.expire(_instant(op[1]), _instant(op[2]) if len(op) > 2 else None)
+                self.expire(_instant(op[1]))
             elif kind == "win":
                 self._window.append(tuple(op[1:]))
                 self.window_view = tuple(self._window)
@@ -234,10 +234,10 @@ class MemoryState:
                 rec.previous_text = before.content
 
     def _place(self, rec: Record) -> None:
-        if rec.type == _TURN and not (rec.expires is not None and rec.expires <= rec.created + self.turn_ttl):
+        if rec.type == _TURN and not (rec.expires is not None and rec.expires <= rec.created + self._turn_ttl):
             # A shortened memory.conversation_ttl_days holds for turns already stored too (spec 000
             # ages turns from created_at at each sweep); a longer one does not bring any back.
-            rec.expires = rec.created + self.turn_ttl
+            rec.expires = rec.created + self._turn_ttl
         self._share_links(rec)
         self.records[rec.id] = rec
         self.by_slot[rec.slot] = rec
@@ -299,17 +299,11 @@ class MemoryState:
         recs = list(filter(None, map(self.records.pop, ids, itertools.repeat(None))))
         self._drop(recs, np.fromiter(map(_SLOT, recs), np.int64, len(recs)))
 
-    def expire(self, at: float, turn_ttl: float | None = None) -> int:
+    def expire(self, at: float) -> int:
         """Delete every memory expired at ``at`` (the ``expire`` op, written by a sweep);
         returns how many.  A replay deletes the same memories: the state at that point of
-        the journal is the same, and expiry times are the records' own, but for turns
-        placed under a longer conversation TTL than the sweep's (``turn_ttl``, seconds, in
-        the op since turns are clamped at placing): they go too, so a TTL raised again
-        does not bring back what a sweep under the shorter one deleted."""
+        the journal is the same, and expiry times are the records' own."""
         slots = self._due(at)
-        if turn_ttl is not None and turn_ttl < self.turn_ttl:  # only a replay under a longer TTL
-            clamped = [r.slot for r in self.records.values() if r.type == _TURN and r.created + turn_ttl <= at]
-            slots = np.union1d(slots, np.asarray(clamped, np.int64))
         recs = list(map(self.by_slot.__getitem__, slots.tolist()))
         if len(recs) < BULK:
             for rec in recs:

@@ -394,7 +394,7 @@ class MemoryStore(PeopleMixin):
         with self._lock, gc_paused():  # 66k records freed: no full collection midway
             due = self._state.count_expired(at)
             if due:  # one small op, whatever the count: the replay deletes the same set
-                self._commit([["expire", at, self._state.turn_ttl]])
+                self._commit([["expire", at]])
         return due
 
     # -- reading ---------------------------------------------------------------------

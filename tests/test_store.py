@@ -257,21 +257,6 @@ def test_a_shorter_conversation_ttl_applies_to_turns_already_stored(tmp_path: Pa
         assert s.get(turn.id) is None and len(s) == 1
 
 
-def test_a_sweep_under_a_shorter_ttl_is_replayed_as_it_ran(tmp_path: Path) -> None:
-    # the expire op held only its time: replayed (a crash before compaction) under the longer
-    # TTL again, the turns swept under the shorter one were placed unclamped and came back
-    cfg = Config().replace("memory", path=str(tmp_path))
-    with MemoryStore(config=cfg, embedder=None) as s:
-        turn = s.store("we talked about tea", "conversation")
-        fact = s.store("tea is green", "fact")
-    created = turn.created_at.timestamp()
-    s = MemoryStore(config=cfg.replace("memory", conversation_ttl_days=1), embedder=None)
-    assert s.cleanup_expired(now=created + 2 * 86400) == 1
-    store_util.abandon(s)  # a crash before any compaction: the sweep is in the journal only
-    with MemoryStore(config=cfg, embedder=None) as s:
-        assert s.get(turn.id) is None and s.get(fact.id) is not None and len(s) == 1
-
-
 def test_stats_count_the_context_window_shown(tmp_path: Path) -> None:
     # stats counted every persisted turn, also those get_context_window leaves out as too old
     cfg = Config().replace("memory", path=str(tmp_path), context_window_max_age_minutes=60)
