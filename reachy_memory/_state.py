@@ -97,7 +97,6 @@ class MemoryState:
         self.shared: set[int] = set()
         self.names: dict[str, str] = {}  # casefolded note name or alias -> memory id
         self._expires = np.zeros(0, np.float64)  # by slot: when the memory expires (inf: never, or free)
-        self._turn_ttl = config.memory.conversation_ttl_days * 86400.0  # the retention in force now
         self._kind = np.zeros(0, np.int8)  # by slot: GROUP of the memory's type
         self._ghosts: list[Record] = []  # deleted by delete_many, slots not yet reusable (see bury)
 
@@ -234,10 +233,6 @@ class MemoryState:
                 rec.previous_text = before.content
 
     def _place(self, rec: Record) -> None:
-        if rec.type == _TURN and not (rec.expires is not None and rec.expires <= rec.created + self._turn_ttl):
-            # A shortened memory.conversation_ttl_days holds for turns already stored too (spec 000
-            # ages turns from created_at at each sweep); a longer one does not bring any back.
-            rec.expires = rec.created + self._turn_ttl
         self._share_links(rec)
         self.records[rec.id] = rec
         self.by_slot[rec.slot] = rec

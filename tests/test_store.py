@@ -240,23 +240,6 @@ def test_remember_takes_metadata_as_keywords_or_a_dict(lexical_store: MemoryStor
     assert lexical_store.remember_conversation("hello there", *args, **kwargs).metadata == expected
 
 
-def test_a_shorter_conversation_ttl_applies_to_turns_already_stored(tmp_path: Path) -> None:
-    # the expiry was fixed at write: lowering conversation_ttl_days (privacy) spared every stored turn
-    cfg = Config().replace("memory", path=str(tmp_path))
-    with MemoryStore(config=cfg, embedder=None) as s:
-        turn = s.store("we talked about tea", "conversation")
-        fact = s.store("tea is green", "fact")
-    created = turn.created_at.timestamp()
-    with MemoryStore(config=cfg.replace("memory", conversation_ttl_days=1), embedder=None) as s:
-        kept = s.get(turn.id)
-        assert kept is not None and kept.expires_at is not None
-        assert kept.expires_at.timestamp() == pytest.approx(created + 86400)
-        assert s.cleanup_expired(now=created + 2 * 86400) == 1
-        assert s.get(fact.id) is not None
-    with MemoryStore(config=cfg, embedder=None) as s:  # a longer TTL again brings nothing back
-        assert s.get(turn.id) is None and len(s) == 1
-
-
 def test_stats_count_the_context_window_shown(tmp_path: Path) -> None:
     # stats counted every persisted turn, also those get_context_window leaves out as too old
     cfg = Config().replace("memory", path=str(tmp_path), context_window_max_age_minutes=60)
