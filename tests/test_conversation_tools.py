@@ -259,3 +259,21 @@ def test_stored_facts_about_different_people_do_not_supersede_each_other(config:
             await backend.aclose()
 
     assert run(scenario()) == (True, True)  # the same person's newer fact still supersedes
+
+
+def test_an_empty_subjects_array_from_a_model_is_read_as_omitted(config: Config) -> None:
+    # models often send [] for an optional array; to remember, [] means "about nobody", so
+    # "she" would have lost the person of the fact before
+    async def scenario() -> list[tuple[str, ...]]:
+        backend = LocalBackend(MemoryStore(config=config, embedder=None))
+        try:
+            tool = TOOLS_BY_NAME["remember"]
+            await tool.run(backend, {"content": "my wife's name is Sarah", "subjects": ["my wife"]})
+            one = await tool.run(backend, {"content": "she likes Italian food", "subjects": []})
+            batch = await tool.run(backend, {"facts": [{"content": "Sarah likes tea", "subjects": []}]})
+            return [tuple(one["stored"][0]["subjects"]), tuple(batch["stored"][0]["subjects"])]
+        finally:
+            await backend.aclose()
+
+    she, named = run(scenario())
+    assert she and she == named  # both linked to Sarah

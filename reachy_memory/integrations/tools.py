@@ -220,8 +220,21 @@ async def _forget(backend: Backend, a: dict[str, Any]) -> dict[str, Any]:
     return {"success": bool(await backend.forget(a["memory_id"])), "id": a["memory_id"]}
 
 
+def _no_empty_subjects(a: dict[str, Any]) -> dict[str, Any]:
+    """``a`` with ``subjects: []`` dropped, at the top and in each fact: models often send
+    an empty array for an optional one, and to ``remember`` ``[]`` means "about nobody"
+    (no persons read from the sentence, no "she" resolved)."""
+    def clean(item: Any) -> Any:
+        return {k: v for k, v in item.items() if not (k == "subjects" and v == [])} if isinstance(item, dict) else item
+
+    out: dict[str, Any] = clean(a)
+    if isinstance(out.get("facts"), list):
+        out["facts"] = [clean(f) for f in out["facts"]]
+    return out
+
+
 async def _remember(backend: Backend, a: dict[str, Any]) -> dict[str, Any]:
-    stored = await backend.remember(a)
+    stored = await backend.remember(_no_empty_subjects(a))
     return {"stored": [{"id": m.id, "content": m.content, "subjects": list(m.subjects)} for m in stored],
             "count": len(stored)}
 
@@ -307,8 +320,8 @@ REMEMBER = ToolDef(
               "Batch multiple facts in one call (preferred): [{content, subjects?, expires_in_days?, shared?}].",
               nullable=True),
         Param("subjects", {"type": "array", "items": {"type": "string"}, "maxItems": 16}, list[str] | None,
-              "Who this fact is about (e.g. ['Sarah'], ['my wife', 'John']); omit to have the people the "
-              "sentence names found, [] for a fact about nobody.", nullable=True),
+              "Who this fact is about (e.g. ['Sarah'], ['my wife', 'John']); omit it to have the people the "
+              "sentence names found.", nullable=True),
         Param("expires_in_days", {"type": "integer", "minimum": 1, "maximum": 36500}, int | None,
               "Days until the fact expires (omit: kept forever).", nullable=True),
         Param("shared", {"type": "boolean"}, bool, "True for household facts every user sees.", default=False),
