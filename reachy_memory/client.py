@@ -309,6 +309,9 @@ def _certificate(path: str, key: str) -> tuple[bytes, bytes | None]:
 
 
 class _Base(_Api):
+    _ctx: zmq.Context  # set by the subclass (blocking or asyncio), with its first socket
+    _sock: zmq.Socket
+
     def __init__(self, endpoint: str | None, config: Config | None, timeout: float, retries: int) -> None:
         """ValidationError for a ``timeout`` that is not seconds >= 0 or ``retries`` that is
         not an int >= 0 (-1 made every call fail with AssertionError)."""
@@ -390,6 +393,12 @@ class _Base(_Api):
         self._release.atexit = False
         return sock
 
+    def _replace_socket(self) -> None:
+        """Close the socket and connect a fresh one: what the old one had queued, and
+        replies still to come to it, are dropped."""
+        self._sock.close(linger=0)
+        self._sock = self._track(self._socket(self._ctx))
+
     def _track(self, sock: zmq.Socket) -> zmq.Socket:
         """``sock``, kept for ``_release`` (closed ones are let go)."""
         self._sockets[:] = [s for s in self._sockets if not s.closed] + [sock]
@@ -470,7 +479,7 @@ class MemoryClient(_Base):
                     return reply
                 if reply.get("id") is None and not reply.get("ok"):
                     proto.raise_for(reply)  # an error the daemon could not tie to a request
-        self._reset()
+        self._replace_socket()
         raise RequestTimeoutError(f"no reply to {op!r} from {self.endpoint} within {timeout:.3g} s",
                                   op=op, endpoint=self.endpoint)
 
@@ -497,10 +506,6 @@ class MemoryClient(_Base):
                 return True
         return False
 
-    def _reset(self) -> None:
-        """A fresh socket: queued requests and late replies of the old one are dropped."""
-        self._sock.close(linger=0)
-        self._sock = self._track(self._socket(self._ctx))
 
     def close(self) -> None:
         """Close the socket (linger 0); idempotent, from any thread: a call in flight on
@@ -585,8 +590,7 @@ class AsyncMemoryClient(_Base):
         leaves the reader waiting in a recv on the socket, first in its queue, for good:
         it would take every reply and no call on a later loop could get one.
         """
-        self._sock.close(linger=0)
-        self._sock = self._track(self._socket(self._ctx))
+        self._replace_socket()
         self._reader = None
         self._pending.clear()  # calls of the old loop: none can be resumed
 
