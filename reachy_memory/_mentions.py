@@ -68,7 +68,7 @@ _MALE = frozenset({
 _PRONOUNS = {"she": "she", "her": "she", "hers": "she", "herself": "she",
              "he": "he", "him": "he", "his": "he", "himself": "he"}
 _STOP = frozenset("""
-i i'm i've i'd i'll the a an this that these those my our your his her their its we you he she they it
+i i'm i've i'd i'll me myself the a an this that these those my our your his her their its we you he she they it
 remember note please tell ask remind don't do does did can could would should will is are was were have has had
 what when where who why how which yes no ok okay hi hello hey thanks thank also and but or so then if because
 today tomorrow yesterday tonight now later soon every each all some maybe sure well oh just perhaps
@@ -263,6 +263,12 @@ def _dedupe(mentions: list[Mention]) -> list[Mention]:
             seen.add(key)
             out.append(mention)
     return out
+
+
+def only_stop_words(text: str) -> bool:
+    """Whether every word of ``text`` is one the rules never take for a name ("user",
+    "the robot", "me", "Reachy")."""
+    return all(word in _STOP for word in norm(text).split())
 
 
 def _name_word(token: str, initials: bool = False) -> bool:

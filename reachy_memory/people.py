@@ -59,7 +59,7 @@ from typing import Any, NamedTuple
 import msgpack
 
 from ._filters import validate_metadata
-from ._mentions import Reference, extract_mentions, norm, parse_reference, pronoun_gender
+from ._mentions import Reference, extract_mentions, norm, only_stop_words, parse_reference, pronoun_gender
 from .errors import NotFoundError, TooLargeError, ValidationError
 from .model import to_datetime, to_epoch
 
@@ -447,6 +447,18 @@ def _reference(reference: str) -> Reference:
         raise ValidationError(f"{reference!r} does not name a person (pronouns need context: use subjects_in)",
                               field="reference")
     return ref
+
+
+def names_someone(reference: Any) -> bool:
+    """Whether ``reference`` can name a person for :meth:`PersonRegistry.resolve_person`
+    (what it would refuse: not a string, empty, a pronoun, control characters, past the
+    name or relation limits) other than the user or the robot ("user", "Reachy")."""
+    try:
+        ref = _reference(reference)
+    except ValidationError:  # TooLargeError too
+        return False
+    return (len(ref.name or "") <= MAX_NAME_CHARS and len(ref.relation or "") <= MAX_RELATION_CHARS
+            and not only_stop_words(reference))
 
 
 def _aliases(aliases: Any) -> tuple[str, ...]:

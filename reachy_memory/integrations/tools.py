@@ -24,19 +24,17 @@ from __future__ import annotations
 
 import asyncio
 import math
-import unicodedata
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from .._mentions import norm, parse_reference
 from ..client import AsyncMemoryClient
 from ..config import Config
 from ..errors import DaemonUnavailableError, RequestTimeoutError, ValidationError
 from ..model import SEARCH_LIMIT, Memory, MemoryType, SearchResult
-from ..people import MAX_NAME_CHARS, MAX_RELATION_CHARS
+from ..people import names_someone
 
 MEMORY_TYPES: tuple[str, ...] = tuple(m.value for m in MemoryType)
 MAX_LIMIT = 50
@@ -181,25 +179,6 @@ async def _search(backend: Backend, a: dict[str, Any]) -> list[dict[str, Any]]:
     return [_hit(h) for h in await backend.search(a["query"], a["memory_type"], int(a["limit"]))]
 
 
-#: ``metadata.person`` values that name nobody to link: the user speaking and the robot itself.
-_NOBODY = frozenset({"user", "the user", "me", "myself", "i", "reachy", "robot", "the robot", "assistant"})
-
-
-def _person_subjects(person: Any) -> list[str]:
-    """``[person]`` when ``metadata.person`` can name a person for ``remember`` (a name,
-    "my wife"); ``[]`` for what it would refuse or should not make a person of: not a
-    string, empty, a pronoun ("she"), the user or the robot, past the person limits,
-    control characters.  The fact is then stored about nobody (its metadata kept)."""
-    if not isinstance(person, str) or len(person) > MAX_NAME_CHARS or norm(person) in _NOBODY:
-        return []
-    if any(unicodedata.category(ch) == "Cc" for ch in person):
-        return []
-    ref = parse_reference(person)
-    if ref.pronoun or ref.empty or len(ref.relation or "") > MAX_RELATION_CHARS:
-        return []
-    return [person]
-
-
 async def _store(backend: Backend, a: dict[str, Any]) -> dict[str, Any]:
     """Spec 000's store; a fact goes the way of ``remember`` (its metadata kept), so it is
     linked to the person ``metadata.person`` names and a newer fact supersedes the one it
@@ -208,7 +187,8 @@ async def _store(backend: Backend, a: dict[str, Any]) -> dict[str, Any]:
     if a["memory_type"] == "fact":
         # Only metadata.person names who it is about: reading persons from the sentence would
         # make "Trash day is Monday" a fact about a person named Trash.
-        subjects = _person_subjects((a["metadata"] or {}).get("person"))
+        person = (a["metadata"] or {}).get("person")
+        subjects = [person] if names_someone(person) else []  # else about nobody, its metadata kept
         [m] = await backend.remember({"facts": [{"content": a["content"], "metadata": a["metadata"],
                                                  "subjects": subjects}]})
     else:
