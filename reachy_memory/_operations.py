@@ -133,6 +133,11 @@ _ROWS = [
     _op("forget", "engine", [_req("id", STR)], '{"deleted": bool}', "Delete a memory."),
     _op("cleanup_expired", "engine", [_opt("now", NUM, doc="epoch; never in the future")], '{"deleted": int}',
         "Delete expired memories now."),
+    _op("apply_retention", "engine", [_opt("dry_run", BOOL, False),
+                                      _opt("now", NUM, doc="epoch; never in the future")],
+        '{"conversation_days": float, "turns": int, "earlier": int, "later": int, "expire_now": int, '
+        '"applied": bool, "deleted": int}',
+        "Give stored conversation turns the configured TTL, then delete what expired (dry_run: count only)."),
     _op("export", "engine", [_opt("after", STR), _opt("limit", INT, 500)],
         '{"memories": [memory], "next": str | null}', "One page of memories in id order.", client="export_page"),
     # -- context window and named context --------------------------------------------------------

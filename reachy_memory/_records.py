@@ -12,6 +12,8 @@ Journal operations (``docs/FORMAT.md``, "Operations")::
     ["put", record, vector | None]   store or replace a memory
     ["del", id]                      delete a memory
     ["expire", time]                 delete every memory expired at ``time`` (a sweep)
+    ["ttl", type, seconds]           every stored memory of ``type`` (conversation) expires
+                                     ``seconds`` after its creation (a retention change)
     ["win", role, content, time]     append a turn to the context window
     ["winclr"]                       clear the context window
     ["model", key]                   the vector space of the stored vectors
@@ -22,6 +24,8 @@ Journal operations (``docs/FORMAT.md``, "Operations")::
 A record is **immutable once the state has placed it**: a change is a new
 record put in its place.  Background compaction relies on this (it writes
 records from a shallow copy of the record table while the engine goes on).
+The one exception is ``expires``, set in place by a ``ttl`` op for every turn
+at once (``MemoryState.retime`` says why that is safe).
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from .model import Memory, MemoryType, to_datetime
 __all__ = ["MUTABLE_FIELDS", "OP_KINDS", "RECORD_FIELDS", "RECORD_VERSION", "Record", "decode", "encode", "record_id"]
 
 RECORD_VERSION = 2
-OP_KINDS = frozenset({"put", "del", "expire", "win", "winclr", "model", "update"})
+OP_KINDS = frozenset({"put", "del", "expire", "ttl", "win", "winclr", "model", "update"})
 
 _V1_FIELDS = ("id", "content", "type", "created", "expires", "metadata", "slot", "vkey")
 # Optional fields and their defaults: left out of the encoded map when at the default.

@@ -147,6 +147,8 @@ class MemoryState:
                 self._forget(_memory_id(op[1]))
             elif kind == "expire":
                 self.expire(_instant(op[1]))
+            elif kind == "ttl":
+                self.retime(op[1], _lifetime(op[2]))
             elif kind == "win":
                 self._window.append(tuple(op[1:]))
                 self.window_view = tuple(self._window)
@@ -307,6 +309,36 @@ class MemoryState:
             deque(map(self.records.pop, map(_ID, recs)), maxlen=0)
             self._drop(recs, slots)
         return len(recs)
+
+    def retime(self, memory_type: Any, ttl: float) -> None:
+        """The ``ttl`` op: every memory of ``memory_type`` (only conversation turns have a
+        lifetime from their creation) now expires ``ttl`` seconds after it was created.
+
+        The one change made to placed records in place (see ``_records``): a copy of
+        each costs ~17 us, 1.7 s of engine time at 100k turns.  No index but the
+        per-slot expiry array holds the expiry, and a background compaction that
+        writes a mix of old and new expiries is corrected on replay, since this op
+        follows the snapshot it writes and gives the same expiries again."""
+        if memory_type != _TURN:
+            raise ValidationError(f"a ttl applies to conversation turns, not {memory_type!r}", field="ttl")
+        for rec in self.records.values():
+            if rec.type == _TURN:
+                rec.expires = rec.created + ttl
+                self._expires[rec.slot] = rec.expires
+
+    def retime_plan(self, ttl: float, at: float) -> dict[str, int]:
+        """What :meth:`retime` with ``ttl`` would change, counted at ``at``: the stored
+        turns, how many would expire earlier or later than now, and how many of those
+        still alive at ``at`` would then be expired."""
+        plan = {"turns": 0, "earlier": 0, "later": 0, "expire_now": 0}
+        for rec in self.records.values():
+            if rec.type == _TURN:
+                plan["turns"] += 1
+                new, old = rec.created + ttl, (math.inf if rec.expires is None else rec.expires)
+                plan["earlier"] += new < old
+                plan["later"] += new > old
+                plan["expire_now"] += new <= at < old
+        return plan
 
     def count_expired(self, at: float) -> int:
         """How many memories :meth:`expire` would delete at ``at``."""
@@ -538,6 +570,13 @@ def _snapshot_row(rec: Record, alive: np.ndarray) -> dict[str, Any]:
     indexed = rec.vkey is not None and rec.slot < len(alive) and bool(alive[rec.slot])
     row["vkey"] = rec.vkey if indexed else None
     return row
+
+
+def _lifetime(value: Any) -> float:
+    """A ``ttl`` op's seconds: a finite positive number, else ValidationError."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+        raise ValidationError(f"a ttl must be a positive number of seconds, got {value!r}", field="ttl")
+    return float(value)
 
 
 def _memory_id(value: Any) -> str:

@@ -169,6 +169,27 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_retention(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        plan = c.apply_retention(dry_run=True)
+        if args.apply and plan["expire_now"] and not args.yes:
+            raise ValidationError(f"{plan['expire_now']} stored conversation turns would be deleted now; "
+                                  "run again with --yes to apply", field="yes")
+        if args.apply:
+            plan = c.apply_retention()
+    _out(args, plan, lambda p: _retention_text(p, applying=args.apply))
+    return 0
+
+
+def _retention_text(p: dict[str, Any], *, applying: bool) -> str:
+    verb = "now expire" if applying else "would expire"
+    text = (f"memory.conversation_ttl_days {p['conversation_days']:g}: of {p['turns']} stored conversation turns, "
+            f"{p['earlier']} {verb} earlier, {p['later']} later, {p['expire_now']} at once")
+    if applying:
+        return f"{text}; {p['deleted']} expired memories deleted"
+    return f"{text}; add --apply to apply" if p["earlier"] or p["later"] else f"{text}; nothing to apply"
+
+
 def cmd_context(args: argparse.Namespace) -> int:
     with _client(args) as c:
         if args.action == "add":
@@ -434,6 +455,10 @@ def _parser() -> argparse.ArgumentParser:
     add("get", cmd_get, "show one memory").add_argument("id")
     add("forget", cmd_forget, "delete one memory").add_argument("id")
     add("cleanup", cmd_cleanup, "delete expired memories now")
+    p = add("retention", cmd_retention, "show (or --apply) what the configured conversation TTL means for the "
+            "turns already stored: their expiry is otherwise fixed when written")
+    p.add_argument("--apply", action="store_true", help="give stored turns the daemon's configured TTL")
+    p.add_argument("--yes", action="store_true", help="with --apply: also when that deletes turns at once")
     p = add("context", cmd_context, "the conversation window and named context")
     csub = p.add_subparsers(dest="action", required=True)
     csub.add_parser("show", parents=[common])

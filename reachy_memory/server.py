@@ -649,12 +649,16 @@ def _backup(d: Daemon, job: _Job) -> dict[str, Any]:
     return d.store.backup(path, force=job.args["force"])
 
 
-def _cleanup_op(d: Daemon, job: _Job) -> dict[str, int]:
-    now = job.args.get("now")
+def _past(now: Any) -> Any:
+    """A client's ``now``, unless in the future: a client may replay an old "now"
+    (tests, imports), never expire the future early.  Raises ValidationError."""
     if now is not None and to_epoch(now) > time.time() + 1.0:  # type: ignore[operator]
-        # A client may replay an old "now" (tests, imports), never expire the future early.
         raise ValidationError("now must not be in the future", field="now")
-    deleted = d.store.cleanup_expired(now)
+    return now
+
+
+def _cleanup_op(d: Daemon, job: _Job) -> dict[str, int]:
+    deleted = d.store.cleanup_expired(_past(job.args.get("now")))
     d.last_cleanup = {"time": time.time(), "deleted": deleted, "duration_ms": None}
     return {"deleted": deleted}
 
@@ -686,6 +690,7 @@ _HANDLERS: dict[str, _Handler] = {
     "set_context": lambda d, j: _memory(d.store.commit_context(j.args["key"], j.prepared)),
     "forget": lambda d, j: {"deleted": d.store.forget(j.args["id"])},
     "cleanup_expired": _cleanup_op,
+    "apply_retention": lambda d, j: d.store.apply_retention(dry_run=j.args["dry_run"], now=_past(j.args.get("now"))),
     "add_to_context_window": lambda d, j: d.store.add_to_context_window(j.args["role"], j.args["content"]),
     "clear_context_window": lambda d, j: d.store.clear_context_window(),
     "export": _export,

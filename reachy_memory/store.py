@@ -397,6 +397,29 @@ class MemoryStore(PeopleMixin):
                 self._commit([["expire", at]])
         return due
 
+    def apply_retention(self, *, dry_run: bool = False, now: datetime_or_float = None) -> dict[str, Any]:
+        """Give the conversation turns already stored the configured lifetime
+        (``memory.conversation_ttl_days`` from their creation, as new turns get), then
+        delete what is expired at ``now``.  A memory's expiry is otherwise fixed when it
+        is written, so a changed TTL reaches stored turns only through this explicit call.
+
+        Returns the configured days and the plan (``turns``; how many expire
+        ``earlier`` or ``later`` than before; ``expire_now``: alive now, expired with
+        the new lifetime), ``applied``, and ``deleted`` by the sweep.  ``dry_run``
+        counts only.  The change is one journal op: a replay gives the same expiries
+        whatever config the store is reopened with.
+        """
+        self._require_open()
+        at = _epoch(now)
+        days = self._config.memory.conversation_ttl_days
+        with self._lock:
+            plan = self._state.retime_plan(days * 86400.0, at)
+            applied = not dry_run and bool(plan["earlier"] or plan["later"])
+            if applied:
+                self._commit([["ttl", MemoryType.CONVERSATION.value, days * 86400.0]])
+            deleted = 0 if dry_run else self.cleanup_expired(at)
+        return {"conversation_days": days, **plan, "applied": applied, "deleted": deleted}
+
     # -- reading ---------------------------------------------------------------------
 
     def get(self, memory_id: str, *, now: datetime_or_float = None) -> Memory | None:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
+from reachy_memory import MemoryStore
 from tests.daemon_util import DaemonProcess
 from tests.daemon_util import run_cli as cli
 
@@ -145,3 +148,30 @@ def test_bad_arguments_exit_2_with_one_line(argv: list[str], capsys: pytest.Capt
         code = int(exc.code or 0)
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err and err.strip()
+
+
+def test_retention_shows_then_applies_the_daemons_ttl_only_with_consent(tmp_path: Path) -> None:
+    """`retention` previews; `--apply` refuses while it would delete turns unless
+    `--yes`; then the stored turns carry the daemon's TTL (7 days, not the 30 they
+    were written with) and the old one is gone."""
+    daemon = DaemonProcess(tmp_path, memory={"conversation_ttl_days": 7})
+    now = time.time()
+    with MemoryStore(config=daemon.config.replace("memory", conversation_ttl_days=30), embedder=None) as s:
+        old, recent = s.store_batch([
+            {"content": "we flew a kite", "memory_type": "conversation", "created_at": now - 20 * 86400},
+            {"content": "we watched trains", "memory_type": "conversation", "created_at": now - 2 * 86400}])
+    with daemon:
+        shown = cli(daemon, "retention")
+        assert shown.returncode == 0, shown.stderr
+        assert "of 2 stored conversation turns, 2 would expire earlier, 0 later, 1 at once" in shown.stdout
+        refused = cli(daemon, "retention", "--apply")
+        assert refused.returncode == 2 and "--yes" in refused.stderr
+        assert cli(daemon, "get", old.id).returncode == 0  # refused: nothing changed
+        done = cli(daemon, "retention", "--apply", "--yes", "--json")
+        assert done.returncode == 0, done.stderr
+        result = json.loads(done.stdout)
+        assert (result["conversation_days"], result["applied"], result["expire_now"]) == (7, True, 1)
+        assert cli(daemon, "get", old.id).returncode == 3
+        kept = json.loads(cli(daemon, "get", recent.id, "--json").stdout)
+        assert kept["expires_at"] == (recent.created_at + timedelta(days=7)).isoformat()
+        assert "nothing to apply" in cli(daemon, "retention").stdout

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -284,3 +285,31 @@ def test_a_background_snapshot_indexes_the_previous_turn_field_at_the_configured
     assert index.load_state(snapshot["lexical"])
     reply = next(r["slot"] for r in snapshot["records"] if r["content"] == "A sunrise")
     assert reply in index.scores("paint")[0].tolist()
+
+
+def test_a_retention_change_during_a_background_snapshot_is_replayed_after_a_crash(config: Config) -> None:
+    """The ttl op sets expiries in place, the one change to placed records: the frozen
+    view the snapshot is written from sees the new ones, and the op (after the
+    snapshot's point in the journal) gives the same again on replay."""
+    now = time.time()
+    with _reopened(config) as store:
+        old, recent = store.store_batch([
+            {"content": "chat about kites", "memory_type": "conversation", "created_at": now - 20 * 86400},
+            {"content": "chat about trains", "memory_type": "conversation", "created_at": now - 2 * 86400}])
+    store = MemoryStore(config=config.replace("memory", conversation_ttl_days=7), embedder=None)
+    original = store._storage._write_snapshot
+    seen: dict[str, Any] = {}
+
+    def write(job: Any) -> None:
+        seen.update(store.apply_retention())
+        original(job)
+
+    store._storage._write_snapshot = write  # type: ignore[method-assign]
+    with store._lock:
+        store._storage.compact_in_background()
+    store._storage.wait()
+    assert (seen["applied"], seen["deleted"]) == (True, 1)
+    abandon(store)
+    with _reopened(config) as again:  # 30 days in the config: the stored expiries stand
+        assert again.get(old.id) is None
+        assert again.get(recent.id).expires_at == recent.created_at + timedelta(days=7)

@@ -170,6 +170,11 @@ def test_overlapping_frozen_views_keep_slots_until_the_last_thaw() -> None:
     ["put", {"id": "x", "content": "ok", "type": "conversation", "created": 1.0, "expires": None, "metadata": {},
              "previous_text": 7}, None],  # a previous turn's text that is not one
     [],  # empty
+    ["ttl", "fact", 86400.0],  # a lifetime from creation is for conversation turns only
+    ["ttl", "conversation", -1.0],  # a negative lifetime
+    ["ttl", "conversation", float("nan")],  # not a number
+    ["ttl", "conversation", True],  # a bool is not seconds
+    ["ttl", "conversation"],  # no seconds
 ])
 def test_malformed_operations_are_corruption(op: list[Any]) -> None:
     with pytest.raises(CorruptionError):

@@ -179,6 +179,41 @@ def test_expired_memories_never_come_back_even_before_cleanup(lexical_store: Mem
     assert lexical_store.get(chat.id) is None and lexical_store.get(fact.id) is not None
 
 
+def test_apply_retention_gives_stored_turns_the_configured_ttl_once_asked_and_replays(tmp_path: Path) -> None:
+    """A changed conversation TTL reaches stored turns only through apply_retention
+    (an open with another TTL changes nothing), the change is journaled as one op, a
+    crash replays it whatever config the store reopens with, and lengthening works."""
+    now = time.time()
+    cfg30 = Config().replace("memory", path=str(tmp_path))
+    cfg7 = cfg30.replace("memory", conversation_ttl_days=7)
+    with MemoryStore(config=cfg30, embedder=None) as s:
+        old, recent = s.store_batch([
+            {"content": "we talked about kites", "memory_type": "conversation", "created_at": now - 20 * 86400},
+            {"content": "we talked about trains", "memory_type": "conversation", "created_at": now - 2 * 86400}])
+        fact = s.remember_fact("kites need wind")
+        s.set_context("topic", "kites")
+    with MemoryStore(config=cfg7, embedder=None) as s:
+        assert s.get(old.id) == old  # opening with a shorter TTL applies nothing
+        journal = s._storage.journal.size
+        plan = s.apply_retention(dry_run=True)
+        assert plan == {"conversation_days": 7, "turns": 2, "earlier": 2, "later": 0, "expire_now": 1,
+                        "applied": False, "deleted": 0}
+        assert s._storage.journal.size == journal and s.get(old.id) == old  # a dry run writes nothing
+        assert s.apply_retention()["applied"] and s.get(old.id) is None
+        assert s.get(recent.id).expires_at == recent.created_at + timedelta(days=7)
+        assert s.get(fact.id) == fact and s.get_context("topic") == "kites"
+        fresh = s.remember_conversation("we talked about boats")
+        store_util.abandon(s)  # a crash: the retention op and the sweep are replayed
+    with MemoryStore(config=cfg30, embedder=None) as s:
+        assert s.get(old.id) is None and s.get(fact.id) == fact
+        assert s.get(recent.id).expires_at == recent.created_at + timedelta(days=7)
+        assert s.get(fresh.id).expires_at == fresh.created_at + timedelta(days=7)
+        back = s.apply_retention()  # lengthening: the turns still stored get the 30 days
+        assert (back["earlier"], back["later"], back["expire_now"], back["deleted"]) == (0, 2, 0, 0)
+        assert s.get(recent.id).expires_at == recent.created_at + timedelta(days=30)
+        assert not s.apply_retention()["applied"]  # already in force: nothing journaled
+
+
 def test_context_expires_at_end_of_local_day(tmp_path: Path) -> None:
     cfg = Config().replace("memory", path=str(tmp_path), timezone="Asia/Tokyo")
     with MemoryStore(config=cfg, embedder=None) as s:
