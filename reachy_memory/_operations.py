@@ -134,6 +134,7 @@ _ROWS = [
     _op("cleanup_expired", "engine", [_opt("now", NUM, doc="epoch; never in the future")], '{"deleted": int}',
         "Delete expired memories now."),
     _op("apply_retention", "engine", [_opt("dry_run", BOOL, False),
+                                      _opt("max_deletions", INT, doc="refuse if more turns would go now"),
                                       _opt("now", NUM, doc="epoch; never in the future")],
         '{"conversation_days": float, "turns": int, "earlier": int, "later": int, "expire_now": int, '
         '"applied": bool, "deleted": int}',

@@ -109,7 +109,8 @@ class Record:
             raise ValidationError(f"unknown record fields {sorted(optional)}", field="record")
 
     def replace(self, **changes: Any) -> Record:
-        """A copy with ``changes`` applied (records are never changed in place once placed)."""
+        """A copy with ``changes`` applied (placed records change only this way, but for a
+        ``ttl`` op's expiries: ``MemoryState.retime``)."""
         fields = {name: getattr(self, name) for name in RECORD_FIELDS}
         return Record(**{**fields, **changes})
 

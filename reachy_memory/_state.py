@@ -33,10 +33,10 @@ import numpy as np
 
 from ._filters import FieldIndex
 from ._records import MUTABLE_FIELDS, Record, decode, encode
-from .config import Config
+from .config import MAX_TTL_SECONDS, Config
 from .errors import CorruptionError, ValidationError
 from .lexical_index import LexicalIndex, Tokenizer, index_state
-from .model import MemoryType
+from .model import MAX_TIME, MemoryType
 from .people import PersonRegistry
 from .vector_index import ITEM_BYTES, VECTOR_FORMAT, VectorIndex
 
@@ -51,7 +51,8 @@ _FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
 class Frozen:
     """The state at one instant, for a snapshot written in the background.
 
-    ``records`` is a shallow copy of the record table (records are immutable),
+    ``records`` is a shallow copy of the record table (records are immutable but for
+    a ``ttl`` op's expiries, see :meth:`MemoryState.retime`),
     ``vectors`` the vector matrix rows ``[0, rows)`` (never written while the
     view is held: see the module docstring), ``window`` a copy.
     """
@@ -318,26 +319,28 @@ class MemoryState:
         each costs ~17 us, 1.7 s of engine time at 100k turns.  No index but the
         per-slot expiry array holds the expiry, and a background compaction that
         writes a mix of old and new expiries is corrected on replay, since this op
-        follows the snapshot it writes and gives the same expiries again."""
+        follows the snapshot it writes and gives the same expiries again.  That needs
+        the op on disk before the snapshot: ``apply_retention`` syncs its frame
+        whatever ``memory.fsync`` says."""
         if memory_type != _TURN:
             raise ValidationError(f"a ttl applies to conversation turns, not {memory_type!r}", field="ttl")
         for rec in self.records.values():
             if rec.type == _TURN:
-                rec.expires = rec.created + ttl
+                rec.expires = _retimed(rec.created, ttl)
                 self._expires[rec.slot] = rec.expires
 
     def retime_plan(self, ttl: float, at: float) -> dict[str, int]:
-        """What :meth:`retime` with ``ttl`` would change, counted at ``at``: the stored
-        turns, how many would expire earlier or later than now, and how many of those
-        still alive at ``at`` would then be expired."""
+        """What :meth:`retime` with ``ttl`` would change for the turns alive at ``at``
+        (the expired ones are swept before it): how many, how many would expire
+        earlier or later than now, and how many would then be expired at ``at``."""
         plan = {"turns": 0, "earlier": 0, "later": 0, "expire_now": 0}
         for rec in self.records.values():
-            if rec.type == _TURN:
+            if rec.type == _TURN and not rec.expired(at):
                 plan["turns"] += 1
-                new, old = rec.created + ttl, (math.inf if rec.expires is None else rec.expires)
+                new, old = _retimed(rec.created, ttl), (math.inf if rec.expires is None else rec.expires)
                 plan["earlier"] += new < old
                 plan["later"] += new > old
-                plan["expire_now"] += new <= at < old
+                plan["expire_now"] += new <= at
         return plan
 
     def count_expired(self, at: float) -> int:
@@ -477,7 +480,7 @@ class MemoryState:
     def freeze(self, *, with_lexical: bool = True) -> Frozen:
         """The state now, for a snapshot; until :meth:`thaw`, freed slots are not reused.
 
-        Costs a shallow copy of the record table (records are immutable) and of the
+        Costs a shallow copy of the record table (records are immutable; see retime) and of the
         vector liveness; the vector rows themselves are shared, not copied.
         """
         if with_lexical:
@@ -572,10 +575,17 @@ def _snapshot_row(rec: Record, alive: np.ndarray) -> dict[str, Any]:
     return row
 
 
+def _retimed(created: float, ttl: float) -> float:
+    """A turn's expiry under ``ttl``, kept inside the times a record may carry."""
+    return min(created + ttl, MAX_TIME)
+
+
 def _lifetime(value: Any) -> float:
-    """A ``ttl`` op's seconds: a finite positive number, else ValidationError."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
-        raise ValidationError(f"a ttl must be a positive number of seconds, got {value!r}", field="ttl")
+    """A ``ttl`` op's seconds: a positive number up to the longest configurable TTL
+    (:data:`~reachy_memory.config.MAX_TTL_SECONDS`), else ValidationError."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= MAX_TTL_SECONDS:
+        raise ValidationError(f"a ttl must be a positive number of seconds up to {MAX_TTL_SECONDS:g}, got {value!r}",
+                              field="ttl")
     return float(value)
 
 

@@ -84,11 +84,12 @@ class Storage:
             self.journal.close()
             raise
 
-    def append(self, ops: list[list[Any]]) -> None:
-        """Journal one batch of ops (durable per policy when this returns); the caller
-        holds the lock.  Raises ClosedError after :meth:`close`."""
+    def append(self, ops: list[list[Any]], *, durable: bool = False) -> None:
+        """Journal one batch of ops (durable per policy when this returns, or synced
+        whatever the policy with ``durable``); the caller holds the lock.  Raises
+        ClosedError after :meth:`close`."""
         self._require_open()
-        self.journal.append(ops)
+        self.journal.append(ops, durable=durable)
 
     def apply(self, ops: list[list[Any]]) -> None:
         """Apply journaled ops to the state; a malformed op is CorruptionError naming the journal."""

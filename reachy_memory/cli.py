@@ -170,24 +170,29 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
 
 
 def cmd_retention(args: argparse.Namespace) -> int:
-    with _client(args) as c:
-        plan = c.apply_retention(dry_run=True)
-        if args.apply and plan["expire_now"] and not args.yes:
-            raise ValidationError(f"{plan['expire_now']} stored conversation turns would be deleted now; "
-                                  "run again with --yes to apply", field="yes")
-        if args.apply:
-            plan = c.apply_retention()
-    _out(args, plan, lambda p: _retention_text(p, applying=args.apply))
+    if args.yes and not args.apply:
+        raise ValidationError("--yes goes with --apply", field="yes")
+    with _client(args) as c:  # without --yes the daemon refuses, changing nothing, if turns would go now
+        try:
+            result = c.apply_retention(dry_run=not args.apply, max_deletions=None if args.yes else 0)
+        except ValidationError as exc:
+            if exc.fields.get("field") != "max_deletions":
+                raise
+            raise ValidationError(f"{exc.message}; nothing changed: run again with --yes to apply",
+                                  field="yes") from exc
+    _out(args, result, lambda p: _retention_text(p, applying=args.apply))
     return 0
 
 
 def _retention_text(p: dict[str, Any], *, applying: bool) -> str:
+    turns = f"{p['turns']} stored conversation turn{'' if p['turns'] == 1 else 's'}"
+    if not (p["earlier"] or p["later"]):
+        return f"memory.conversation_ttl_days {p['conversation_days']:g} is already in force for the {turns}" + (
+            f"; {p['deleted']} expired memories deleted" if applying else "")
     verb = "now expire" if applying else "would expire"
-    text = (f"memory.conversation_ttl_days {p['conversation_days']:g}: of {p['turns']} stored conversation turns, "
+    text = (f"memory.conversation_ttl_days {p['conversation_days']:g}: of the {turns}, "
             f"{p['earlier']} {verb} earlier, {p['later']} later, {p['expire_now']} at once")
-    if applying:
-        return f"{text}; {p['deleted']} expired memories deleted"
-    return f"{text}; add --apply to apply" if p["earlier"] or p["later"] else f"{text}; nothing to apply"
+    return f"{text}; {p['deleted']} expired memories deleted" if applying else f"{text}; add --apply to apply"
 
 
 def cmd_context(args: argparse.Namespace) -> int:

@@ -131,10 +131,13 @@ class _Api:
         """Delete expired memories now; returns the count."""
         return self._call("cleanup_expired", {}, lambda r: int(r["deleted"]), timeout)
 
-    def apply_retention(self, *, dry_run: bool = False, timeout: float | None = None) -> Any:
+    def apply_retention(self, *, dry_run: bool = False, max_deletions: int | None = None,
+                        timeout: float | None = None) -> Any:
         """Give stored conversation turns the daemon's configured TTL, then delete what
-        expired; returns the plan and counts (``MemoryStore.apply_retention``)."""
-        return self._call("apply_retention", {"dry_run": dry_run}, timeout=timeout)
+        expired; returns the plan and counts (``MemoryStore.apply_retention``, which
+        refuses with ValidationError when more than ``max_deletions`` turns would go)."""
+        args = _given(dry_run=dry_run, max_deletions=max_deletions)
+        return self._call("apply_retention", args, timeout=timeout)
 
     def add_to_context_window(self, role: str, content: str, *, timeout: float | None = None) -> Any:
         """Append a turn to the daemon's context window."""

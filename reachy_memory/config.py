@@ -29,10 +29,12 @@ SUPPORTED_MODEL = "all-MiniLM-L6-v2"  # embedding.model: the one architecture th
 # Documented ranges, checked at load: (lowest, highest) inclusive; None = unbounded.
 # Why the bounds: a TTL beyond 100 years or a zero cleanup interval is a typo, and a
 # TTL that pushes expiry past year 2300 would make every stored memory unreadable.
+MAX_TTL_DAYS = 36_500
+MAX_TTL_SECONDS = MAX_TTL_DAYS * 86_400.0  # the longest memory.conversation_ttl_days, in seconds
 RANGES: dict[str, tuple[float | None, float | None]] = {
     "memory.context_window_size": (1, 1000),
     "memory.context_window_max_age_minutes": (0, 10_000_000),
-    "memory.conversation_ttl_days": (1 / 24, 36_500),
+    "memory.conversation_ttl_days": (1 / 24, MAX_TTL_DAYS),
     "memory.cleanup_interval": (1, 7 * 86_400),
     "memory.fsync_batch_window_ms": (0.1, 10_000),
     "memory.compact_journal_bytes": (1, 1 << 34),

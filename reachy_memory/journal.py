@@ -542,8 +542,9 @@ class Journal:
         os.ftruncate(self._fd, result.end)
         os.fsync(self._fd)
 
-    def append(self, obj: Any) -> None:
-        """Append one frame; durable per the policy when this returns.
+    def append(self, obj: Any, *, durable: bool = False) -> None:
+        """Append one frame; durable per the policy when this returns, or synced
+        whatever the policy with ``durable``.
 
         Raises StorageFullError (disk full; nothing written, the journal stays
         usable), ReadOnlyError (an earlier fsync failed), StorageError.
@@ -553,7 +554,7 @@ class Journal:
             fd = self._require_writable()
             self._write_frame(fd, frame)
             try:
-                self._sync_per_policy(fd)
+                _os.fdatasync(fd) if durable else self._sync_per_policy(fd)
             except OSError as exc:
                 self._fail(f"fsync of {self.path} failed ({exc.strerror}); the last write may not be durable")
                 raise ReadOnlyError(self.failure or "", path=str(self.path)) from exc

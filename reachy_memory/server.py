@@ -657,6 +657,14 @@ def _past(now: Any) -> Any:
     return now
 
 
+def _retention_op(d: Daemon, job: _Job) -> dict[str, Any]:
+    result = d.store.apply_retention(dry_run=job.args["dry_run"], max_deletions=job.args.get("max_deletions"),
+                                     now=_past(job.args.get("now")))
+    if not job.args["dry_run"]:  # it swept: health shows it as a cleanup
+        d.last_cleanup = {"time": time.time(), "deleted": result["deleted"], "duration_ms": None}
+    return result
+
+
 def _cleanup_op(d: Daemon, job: _Job) -> dict[str, int]:
     deleted = d.store.cleanup_expired(_past(job.args.get("now")))
     d.last_cleanup = {"time": time.time(), "deleted": deleted, "duration_ms": None}
@@ -690,7 +698,7 @@ _HANDLERS: dict[str, _Handler] = {
     "set_context": lambda d, j: _memory(d.store.commit_context(j.args["key"], j.prepared)),
     "forget": lambda d, j: {"deleted": d.store.forget(j.args["id"])},
     "cleanup_expired": _cleanup_op,
-    "apply_retention": lambda d, j: d.store.apply_retention(dry_run=j.args["dry_run"], now=_past(j.args.get("now"))),
+    "apply_retention": _retention_op,
     "add_to_context_window": lambda d, j: d.store.add_to_context_window(j.args["role"], j.args["content"]),
     "clear_context_window": lambda d, j: d.store.clear_context_window(),
     "export": _export,

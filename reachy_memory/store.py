@@ -255,10 +255,11 @@ class MemoryStore(PeopleMixin):
 
     # -- the mutation funnel -----------------------------------------------------------
 
-    def _commit(self, ops: list[list[Any]]) -> None:
-        """Journal ``ops`` (durably, per policy), then apply them to the state."""
+    def _commit(self, ops: list[list[Any]], *, durable: bool = False) -> None:
+        """Journal ``ops`` (durably per policy, or whatever the policy with
+        ``durable``), then apply them to the state."""
         with self._lock:
-            self._storage.append(ops)
+            self._storage.append(ops, durable=durable)
             self._storage.apply(ops)
             self._storage.maybe_compact()
 
@@ -397,28 +398,43 @@ class MemoryStore(PeopleMixin):
                 self._commit([["expire", at]])
         return due
 
-    def apply_retention(self, *, dry_run: bool = False, now: datetime_or_float = None) -> dict[str, Any]:
-        """Give the conversation turns already stored the configured lifetime
-        (``memory.conversation_ttl_days`` from their creation, as new turns get), then
-        delete what is expired at ``now``.  A memory's expiry is otherwise fixed when it
-        is written, so a changed TTL reaches stored turns only through this explicit call.
+    def apply_retention(self, *, dry_run: bool = False, max_deletions: int | None = None,
+                        now: datetime_or_float = None) -> dict[str, Any]:
+        """Give the conversation turns stored and alive at ``now`` the configured
+        lifetime (``memory.conversation_ttl_days`` from their creation, as new turns
+        get), and delete what is expired at ``now``.  A memory's expiry is otherwise
+        fixed when it is written, so a changed TTL reaches stored turns only through
+        this explicit call; a turn already expired stays gone, even with a longer TTL.
 
-        Returns the configured days and the plan (``turns``; how many expire
-        ``earlier`` or ``later`` than before; ``expire_now``: alive now, expired with
-        the new lifetime), ``applied``, and ``deleted`` by the sweep.  ``dry_run``
-        counts only.  The change is one journal op: a replay gives the same expiries
-        whatever config the store is reopened with.
+        Returns the configured days and the plan (``turns`` alive; how many expire
+        ``earlier`` or ``later`` than before; ``expire_now``: expired with the new
+        lifetime), ``applied``, and ``deleted`` (every expired memory swept).
+        ``dry_run`` counts only.  Raises ValidationError, changing nothing, when the
+        new lifetime would delete more than ``max_deletions`` turns (the consent of
+        ``reachy-memory retention --apply`` without ``--yes``).
+
+        One frame (sweep, ``ttl`` op, sweep), synced whatever ``memory.fsync`` says:
+        the op sets expiries in place, which a background snapshot may write, so it
+        must be on disk before (``MemoryState.retime``).  A replay gives the same
+        expiries whatever config the store is reopened with.
         """
         self._require_open()
         at = _epoch(now)
-        days = self._config.memory.conversation_ttl_days
-        with self._lock:
-            plan = self._state.retime_plan(days * 86400.0, at)
+        ttl = self._config.memory.conversation_ttl_days * 86400.0
+        with self._lock, gc_paused():
+            plan = self._state.retime_plan(ttl, at)
+            if not dry_run and max_deletions is not None and plan["expire_now"] > max_deletions:
+                raise ValidationError(f"the configured TTL would delete {plan['expire_now']} stored conversation "
+                                      f"turns now, over the {max_deletions} allowed", field="max_deletions")
             applied = not dry_run and bool(plan["earlier"] or plan["later"])
+            before = len(self._state.records)
             if applied:
-                self._commit([["ttl", MemoryType.CONVERSATION.value, days * 86400.0]])
-            deleted = 0 if dry_run else self.cleanup_expired(at)
-        return {"conversation_days": days, **plan, "applied": applied, "deleted": deleted}
+                sweep = ["expire", at]  # before the ttl op too: a longer TTL must not revive an expired turn
+                self._commit([sweep, ["ttl", MemoryType.CONVERSATION.value, ttl], sweep], durable=True)
+            elif not dry_run and self._state.count_expired(at):
+                self._commit([["expire", at]])
+            deleted = before - len(self._state.records)
+        return {"conversation_days": ttl / 86400.0, **plan, "applied": applied, "deleted": deleted}
 
     # -- reading ---------------------------------------------------------------------
 

@@ -163,9 +163,10 @@ def test_retention_shows_then_applies_the_daemons_ttl_only_with_consent(tmp_path
     with daemon:
         shown = cli(daemon, "retention")
         assert shown.returncode == 0, shown.stderr
-        assert "of 2 stored conversation turns, 2 would expire earlier, 0 later, 1 at once" in shown.stdout
+        assert "of the 2 stored conversation turns, 2 would expire earlier, 0 later, 1 at once" in shown.stdout
         refused = cli(daemon, "retention", "--apply")
-        assert refused.returncode == 2 and "--yes" in refused.stderr
+        assert refused.returncode == 2 and "run again with --yes" in refused.stderr, refused.stderr
+        assert cli(daemon, "retention", "--yes").returncode == 2  # --yes alone is a usage error
         assert cli(daemon, "get", old.id).returncode == 0  # refused: nothing changed
         done = cli(daemon, "retention", "--apply", "--yes", "--json")
         assert done.returncode == 0, done.stderr
@@ -174,4 +175,4 @@ def test_retention_shows_then_applies_the_daemons_ttl_only_with_consent(tmp_path
         assert cli(daemon, "get", old.id).returncode == 3
         kept = json.loads(cli(daemon, "get", recent.id, "--json").stdout)
         assert kept["expires_at"] == (recent.created_at + timedelta(days=7)).isoformat()
-        assert "nothing to apply" in cli(daemon, "retention").stdout
+        assert "already in force for the 1 stored conversation turn\n" in cli(daemon, "retention").stdout

@@ -175,6 +175,7 @@ def test_overlapping_frozen_views_keep_slots_until_the_last_thaw() -> None:
     ["ttl", "conversation", float("nan")],  # not a number
     ["ttl", "conversation", True],  # a bool is not seconds
     ["ttl", "conversation"],  # no seconds
+    ["ttl", "conversation", 1e300],  # past the longest configurable TTL: expiries no reader could take
 ])
 def test_malformed_operations_are_corruption(op: list[Any]) -> None:
     with pytest.raises(CorruptionError):

@@ -214,6 +214,48 @@ def test_apply_retention_gives_stored_turns_the_configured_ttl_once_asked_and_re
         assert not s.apply_retention()["applied"]  # already in force: nothing journaled
 
 
+def test_a_longer_ttl_revives_no_expired_turn_and_consent_bounds_deletions(tmp_path: Path) -> None:
+    """A turn expired but not yet swept stays gone when the TTL grows (the sweep comes
+    first); max_deletions refuses, changing nothing, when more turns would go."""
+    now = time.time()
+    cfg7 = Config().replace("memory", path=str(tmp_path), conversation_ttl_days=7)
+    with MemoryStore(config=cfg7, embedder=None) as s:
+        gone, kept = s.store_batch([
+            {"content": "my bank PIN is 4321", "memory_type": "conversation", "created_at": now - 10 * 86400},
+            {"content": "we talked about kites", "memory_type": "conversation", "created_at": now - 3 * 86400}])
+    with MemoryStore(config=cfg7.replace("memory", conversation_ttl_days=30), embedder=None) as s:
+        assert s.apply_retention(dry_run=True)["turns"] == 1  # the expired one is not counted
+        result = s.apply_retention()
+        assert (result["later"], result["deleted"]) == (1, 1)
+        assert s.get(gone.id) is None and s.search("PIN", min_score=0) == []
+        assert s.get(kept.id).expires_at == kept.created_at + timedelta(days=30)
+    with MemoryStore(config=cfg7.replace("memory", conversation_ttl_days=1), embedder=None) as s:
+        journal = s._storage.journal.size
+        with pytest.raises(ValidationError) as refused:
+            s.apply_retention(max_deletions=0)
+        assert refused.value.field == "max_deletions" and s._storage.journal.size == journal
+        assert s.get(kept.id) is not None
+        assert s.apply_retention(dry_run=True, max_deletions=0)["expire_now"] == 1  # a dry run is never refused
+        assert s.apply_retention(max_deletions=1)["deleted"] == 1 and s.get(kept.id) is None
+
+
+def test_a_retention_change_is_synced_whatever_the_fsync_policy(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ttl op sets expiries in place, which a background snapshot may write: its
+    frame must be on disk first, even with memory.fsync: never."""
+    from reachy_memory import journal as jr
+
+    cfg = Config().replace("memory", path=str(tmp_path), fsync="never")
+    with MemoryStore(config=cfg, embedder=None) as s:
+        s.store_batch([{"content": "we talked about kites", "memory_type": "conversation"}])
+    synced: list[int] = []
+    monkeypatch.setattr(jr._os, "fdatasync", lambda fd: synced.append(fd))
+    with MemoryStore(config=cfg.replace("memory", conversation_ttl_days=7), embedder=None) as s:
+        s.remember_fact("kites need wind")
+        assert synced == []  # the policy: no sync per write
+        assert s.apply_retention()["applied"] and synced == [s._storage.journal._fd]
+
+
 def test_context_expires_at_end_of_local_day(tmp_path: Path) -> None:
     cfg = Config().replace("memory", path=str(tmp_path), timezone="Asia/Tokyo")
     with MemoryStore(config=cfg, embedder=None) as s:
