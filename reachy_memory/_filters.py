@@ -74,7 +74,11 @@ def validate_metadata(metadata: Any, *, max_bytes: int, max_keys: int) -> dict[s
             raise ValidationError(f"metadata keys must be non-empty strings not starting with '$': {key!r}",
                                   field="metadata")
         clean[key] = _clean_value(key, value)
-    size = len(msgpack.packb(clean, use_bin_type=True))
+    try:
+        size = len(msgpack.packb(clean, use_bin_type=True))
+    except UnicodeEncodeError as exc:  # a lone surrogate in a key or a value
+        raise ValidationError("metadata holds text that is not valid Unicode (a lone surrogate)",
+                              field="metadata") from exc
     if size > max_bytes:
         raise TooLargeError(f"metadata is {size} bytes packed; the limit is {max_bytes}",
                             field="metadata", size=size, limit=max_bytes)
@@ -86,6 +90,9 @@ def _clean_value(key: str, value: Any) -> Any:
         return value
     if isinstance(value, list | tuple) and all(_is_scalar(v) for v in value):
         return list(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        raise ValidationError(f"metadata[{key!r}]: integers must fit in 64 bits, got {str(value)[:40]}",
+                              field=f"metadata.{key}")
     raise ValidationError(
         f"metadata[{key!r}]: values must be str, int, float, bool, None or a list of those; "
         f"got {type(value).__name__}", field=f"metadata.{key}",

@@ -22,7 +22,7 @@ from ._filters import validate_metadata
 from ._records import Record
 from .config import Config
 from .errors import TooLargeError, ValidationError
-from .model import Expiry, MemoryType, check_time
+from .model import Expiry, MemoryType, check_time, check_unicode
 
 NEIGHBOUR_SECONDS = 600.0  # a previous turn older than this is not context any more
 # Of the previous turn's text, what a turn keeps for its lexical document: a bound on the
@@ -75,7 +75,7 @@ def validate_text(text: Any, field: str, config: Config) -> str:
     if len(text) > limit:
         raise TooLargeError(f"{field} is {len(text)} characters; the limit is {limit}",
                             field=field, size=len(text), limit=limit)
-    return text
+    return check_unicode(text, field)
 
 
 def check_duplicate(existing: Record | None, memory_id: str, content: str, mtype: str) -> bool:

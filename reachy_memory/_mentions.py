@@ -79,7 +79,13 @@ english french italian spanish german chinese japanese korean thai indian mexica
 irish scottish canadian australian russian portuguese dutch swedish vietnamese lebanese moroccan brazilian arabic
 hindi european asian african
 user users user's reachy robot assistant wi-fi wifi bluetooth internet email e-mail password pin tv
-""".split())  # the last line: who the robot talks to, the robot itself, and household words of a sentence's start
+likes like loves love prefers prefer hates hate enjoys enjoy dislikes dislike wants want needs need usually often
+always never sometimes allergic favorite favourite works lives plays drinks eats takes goes speaks studies owns
+gets uses watches reads listens drives walks visits calls feels thinks knows believes wakes sleeps keeps
+trash garbage rubbish recycling bins dinner lunch breakfast meeting appointment medication medicine pills keys
+car rent coffee tea laundry groceries shopping homework school office gym practice birthday anniversary
+""".split())  # who the robot talks to, the robot itself, then words that start subject-less facts
+# ("Likes green tea", "Trash day is Monday"): an LLM writes those all the time
 _PLACE_PREPOSITIONS = frozenset({"in", "at", "from", "to", "near", "into", "visiting", "for"})
 _OWNER_WORDS = r"(?:my|our|the\s+user's|user's|the\s+user’s)"
 _REL_ALT = "|".join(sorted((re.escape(r) for r in _RELATIONS), key=len, reverse=True))
@@ -263,6 +269,24 @@ def _dedupe(mentions: list[Mention]) -> list[Mention]:
             seen.add(key)
             out.append(mention)
     return out
+
+
+_OTHERS_RELATION = re.compile(rf"(?:\b(?:his|her|their|your|its)\s+|['’]s\s+)(?:{_REL_ALT})\b", re.IGNORECASE)
+_SEVERAL = re.compile(r"\s(?:and|&)\s|[,;/]", re.IGNORECASE)
+
+
+def reference_problem(text: str, ref: Reference) -> str | None:
+    """Why ``text`` (read as ``ref``) cannot stand for one person the user knows, as
+    the end of a sentence telling a caller what to send instead; None if it can."""
+    if not any(ch.isalpha() for ch in text):
+        return "does not name a person: give a name or a relation ('Sarah', 'my wife')"
+    if ref.relation is None and _OTHERS_RELATION.search(text):
+        return ("is a relation of someone other than the user: give that person's own name ('Tom'), "
+                "or what they are to the user ('my brother-in-law')")
+    if ref.relation is None and _SEVERAL.search(text):
+        parts = [part.strip() for part in _SEVERAL.split(text) if part.strip()]
+        return f"names several persons: give one per subject ({parts!r})"
+    return None
 
 
 def only_stop_words(text: str) -> bool:

@@ -208,7 +208,21 @@ class PeopleMixin:
         prepared = self.prepare([{"content": i["content"], "memory_type": MemoryType.FACT,
                                   "metadata": i.get("metadata")} for i in items])
         with self._lock:
+            self._check_facts(items)  # all or nothing: a refusal in fact 3 must not leave facts 1-2 stored
             return [self._remember_one(item, op, owner) for item, op in zip(items, prepared.ops, strict=True)]
+
+    def _check_facts(self, items: list[dict[str, Any]]) -> None:
+        """Raise what storing ``items`` one by one would raise half-way: a subject that
+        names no one person, a note name taken (by a memory or an earlier item)."""
+        names: set[str] = set()
+        for item in items:
+            for ref in item.get("subjects") or ():
+                self._people.check_subject(ref)
+            fields = self._name_fields(item.get("name"), item.get("aliases") or ())
+            labels = [label.casefold() for label in (fields.get("name"), *fields.get("aliases", ())) if label]
+            if names & set(labels) or len(set(labels)) < len(labels):
+                raise ValidationError(f"the note name or alias {item.get('name')!r} is given twice", field="name")
+            names |= set(labels)
 
     def _remember_one(self, item: dict[str, Any], op: list[Any], owner: str | None) -> Memory:
         """Resolve persons, build the record, find what it supersedes; one frame. Engine thread."""
@@ -219,20 +233,22 @@ class PeopleMixin:
         if item.get("expires_in_days") is not None:
             row["expires"] = row["created"] + float(item["expires_in_days"]) * 86400.0
         row |= self._name_fields(item.get("name"), item.get("aliases") or ())
-        vector = op[2]
-        supersede = self._superseded_by(Record(**row), vector)
-        self._commit([*person_ops, ["put", row, vector], *supersede])
+        vector, new = op[2], Record(**row)
+        similar = self._similar_facts(new, vector)
+        same = next((rec for rec, _ in similar if _same_fact(rec, new)), None)
+        if same is None:
+            self._commit([*person_ops, ["put", row, vector], *self._superseded_by(new, similar)])
+        elif person_ops:  # told again (a model's retry): the fact it already is, not a second copy
+            self._commit(person_ops)
         if subject_ids:
             self._recent_subjects[owner] = [*subject_ids, *self._recent_subjects.get(owner, [])][:8]
-        return self._state.records[row["id"]].memory()
+        return (same or self._state.records[row["id"]]).memory()
 
     def _subjects_of(self, item: dict[str, Any], owner: str | None) -> list[Resolution]:
         refs = item.get("subjects")
-        if refs:
+        if refs is not None:  # given: only those persons; [] or only "me"/"the user": a fact about nobody
             return [self._people.resolve_person(_enriched(_text(r, "subjects"), item["content"]), owner)
-                    for r in refs]
-        if refs is not None:  # subjects=[] given: a fact about nobody, nothing read from the sentence
-            return []
+                    for r in refs if self._people.check_subject(r)]
         recent = self._recent_subjects.get(owner, [])
         return self._people.subjects_in(item["content"], owner, recent)
 
@@ -250,10 +266,11 @@ class PeopleMixin:
                                       field="name")
         return {"name": _label(name), "aliases": [_label(a) for a in aliases]}
 
-    def _superseded_by(self, new: Record, vector: bytes | None) -> list[list[Any]]:
-        """``update`` ops marking the older facts ``new`` replaces (automatic rule)."""
+    def _similar_facts(self, new: Record, vector: bytes | None) -> list[tuple[Record, float]]:
+        """The live facts about exactly ``new``'s persons (same owner) most like it, with
+        their cosine, best first; none in lexical-only mode (precision first)."""
         if vector is None:
-            return []  # lexical-only: no automatic supersession (precision first)
+            return []
         candidates = [self._state.by_slot[s] for s in self._same_subject_slots(new)]
         candidates = [r for r in candidates if r.type == MemoryType.FACT.value and not r.hidden
                       and not r.protected and r.id != new.id and r.owner == new.owner]
@@ -261,12 +278,15 @@ class PeopleMixin:
             return []
         query = np.frombuffer(vector, np.float32)
         sims = self._state.vectors.similarity(query, np.array([r.slot for r in candidates], np.int64))
-        best = np.argsort(-sims, kind="stable")[:CANDIDATES]
+        return [(candidates[i], float(sims[i])) for i in np.argsort(-sims, kind="stable")[:CANDIDATES]]
+
+    def _superseded_by(self, new: Record, similar: list[tuple[Record, float]]) -> list[list[Any]]:
+        """``update`` ops marking the older facts ``new`` replaces (automatic rule)."""
         if not new.subjects:  # facts about nobody: the same only when their sentences name the same persons
             named = _named_in(new.content)
-            best = best[[_named_in(candidates[i].content) == named for i in best]]
-        return [_supersede_op(candidates[i].id, new.id, new.created) for i in best
-                if decide(new.content, candidates[i].content, float(sims[i])).conflict]
+            similar = [(rec, sim) for rec, sim in similar if _named_in(rec.content) == named]
+        return [_supersede_op(rec.id, new.id, new.created) for rec, sim in similar
+                if decide(new.content, rec.content, sim).conflict]
 
     def _same_subject_slots(self, new: Record) -> set[int]:
         if not new.subjects:
@@ -620,20 +640,23 @@ def _fact_items(content: str | None, facts: Sequence[Mapping[str, Any]] | None, 
     if (content is None) == (facts is None):
         raise ValidationError("give either content or facts", field="content")
     if facts is None:
-        facts = [{"content": content, "subjects": subjects, "expires_in_days": expires_in_days, "shared": shared,
-                  "name": name, "aliases": list(aliases)}]
+        facts = [{"content": content, "name": name, "aliases": list(aliases)}]
+    elif name is not None or aliases:
+        raise ValidationError("with facts, a note name and aliases go inside the fact they name", field="name")
     if isinstance(facts, str | bytes | Mapping) or not facts:
         raise ValidationError("facts must be a non-empty list of dicts", field="facts")
-    return [_check_fact(f, shared) for f in facts]
+    # The other top-level arguments are defaults for every fact that does not give its own.
+    defaults = {"shared": shared, "subjects": subjects, "expires_in_days": expires_in_days}
+    return [_check_fact(f, defaults) for f in facts]
 
 
-def _check_fact(fact: Any, shared: bool) -> dict[str, Any]:
+def _check_fact(fact: Any, defaults: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(fact, Mapping) or "content" not in fact:
         raise ValidationError("each fact must be a dict with content", field="facts")
     unknown = set(fact) - FACT_KEYS
     if unknown:
         raise ValidationError(f"unknown fact keys: {sorted(unknown, key=str)}", field="facts")
-    item = {"shared": shared} | {k: v for k, v in fact.items() if v is not None}
+    item = {k: v for k, v in defaults.items() if v is not None} | {k: v for k, v in fact.items() if v is not None}
     refs = item.get("subjects") or []
     if isinstance(refs, str) or not isinstance(refs, list | tuple) or len(refs) > MAX_SUBJECTS:
         raise ValidationError(f"subjects must be a list of at most {MAX_SUBJECTS} references", field="subjects")
@@ -644,6 +667,15 @@ def _check_fact(fact: Any, shared: bool) -> dict[str, Any]:
     if not isinstance(item.get("shared", False), bool):
         raise ValidationError("shared must be true or false", field="shared")
     return item
+
+
+def _same_fact(old: Record, new: Record) -> bool:
+    """Whether ``new`` only repeats ``old`` (already about the same persons and owner):
+    the same text but for case and spacing, sharing, metadata, and neither a note nor
+    one with its own expiry."""
+    return (_flat(old.content).casefold() == _flat(new.content).casefold() and old.shared == new.shared
+            and old.metadata == new.metadata and old.name is None and new.name is None
+            and old.expires is None and new.expires is None)
 
 
 def _supersede_fields(by: str, at: float) -> dict[str, Any]:

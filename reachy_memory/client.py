@@ -293,6 +293,15 @@ class _Api:
         return self._call("import", _given(memories=memories, people=people), timeout=timeout)
 
 
+def _unsendable(exc: Exception) -> str:
+    """What msgpack refused, in words a caller (or a model) can act on."""
+    if isinstance(exc, OverflowError):
+        return "an integer does not fit in 64 bits"
+    if isinstance(exc, UnicodeEncodeError):
+        return "a text is not valid Unicode (a lone surrogate)"
+    return str(exc)
+
+
 def _given(**args: Any) -> dict[str, Any]:
     """The arguments that were given (None means "not given" on the wire)."""
     return {k: v for k, v in args.items() if v is not None}
@@ -376,7 +385,7 @@ class _Base(_Api):
         try:
             frame = proto.request(request_id, op, args, timeout_ms=timeout * 1000)
         except (TypeError, ValueError, OverflowError) as exc:
-            raise ValidationError(f"the arguments of {op!r} cannot be sent: {exc}", field="args") from exc
+            raise ValidationError(f"the arguments of {op!r} cannot be sent: {_unsendable(exc)}", field="args") from exc
         # The daemon answers such a frame with an error it cannot tie to a request (it
         # does not decode it): the async client could only wait out its timeout, and past
         # 16 x the limit the daemon drops the frame unanswered. Refuse it here.

@@ -59,6 +59,7 @@ from .errors import (
     StorageFullError,
     StoreLockedError,
     TooLargeError,
+    ValidationError,
 )
 
 log = logging.getLogger(__name__)
@@ -90,8 +91,14 @@ def header(kind: bytes, version: int = VERSION) -> bytes:
 
 
 def pack(obj: Any) -> bytes:
-    """msgpack-encode ``obj`` (bin type for bytes, no pickle-like extensions)."""
-    return msgpack.packb(obj, use_bin_type=True)
+    """msgpack-encode ``obj`` (bin type for bytes, no pickle-like extensions).
+    Raises ValidationError for text that is not valid Unicode (a lone surrogate):
+    the last check before anything is written, whatever field it came in."""
+    try:
+        return msgpack.packb(obj, use_bin_type=True)
+    except UnicodeEncodeError as exc:
+        raise ValidationError("a text to store is not valid Unicode (a lone surrogate); nothing was stored",
+                              field="text") from exc
 
 
 def unpack(data: bytes | memoryview) -> Any:

@@ -166,6 +166,18 @@ def check_time(value: datetime | float | None, field: str) -> float | None:
     return epoch
 
 
+def check_unicode(text: str, field: str) -> str:
+    """``text`` unless it holds a lone surrogate (no file, reply or tokenizer can take
+    it: "\\ud800" from a broken JSON escape); ValidationError naming ``field`` then."""
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValidationError(f"{field} is not valid Unicode: a lone surrogate at character {exc.start}",
+                                  field=field) from exc
+    return text
+
+
 def to_datetime(epoch: float) -> datetime:
     """UTC epoch seconds -> aware UTC datetime."""
     return datetime.fromtimestamp(epoch, UTC)

@@ -59,9 +59,17 @@ from typing import Any, NamedTuple
 import msgpack
 
 from ._filters import validate_metadata
-from ._mentions import Reference, extract_mentions, norm, only_stop_words, parse_reference, pronoun_gender
+from ._mentions import (
+    Reference,
+    extract_mentions,
+    norm,
+    only_stop_words,
+    parse_reference,
+    pronoun_gender,
+    reference_problem,
+)
 from .errors import NotFoundError, TooLargeError, ValidationError
-from .model import to_datetime, to_epoch
+from .model import check_unicode, to_datetime, to_epoch
 
 MAX_NAME_CHARS = 100
 MAX_RELATION_CHARS = 50
@@ -188,6 +196,14 @@ class PersonRegistry:
     def find_by_external_id(self, external_id: str) -> Person | None:
         """The person anchored to that outside identity, or None."""
         return next((p for p in self._people.values() if p.external_id == external_id), None)
+
+    def check_subject(self, reference: Any) -> bool:
+        """Whether ``reference`` (a subject of a fact) is a person: True for a person id
+        or one person's name or relation, False for the user or the robot (the fact is
+        about nobody).  Raises ValidationError as :func:`subject_reference` does."""
+        if isinstance(reference, str) and self.get(reference.strip()) is not None:
+            return True
+        return subject_reference(reference) is not None
 
     def find_person(self, reference: str, owner: str | None = None) -> Person | None:
         """The person a reference means (see module doc), or None. Raises ValidationError on bad input."""
@@ -444,21 +460,37 @@ def _reference(reference: str) -> Reference:
     _check_text(reference, "reference", MAX_REFERENCE_CHARS)
     ref = parse_reference(reference)
     if ref.pronoun or ref.empty:
-        raise ValidationError(f"{reference!r} does not name a person (pronouns need context: use subjects_in)",
-                              field="reference")
+        raise ValidationError(f"{reference!r} does not name a person (a pronoun needs the sentence it is in: "
+                              "give a name or a relation, such as 'Sarah' or 'my wife')", field="reference")
+    return ref
+
+
+def subject_reference(reference: Any) -> Reference | None:
+    """``reference`` read as the subject of a fact: the Reference of one person, or
+    None when it means the user or the robot ("me", "the user", "Reachy": a fact about
+    nobody).  Raises ValidationError (TooLargeError past the name or relation limits)
+    saying what to send instead: a pronoun, several persons ("John and Mary"),
+    someone else's relation ("her brother"), no letters at all ("42")."""
+    ref = _reference(reference)
+    if only_stop_words(reference):
+        return None
+    problem = reference_problem(reference, ref)
+    if problem is not None:
+        raise ValidationError(f"{reference!r} {problem}", field="subjects")
+    for text, limit, name in ((ref.name, MAX_NAME_CHARS, "name"), (ref.relation, MAX_RELATION_CHARS, "relation")):
+        if text is not None and len(text) > limit:
+            raise TooLargeError(f"the {name} in {reference[:60]!r} is longer than {limit} characters",
+                                field="subjects", size=len(text), limit=limit)
     return ref
 
 
 def names_someone(reference: Any) -> bool:
-    """Whether ``reference`` can name a person for :meth:`PersonRegistry.resolve_person`
-    (what it would refuse: not a string, empty, a pronoun, control characters, past the
-    name or relation limits) other than the user or the robot ("user", "Reachy")."""
+    """Whether ``reference`` names one person other than the user or the robot
+    (:func:`subject_reference` neither refuses it nor reads it as the user)."""
     try:
-        ref = _reference(reference)
+        return subject_reference(reference) is not None
     except ValidationError:  # TooLargeError too
         return False
-    return (len(ref.name or "") <= MAX_NAME_CHARS and len(ref.relation or "") <= MAX_RELATION_CHARS
-            and not only_stop_words(reference))
 
 
 def _aliases(aliases: Any) -> tuple[str, ...]:
@@ -496,6 +528,7 @@ def _check_text(value: Any, name: str, limit: int, allow_empty: bool = False) ->
         raise ValidationError(f"{name} must not be empty", field=name)
     if any(unicodedata.category(ch) == "Cc" for ch in value):
         raise ValidationError(f"{name} must not contain control characters", field=name)
+    check_unicode(value, name)
 
 
 def _check_stored_metadata(metadata: Any) -> None:

@@ -408,3 +408,80 @@ def test_hostile_imports_are_refused_before_anything_is_written(lexical_store: M
     with pytest.raises(ValidationError) as err:
         lexical_store.import_memories([good] * 1 + [memory], people=[person], batch=1)
     assert err.value.field == field and len(lexical_store) == 0 and lexical_store.people() == []
+
+
+# -- what a model's remember calls send (the LLM-surface attack, 2026-11-25) -------------------
+
+@pytest.mark.parametrize(("second", "field"), [
+    ({"content": "He hates boats", "subjects": ["he"]}, "reference"),  # a pronoun as a subject
+    ({"content": "Tall", "subjects": ["x" * 150]}, "subjects"),  # a name past the limit
+    ({"content": "Chess on Fridays", "subjects": ["John and Mary"]}, "subjects"),  # two persons in one
+    ({"content": "Takes the bus", "name": "commute"}, "name"),  # a note name already used by fact 1
+])
+def test_a_refused_fact_in_a_batch_stores_nothing(people_store: MemoryStore, second: dict[str, Any],
+                                                  field: str) -> None:
+    """All or nothing: fact 1 used to be committed before fact 2 was refused, and the
+    model's retry of the whole batch stored fact 1 again."""
+    first = {"content": "Sarah loves sailing", "subjects": ["Sarah"], "name": "commute"}
+    for _ in range(2):  # the retry a model makes
+        with pytest.raises(ValidationError) as refused:
+            people_store.remember(facts=[first, second])
+        assert refused.value.field == field
+    assert len(people_store) == 0 and people_store.people() == []
+
+
+@pytest.mark.parametrize(("reference", "says"), [
+    ("her brother", "someone other than the user"),  # another person's relation: not a new 'Her Brother'
+    ("Sarah's brother", "someone other than the user"),  # was read as Sarah herself
+    ("John and Mary", "['John', 'Mary']"),  # was one person 'John and Mary'
+    ("Bob, Alice", "['Bob', 'Alice']"),  # a list in one string
+    ("42", "does not name a person"),  # no letters
+    ("she", "pronoun"),  # a pronoun, with words a model can act on (not 'use subjects_in')
+])
+def test_subjects_that_name_no_one_person_are_refused_with_what_to_send(people_store: MemoryStore, reference: str,
+                                                                        says: str) -> None:
+    people_store.remember("Sarah likes tea", subjects=["Sarah"])
+    with pytest.raises(ValidationError) as refused:
+        people_store.remember("likes chess", subjects=[reference])
+    assert says in refused.value.message and "subjects_in" not in refused.value.message
+    assert len(people_store) == 1 and [p.display_name for p in people_store.people()] == ["Sarah"]
+
+
+@pytest.mark.parametrize("user", ["me", "I", "myself", "user", "the user", "you", "Reachy"])
+def test_the_user_or_the_robot_as_a_subject_is_a_fact_about_nobody(people_store: MemoryStore, user: str) -> None:
+    """They made persons 'Me', 'User'...: the user's own facts then split over fake people
+    and never superseded each other."""
+    red = people_store.remember("My favourite colour is red", subjects=[user])[0]
+    both = people_store.remember("Tom likes jazz", subjects=[user, "Tom"])[0]
+    assert red.subjects == () and people_store.people()[0].display_name == "Tom"
+    assert len(people_store.people()) == 1 and len(both.subjects) == 1
+
+
+@pytest.mark.parametrize("sentence", [
+    "Likes green tea", "Loves hiking", "Prefers tea over coffee", "Trash day is Monday", "Usually wakes at 7",
+    "Allergic to peanuts", "Birthday party on Saturday",
+])
+def test_subject_less_facts_a_model_writes_make_no_person(people_store: MemoryStore, sentence: str) -> None:
+    assert people_store.remember(sentence)[0].subjects == () and people_store.people() == []
+
+
+def test_remember_told_the_same_fact_again_keeps_one(people_store: MemoryStore) -> None:
+    """A model's retry stored a second copy of the same fact, which then crowded results."""
+    first = people_store.remember("Sarah is allergic to peanuts", subjects=["Sarah"])[0]
+    again = people_store.remember("sarah is  allergic to peanuts", subjects=["Sarah"])[0]
+    assert again.id == first.id and len(people_store) == 1
+    other = people_store.remember("Sarah is allergic to peanuts", subjects=["Sarah"], shared=True)[0]
+    assert other.id != first.id  # another sharing is another fact
+    tom = people_store.remember("Sarah is allergic to peanuts", subjects=["Tom"])[0]
+    assert tom.id != first.id and len(people_store) == 3
+
+
+def test_top_level_subjects_and_expiry_apply_to_each_fact_that_gives_none(people_store: MemoryStore) -> None:
+    """They were dropped silently when facts were given."""
+    a, b = people_store.remember(facts=[{"content": "Likes green tea"}, {"content": "Plays chess",
+                                                                          "subjects": ["Tom"]}],
+                                 subjects=["Sarah"], expires_in_days=1)
+    assert {p.display_name for p in people_store.people()} == {"Sarah", "Tom"}
+    assert a.subjects != b.subjects and a.expires_at is not None and b.expires_at is not None
+    with pytest.raises(ValidationError):  # a name belongs to one fact
+        people_store.remember(facts=[{"content": "x"}, {"content": "y"}], name="shopping")

@@ -830,3 +830,27 @@ def test_prepares_on_another_thread_survive_stores_and_forgets_of_the_newest_tur
                 stop.set()
                 worker.join(timeout=10)
         assert errors == []
+
+
+@pytest.mark.parametrize("call", [
+    lambda s: s.store("tea \ud800"),  # content
+    lambda s: s.store("tea", "fact", {"k": "\udc80"}),  # a metadata value
+    lambda s: s.store("tea", "fact", {"\ud800": 1}),  # a metadata key
+    lambda s: s.remember("Sarah likes tea", subjects=["Sa\ud800rah"]),  # a subject (was cut to a person 'Sa')
+    lambda s: s.remember("tea notes", name="n\ud800"),  # a note name
+    lambda s: s.add_person("Bob\ud800"),  # a person
+    lambda s: s.add_to_context_window("user", "hi \ud800"),  # a window turn
+    lambda s: s.search("tea \ud800"),  # a query
+])
+def test_a_lone_surrogate_is_refused_by_name_and_stores_nothing(lexical_store: MemoryStore, call: Any) -> None:
+    """msgpack raised UnicodeEncodeError from the journal (a foreign exception) for any
+    text holding one ("\\ud800" from a broken JSON escape)."""
+    with pytest.raises(ValidationError, match="Unicode"):
+        call(lexical_store)
+    assert len(lexical_store) == 0 and lexical_store.people() == [] and lexical_store.get_context_window() == []
+    assert lexical_store.store("tea").content == "tea"  # and the store goes on
+
+
+def test_a_metadata_integer_past_64_bits_says_so(lexical_store: MemoryStore) -> None:
+    with pytest.raises(ValidationError, match="64 bits"):
+        lexical_store.store("tea", "fact", {"a": 10**30})

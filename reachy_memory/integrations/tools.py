@@ -30,9 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from .._mentions import norm
 from ..client import AsyncMemoryClient
 from ..config import Config
-from ..errors import DaemonUnavailableError, RequestTimeoutError, ValidationError
+from ..errors import DaemonUnavailableError, ReachyMemoryError, RequestTimeoutError, ValidationError
 from ..model import SEARCH_LIMIT, Memory, MemoryType, SearchResult
 from ..people import names_someone
 
@@ -58,6 +59,8 @@ class Backend(Protocol):
     async def remember(self, args: dict[str, Any]) -> list[Memory]: ...
 
     async def recall(self, query: str, about: str | None, limit: int) -> list[SearchResult]: ...
+
+    async def knows(self, reference: str) -> bool: ...
 
     async def aclose(self) -> None: ...
 
@@ -197,7 +200,9 @@ async def _store(backend: Backend, a: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _forget(backend: Backend, a: dict[str, Any]) -> dict[str, Any]:
-    return {"success": bool(await backend.forget(a["memory_id"])), "id": a["memory_id"]}
+    # Models wrap ids they copy in quotes or whitespace; no stored id starts or ends with those.
+    memory_id = a["memory_id"].strip().strip("\"'`").strip()
+    return {"success": bool(await backend.forget(memory_id or a["memory_id"])), "id": memory_id}
 
 
 def _no_empty_subjects(a: dict[str, Any]) -> dict[str, Any]:
@@ -221,6 +226,11 @@ async def _remember(backend: Backend, a: dict[str, Any]) -> dict[str, Any]:
 
 async def _recall(backend: Backend, a: dict[str, Any]) -> list[dict[str, Any]]:
     hits = await backend.recall(a["query"], a["about"], int(a["limit"]))
+    if a["about"] and not await backend.knows(a["about"]):
+        # The store answers an unknown person unfiltered (spec 004); a model would read every
+        # hit as about them. Keep only what metadata.person says is theirs (an empty list:
+        # "nothing remembered about Bob").
+        hits = [h for h in hits if norm(str(h.memory.metadata.get("person", ""))) == norm(a["about"])]
     return [_hit(h) | ({"about": list(h.subject_names)} if h.subject_names else {}) for h in hits]
 
 
@@ -274,7 +284,8 @@ FORGET_MEMORY = ToolDef(
     description=(
         "Delete one memory for good, by its id (the id field of a search_memories or store_memory result). "
         "Use it when the user asks the robot to forget something, or to remove a wrong memory before storing "
-        "the corrected one. Returns success false if no memory has that id (already forgotten or expired)."),
+        "the corrected one. Returns success false if no memory has that id (already forgotten, expired, or "
+        "not an id from a result: copy it exactly)."),
     params=(Param("memory_id", {"type": "string", "minLength": 1}, str, "The id of the memory to delete.",
                   required=True),),
     call=_forget, destructive=True,
@@ -318,7 +329,8 @@ RECALL = ToolDef(
     params=(
         Param("query", {"type": "string", "minLength": 1}, str, "What to search for.", required=True),
         Param("about", {"type": "string", "minLength": 1}, str | None,
-              "Filter to a person (e.g. 'my wife', 'Sarah').", nullable=True),
+              "Filter to a person (e.g. 'my wife', 'Sarah'); for a person the robot does not know, only "
+              "memories whose metadata names them (often none).", nullable=True),
         Param("limit", {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT}, int,
               f"Maximum number of results (1 to {MAX_LIMIT}).", default=SEARCH_LIMIT),
     ),
@@ -358,7 +370,21 @@ class DaemonBackend:
         try:
             return await call
         except RequestTimeoutError as exc:
-            raise self._unavailable(f"answered within {self.client.timeout:g} s") from exc
+            if not await self._answers():
+                raise self._unavailable(f"answered within {self.client.timeout:g} s") from exc
+            raise RequestTimeoutError(
+                f"the reachy-memory daemon is running but did not finish this call within {self.client.timeout:g} s "
+                "(busy, or a large request); a store may still complete: search for it before storing it again",
+                timeout=self.client.timeout) from exc
+
+    async def _answers(self) -> bool:
+        """Whether the daemon answers a ping (its I/O thread answers one at once, even
+        while a long call holds the engine): tells "busy" from "not running"."""
+        try:
+            await self.client.ping(timeout=1.0)
+        except ReachyMemoryError:
+            return False
+        return True
 
     async def search(self, query: str, memory_type: str | None, limit: int) -> list[SearchResult]:
         return await self._guard(self.client.search(query, memory_type, limit))  # type: ignore[no-any-return]
@@ -374,6 +400,9 @@ class DaemonBackend:
 
     async def recall(self, query: str, about: str | None, limit: int) -> list[SearchResult]:
         return await self._guard(self.client.recall(query, about, limit=limit))  # type: ignore[no-any-return]
+
+    async def knows(self, reference: str) -> bool:
+        return await self._guard(self.client.find_person(reference)) is not None
 
     async def aclose(self) -> None:
         if self._own:
@@ -411,6 +440,9 @@ class LocalBackend:
 
     async def recall(self, query: str, about: str | None, limit: int) -> list[SearchResult]:
         return await self._run(lambda: self.memory_store.recall(query, about, limit=limit))  # type: ignore[no-any-return]
+
+    async def knows(self, reference: str) -> bool:
+        return await self._run(lambda: self.memory_store.find_person(reference)) is not None
 
     async def aclose(self) -> None:
         """Close the store on its own thread, then stop the thread; idempotent."""
