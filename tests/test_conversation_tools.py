@@ -143,6 +143,14 @@ def test_extra_dispatcher_keys_and_case_are_tolerated(daemon: DaemonProcess) -> 
     assert result["type"] == "context"
 
 
+def test_arguments_named_deps_or_self_are_ignored(daemon: DaemonProcess) -> None:
+    # __call__(self, deps, **kwargs) raised TypeError ("got multiple values for argument
+    # 'deps'") before its try block: the app's dispatcher splats the model's arguments
+    args = '{"content": "The porch light is on a timer", "deps": {"memory": 1}, "self": "x"}'
+    result = run(dispatch(StoreMemory(config=daemon.config), args))
+    assert result["content"] == "The porch light is on a timer" and result["type"] == "fact"
+
+
 def test_default_client_comes_from_the_environment(daemon: DaemonProcess, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("REACHY_MEMORY_CONFIG", str(daemon.config_path))
     result = run(dispatch(StoreMemory(), '{"content": "Reachy lives in the living room"}'))  # the app calls cls()

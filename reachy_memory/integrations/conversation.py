@@ -22,7 +22,8 @@ Behaviour the app relies on:
 
 * bad arguments and memory errors come back as ``{"error": "..."}`` (the
   dispatcher's own convention), never as exceptions; keys the dispatcher adds
-  (``tool_manager``) are ignored;
+  (``tool_manager``) and any other key the tool does not take (even ``deps`` or
+  ``self``) are ignored;
 * the memory used is, in order: the ``backend`` given to the constructor,
   ``deps.memory`` if the app provides one (a :class:`~.tools.Backend` or an
   :class:`~reachy_memory.AsyncMemoryClient`), else one daemon client per event
@@ -99,8 +100,12 @@ class MemoryTool:
             return self._backend
         return _default_backend(None)
 
-    async def __call__(self, deps: Any, **kwargs: Any) -> dict[str, Any]:
-        """Run the tool; errors are returned as ``{"error": message}``."""
+    async def __call__(self, deps: Any, /, **kwargs: Any) -> dict[str, Any]:
+        """Run the tool; errors are returned as ``{"error": message}``.
+
+        ``deps`` is positional-only, so a model's argument named ``deps`` or
+        ``self`` lands in ``kwargs`` (and is ignored) instead of raising TypeError.
+        """
         try:
             result = await self.definition.run(self._backend_for(deps), kwargs)
         except ReachyMemoryError as exc:
