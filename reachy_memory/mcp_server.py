@@ -29,6 +29,7 @@ from typing import Annotated, Any
 
 from .config import Config
 from .errors import ConfigError, ReachyMemoryError
+from .integrations.conversation import error_text
 from .integrations.tools import TOOLS, Backend, DaemonBackend, LocalBackend, Param, ToolDef
 
 DEFAULT_PORT = 8765
@@ -83,7 +84,7 @@ def _tool_function(tool: ToolDef, service: _Service) -> Callable[..., Awaitable[
         try:
             return await tool.run(service.get(), kwargs)
         except ReachyMemoryError as exc:
-            raise ToolError(f"{type(exc).__name__}: {exc.message}") from exc
+            raise ToolError(error_text(exc)) from exc
 
     params = [inspect.Parameter(p.name, inspect.Parameter.KEYWORD_ONLY, annotation=_annotation(p),
                                 default=inspect.Parameter.empty if p.required else p.default) for p in tool.params]
