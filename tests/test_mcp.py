@@ -122,6 +122,9 @@ class Recording:
     async def store(self, content: str, memory_type: str, metadata: dict[str, Any] | None) -> Any:
         raise AssertionError("not used here")
 
+    async def knows(self, reference: str) -> bool:
+        return True
+
     async def aclose(self) -> None:
         pass
 
