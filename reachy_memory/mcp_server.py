@@ -15,21 +15,28 @@ in this process instead (a desktop without the daemon; the directory must not
 be held by a daemon).  Every failure comes back as an MCP tool error
 (``isError``) carrying the daemon's message; the server keeps serving.
 
+Arguments are validated once, by the table's ``ToolDef.check`` (the conversation
+tools' path too): the SDK's own pydantic validation is bypassed, so a model reads
+the same message on both paths, and each tool is listed with the table's JSON
+schema (``ToolDef.parameters_schema``).
+
 Threads: the MCP SDK's event loop owns the client (or, for ``--data-dir``, a
 single worker thread owns the store).
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import sys
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Annotated, Any
+from typing import Any
 
 from .config import Config
 from .errors import ConfigError, ReachyMemoryError
-from .integrations.tools import TOOLS, Backend, DaemonBackend, LocalBackend, Param, ToolDef
+from .integrations.conversation import error_text
+from .integrations.tools import TOOLS, Backend, DaemonBackend, LocalBackend, ToolDef
 
 DEFAULT_PORT = 8765
 INSTRUCTIONS = (
@@ -67,43 +74,64 @@ class _Service:
             self.backend = None
 
 
-def _annotation(p: Param) -> Any:
-    """The parameter as a pydantic-annotated type, so the listed schema matches the table's."""
-    from pydantic import Field
-
-    limits = {"ge": p.schema.get("minimum"), "le": p.schema.get("maximum"), "min_length": p.schema.get("minLength")}
-    return Annotated[p.annotation, Field(description=p.description, **{k: v for k, v in limits.items() if v})]
-
-
 def _tool_function(tool: ToolDef, service: _Service) -> Callable[..., Awaitable[Any]]:
-    """An async function with the tool's typed signature; errors become MCP tool errors."""
+    """An async function running ``tool`` on the call's arguments as sent; errors become MCP tool errors.
+
+    Its signature has no parameters (the SDK builds no argument model from it) and the
+    tool's return type (the SDK derives the output schema from it).
+    """
     from mcp.server.mcpserver.exceptions import ToolError
 
     async def call(**kwargs: Any) -> Any:
         try:
             return await tool.run(service.get(), kwargs)
         except ReachyMemoryError as exc:
-            raise ToolError(f"{type(exc).__name__}: {exc.message}") from exc
+            raise ToolError(error_text(exc)) from exc
 
-    params = [inspect.Parameter(p.name, inspect.Parameter.KEYWORD_ONLY, annotation=_annotation(p),
-                                default=inspect.Parameter.empty if p.required else p.default) for p in tool.params]
-    call.__signature__ = inspect.Signature(params, return_annotation=tool.returns)  # type: ignore[attr-defined]
+    call.__signature__ = inspect.Signature(return_annotation=tool.returns)  # type: ignore[attr-defined]
     call.__name__ = call.__qualname__ = tool.name
     call.__doc__ = tool.description
     return call
 
 
-def build_server(service: _Service, tools: Sequence[ToolDef] = TOOLS) -> Any:
-    """An ``MCPServer`` exposing ``tools`` on ``service``'s backend."""
+@functools.cache
+def _unvalidated_metadata() -> Any:
+    """The SDK's ``FuncMetadata`` with ``validate_arguments`` handing the arguments over as sent.
+
+    The SDK would otherwise validate (and coerce: ``"5"`` to 5, JSON strings to lists) against
+    a pydantic model before the tool runs, and answer with pydantic's text. Here
+    ``ToolDef.check`` is the one validation, as in the conversation-app tools.
+    """
+    from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata
+
+    class Unvalidated(FuncMetadata):
+        def validate_arguments(self, arguments_to_validate: dict[str, Any]) -> dict[str, Any]:
+            return dict(arguments_to_validate)
+
+    return Unvalidated
+
+
+def _sdk_tool(tool: ToolDef, service: _Service) -> Any:
+    """The SDK ``Tool`` for ``tool``: listed with the table's JSON schema (``parameters_schema``),
+    its arguments checked only by the table."""
+    from mcp.server.mcpserver.tools import Tool
     from mcp_types import ToolAnnotations
 
-    server = _require_sdk()("reachy-memory", instructions=INSTRUCTIONS, log_level="WARNING")
-    for tool in tools:
-        hints = ToolAnnotations(read_only_hint=tool.read_only, destructive_hint=tool.destructive,
-                                idempotent_hint=tool.read_only, open_world_hint=False)
-        server.add_tool(_tool_function(tool, service), name=tool.name, description=tool.description,
-                        annotations=hints)
-    return server
+    hints = ToolAnnotations(read_only_hint=tool.read_only, destructive_hint=tool.destructive,
+                            idempotent_hint=tool.read_only, open_world_hint=False)
+    made = Tool.from_function(_tool_function(tool, service), name=tool.name, description=tool.description,
+                              annotations=hints)
+    meta = made.fn_metadata
+    unvalidated = _unvalidated_metadata()(arg_model=meta.arg_model, output_schema=meta.output_schema,
+                                          output_model=meta.output_model, wrap_output=meta.wrap_output)
+    return made.model_copy(update={"parameters": tool.parameters_schema(), "fn_metadata": unvalidated})
+
+
+def build_server(service: _Service, tools: Sequence[ToolDef] = TOOLS) -> Any:
+    """An ``MCPServer`` exposing ``tools`` on ``service``'s backend: each listed with the table's
+    schema, bad arguments answered with ``ToolDef.check``'s message (as the conversation tools do)."""
+    return _require_sdk()("reachy-memory", instructions=INSTRUCTIONS, log_level="WARNING",
+                          tools=[_sdk_tool(tool, service) for tool in tools])
 
 
 async def _serve(server: Any, service: _Service, http: bool, port: int) -> None:

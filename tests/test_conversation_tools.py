@@ -18,6 +18,7 @@ import pytest
 
 from reachy_memory import Config, MemoryStore
 from reachy_memory.integrations.conversation import (
+    MAX_ERROR_CHARS,
     TOOL_CLASSES,
     TOOLS_TXT,
     ForgetMemory,
@@ -141,6 +142,22 @@ def test_extra_dispatcher_keys_and_case_are_tolerated(daemon: DaemonProcess) -> 
     args = '{"content": "The kitchen light is broken", "memory_type": "Context", "tool_manager": null}'
     result = run(dispatch(StoreMemory(config=daemon.config), args))
     assert result["type"] == "context"
+
+
+def test_arguments_named_deps_or_self_are_ignored(daemon: DaemonProcess) -> None:
+    # __call__(self, deps, **kwargs) raised TypeError ("got multiple values for argument
+    # 'deps'") before its try block: the app's dispatcher splats the model's arguments
+    args = '{"content": "The porch light is on a timer", "deps": {"memory": 1}, "self": "x"}'
+    result = run(dispatch(StoreMemory(config=daemon.config), args))
+    assert result["content"] == "The porch light is on a timer" and result["type"] == "fact"
+
+
+def test_an_error_echoing_a_huge_value_is_cut(daemon: DaemonProcess) -> None:
+    # a model's million-character bad value came back whole (1,000,066 characters) into the conversation
+    result = run(dispatch(SearchMemories(config=daemon.config), json.dumps({"query": ["x" * 1_000_000]})))
+    assert set(result) == {"error"} and len(result["error"]) == MAX_ERROR_CHARS
+    assert result["error"].startswith("ValidationError: search_memories: query must be a string, got ['xxx")
+    assert result["error"].endswith("... (1000066 characters in all)")
 
 
 def test_default_client_comes_from_the_environment(daemon: DaemonProcess, monkeypatch: pytest.MonkeyPatch) -> None:

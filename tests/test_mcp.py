@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 from collections.abc import Iterator
@@ -15,8 +16,13 @@ from tests.daemon_util import ROOT, DaemonProcess
 
 if os.environ.get("CI") != "true":
     pytest.importorskip("mcp", reason="the mcp extra is not installed (pip install '.[mcp]')")
+from mcp import Client
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
+
+from reachy_memory.integrations.conversation import MAX_ERROR_CHARS, TOOL_CLASSES
+from reachy_memory.integrations.tools import TOOLS
+from reachy_memory.mcp_server import _Service, build_server
 
 
 @pytest.fixture(scope="module")
@@ -46,12 +52,14 @@ def test_tools_schemas_and_round_trip(daemon: DaemonProcess) -> None:
     ])
     by_name = {t.name: t for t in tools.tools}
     assert list(by_name) == ["search_memories", "store_memory", "forget_memory", "remember", "recall"]
+    assert all(by_name[t.name].input_schema == t.parameters_schema() for t in TOOLS)  # the table's schema
     assert by_name["search_memories"].input_schema["required"] == ["query"]
     assert by_name["forget_memory"].input_schema["required"] == ["memory_id"]
     assert not stored.is_error and stored.structured_content["type"] == "fact"
     hits = found.structured_content["result"]
     assert hits[0]["id"] == stored.structured_content["id"] and hits[0]["metadata"] == {"person": "Sarah"}
-    assert bad.is_error and "conversation" in bad.content[0].text
+    assert bad.is_error and "search_memories: memory_type must be one of conversation, fact, context; got 'dream'" \
+        in bad.content[0].text and "pydantic" not in bad.content[0].text
     assert gone.structured_content == {"success": False, "id": "placeholder"}
 
 
@@ -87,3 +95,97 @@ def test_spec_004_remember_and_recall_through_the_sdk_client(daemon: DaemonProce
     hits = found.structured_content["result"]
     assert hits and hits[0]["content"] == "she likes Italian food" and hits[0]["about"] == ["Sarah"]
     assert bad.is_error and "content" in bad.content[0].text
+
+
+class Recording:
+    """A backend that finds nothing and records what each call reached it with."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+
+    async def search(self, query: str, memory_type: str | None, limit: int) -> list[Any]:
+        self.calls.append(("search", query, memory_type, limit))
+        return []
+
+    async def recall(self, query: str, about: str | None, limit: int) -> list[Any]:
+        self.calls.append(("recall", query, about, limit))
+        return []
+
+    async def remember(self, args: dict[str, Any]) -> list[Any]:
+        self.calls.append(("remember", args))
+        return []
+
+    async def forget(self, memory_id: str) -> bool:
+        self.calls.append(("forget", memory_id))
+        return False
+
+    async def store(self, content: str, memory_type: str, metadata: dict[str, Any] | None) -> Any:
+        raise AssertionError("not used here")
+
+    async def knows(self, reference: str) -> bool:
+        return True
+
+    async def aclose(self) -> None:
+        pass
+
+
+def in_process(backend: Recording, calls: list[tuple[str, dict[str, Any]]]) -> tuple[Any, list[Any]]:
+    """The server built on ``backend``, driven in-process by the SDK's ``Client``."""
+    async def go() -> tuple[Any, list[Any]]:
+        async with Client(build_server(_Service(lambda: backend))) as client:
+            return await client.list_tools(), [await client.call_tool(name, a) for name, a in calls]
+    return asyncio.run(go())
+
+
+def test_listed_schemas_are_the_tables() -> None:
+    # the SDK listed a schema built by pydantic from annotations: fact items were bare objects, no maxItems
+    tools, _ = in_process(Recording(), [])
+    listed = {t.name: t.input_schema for t in tools.tools}
+    assert listed == {t.name: t.parameters_schema() for t in TOOLS}
+    remember = listed["remember"]["properties"]
+    assert remember["facts"]["maxItems"] == 100 and remember["facts"]["items"]["required"] == ["content"]
+    assert remember["subjects"]["maxItems"] == 16 and listed["search_memories"]["required"] == ["query"]
+
+
+# (tool, arguments, the table's error message, or None: accepted). Over MCP the SDK validated these
+# with pydantic first: "Fact" and null were refused, "5", "true", "7" and JSON strings were coerced.
+CASES = [
+    ("search_memories", {"query": "x", "limit": 0}, "search_memories: limit must be between 1 and 50, got 0"),
+    ("search_memories", {}, "search_memories: query is required"),
+    ("search_memories", {"query": "x", "memory_type": "Fact"}, None),
+    ("search_memories", {"query": "x", "memory_type": None}, None),
+    ("search_memories", {"query": "x", "limit": "5"}, "search_memories: limit must be an integer, got '5'"),
+    ("search_memories", {"query": "true"}, None),  # a string, not JSON to parse
+    ("search_memories", {"query": "[1]", "tool_manager": None}, None),
+    ("recall", {"query": "x", "about": None}, None),
+    ("remember", {"content": "x", "shared": None}, None),
+    ("remember", {"content": "x", "deps": 1, "self": 2}, None),  # unknown keys are ignored on both
+    ("remember", {"content": "x", "shared": "true"}, "remember: shared must be true or false, got 'true'"),
+    ("remember", {"content": "x", "expires_in_days": "7"}, "remember: expires_in_days must be an integer, got '7'"),
+    ("remember", {"facts": json.dumps([{"content": "x"}])}, "remember: facts must be a list of at most 100 items"),
+    ("forget_memory", {"memory_id": 42}, "forget_memory: memory_id must be a string, got 42"),
+]
+
+
+@pytest.mark.parametrize(("name", "args", "expect"), CASES)
+def test_mcp_and_conversation_tools_check_arguments_alike(name: str, args: dict[str, Any], expect: str | None) -> None:
+    over_mcp, in_app = Recording(), Recording()
+    _, (res,) = in_process(over_mcp, [(name, args)])
+    tool = next(c for c in TOOL_CLASSES if c.name == name)(backend=in_app)
+    answer = asyncio.run(tool(None, **args))
+    if expect is None:
+        assert not res.is_error and "error" not in answer and over_mcp.calls and over_mcp.calls == in_app.calls
+    else:
+        assert set(answer) == {"error"} and answer["error"].startswith(f"ValidationError: {expect}")
+        assert not over_mcp.calls and not in_app.calls
+        assert res.is_error and res.content[0].text == f"Error executing tool {name}: {answer['error']}"
+    if args.get("memory_type") == "Fact":
+        assert over_mcp.calls == [("search", "x", "fact", 5)]
+
+
+def test_a_huge_bad_value_gives_the_same_cut_message() -> None:
+    args = {"query": ["x" * 1_000_000]}
+    _, (res,) = in_process(Recording(), [("search_memories", args)])
+    answer = asyncio.run(TOOL_CLASSES[0](backend=Recording())(None, **args))
+    assert len(answer["error"]) == MAX_ERROR_CHARS
+    assert res.content[0].text == f"Error executing tool search_memories: {answer['error']}"

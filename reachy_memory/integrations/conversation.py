@@ -21,8 +21,9 @@ registers subclasses of its own ``Tool`` base, so a profile file mixes it in::
 Behaviour the app relies on:
 
 * bad arguments and memory errors come back as ``{"error": "..."}`` (the
-  dispatcher's own convention), never as exceptions; keys the dispatcher adds
-  (``tool_manager``) are ignored;
+  dispatcher's own convention, at most :data:`MAX_ERROR_CHARS` characters), never
+  as exceptions; keys the dispatcher adds (``tool_manager``) and any other key the
+  tool does not take (even ``deps`` or ``self``) are ignored;
 * the memory used is, in order: the ``backend`` given to the constructor,
   ``deps.memory`` if the app provides one (a :class:`~.tools.Backend` or an
   :class:`~reachy_memory.AsyncMemoryClient`), else one daemon client per event
@@ -41,6 +42,8 @@ from ..errors import ReachyMemoryError
 from .tools import FORGET_MEMORY, RECALL, REMEMBER, SEARCH_MEMORIES, STORE_MEMORY, Backend, DaemonBackend, ToolDef
 
 DEFAULT_TIMEOUT = 5.0
+#: The longest error text a tool hands a model (a bad value is echoed in it; the MCP server uses it too).
+MAX_ERROR_CHARS = 1000
 # One daemon client per event loop: an asyncio ZeroMQ socket belongs to the loop it runs on.
 _DEFAULT_BACKENDS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, DaemonBackend] = weakref.WeakKeyDictionary()
 
@@ -53,6 +56,16 @@ def _default_backend(config: Config | None) -> DaemonBackend:
     if backend is None:
         backend = _DEFAULT_BACKENDS[loop] = DaemonBackend.from_config(load_config(), DEFAULT_TIMEOUT)
     return backend
+
+
+def error_text(exc: ReachyMemoryError) -> str:
+    """``"ErrorClass: message"``, cut to :data:`MAX_ERROR_CHARS` characters (then ending with how
+    long it was): a message echoes the bad value, which a model can make as long as it likes."""
+    text = f"{type(exc).__name__}: {exc.message}"
+    if len(text) <= MAX_ERROR_CHARS:
+        return text
+    tail = f"... ({len(text)} characters in all)"
+    return text[:MAX_ERROR_CHARS - len(tail)] + tail
 
 
 async def aclose_default() -> None:
@@ -99,12 +112,16 @@ class MemoryTool:
             return self._backend
         return _default_backend(None)
 
-    async def __call__(self, deps: Any, **kwargs: Any) -> dict[str, Any]:
-        """Run the tool; errors are returned as ``{"error": message}``."""
+    async def __call__(self, deps: Any, /, **kwargs: Any) -> dict[str, Any]:
+        """Run the tool; errors are returned as ``{"error": error_text(exc)}``.
+
+        ``deps`` is positional-only, so a model's argument named ``deps`` or
+        ``self`` lands in ``kwargs`` (and is ignored) instead of raising TypeError.
+        """
         try:
             result = await self.definition.run(self._backend_for(deps), kwargs)
         except ReachyMemoryError as exc:
-            return {"error": f"{type(exc).__name__}: {exc.message}"}
+            return {"error": error_text(exc)}
         return self._shape(kwargs, result)
 
     def _shape(self, kwargs: dict[str, Any], result: Any) -> dict[str, Any]:
@@ -176,6 +193,6 @@ def app_tool_classes(tool_base: type) -> list[type]:
     return [type(c.__name__, (c, tool_base), {"__module__": __name__}) for c in TOOL_CLASSES]
 
 
-__all__ = ["TOOLS_TXT", "TOOL_CLASSES", "ForgetMemory", "MemoryTool", "Recall", "Remember", "SearchMemories",
-           "StoreMemory",
-           "aclose_default", "app_tool_classes"]
+__all__ = ["MAX_ERROR_CHARS", "TOOLS_TXT", "TOOL_CLASSES", "ForgetMemory", "MemoryTool", "Recall", "Remember",
+           "SearchMemories", "StoreMemory",
+           "aclose_default", "app_tool_classes", "error_text"]
