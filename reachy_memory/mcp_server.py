@@ -35,8 +35,7 @@ from typing import Any
 
 from .config import Config
 from .errors import ConfigError, ReachyMemoryError
-from .integrations.conversation import error_text
-from .integrations.tools import TOOLS, Backend, DaemonBackend, LocalBackend, ToolDef
+from .integrations.tools import TOOLS, Backend, DaemonBackend, LocalBackend, ToolDef, error_text
 
 DEFAULT_PORT = 8765
 INSTRUCTIONS = (

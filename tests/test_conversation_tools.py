@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from reachy_memory import Config, MemoryStore
+from reachy_memory import Config, DaemonUnavailableError, MemoryStore, RequestTimeoutError
 from reachy_memory.integrations.conversation import (
     MAX_ERROR_CHARS,
     TOOL_CLASSES,
@@ -30,7 +30,7 @@ from reachy_memory.integrations.conversation import (
     aclose_default,
     app_tool_classes,
 )
-from reachy_memory.integrations.tools import MAX_LIMIT, TOOLS, TOOLS_BY_NAME, LocalBackend
+from reachy_memory.integrations.tools import MAX_LIMIT, TOOLS, TOOLS_BY_NAME, DaemonBackend, LocalBackend
 from tests.daemon_util import DaemonProcess
 
 
@@ -294,3 +294,70 @@ def test_an_empty_subjects_array_from_a_model_is_read_as_omitted(config: Config)
 
     she, named = run(scenario())
     assert she and she == named  # both linked to Sarah
+
+
+def test_recall_about_someone_unknown_keeps_only_what_names_them(config: Config) -> None:
+    # The store answers an unknown person unfiltered (spec 004): a model read "Loves spicy food"
+    # as Bob's. Now only hits whose metadata.person names them are kept (spec 000's way).
+    async def scenario() -> tuple[list[str], list[str]]:
+        backend = LocalBackend(MemoryStore(config=config, embedder=None))
+        try:
+            backend.memory_store.store("Loves spicy food", "fact")
+            backend.memory_store.store("Enjoys spicy jazz food", "fact", {"person": "bob"})
+            recall = TOOLS_BY_NAME["recall"]
+            bob = await recall.run(backend, {"query": "spicy food", "about": "Bob"})
+            zed = await recall.run(backend, {"query": "spicy food", "about": "Zed"})
+            return [h["content"] for h in bob], [h["content"] for h in zed]
+        finally:
+            await backend.aclose()
+
+    bob, zed = run(scenario())
+    assert bob == ["Enjoys spicy jazz food"] and zed == []
+
+
+@pytest.mark.parametrize("wrapped", [
+    '"{id}"',  # quoted
+    " {id}\n",  # whitespace and a newline
+    "`{id}`",  # backticks
+])
+def test_forget_memory_takes_the_id_a_model_wraps(config: Config, wrapped: str) -> None:
+    # It answered success false ("already forgotten") and the memory stayed.
+    async def scenario() -> tuple[dict[str, Any], int]:
+        backend = LocalBackend(MemoryStore(config=config, embedder=None))
+        try:
+            memory = backend.memory_store.store("the door code is 1234", "fact")
+            result = await TOOLS_BY_NAME["forget_memory"].run(backend, {"memory_id": wrapped.format(id=memory.id)})
+            return result, len(backend.memory_store)
+        finally:
+            await backend.aclose()
+
+    result, left = run(scenario())
+    assert result["success"] is True and left == 0
+
+
+class _SlowClient:
+    """Stands for an AsyncMemoryClient whose call times out; ``ping`` answers or not."""
+
+    endpoint, timeout = "tcp://127.0.0.1:9", 5.0
+
+    def __init__(self, answers_ping: bool) -> None:
+        self.answers_ping = answers_ping
+
+    async def search(self, *args: Any, **kwargs: Any) -> Any:
+        raise RequestTimeoutError("timed out")
+
+    async def ping(self, *, timeout: float | None = None) -> Any:
+        if not self.answers_ping:
+            raise RequestTimeoutError("timed out")
+        return {"pong": True}
+
+
+@pytest.mark.parametrize(("answers_ping", "error", "says"), [
+    (True, RequestTimeoutError, "running but did not finish"),  # busy: the call may still complete
+    (False, DaemonUnavailableError, "no reachy-memory daemon"),  # down or stuck
+])
+def test_a_timeout_says_busy_when_the_daemon_still_answers(answers_ping: bool, error: type, says: str) -> None:
+    # A slow but running daemon was reported as "not running, start it", and the write completed.
+    backend = DaemonBackend(_SlowClient(answers_ping), own=False)  # type: ignore[arg-type]
+    with pytest.raises(error, match=says):
+        run(backend.search("tea", None, 5))

@@ -39,11 +39,20 @@ from typing import Any, ClassVar
 from ..client import AsyncMemoryClient
 from ..config import Config, load_config
 from ..errors import ReachyMemoryError
-from .tools import FORGET_MEMORY, RECALL, REMEMBER, SEARCH_MEMORIES, STORE_MEMORY, Backend, DaemonBackend, ToolDef
+from .tools import (
+    FORGET_MEMORY,
+    MAX_ERROR_CHARS,
+    RECALL,
+    REMEMBER,
+    SEARCH_MEMORIES,
+    STORE_MEMORY,
+    Backend,
+    DaemonBackend,
+    ToolDef,
+    error_text,
+)
 
 DEFAULT_TIMEOUT = 5.0
-#: The longest error text a tool hands a model (a bad value is echoed in it; the MCP server uses it too).
-MAX_ERROR_CHARS = 1000
 # One daemon client per event loop: an asyncio ZeroMQ socket belongs to the loop it runs on.
 _DEFAULT_BACKENDS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, DaemonBackend] = weakref.WeakKeyDictionary()
 
@@ -56,16 +65,6 @@ def _default_backend(config: Config | None) -> DaemonBackend:
     if backend is None:
         backend = _DEFAULT_BACKENDS[loop] = DaemonBackend.from_config(load_config(), DEFAULT_TIMEOUT)
     return backend
-
-
-def error_text(exc: ReachyMemoryError) -> str:
-    """``"ErrorClass: message"``, cut to :data:`MAX_ERROR_CHARS` characters (then ending with how
-    long it was): a message echoes the bad value, which a model can make as long as it likes."""
-    text = f"{type(exc).__name__}: {exc.message}"
-    if len(text) <= MAX_ERROR_CHARS:
-        return text
-    tail = f"... ({len(text)} characters in all)"
-    return text[:MAX_ERROR_CHARS - len(tail)] + tail
 
 
 async def aclose_default() -> None:

@@ -39,6 +39,7 @@ from ..people import names_someone
 
 MEMORY_TYPES: tuple[str, ...] = tuple(m.value for m in MemoryType)
 MAX_LIMIT = 50
+MAX_ERROR_CHARS = 1000  # an error text a tool hands a model (it may echo a huge bad value)
 START_HINT = ("start it with `reachy-memory serve` (on the robot: `sudo systemctl start reachy-memory`), "
               "or run `reachy-memory mcp --data-dir DIR` to open a store in this process instead")
 
@@ -451,11 +452,20 @@ class LocalBackend:
             self._pool.shutdown(wait=True)
 
 
+def error_text(exc: ReachyMemoryError) -> str:
+    """``"ErrorClass: message"``, cut to :data:`MAX_ERROR_CHARS` characters (then ending with how
+    long it was): a message echoes the bad value, which a model can make as long as it likes."""
+    text = f"{type(exc).__name__}: {exc.message}"
+    if len(text) <= MAX_ERROR_CHARS:
+        return text
+    tail = f"... ({len(text)} characters in all)"
+    return text[:MAX_ERROR_CHARS - len(tail)] + tail
+
+
 def finite_score(score: float) -> float:
     """A JSON-safe score (NaN/inf never reach a client)."""
     return score if math.isfinite(score) else 0.0
 
 
-__all__ = ["MAX_LIMIT", "MEMORY_TYPES", "RECALL", "REMEMBER", "TOOLS", "TOOLS_BY_NAME", "Backend", "DaemonBackend",
-           "LocalBackend",
-           "Param", "ToolDef"]
+__all__ = ["MAX_ERROR_CHARS", "MAX_LIMIT", "MEMORY_TYPES", "RECALL", "REMEMBER", "TOOLS", "TOOLS_BY_NAME", "Backend",
+           "DaemonBackend", "LocalBackend", "Param", "ToolDef", "error_text"]
