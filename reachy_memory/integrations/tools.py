@@ -312,8 +312,9 @@ REMEMBER = ToolDef(
               "Batch multiple facts in one call (preferred): [{content, subjects?, expires_in_days?, shared?}].",
               nullable=True),
         Param("subjects", {"type": "array", "items": {"type": "string"}, "maxItems": 16}, list[str] | None,
-              "Who this fact is about (e.g. ['Sarah'], ['my wife', 'John']); omit it to have the people the "
-              "sentence names found.", nullable=True),
+              "Who this fact is about, one person per entry, by name or by what they are to the user (e.g. "
+              "['Sarah'], ['my wife', 'John']; not 'her brother'); omit it for a fact about the user, or to have "
+              "the people the sentence names found.", nullable=True),
         Param("expires_in_days", {"type": "integer", "minimum": 1, "maximum": 36500}, int | None,
               "Days until the fact expires (omit: kept forever).", nullable=True),
         Param("shared", {"type": "boolean"}, bool, "True for household facts every user sees.", default=False),
