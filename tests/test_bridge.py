@@ -205,6 +205,15 @@ def test_the_person_facts_include_what_remember_linked(daemon: DaemonProcess) ->
         assert "Sam likes rock" not in bridge.latest().person_facts
 
 
+def test_context_for_gives_a_prompt_context_off_the_loop(daemon: DaemonProcess) -> None:
+    # context_for (one call: window, facts, people, text) was not reachable from the bridge.
+    with daemon.client() as c:
+        c.remember("Ines keeps bees", subjects=["Ines"])
+    with MemoryBridge(daemon.endpoint, config=daemon.config, refresh_interval=3600) as bridge:
+        context = bridge.context_for("what does Ines keep?", max_tokens=200).result(timeout=30)
+    assert "Ines keeps bees" in context.text and any(p.display_name == "Ines" for p in context.people)
+
+
 # -- failures that are not the daemon's ---------------------------------------------------------
 
 

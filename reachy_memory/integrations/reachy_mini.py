@@ -186,6 +186,12 @@ class MemoryBridge:
         """Queue a search; the future gives the list of :class:`~reachy_memory.SearchResult`."""
         return self._submit(lambda c: c.search(query, memory_type, limit, where=where), "search")
 
+    def context_for(self, message: str, *, max_tokens: int = 800) -> Future[Any]:
+        """Queue the prompt context for ``message`` (the window, relevant facts and past
+        turns, known people, ``.text`` within ``max_tokens``); the future gives a
+        RetrievedContext, one daemon round trip, for an app to put before its LLM call."""
+        return self._submit(lambda c: c.context_for(message, max_tokens=max_tokens), "context_for")
+
     @property
     def pending(self) -> int:
         """Jobs waiting in the queue (approximate)."""
