@@ -144,6 +144,8 @@ _ROWS = [
     # -- context window and named context --------------------------------------------------------
     _op("add_to_context_window", "engine", [_req("role", STR), _req("content", STR)], "null",
         "Append a turn to the context window."),
+    _op("record_turn", "embed", [_req("role", STR), _req("content", STR), _opt("metadata", DICT)], "memory",
+        "Append a turn to the context window and keep it as a CONVERSATION memory: one durable write."),
     _op("get_context_window", "inline", [], '[{"role", "content", "timestamp"}]', "Recent turns, oldest first."),
     _op("clear_context_window", "engine", [], "null", "Empty the context window."),
     _op("set_context", "embed", [_req("key", STR), _req("value", STR)], "memory",

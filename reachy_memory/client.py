@@ -139,6 +139,13 @@ class _Api:
         args = _given(dry_run=dry_run, max_deletions=max_deletions)
         return self._call("apply_retention", args, timeout=timeout)
 
+    def record_turn(self, role: str, content: str, metadata: dict[str, Any] | None = None, *,
+                    timeout: float | None = None) -> Any:
+        """Append a turn to the window and keep it as a CONVERSATION memory (metadata
+        ``role`` plus ``metadata``) in one durable write; returns the Memory."""
+        return self._call("record_turn", _given(role=role, content=content, metadata=metadata),
+                          proto.memory_from_wire, timeout)
+
     def add_to_context_window(self, role: str, content: str, *, timeout: float | None = None) -> Any:
         """Append a turn to the daemon's context window."""
         return self._call("add_to_context_window", {"role": role, "content": content}, timeout=timeout)

@@ -483,6 +483,8 @@ class Daemon:
             return store.embed_query(a["query"]) if mode != "lexical" else None
         if job.op == "set_context":
             return store.prepare_context(a["key"], a["value"])
+        if job.op == "record_turn":
+            return store.prepare_turn(a["role"], a["content"], a.get("metadata"))
         return store.prepare(_store_items(job.op, a))
 
     def _cleanup(self) -> None:
@@ -696,6 +698,7 @@ _HANDLERS: dict[str, _Handler] = {
     "search": _search,
     "store": _commit, "store_batch": _commit, "remember_fact": _commit, "remember_conversation": _commit,
     "set_context": lambda d, j: _memory(d.store.commit_context(j.args["key"], j.prepared)),
+    "record_turn": lambda d, j: _memory(d.store.commit_turn(j.args["role"], j.prepared)),
     "forget": lambda d, j: {"deleted": d.store.forget(j.args["id"])},
     "cleanup_expired": _cleanup_op,
     "apply_retention": _retention_op,

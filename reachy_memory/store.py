@@ -308,15 +308,16 @@ class MemoryStore(PeopleMixin):
         finally:
             self._lock.release()
 
-    def commit(self, prepared: _Prepared) -> list[Memory]:
-        """Make a prepared write durable and visible; returns the memories."""
+    def commit(self, prepared: _Prepared, also: list[list[Any]] | None = None) -> list[Memory]:
+        """Make a prepared write durable and visible, with the ops ``also`` in the same
+        journal frame (all or none); returns the memories."""
         self._require_open()
         with self._lock:
             self._check_retries_still_stored(prepared)
             fresh = [(op, text) for op, text in zip(prepared.ops, prepared.texts, strict=True)
                      if not self._is_duplicate(op[1])]
-            if fresh:
-                self._commit(self._with_current_context(fresh))
+            if fresh or also:
+                self._commit(self._with_current_context(fresh) + (also or []))
             return [self._state.records[i].memory() for i in prepared.ids]
 
     def _check_retries_still_stored(self, prepared: _Prepared) -> None:
@@ -572,9 +573,27 @@ class MemoryStore(PeopleMixin):
     def add_to_context_window(self, role: str, content: str) -> None:
         """Append a turn to the persisted window (the last N turns, 2N messages)."""
         self._require_open()
-        if not isinstance(role, str) or not 0 < len(role.strip()) <= 64:
-            raise ValidationError("role must be a non-empty string of at most 64 characters", field="role")
-        self._commit([["win", role, ingest.validate_text(content, "content", self._config), time.time()]])
+        self._commit([_window_op(role, ingest.validate_text(content, "content", self._config))])
+
+    def record_turn(self, role: str, content: str, metadata: dict[str, Any] | None = None) -> Memory:
+        """A conversation turn, both appended to the context window and kept as a
+        CONVERSATION memory (metadata ``role`` plus ``metadata``), in one durable write:
+        never one without the other.  Raises ValidationError / TooLargeError."""
+        return self.commit_turn(role, self.prepare_turn(role, content, metadata))
+
+    def prepare_turn(self, role: str, content: str, metadata: dict[str, Any] | None = None) -> _Prepared:
+        """The validated, embedded write of :meth:`record_turn` (thread-safe)."""
+        self._require_open()
+        _window_op(role, content)  # the role's checks, before the embedding
+        if metadata is not None and not isinstance(metadata, dict):
+            raise ValidationError(f"metadata must be a dict, got {type(metadata).__name__}", field="metadata")
+        return self.prepare([{"content": content, "memory_type": MemoryType.CONVERSATION,
+                              "metadata": {**(metadata or {}), "role": role}}])
+
+    def commit_turn(self, role: str, prepared: _Prepared) -> Memory:
+        """Commit a :meth:`prepare_turn` write and its window turn in one frame."""
+        [memory] = self.commit(prepared, also=[_window_op(role, prepared.ops[0][1]["content"])])
+        return memory
 
     def get_context_window(self) -> list[dict[str, Any]]:
         """The recent messages, oldest first: dicts with role, content, timestamp; those
@@ -790,6 +809,13 @@ class MemoryStore(PeopleMixin):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _window_op(role: Any, content: str) -> list[Any]:
+    """The journal op appending ``role: content`` to the window; ValidationError for a bad role."""
+    if not isinstance(role, str) or not 0 < len(role.strip()) <= 64:
+        raise ValidationError("role must be a non-empty string of at most 64 characters", field="role")
+    return ["win", role, content, time.time()]
 
 
 def _first_vkey(ops: list[list[Any]]) -> str | None:

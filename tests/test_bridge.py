@@ -51,6 +51,12 @@ class RecordingClient:
         self._op("add_to_context_window")
         self.window.append({"role": role, "content": content})
 
+    def record_turn(self, role: str, content: str, metadata: dict[str, Any] | None = None) -> Memory:
+        self._op("record_turn")
+        self.window.append({"role": role, "content": content})
+        return Memory(f"id{len(self.calls)}", content, MemoryType.CONVERSATION, to_datetime(0),
+                      {**(metadata or {}), "role": role})
+
     def store(self, content: str, memory_type: Any = "fact", metadata: dict[str, Any] | None = None) -> Memory:
         self._op("store")
         return Memory(f"id{len(self.calls)}", content, MemoryType.parse(memory_type), to_datetime(0), metadata or {})

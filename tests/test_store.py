@@ -854,3 +854,33 @@ def test_a_lone_surrogate_is_refused_by_name_and_stores_nothing(lexical_store: M
 def test_a_metadata_integer_past_64_bits_says_so(lexical_store: MemoryStore) -> None:
     with pytest.raises(ValidationError, match="64 bits"):
         lexical_store.store("tea", "fact", {"a": 10**30})
+
+
+def test_record_turn_keeps_window_and_memory_together(lexical_store: MemoryStore, config: Config,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """One frame for both: a full disk leaves neither (two calls could leave the window
+    turn without its memory), a crash after it keeps both."""
+    import errno
+
+    from reachy_memory import StorageFullError
+    from reachy_memory import journal as jr
+
+    turn = lexical_store.record_turn("user", "I am back from Lyon", {"person": "Alex"})
+    assert turn.metadata == {"person": "Alex", "role": "user"} and turn.memory_type is MemoryType.CONVERSATION
+    assert [w["content"] for w in lexical_store.get_context_window()] == ["I am back from Lyon"]
+
+    def full(fd: int, data: memoryview) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(jr._os, "write", full)
+    with pytest.raises(StorageFullError):
+        lexical_store.record_turn("assistant", "Welcome back")
+    monkeypatch.undo()
+    assert len(lexical_store) == 1 and len(lexical_store.get_context_window()) == 1
+    for bad in ({"role": ""}, {"content": "hi \ud800"}, {"metadata": {"k": float("nan")}}):  # refused before writing
+        with pytest.raises(ValidationError):
+            lexical_store.record_turn(**({"role": "user", "content": "hi"} | bad))
+    assert len(lexical_store) == 1 and len(lexical_store.get_context_window()) == 1
+    store_util.abandon(lexical_store)
+    with MemoryStore(config=config, embedder=None) as again:
+        assert again.get(turn.id) == turn and [w["role"] for w in again.get_context_window()] == ["user"]

@@ -161,8 +161,7 @@ class MemoryBridge:
         the current person). Returns False if it was dropped (queue full or closed)."""
         def run(c: MemoryClient) -> None:
             who = person or self._person
-            c.add_to_context_window(role, text)
-            c.store(text, MemoryType.CONVERSATION, {"role": role, **({"person": who} if who else {})})
+            c.record_turn(role, text, {"person": who} if who else None)  # window and memory: one write
 
         return self._put(_Job(run, refresh=True, label="record_turn")) is not None
 
