@@ -79,13 +79,16 @@ english french italian spanish german chinese japanese korean thai indian mexica
 irish scottish canadian australian russian portuguese dutch swedish vietnamese lebanese moroccan brazilian arabic
 hindi european asian african
 user users user's reachy robot assistant wi-fi wifi bluetooth internet email e-mail password pin tv
+""".split())  # the last line: who the robot talks to, the robot itself, and household words of a sentence's start
+# Words that start the subject-less facts an LLM writes all the time ("Likes green tea", "Trash
+# day is Monday"): not names at the start of a sentence; elsewhere they may be ("Courtney Love").
+_STARTERS = frozenset("""
 likes like loves love prefers prefer hates hate enjoys enjoy dislikes dislike wants want needs need usually often
 always never sometimes allergic favorite favourite works lives plays drinks eats takes goes speaks studies owns
 gets uses watches reads listens drives walks visits calls feels thinks knows believes wakes sleeps keeps
 trash garbage rubbish recycling bins dinner lunch breakfast meeting appointment medication medicine pills keys
 car rent coffee tea laundry groceries shopping homework school office gym practice birthday anniversary
-""".split())  # who the robot talks to, the robot itself, then words that start subject-less facts
-# ("Likes green tea", "Trash day is Monday"): an LLM writes those all the time
+""".split())
 _PLACE_PREPOSITIONS = frozenset({"in", "at", "from", "to", "near", "into", "visiting", "for"})
 _OWNER_WORDS = r"(?:my|our|the\s+user's|user's|the\s+user’s)"
 _REL_ALT = "|".join(sorted((re.escape(r) for r in _RELATIONS), key=len, reverse=True))
@@ -231,7 +234,8 @@ def _name_runs(text: str, start: int, end: int, initials: bool = False) -> list[
     current: tuple[int, int] | None = None
     for token in re.finditer(r"\S+", text[start:end]):
         t_start, t_end = start + token.start(), start + token.end()
-        if not _name_word(token.group(), initials):
+        if not _name_word(token.group(), initials) or (_opens_sentence(text, t_start) and
+                                                       norm(token.group().strip(" ,.;:!?")) in _STARTERS):
             current = None
             continue
         current = (current[0], t_end) if current else (t_start, t_end)
@@ -275,24 +279,33 @@ _OTHERS_RELATION = re.compile(rf"(?:\b(?:his|her|their|your|its)\s+|['’]s\s+)(
 _SEVERAL = re.compile(r"\s(?:and|&)\s|[,;/]", re.IGNORECASE)
 
 
+_AND = re.compile(r"\s(?:and|&)\s", re.IGNORECASE)
+# What a caller says for the user or the robot (or everyone at home) where a person is
+# expected: a fact about them is about nobody in particular.
+_SELF = frozenset("""
+i me myself you yourself user users user's reachy robot assistant we us ourselves everyone everybody
+""".split()) | {"reachy mini", "the user", "the users", "the user's", "the robot", "the assistant", "me and you"}
+
+
+def means_user_or_robot(text: str) -> bool:
+    """Whether ``text`` is one of the words for the user, the robot or everyone ("me",
+    "the user", "Reachy Mini", "us"), not a person's name ("Will", "June" are names)."""
+    return norm(text.strip(" .,!?;:\"'()[]")) in _SELF
+
+
 def reference_problem(text: str, ref: Reference) -> str | None:
     """Why ``text`` (read as ``ref``) cannot stand for one person the user knows, as
     the end of a sentence telling a caller what to send instead; None if it can."""
     if not any(ch.isalpha() for ch in text):
         return "does not name a person: give a name or a relation ('Sarah', 'my wife')"
-    if ref.relation is None and _OTHERS_RELATION.search(text):
+    if _OTHERS_RELATION.search(text):  # "her brother", "Sarah's brother", "my wife's brother"
         return ("is a relation of someone other than the user: give that person's own name ('Tom'), "
                 "or what they are to the user ('my brother-in-law')")
-    if ref.relation is None and _SEVERAL.search(text):
-        parts = [part.strip() for part in _SEVERAL.split(text) if part.strip()]
+    several = _AND if ref.relation is not None else _SEVERAL  # "Sarah, my wife" is one person
+    if several.search(text):
+        parts = [part.strip() for part in several.split(text) if part.strip()]
         return f"names several persons: give one per subject ({parts!r})"
     return None
-
-
-def only_stop_words(text: str) -> bool:
-    """Whether every word of ``text`` is one the rules never take for a name ("user",
-    "the robot", "me", "Reachy")."""
-    return all(word in _STOP for word in norm(text).split())
 
 
 def _name_word(token: str, initials: bool = False) -> bool:
@@ -305,6 +318,11 @@ def _name_word(token: str, initials: bool = False) -> bool:
     letters = [ch for ch in word if ch.isalpha()]
     acronym = len(letters) >= 2 and all(ch.isupper() for ch in letters)
     return not acronym or (initials and len(letters) <= 3)
+
+
+def _opens_sentence(text: str, at: int) -> bool:
+    """Whether the word at ``at`` is the first of a sentence."""
+    return not text[:at].strip() or bool(re.search(r"[.!?:;]\s*$", text[:at]))
 
 
 def _is_name(candidate: str) -> bool:

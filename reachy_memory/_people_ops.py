@@ -44,7 +44,7 @@ from ._mentions import extract_mentions, norm, parse_reference
 from ._records import Record
 from ._supersession import decide
 from .errors import NotFoundError, ReachyMemoryError, ValidationError
-from .model import SEARCH_LIMIT, SEARCH_MIN_SCORE, Memory, MemoryType, SearchResult
+from .model import SEARCH_LIMIT, SEARCH_MIN_SCORE, Memory, MemoryType, SearchResult, check_unicode
 from .people import Person, PersonRegistry, Resolution, check_metadata, person_from_op
 
 if TYPE_CHECKING:
@@ -62,6 +62,7 @@ MAX_SUBJECTS = 16
 MAX_NAME_CHARS = 200
 MAX_ALIASES = 32
 CANDIDATES = 10  # older facts checked for supersession per new fact
+REPEAT_SECONDS = 3600.0  # a fact told again within this is the same telling (see _same_fact)
 FACT_KEYS = frozenset({"content", "subjects", "name", "aliases", "shared", "expires_in_days", "metadata"})
 ARCHIVE_MARKER = 120  # characters of the summary kept in the window's marker
 
@@ -214,15 +215,17 @@ class PeopleMixin:
     def _check_facts(self, items: list[dict[str, Any]]) -> None:
         """Raise what storing ``items`` one by one would raise half-way: a subject that
         names no one person, a note name taken (by a memory or an earlier item)."""
-        names: set[str] = set()
+        names: dict[str, str] = {}
         for item in items:
             for ref in item.get("subjects") or ():
-                self._people.check_subject(ref)
+                if self._people.check_subject(ref):  # and as it will be resolved, with the name the fact gives
+                    self._people.check_subject(_enriched(ref, item["content"]))
             fields = self._name_fields(item.get("name"), item.get("aliases") or ())
-            labels = [label.casefold() for label in (fields.get("name"), *fields.get("aliases", ())) if label]
-            if names & set(labels) or len(set(labels)) < len(labels):
-                raise ValidationError(f"the note name or alias {item.get('name')!r} is given twice", field="name")
-            names |= set(labels)
+            labels = {label.casefold(): label for label in (fields.get("name"), *fields.get("aliases", ())) if label}
+            again = next((label for key, label in labels.items() if key in names), None)
+            if again is not None:
+                raise ValidationError(f"the note name or alias {again!r} is given to two facts", field="name")
+            names |= labels
 
     def _remember_one(self, item: dict[str, Any], op: list[Any], owner: str | None) -> Memory:
         """Resolve persons, build the record, find what it supersedes; one frame. Engine thread."""
@@ -235,7 +238,7 @@ class PeopleMixin:
         row |= self._name_fields(item.get("name"), item.get("aliases") or ())
         vector, new = op[2], Record(**row)
         similar = self._similar_facts(new, vector)
-        same = next((rec for rec, _ in similar if _same_fact(rec, new)), None)
+        same = next((rec for rec, _ in similar if _same_fact(rec, new) and not self._decayed(rec, new.created)), None)
         if same is None:
             self._commit([*person_ops, ["put", row, vector], *self._superseded_by(new, similar)])
         elif person_ops:  # told again (a model's retry): the fact it already is, not a second copy
@@ -273,7 +276,7 @@ class PeopleMixin:
             return []
         candidates = [self._state.by_slot[s] for s in self._same_subject_slots(new)]
         candidates = [r for r in candidates if r.type == MemoryType.FACT.value and not r.hidden
-                      and not r.protected and r.id != new.id and r.owner == new.owner]
+                      and r.id != new.id and r.owner == new.owner]
         if not candidates:
             return []
         query = np.frombuffer(vector, np.float32)
@@ -286,7 +289,7 @@ class PeopleMixin:
             named = _named_in(new.content)
             similar = [(rec, sim) for rec, sim in similar if _named_in(rec.content) == named]
         return [_supersede_op(rec.id, new.id, new.created) for rec, sim in similar
-                if decide(new.content, rec.content, sim).conflict]
+                if not rec.protected and decide(new.content, rec.content, sim).conflict]
 
     def _same_subject_slots(self, new: Record) -> set[int]:
         if not new.subjects:
@@ -671,11 +674,12 @@ def _check_fact(fact: Any, defaults: dict[str, Any]) -> dict[str, Any]:
 
 def _same_fact(old: Record, new: Record) -> bool:
     """Whether ``new`` only repeats ``old`` (already about the same persons and owner):
-    the same text but for case and spacing, sharing, metadata, and neither a note nor
-    one with its own expiry."""
-    return (_flat(old.content).casefold() == _flat(new.content).casefold() and old.shared == new.shared
-            and old.metadata == new.metadata and old.name is None and new.name is None
-            and old.expires is None and new.expires is None)
+    the same text but for spacing (case matters: "Blue42Sky" is not "blue42sky"), told
+    within :data:`REPEAT_SECONDS` (a model's retry; "Sarah visited today" a week later is
+    another event), the same sharing and metadata, neither a note nor expiring."""
+    return (_flat(old.content) == _flat(new.content) and 0 <= new.created - old.created <= REPEAT_SECONDS
+            and old.shared == new.shared and old.metadata == new.metadata and old.name is None
+            and new.name is None and old.expires is None and new.expires is None)
 
 
 def _supersede_fields(by: str, at: float) -> dict[str, Any]:
@@ -708,7 +712,7 @@ def _label(value: Any) -> str:
     if not isinstance(value, str) or not value.strip() or len(value) > MAX_NAME_CHARS:
         raise ValidationError(f"a note name or alias must be a non-empty string of at most {MAX_NAME_CHARS} "
                               "characters", field="name")
-    return value.strip()
+    return check_unicode(value.strip(), "name")
 
 
 def _flat(text: str) -> str:

@@ -97,7 +97,7 @@ def pack(obj: Any) -> bytes:
     try:
         return msgpack.packb(obj, use_bin_type=True)
     except UnicodeEncodeError as exc:
-        raise ValidationError("a text to store is not valid Unicode (a lone surrogate); nothing was stored",
+        raise ValidationError("a text to store is not valid Unicode (a lone surrogate); this write was not stored",
                               field="text") from exc
 
 

@@ -62,8 +62,8 @@ from ._filters import validate_metadata
 from ._mentions import (
     Reference,
     extract_mentions,
+    means_user_or_robot,
     norm,
-    only_stop_words,
     parse_reference,
     pronoun_gender,
     reference_problem,
@@ -472,7 +472,7 @@ def subject_reference(reference: Any) -> Reference | None:
     saying what to send instead: a pronoun, several persons ("John and Mary"),
     someone else's relation ("her brother"), no letters at all ("42")."""
     ref = _reference(reference)
-    if only_stop_words(reference):
+    if means_user_or_robot(reference):
         return None
     problem = reference_problem(reference, ref)
     if problem is not None:

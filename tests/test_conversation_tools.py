@@ -361,3 +361,19 @@ def test_a_timeout_says_busy_when_the_daemon_still_answers(answers_ping: bool, e
     backend = DaemonBackend(_SlowClient(answers_ping), own=False)  # type: ignore[arg-type]
     with pytest.raises(error, match=says):
         run(backend.search("tea", None, 5))
+
+
+def test_recall_about_someone_unknown_looks_past_the_limit(config: Config) -> None:
+    # Filtering the first `limit` unfiltered hits found nothing when others outranked them.
+    async def scenario() -> list[str]:
+        backend = LocalBackend(MemoryStore(config=config, embedder=None))
+        try:
+            for i in range(5):
+                backend.memory_store.store(f"Ann likes pizza and pasta {i}", "fact", {"person": "Ann"})
+            backend.memory_store.store("Bob likes pizza", "fact", {"person": "Bob"})
+            hits = await TOOLS_BY_NAME["recall"].run(backend, {"query": "pizza pasta", "about": "Bob", "limit": 3})
+            return [h["content"] for h in hits]
+        finally:
+            await backend.aclose()
+
+    assert run(scenario()) == ["Bob likes pizza"]

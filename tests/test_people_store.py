@@ -5,6 +5,7 @@ archives, one-call context, persistence of all of it, lexical-only mode."""
 from __future__ import annotations
 
 import math
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -468,12 +469,81 @@ def test_subject_less_facts_a_model_writes_make_no_person(people_store: MemorySt
 def test_remember_told_the_same_fact_again_keeps_one(people_store: MemoryStore) -> None:
     """A model's retry stored a second copy of the same fact, which then crowded results."""
     first = people_store.remember("Sarah is allergic to peanuts", subjects=["Sarah"])[0]
-    again = people_store.remember("sarah is  allergic to peanuts", subjects=["Sarah"])[0]
+    again = people_store.remember("Sarah is  allergic to peanuts ", subjects=["Sarah"])[0]
     assert again.id == first.id and len(people_store) == 1
     other = people_store.remember("Sarah is allergic to peanuts", subjects=["Sarah"], shared=True)[0]
     assert other.id != first.id  # another sharing is another fact
     tom = people_store.remember("Sarah is allergic to peanuts", subjects=["Tom"])[0]
     assert tom.id != first.id and len(people_store) == 3
+
+
+@pytest.mark.parametrize("later", [
+    ("The wifi password is blue42sky", 0),  # case matters: a corrected code is not a repeat
+    ("The wifi password is Blue42Sky", 2 * 3600),  # told again hours later: another telling (an event recurs)
+])
+def test_what_is_not_a_repeat_is_stored(people_store: MemoryStore, later: tuple[str, float]) -> None:
+    import time as clock
+
+    first = people_store.remember("The wifi password is Blue42Sky")[0]
+    text, after = later
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(clock, "time", lambda: first.created_at.timestamp() + after)
+        second = people_store.remember(text)[0]
+    assert second.id != first.id and second.content == text
+
+
+def test_a_confirmed_fact_told_again_is_not_stored_twice(people_store: MemoryStore) -> None:
+    first = people_store.remember("Tom is allergic to cats", subjects=["Tom"])[0]
+    people_store.confirm(first.id)
+    assert people_store.remember("Tom is allergic to cats", subjects=["Tom"])[0].id == first.id
+
+
+def test_a_decayed_fact_told_again_is_stored_visible(config: Config, embedder: OnnxEmbedder,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Returning the decayed (hidden) one left the fact invisible to search and recall."""
+    import time as clock
+
+    cfg = config.replace("decay", enabled=True, rate_per_day=0.1, threshold=0.5)
+    with MemoryStore(config=cfg, embedder=embedder) as s:
+        old = s.remember("Tom likes green tea", subjects=["Tom"])[0]
+        monkeypatch.setattr(clock, "time", lambda: old.created_at.timestamp() + 30 * 86400)
+        new = s.remember("Tom likes green tea", subjects=["Tom"])[0]
+        assert new.id != old.id and [h.memory.id for h in s.recall("green tea", about="Tom")] == [new.id]
+
+
+@pytest.mark.parametrize("name", ["Will", "June", "May", "April", "Love"])
+def test_a_name_that_is_also_a_common_word_is_still_a_subject(people_store: MemoryStore, name: str) -> None:
+    """The user/robot rule dropped every stop word: 'Will' became a fact about nobody."""
+    fact = people_store.remember(f"{name} is allergic to peanuts", subjects=[name])[0]
+    assert [p.display_name for p in people_store.people()] == [name] and len(fact.subjects) == 1
+
+
+@pytest.mark.parametrize(("reference", "says"), [
+    ("my wife's brother", "someone other than the user"),  # was linked to the wife
+    ("my mom and dad", "['my mom', 'dad']"),  # was the mother only
+    ("my wife and Tom", "['my wife', 'Tom']"),  # was a relation 'wife and tom'
+])
+def test_relation_forms_naming_someone_else_or_several_are_refused(people_store: MemoryStore, reference: str,
+                                                                   says: str) -> None:
+    with pytest.raises(ValidationError, match=re.escape(says)):
+        people_store.remember("He is a pilot", subjects=[reference])
+    assert len(people_store) == 0 and people_store.people() == []
+
+
+@pytest.mark.parametrize("second", [
+    {"content": "router notes", "name": "r\ud800"},  # a lone surrogate in a note name
+    {"content": "My wife's name is A" + "a" * 120, "subjects": ["my wife"]},  # the name the fact gives is too long
+    {"content": "router notes", "name": "router", "aliases": ["Wifi"]},  # an alias fact 1 names
+])
+def test_what_fails_late_in_a_batch_is_caught_before_any_fact(people_store: MemoryStore,
+                                                               second: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError):
+        people_store.remember(facts=[{"content": "Sarah likes tea", "subjects": ["Sarah"], "name": "wifi"}, second])
+    assert len(people_store) == 0 and people_store.people() == []
+
+
+def test_a_note_may_have_its_own_name_as_an_alias(people_store: MemoryStore) -> None:
+    assert people_store.remember("router on the shelf", name="wifi", aliases=["WiFi"])[0].name == "wifi"
 
 
 def test_top_level_subjects_and_expiry_apply_to_each_fact_that_gives_none(people_store: MemoryStore) -> None:

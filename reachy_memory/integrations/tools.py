@@ -226,12 +226,16 @@ async def _remember(backend: Backend, a: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _recall(backend: Backend, a: dict[str, Any]) -> list[dict[str, Any]]:
-    hits = await backend.recall(a["query"], a["about"], int(a["limit"]))
-    if a["about"] and not await backend.knows(a["about"]):
+    limit, about = int(a["limit"]), a["about"]
+    knows = getattr(backend, "knows", None)  # a custom backend may predate it: unfiltered, as before
+    if about and knows is not None and not await knows(about):
         # The store answers an unknown person unfiltered (spec 004); a model would read every
-        # hit as about them. Keep only what metadata.person says is theirs (an empty list:
-        # "nothing remembered about Bob").
-        hits = [h for h in hits if norm(str(h.memory.metadata.get("person", ""))) == norm(a["about"])]
+        # hit as about them. Keep only what metadata.person says is theirs, from the widest
+        # page (an empty list: "nothing remembered about Bob").
+        hits = await backend.recall(a["query"], about, MAX_LIMIT)
+        hits = [h for h in hits if norm(str(h.memory.metadata.get("person", ""))) == norm(about)][:limit]
+    else:
+        hits = await backend.recall(a["query"], about, limit)
     return [_hit(h) | ({"about": list(h.subject_names)} if h.subject_names else {}) for h in hits]
 
 
@@ -377,7 +381,7 @@ class DaemonBackend:
             raise RequestTimeoutError(
                 f"the reachy-memory daemon is running but did not finish this call within {self.client.timeout:g} s "
                 "(busy, or a large request); a store may still complete: search for it before storing it again",
-                timeout=self.client.timeout) from exc
+                **exc.fields) from exc
 
     async def _answers(self) -> bool:
         """Whether the daemon answers a ping (its I/O thread answers one at once, even
