@@ -80,6 +80,9 @@ class PeopleMixin:
     def _require_open(self) -> None:
         raise NotImplementedError
 
+    def _decayed(self, rec: Record, now: float) -> bool:
+        raise NotImplementedError
+
     def _commit(self, ops: list[Any]) -> None:
         raise NotImplementedError
 

@@ -368,12 +368,12 @@ def test_recall_about_someone_unknown_looks_past_the_limit(config: Config) -> No
     async def scenario() -> list[str]:
         backend = LocalBackend(MemoryStore(config=config, embedder=None))
         try:
-            for i in range(5):
-                backend.memory_store.store(f"Ann likes pizza and pasta {i}", "fact", {"person": "Ann"})
-            backend.memory_store.store("Bob likes pizza", "fact", {"person": "Bob"})
-            hits = await TOOLS_BY_NAME["recall"].run(backend, {"query": "pizza pasta", "about": "Bob", "limit": 3})
+            for i in range(5):  # as relevant as Bob's, and stored first: ahead of it in the ranking
+                backend.memory_store.store(f"Ann eats pizza {i}", "fact", {"person": "Ann"})
+            backend.memory_store.store("Bob likes pizza a lot", "fact", {"person": "Bob"})
+            hits = await TOOLS_BY_NAME["recall"].run(backend, {"query": "pizza", "about": "Bob", "limit": 3})
             return [h["content"] for h in hits]
         finally:
             await backend.aclose()
 
-    assert run(scenario()) == ["Bob likes pizza"]
+    assert run(scenario()) == ["Bob likes pizza a lot"]
