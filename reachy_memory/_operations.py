@@ -195,7 +195,7 @@ _ROWS = [
     _op("remove_note", "engine", [_req("name", STR)], '{"deleted": bool}', "Forget a note by name or alias."),
     _op("archive_conversation", "engine", [_req("summary", STR), _opt("until", NUM), _opt("name", STR), _OWNER],
         "memory", "Record a conversation summary as an archive (never expires); marks the window."),
-    _op("import", "engine", [_req("memories", LIST, "exported memories (all fields)"),
+    _op("import", "embed", [_req("memories", LIST, "exported memories (all fields)"),
                              _opt("people", LIST, doc="exported persons")],
         '{"people": int, "memories": int}', "Recreate exported persons and memories (present ids kept).",
         client="import_memories"),

@@ -25,6 +25,7 @@ import logging
 import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -449,44 +450,51 @@ class PeopleMixin:
         supersession links (ids already present are kept as they are).  Everything is
         checked before anything is written.  Returns the counts imported.
         Raises ValidationError naming the entry at fault."""
-        self._require_open()
-        person_ops = [_person_op(n, p) for n, p in enumerate(people)]
-        # In time order: a conversation turn links to the turn before it as it is stored.
-        rows = sorted((_import_row(n, m) for n, m in enumerate(memories)), key=lambda r: r["created"])
-        for row in rows:  # content and metadata too, so a bad last row writes nothing at all
-            ingest.validate_item({"content": row["content"], "memory_type": row["type"],
-                                  "metadata": row.get("metadata")}, self._config)
-        with self._lock:
-            fresh_people = [op for op in person_ops if self._people.get(op["id"]) is None]
-            if fresh_people:
-                self._commit(fresh_people)
-        done = 0
-        for start in range(0, len(rows), batch):
-            done += self._import_batch(rows[start : start + batch])
-        return {"people": len(fresh_people), "memories": done}
+        self.prepare_import(memories, people, embed=False)  # the checks of every entry, before any write
+        done = {"people": 0, "memories": 0}
+        for start in range(0, max(len(memories), 1), batch):
+            got = self.commit_import(self.prepare_import(memories[start:start + batch], people if not start else ()))
+            done = {k: done[k] + got[k] for k in done}
+        return done
 
-    def _import_batch(self, rows: list[dict[str, Any]]) -> int:
-        rows = [r for r in rows if r["id"] not in self._state.records]  # already present: kept as it is
-        if not rows:
-            return 0
+    def prepare_import(self, memories: Sequence[Mapping[str, Any]], people: Sequence[Mapping[str, Any]] = (),
+                       *, embed: bool = True) -> _Import:
+        """The checked, embedded half of an import (thread-safe: the daemon runs it on its
+        embed thread, so an import does not hold the engine while it embeds).  Memories
+        already present are left out.  Raises ValidationError naming the entry at fault."""
+        self._require_open()
+        person_ops = [_person_op(f"person {n}", p) for n, p in enumerate(people)]
+        # In time order: a conversation turn links to the turn before it as it is stored.
+        rows = sorted((check_import_memory(f"memory {n}", m, self._config) for n, m in enumerate(memories)),
+                      key=lambda r: r["created"])
+        rows = [r for r in rows if r["id"] not in self._state.records]  # present: kept as it is (no embedding)
         items = [{"content": r["content"], "memory_type": r["type"], "metadata": r.get("metadata"), "id": r["id"],
                   "created_at": r["created"]} for r in rows]
-        prepared = {op[1]["id"]: op for op in self.prepare(items).ops}
+        ops = self.prepare(items).ops if items and embed else []
+        return _Import(person_ops, rows, {op[1]["id"]: op for op in ops})
+
+    def commit_import(self, prepared: _Import) -> dict[str, int]:
+        """Write a :meth:`prepare_import`: its new persons, then its memories not stored
+        since, in one frame each.  Returns the counts imported."""
+        self._require_open()
         with self._lock:
+            fresh_people = [op for op in prepared.person_ops if self._people.get(op["id"]) is None]
+            if fresh_people:
+                self._commit(fresh_people)
             ops = []
-            for row in rows:
-                op = prepared.get(row["id"])
+            for row in prepared.rows:
+                op = prepared.ops.get(row["id"])
                 if op is None or row["id"] in self._state.records:
                     continue
                 fields = {k: v for k, v in row.items() if k not in ("content", "type", "metadata", "created")}
                 ops.append(["put", dict(op[1]) | fields, op[2]])
-            hidden = {row["id"] for row in rows if row.get("superseded_at") is not None}
+            hidden = {row["id"] for row in prepared.rows if row.get("superseded_at") is not None}
             for op in ops:  # a turn imported superseded lends no text to the one after it
                 if op[1].get("follows") in hidden:
                     op[1]["previous_text"] = None
             if ops:
                 self._commit(ops)
-            return len(ops)
+            return {"people": len(fresh_people), "memories": len(ops)}
 
     # -- one-call context ---------------------------------------------------------------------
 
@@ -572,35 +580,64 @@ def _enriched(reference: str, content: str) -> str:
 _IMPORT_OPTIONAL = {"expires_at": "expires", "superseded_at": "superseded_at", "covers_until": "covers_until"}
 
 
-def _import_row(n: int, m: Any) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _Import:
+    """A checked, embedded import waiting for the engine (see ``prepare_import``)."""
+
+    person_ops: list[dict[str, Any]]
+    rows: list[dict[str, Any]]
+    ops: dict[str, list[Any]]  # by memory id: the prepared put
+
+
+def check_import_memory(where: str, memory: Any, config: Config) -> dict[str, Any]:
+    """One exported memory as the record fields import writes, checked as a store would
+    (text, type, metadata, times, links); ValidationError starting with ``where`` otherwise."""
+    try:
+        row = _import_row(where, memory)
+        ingest.validate_item({"content": row["content"], "memory_type": row["type"],
+                              "metadata": row.get("metadata")}, config)
+    except ValidationError as exc:
+        if exc.message.startswith(f"{where}:"):
+            raise
+        raise type(exc)(f"{where}: {exc.message}", **exc.fields) from exc
+    return row
+
+
+def check_import_person(where: str, person: Any) -> None:
+    """Raise ValidationError (starting with ``where``) if import would refuse this person."""
+    _person_op(where, person)
+
+
+def _import_row(where: str, m: Any) -> dict[str, Any]:
     """One exported memory (``Memory.to_dict`` or its wire form) as record fields, checked."""
     if not isinstance(m, Mapping) or not isinstance(m.get("id"), str) or not isinstance(m.get("content"), str):
-        raise ValidationError(f"memory {n}: needs an id and content", field="memories")
+        raise ValidationError(f"{where}: needs an id and content", field="memories")
     row: dict[str, Any] = {"id": m["id"], "content": m["content"],
                            "type": MemoryType.parse(m.get("type", "fact")).value,
-                           "metadata": m.get("metadata") or {}, "created": _when(n, m.get("created_at"), "created_at")}
+                           "metadata": m.get("metadata") or {},
+                           "created": _when(where, m.get("created_at"), "created_at")}
     for key, field in _IMPORT_OPTIONAL.items():
         if m.get(key) is not None:
-            row[field] = _when(n, m[key], key)
+            row[field] = _when(where, m[key], key)
     for key, kind in (("owner", str), ("name", str), ("superseded_by", str)):
         if m.get(key) is not None and (not isinstance(m[key], kind) or not 0 < len(m[key]) <= MAX_NAME_CHARS):
-            raise ValidationError(f"memory {n}: {key} must be a string of 1 to {MAX_NAME_CHARS} characters",
+            raise ValidationError(f"{where}: {key} must be a string of 1 to {MAX_NAME_CHARS} characters",
                                   field=key)
         if m.get(key) is not None:
             row[key] = m[key]
     for key in ("subjects", "aliases"):
         values = m.get(key) or []
         if not isinstance(values, list | tuple) or not all(isinstance(v, str) for v in values) or len(values) > 64:
-            raise ValidationError(f"memory {n}: {key} must be a list of strings", field=key)
+            raise ValidationError(f"{where}: {key} must be a list of strings", field=key)
         row[key] = list(values)
     for key in ("shared", "protected"):
         if not isinstance(m.get(key, False), bool):
-            raise ValidationError(f"memory {n}: {key} must be true or false", field=key)
+            raise ValidationError(f"{where}: {key} must be true or false", field=key)
         row[key] = bool(m.get(key, False))
     return row
 
 
-def _when(n: int, value: Any, field: str) -> float:
+def _when(where: str, value: Any, field: str) -> float:
     from datetime import datetime
 
     from .model import check_time
@@ -609,27 +646,27 @@ def _when(n: int, value: Any, field: str) -> float:
         try:
             value = datetime.fromisoformat(value)
         except ValueError as exc:
-            raise ValidationError(f"memory {n}: {field} {value!r} is not a time", field=field) from exc
+            raise ValidationError(f"{where}: {field} {value!r} is not a time", field=field) from exc
     epoch = check_time(value, field)
     if epoch is None:
-        raise ValidationError(f"memory {n}: {field} is missing", field=field)
+        raise ValidationError(f"{where}: {field} is missing", field=field)
     return epoch
 
 
-def _person_op(n: int, p: Any) -> dict[str, Any]:
+def _person_op(where: str, p: Any) -> dict[str, Any]:
     """The ``person_put`` op recreating an exported person (checked; its metadata as a
     caller's: ``people.check_metadata``)."""
     if not isinstance(p, Mapping):
-        raise ValidationError(f"person {n}: not a map", field="people")
+        raise ValidationError(f"{where}: not a map", field="people")
     op = {"op": "person_put", **{k: p.get(k) for k in ("id", "name", "relation", "aliases", "owner",
                                                       "external_id", "metadata")}}
-    op["created_at"] = _when(n, p.get("created_at"), "created_at")
-    op["updated_at"] = _when(n, p.get("updated_at") or p.get("created_at"), "updated_at")
+    op["created_at"] = _when(where, p.get("created_at"), "created_at")
+    op["updated_at"] = _when(where, p.get("updated_at") or p.get("created_at"), "updated_at")
     try:
         op["metadata"] = check_metadata(op["metadata"])
         return person_from_op(op).to_op()
     except ValidationError as exc:
-        raise ValidationError(f"person {n}: {exc.message}", field="people") from exc
+        raise ValidationError(f"{where}: {exc.message}", field="people") from exc
 
 
 def _item(hit: SearchResult) -> ContextItem:

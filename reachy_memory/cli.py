@@ -9,7 +9,9 @@ found problems.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -279,9 +281,8 @@ def _export_pages(c: MemoryClient) -> Iterator[Memory]:
 def cmd_export(args: argparse.Namespace) -> int:
     if args.format == "markdown":
         return _export_markdown(args)
-    out = open(args.file, "w", encoding="utf-8") if args.file != "-" else sys.stdout  # noqa: SIM115
-    n = persons = 0
-    try:
+    with _output(args.file) as out:  # a file is replaced only once the export is whole
+        n = persons = 0
         with _client(args) as c:
             for person in c.people():
                 out.write(json.dumps({"kind": "person", **person.to_dict()}, ensure_ascii=False) + "\n")
@@ -289,11 +290,25 @@ def cmd_export(args: argparse.Namespace) -> int:
             for memory in _export_pages(c):
                 out.write(json.dumps(memory.to_dict(), ensure_ascii=False) + "\n")
                 n += 1
-    finally:
-        if out is not sys.stdout:
-            out.close()
     print(f"exported {persons} people and {n} memories", file=sys.stderr)
     return 0
+
+
+@contextlib.contextmanager
+def _output(name: str) -> Iterator[Any]:
+    """Standard output for "-", else a temporary file beside ``name`` renamed over it on
+    success: a failed export (no daemon, a timeout) leaves an earlier file as it was."""
+    if name == "-":
+        yield sys.stdout
+        return
+    target = Path(name)
+    tmp = target.with_name(f".{target.name}.partial")
+    try:
+        with open(tmp, "w", encoding="utf-8") as out:
+            yield out
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _export_markdown(args: argparse.Namespace) -> int:
@@ -312,37 +327,26 @@ def _export_markdown(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
+    from ._export import import_requests, read_jsonl
+
+    config = _config(args)
     if Path(args.file).is_dir():
         from ._markdown import parse, read_dir
 
         memories, people = parse(read_dir(args.file))
     else:
-        lines = Path(args.file).read_text(encoding="utf-8").splitlines()
-        entries = [_import_entry(n, line) for n, line in enumerate(lines, 1) if line.strip()]
-        people = [e for e in entries if e.get("kind") == "person"]
-        memories = [e for e in entries if e.get("kind") != "person"]
+        memories, people = read_jsonl(Path(args.file), config)  # every line checked: nothing sent on an error
     progress = _progress("importing")
     done = {"people": 0, "memories": 0}
     with _client(args) as c:
-        for start in range(0, max(len(memories), 1), 200):
-            got = c.import_memories(memories[start : start + 200], people if start == 0 else None,
-                                    timeout=max(args.timeout, 60))
+        for batch, persons in import_requests(memories, people, config):
+            got = c.import_memories(batch, persons or None, timeout=max(args.timeout, 60))
             done = {k: done[k] + got[k] for k in done}
-            if progress:
-                progress(min(start + 200, len(memories)), len(memories))
+            if progress and batch:
+                progress(done["memories"], len(memories))
     print(f"imported {done['people']} people and {done['memories']} memories "
           "(ids already present were kept as they were)", file=sys.stderr)
     return 0
-
-
-def _import_entry(n: int, line: str) -> dict[str, Any]:
-    try:
-        data = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise ValidationError(f"line {n}: not JSON ({exc})", field="file") from exc
-    if not isinstance(data, dict) or "id" not in data:
-        raise ValidationError(f"line {n}: not an exported memory or person", field="file")
-    return data
 
 
 def cmd_remember(args: argparse.Namespace) -> int:

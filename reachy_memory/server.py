@@ -483,6 +483,8 @@ class Daemon:
             return store.embed_query(a["query"]) if mode != "lexical" else None
         if job.op == "set_context":
             return store.prepare_context(a["key"], a["value"])
+        if job.op == "import":
+            return store.prepare_import(a["memories"], a.get("people") or ())
         if job.op == "record_turn":
             return store.prepare_turn(a["role"], a["content"], a.get("metadata"))
         return store.prepare(_store_items(job.op, a))
@@ -728,7 +730,7 @@ _HANDLERS: dict[str, _Handler] = {
     "remove_note": lambda d, j: {"deleted": d.store.remove_note(j.args["name"])},
     "archive_conversation": lambda d, j: _memory(d.store.archive_conversation(**j.args)),
     "context_for": _context_for,
-    "import": lambda d, j: d.store.import_memories(j.args["memories"], j.args.get("people") or ()),
+    "import": lambda d, j: d.store.commit_import(j.prepared),
 }
 Daemon._handlers = _HANDLERS
 

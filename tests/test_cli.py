@@ -176,3 +176,49 @@ def test_retention_shows_then_applies_the_daemons_ttl_only_with_consent(tmp_path
         kept = json.loads(cli(daemon, "get", recent.id, "--json").stdout)
         assert kept["expires_at"] == (recent.created_at + timedelta(days=7)).isoformat()
         assert "already in force for the 1 stored conversation turn\n" in cli(daemon, "retention").stdout
+
+
+def test_import_reads_what_export_wrote_and_refuses_a_bad_file_whole(daemon: DaemonProcess, tmp_path: Path) -> None:
+    """U+2028 in a text split the line at import (splitlines); a bad line, an id given twice
+    or bytes that are not UTF-8 are errors naming the file and line, with nothing imported."""
+    cli(daemon, "store", "line one\u2028line two\u0085three", "--type", "conversation")
+    dump = tmp_path / "dump.jsonl"
+    assert cli(daemon, "export", str(dump)).returncode == 0
+    done = cli(daemon, "import", str(dump))
+    assert done.returncode == 0, done.stderr
+    before = json.loads(cli(daemon, "stats", "--json").stdout)["health"]["memories"]
+    good = json.dumps({"id": "new-1", "content": "a new fact", "type": "fact", "created_at": "2026-01-02T00:00:00+00:00"})
+    for name, lines, says in [
+        ("late.jsonl", [good] * 2 + [good.replace("2026-01-02", "2026-02-30")], "late.jsonl line 3"),  # bad date
+        ("twice.jsonl", [good, good.replace("a new fact", "another")], "also on line 1"),  # one id, two texts
+    ]:
+        (tmp_path / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+        out = cli(daemon, "import", str(tmp_path / name))
+        assert out.returncode == 2 and says in out.stderr, out.stderr
+    (tmp_path / "latin1.jsonl").write_bytes(good.replace("a new fact", "caf\xe9").encode("latin-1"))
+    assert "not UTF-8" in cli(daemon, "import", str(tmp_path / "latin1.jsonl")).stderr
+    assert json.loads(cli(daemon, "stats", "--json").stdout)["health"]["memories"] == before
+
+
+def test_a_failed_export_leaves_the_earlier_file(daemon: DaemonProcess, tmp_path: Path) -> None:
+    earlier = tmp_path / "prev.jsonl"
+    earlier.write_text('{"kept": true}\n')
+    out = cli(daemon, "export", str(earlier), "--endpoint", "ipc:///nonexistent/dir/sock", "--timeout", "0.5")
+    assert out.returncode == 4 and earlier.read_text() == '{"kept": true}\n'
+    assert [p.name for p in tmp_path.iterdir()] == ["prev.jsonl"]  # no partial file left behind
+
+
+def test_import_fits_the_daemons_message_and_batch_limits(tmp_path: Path) -> None:
+    """Requests were cut at 200 memories whatever their size or memory.max_batch: 25 long
+    notes made one request over server.max_message_bytes (too_large), and max_batch 10
+    refused it, after the persons were written."""
+    daemon = DaemonProcess(tmp_path, server={"max_message_bytes": 65536}, memory={"max_batch": 10})
+    rows = [{"kind": "person", "id": "p1", "name": "Ann", "created_at": "2026-01-01T00:00:00+00:00"}]
+    rows += [{"id": f"n{i}", "content": f"note {i} " + "lorem ipsum " * 400, "type": "fact",
+              "created_at": f"2026-01-01T00:{i:02d}:00+00:00", "subjects": ["p1"]} for i in range(25)]
+    dump = tmp_path / "big.jsonl"
+    dump.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    with daemon:
+        out = cli(daemon, "import", str(dump))
+        assert out.returncode == 0, out.stderr
+        assert "imported 1 people and 25 memories" in out.stderr
