@@ -187,7 +187,8 @@ def test_import_reads_what_export_wrote_and_refuses_a_bad_file_whole(daemon: Dae
     done = cli(daemon, "import", str(dump))
     assert done.returncode == 0, done.stderr
     before = json.loads(cli(daemon, "stats", "--json").stdout)["health"]["memories"]
-    good = json.dumps({"id": "new-1", "content": "a new fact", "type": "fact", "created_at": "2026-01-02T00:00:00+00:00"})
+    good = json.dumps({"id": "new-1", "content": "a new fact", "type": "fact",
+                       "created_at": "2026-01-02T00:00:00+00:00"})
     for name, lines, says in [
         ("late.jsonl", [good] * 2 + [good.replace("2026-01-02", "2026-02-30")], "late.jsonl line 3"),  # bad date
         ("twice.jsonl", [good, good.replace("a new fact", "another")], "also on line 1"),  # one id, two texts
