@@ -19,7 +19,7 @@ from ._people_ops import check_import_memory, check_import_person
 from .config import Config
 from .errors import ValidationError
 
-__all__ = ["ROWS_PER_REQUEST", "import_requests", "read_jsonl"]
+__all__ = ["ROWS_PER_REQUEST", "check_entries", "import_requests", "read_jsonl"]
 
 ROWS_PER_REQUEST = 64  # memories per import request at most (short turns)
 # Text per import request: the daemon embeds a request's memories in one job on its embed
@@ -51,11 +51,21 @@ def read_jsonl(path: Path, config: Config) -> tuple[list[dict[str, Any]], list[d
     return memories, people
 
 
+def check_entries(memories: list[dict[str, Any]], people: list[dict[str, Any]], source: str,
+                  config: Config) -> None:
+    """Check parsed entries (a markdown folder's) as import will, before any is sent;
+    ValidationError naming ``source`` and the entry (a memory by its first words)."""
+    for n, person in enumerate(people):
+        check_import_person(f"{source}: person {person.get('name') or n!r}", person)
+    for memory in memories:
+        check_import_memory(f"{source}: memory {str(memory.get('content', ''))[:40]!r}", memory, config)
+
+
 def _entry(where: str, line: str, config: Config) -> dict[str, Any]:
     try:
         data = json.loads(line)
-    except (json.JSONDecodeError, ValueError) as exc:  # ValueError: a number of thousands of digits
-        raise ValidationError(f"{where}: not JSON ({exc})", field="file") from exc
+    except (ValueError, RecursionError) as exc:  # ValueError: a number of thousands of digits too
+        raise ValidationError(f"{where}: not JSON ({str(exc)[:200]})", field="file") from exc
     if not isinstance(data, dict) or "id" not in data:
         raise ValidationError(f"{where}: not an exported memory or person", field="file")
     if data.get("kind") == "person":

@@ -451,6 +451,8 @@ class PeopleMixin:
         checked before anything is written.  Returns the counts imported.
         Raises ValidationError naming the entry at fault."""
         self.prepare_import(memories, people, embed=False)  # the checks of every entry, before any write
+        # Oldest first across batches too: a turn links to the turn before it as it is stored.
+        memories = sorted(memories, key=lambda m: check_import_memory("memory", m, self._config)["created"])
         done = {"people": 0, "memories": 0}
         for start in range(0, max(len(memories), 1), batch):
             got = self.commit_import(self.prepare_import(memories[start:start + batch], people if not start else ()))
@@ -595,7 +597,7 @@ def check_import_memory(where: str, memory: Any, config: Config) -> dict[str, An
     try:
         row = _import_row(where, memory)
         ingest.validate_item({"content": row["content"], "memory_type": row["type"],
-                              "metadata": row.get("metadata")}, config)
+                              "metadata": row.get("metadata"), "id": row["id"]}, config)
     except ValidationError as exc:
         if exc.message.startswith(f"{where}:"):
             raise

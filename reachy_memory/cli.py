@@ -298,13 +298,17 @@ def cmd_export(args: argparse.Namespace) -> int:
 def _output(name: str) -> Iterator[Any]:
     """Standard output for "-", else a temporary file beside ``name`` renamed over it on
     success: a failed export (no daemon, a timeout) leaves an earlier file as it was."""
-    if name == "-":
-        yield sys.stdout
-        return
     target = Path(name)
+    if name == "-" or target.is_symlink() or (target.exists() and not target.is_file()):
+        # stdout, a symlink, a pipe or a device: written through, never replaced
+        with contextlib.nullcontext(sys.stdout) if name == "-" else open(target, "w", encoding="utf-8") as out:
+            yield out
+        return
     tmp = target.with_name(f".{target.name}.partial")
+    mode = target.stat().st_mode & 0o777 if target.exists() else 0o600  # a dump of private memories
     try:
-        with open(tmp, "w", encoding="utf-8") as out:
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode), "w", encoding="utf-8") as out:
+            os.chmod(tmp, mode)  # whatever the umask
             yield out
         os.replace(tmp, target)
     finally:
@@ -327,13 +331,14 @@ def _export_markdown(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from ._export import import_requests, read_jsonl
+    from ._export import check_entries, import_requests, read_jsonl
 
     config = _config(args)
     if Path(args.file).is_dir():
         from ._markdown import parse, read_dir
 
         memories, people = parse(read_dir(args.file))
+        check_entries(memories, people, args.file, config)  # the store's limits, before anything is sent
     else:
         memories, people = read_jsonl(Path(args.file), config)  # every line checked: nothing sent on an error
     progress = _progress("importing")

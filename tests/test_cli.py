@@ -223,3 +223,40 @@ def test_import_fits_the_daemons_message_and_batch_limits(tmp_path: Path) -> Non
         out = cli(daemon, "import", str(dump))
         assert out.returncode == 0, out.stderr
         assert "imported 1 people and 25 memories" in out.stderr
+
+
+def test_export_writes_through_a_symlink_and_keeps_a_private_mode(daemon: DaemonProcess, tmp_path: Path) -> None:
+    """The temp-and-rename replaced a symlink (as root, /dev/stdout itself) and left 0644."""
+    real = tmp_path / "real.jsonl"
+    real.write_text("")
+    (tmp_path / "link.jsonl").symlink_to(real)
+    assert cli(daemon, "export", str(tmp_path / "link.jsonl")).returncode == 0
+    assert (tmp_path / "link.jsonl").is_symlink() and real.read_text().count("\n") >= 1
+    assert cli(daemon, "export", str(tmp_path / "new.jsonl")).returncode == 0
+    assert (tmp_path / "new.jsonl").stat().st_mode & 0o777 == 0o600
+    real.chmod(0o640)
+    assert cli(daemon, "export", str(real)).returncode == 0 and real.stat().st_mode & 0o777 == 0o640
+
+
+@pytest.mark.parametrize(("name", "text", "says"), [
+    ("ids.jsonl", '{"id": "", "content": "x", "type": "fact", "created_at": "2026-01-01T00:00:00+00:00"}\n',
+     "ids.jsonl line 1: id"),  # an empty id: refused by the daemon only, after earlier requests
+    ("deep.jsonl", '{"id": "d", "metadata": ' + "[" * 100000 + "]" * 100000 + "}\n",
+     "deep.jsonl line 1: not JSON"),  # RecursionError was a traceback
+])
+def test_import_refuses_what_only_the_daemon_refused(daemon: DaemonProcess, tmp_path: Path, name: str, text: str,
+                                                     says: str) -> None:
+    (tmp_path / name).write_text(text, encoding="utf-8")
+    out = cli(daemon, "import", str(tmp_path / name))
+    assert out.returncode == 2 and says in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_a_markdown_folder_over_the_stores_limits_imports_nothing(daemon: DaemonProcess, tmp_path: Path) -> None:
+    folder = tmp_path / "md"
+    folder.mkdir()
+    (folder / "world.md").write_text("# World\n\n- the kettle is in the kitchen\n- " + "long " * 4000 + "\n",
+                                     encoding="utf-8")
+    before = json.loads(cli(daemon, "stats", "--json").stdout)["health"]["memories"]
+    out = cli(daemon, "import", str(folder))
+    assert out.returncode == 2 and "content is" in out.stderr, out.stderr
+    assert json.loads(cli(daemon, "stats", "--json").stdout)["health"]["memories"] == before

@@ -555,3 +555,29 @@ def test_top_level_subjects_and_expiry_apply_to_each_fact_that_gives_none(people
     assert a.subjects != b.subjects and a.expires_at is not None and b.expires_at is not None
     with pytest.raises(ValidationError):  # a name belongs to one fact
         people_store.remember(facts=[{"content": "x"}, {"content": "y"}], name="shopping")
+
+
+def _turn(i: int, day: str = "2026-01-01") -> dict[str, Any]:
+    return {"id": f"t{i}", "content": f"turn {i} about kites", "type": "conversation",
+            "created_at": f"{day}T10:0{i}:00+00:00"}
+
+
+def test_an_import_behind_newer_turns_links_its_own_turns(people_store: MemoryStore) -> None:
+    """A back-dated import into a store holding a newer turn left every imported turn
+    unlinked (the stored newest turn was never 'before' them, and they never replaced it)."""
+    people_store.record_turn("user", "a live turn today")
+    people_store.import_memories([_turn(i) for i in range(4)])
+    assert [people_store._state.records[f"t{i}"].follows for i in range(4)] == [None, "t0", "t1", "t2"]
+
+
+def test_an_in_process_import_links_turns_across_its_batches(people_store: MemoryStore) -> None:
+    people_store.import_memories([_turn(i) for i in reversed(range(4))], batch=1)
+    assert [people_store._state.records[f"t{i}"].follows for i in range(4)] == [None, "t0", "t1", "t2"]
+
+
+def test_an_import_with_a_bad_id_anywhere_writes_nothing(people_store: MemoryStore) -> None:
+    rows = [_turn(i) for i in range(4)] + [{**_turn(5), "id": ""}]
+    with pytest.raises(ValidationError, match="memory 4: id"):
+        people_store.import_memories(rows, [{"id": "p1", "name": "Ann", "created_at": "2026-01-01T00:00:00+00:00"}],
+                                     batch=2)
+    assert len(people_store) == 0 and people_store.people() == []
