@@ -61,7 +61,8 @@ MAX_FILES = 10_000
 MAX_FILE_BYTES = 4 << 20
 MAX_TOTAL_BYTES = 256 << 20
 MAX_DEPTH = 32
-_COMMENT = re.compile(r"\s*<!-- rm (\{.*\}) -->\s*$")
+_COMMENT_START = re.compile(r"\s*<!-- rm (?=\{)")
+_COMMENT_END = re.compile(r"\}\s*-->\s*$")
 _STAMP = re.compile(r"^\d{2}:\d{2} \[\w+\] ")  # what render puts before a daily line's text
 _DAILY = re.compile(r"^(?:(\d{1,2}):(\d{2})\s+)?(?:\[(\w+)\]\s+)?(?:(user|assistant|system):\s+)?(.*)$",
                     re.IGNORECASE | re.DOTALL)
@@ -70,7 +71,8 @@ _LINE_END = re.compile(r"\r\n|\r|\n")
 _RAW_LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
 _ITEM = re.compile(r"^(?:[-*+]|\d{1,9}[.)])[ \t]+")
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
-_UNSAFE = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"})
+# Also "<": a text holding "<!-- rm {" must not look like the start of the comment.
+_UNSAFE = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085", "<": "\\u003c"})
 _PERSON_KEYS = ("id", "name", "relation", "aliases", "owner", "external_id", "metadata", "created_at", "updated_at")
 _NOTE_KEYS = ("name", "aliases", "rm")
 _TEXT_KEYS = frozenset({"id", "name", "relation", "owner", "external_id"})
@@ -363,11 +365,8 @@ def _entry(path: str, text: str, day: str | None, stamp: str, subjects: list[str
            seen: dict[str, int]) -> dict[str, Any]:
     """The memory of one list item (its text after the marker), checked."""
     check_unicode(text, "the line")
-    found = _COMMENT.search(text)
-    meta = json.loads(found.group(1)) if found else {}
-    if not isinstance(meta, dict):
-        raise _Bad("the rm comment must hold a JSON object")
-    visible = (text[: found.start()] if found else text).strip()
+    start, meta = _comment(text)
+    visible = text[:start].strip()
     if meta:
         shown = _STAMP.sub("", visible) if day else visible
         record = ({"type": "fact", "created_at": stamp, "metadata": {}, "subjects": subjects} | meta
@@ -379,6 +378,27 @@ def _entry(path: str, text: str, day: str | None, stamp: str, subjects: list[str
         seen[key] = seen.get(key, 0) + 1
         record["id"] = _hand_id("memory", path, *subjects, key, str(seen[key]))
     return _checked_memory(record)
+
+
+def _comment(text: str) -> tuple[int, dict[str, Any]]:
+    """(where the line's ``<!-- rm {...} -->`` comment starts, its object), or (the
+    line's length, {}) without one.  The comment is the rightmost start whose rest
+    parses: a text may hold "<!-- rm {" itself (older exports did not escape "<").
+    Raises _Bad when the only candidate is not a JSON object."""
+    end = _COMMENT_END.search(text)
+    starts = [m for m in _COMMENT_START.finditer(text)] if end else []
+    error: Exception | None = None
+    for found in reversed(starts):
+        try:
+            meta = json.loads(text[found.end():end.start() + 1]) if end else None
+        except ValueError as exc:
+            error = exc
+            continue
+        if isinstance(meta, dict):
+            return found.start(), meta
+    if error is not None:
+        raise _Bad(f"the rm comment is not JSON ({str(error)[:200]})")
+    return len(text), {}
 
 
 def _hand_entry(visible: str, day: str | None, stamp: str, subjects: list[str]) -> dict[str, Any]:

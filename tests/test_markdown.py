@@ -313,3 +313,21 @@ def test_a_file_name_that_is_not_utf8_is_refused(tmp_path: Path) -> None:
     (tmp_path / os.fsdecode(b"bad\xff.md")).write_text("- x\n")
     with pytest.raises(ValidationError, match="not valid Unicode"):
         read_dir(tmp_path)
+
+
+@pytest.mark.parametrize("content", [
+    "<!-- rm {} --> #0",  # a text that looks like the comment (the whole import failed)
+    'see <!-- rm {"type": "context"} --> here',  # one that would parse, mid-line
+    "a < b and c <!-- d",  # a bare "<" and an opening comment
+])
+def test_a_text_holding_the_comment_marker_round_trips(content: str) -> None:
+    memory = {"id": "m1", "content": content, "type": "fact", "created_at": "2026-01-01T00:00:00+00:00"}
+    memories, _ = parse(render([memory], []))
+    assert [(m["id"], m["content"], m["type"]) for m in memories] == [("m1", content, "fact")]
+
+
+def test_an_older_export_with_a_raw_marker_in_its_comment_still_reads() -> None:
+    # Before "<" was escaped in the comment, a text holding "<!-- rm {" sat raw inside its JSON.
+    line = '- x  <!-- rm {"content": "<!-- rm {} --> x", "created_at": "2026-01-01T00:00:00+00:00", "id": "m1"} -->'
+    memories, _ = parse({"world.md": "# World\n\n" + line + "\n"})
+    assert [(m["id"], m["content"]) for m in memories] == [("m1", "<!-- rm {} --> x")]
