@@ -660,8 +660,14 @@ def _person_op(where: str, p: Any) -> dict[str, Any]:
     caller's: ``people.check_metadata``)."""
     if not isinstance(p, Mapping):
         raise ValidationError(f"{where}: not a map", field="people")
+    for key in ("name", "relation"):  # person_from_op would store None or 5 as the text 'None' / '5'
+        if p.get(key) is not None and not isinstance(p[key], str):
+            raise ValidationError(f"{where}: {key} must be a string", field="people")
+    if not (p.get("name") or p.get("relation")):
+        raise ValidationError(f"{where}: a person needs a name or a relation", field="people")
     op = {"op": "person_put", **{k: p.get(k) for k in ("id", "name", "relation", "aliases", "owner",
                                                       "external_id", "metadata")}}
+    op["name"] = op["name"] or ""  # a relation only ("my wife"): no name, as the registry keeps it
     op["created_at"] = _when(where, p.get("created_at"), "created_at")
     op["updated_at"] = _when(where, p.get("updated_at") or p.get("created_at"), "updated_at")
     try:

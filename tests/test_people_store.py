@@ -581,3 +581,20 @@ def test_an_import_with_a_bad_id_anywhere_writes_nothing(people_store: MemorySto
         people_store.import_memories(rows, [{"id": "p1", "name": "Ann", "created_at": "2026-01-01T00:00:00+00:00"}],
                                      batch=2)
     assert len(people_store) == 0 and people_store.people() == []
+
+
+@pytest.mark.parametrize(("person", "says"), [
+    ({"id": "p1"}, "needs a name or a relation"),  # was stored named 'None'
+    ({"id": "p2", "name": 5}, "name must be a string"),  # was stored named '5'
+])
+def test_an_imported_person_needs_a_text_name_or_relation(lexical_store: MemoryStore, person: dict[str, Any],
+                                                          says: str) -> None:
+    with pytest.raises(ValidationError, match=says):
+        lexical_store.import_memories([], [{**person, "created_at": "2026-01-01T00:00:00+00:00"}])
+    assert lexical_store.people() == []
+
+
+def test_an_imported_relation_only_person_has_no_name(lexical_store: MemoryStore) -> None:
+    lexical_store.import_memories([], [{"id": "p3", "relation": "wife", "created_at": "2026-01-01T00:00:00+00:00"}])
+    [wife] = lexical_store.people()
+    assert (wife.name, wife.relation) == ("", "wife")
