@@ -20,8 +20,10 @@ from typing import Any
 from . import backup as bk
 from .client import MemoryClient
 from .config import Config, load_config
+from .endpoint import ipc_listener_gone
 from .errors import (
     ConfigError,
+    DaemonUnavailableError,
     NotFoundError,
     ReachyMemoryError,
     RequestTimeoutError,
@@ -41,14 +43,23 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except ReachyMemoryError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return next((code for cls, code in EXIT.items() if isinstance(exc, cls)), 1)
+        code = next((c for cls, c in EXIT.items() if isinstance(exc, cls)), 1)
+        return _fail(args, type(exc).__name__, str(exc), code)
+    except FileNotFoundError as exc:
+        return _fail(args, "NotFoundError", f"{exc.strerror}: {exc.filename or ''}", 3)
     except OSError as exc:
-        print(f"error: {exc.strerror or exc}: {exc.filename or ''}", file=sys.stderr)
-        return 1
+        return _fail(args, type(exc).__name__, f"{exc.strerror or exc}: {exc.filename or ''}", 1)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+
+
+def _fail(args: argparse.Namespace, kind: str, message: str, code: int) -> int:
+    """Say why a command failed (with --json also as a JSON document on stdout); the exit code."""
+    print(f"error: {message}", file=sys.stderr)
+    if getattr(args, "json", False):
+        print(json.dumps({"error": {"type": kind, "message": message, "exit_code": code}}))
+    return code
 
 
 # -- plumbing ------------------------------------------------------------------------------
@@ -62,8 +73,32 @@ def _config(args: argparse.Namespace) -> Config:
 
 
 def _client(args: argparse.Namespace) -> MemoryClient:
+    """A client of the daemon the command means: refused at once when no daemon listens
+    on the ipc endpoint (instead of after --timeout), and when --data-dir names another
+    store than the daemon's (with $XDG_RUNTIME_DIR the endpoint does not depend on it)."""
+    config = _config(args)
     # --endpoint is passed explicitly so it beats $REACHY_MEMORY_ENDPOINT (flag > env > file > default)
-    return MemoryClient(args.endpoint, config=_config(args), timeout=args.timeout)
+    client = MemoryClient(args.endpoint, config=config, timeout=args.timeout)
+    try:
+        gone = ipc_listener_gone(client.endpoint)
+        if gone is not None:
+            raise DaemonUnavailableError(f"no reachy-memory daemon at {client.endpoint} ({gone}): start it with "
+                                         "`reachy-memory serve` (on the robot: sudo systemctl start reachy-memory)",
+                                         endpoint=client.endpoint)
+        if getattr(args, "data_dir", None):
+            _check_serves(client, config.data_dir)
+    except BaseException:
+        client.close()
+        raise
+    return client
+
+
+def _check_serves(client: MemoryClient, data_dir: Path) -> None:
+    served = client.health().get("data_dir")
+    if served is not None and Path(served).resolve() != data_dir.expanduser().resolve():
+        raise ConfigError(f"the daemon at {client.endpoint} serves {served}, not {data_dir}: pass the endpoint of "
+                          f"the daemon that serves it, or start one (reachy-memory serve --data-dir {data_dir} "
+                          "--endpoint ipc:///some/path.sock)", key="data_dir")
 
 
 def _seconds(text: str) -> float:
@@ -435,13 +470,22 @@ def cmd_mcp(args: argparse.Namespace) -> int:
 # -- parser --------------------------------------------------------------------------------
 
 
-def _parser() -> argparse.ArgumentParser:
+def _common(late: bool = False) -> argparse.ArgumentParser:
+    """The options every command takes; ``late``: for a nested action ("context show"),
+    with no defaults, so the options given before the action are not reset by it."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--config", type=Path, help="YAML config file (default: $REACHY_MEMORY_CONFIG)")
     common.add_argument("--endpoint", help="daemon endpoint (default: the private ipc socket)")
     common.add_argument("--data-dir", type=Path, help="data directory (overrides memory.path)")
     common.add_argument("--json", action="store_true", help="machine-readable output")
     common.add_argument("--timeout", type=_seconds, default=10.0, help="seconds to wait for the daemon")
+    for action in common._actions if late else ():
+        action.default = argparse.SUPPRESS
+    return common
+
+
+def _parser() -> argparse.ArgumentParser:
+    common, late = _common(), _common(late=True)
     parser = argparse.ArgumentParser(prog="reachy-memory", description="Long-term memory for the Reachy Mini robot.")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -451,7 +495,8 @@ def _parser() -> argparse.ArgumentParser:
         return p
 
     p = add("serve", cmd_serve, "run the daemon in the foreground")
-    p.add_argument("--log-level", help="DEBUG, INFO, WARNING, ERROR")
+    p.add_argument("--log-level", type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                   help="DEBUG, INFO, WARNING, ERROR")
     p.add_argument("--insecure-tcp", action="store_true",
                    help="allow tcp://127.0.0.1 without CURVE (any local user gets full access; logged loudly)")
     p = add("store", cmd_store, "store a memory")
@@ -475,15 +520,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--yes", action="store_true", help="with --apply: also when that deletes turns at once")
     p = add("context", cmd_context, "the conversation window and named context")
     csub = p.add_subparsers(dest="action", required=True)
-    csub.add_parser("show", parents=[common])
-    a = csub.add_parser("add", parents=[common])
+    csub.add_parser("show", parents=[late])
+    a = csub.add_parser("add", parents=[late])
     a.add_argument("role")
     a.add_argument("content")
-    csub.add_parser("clear", parents=[common])
-    s = csub.add_parser("set", parents=[common])
+    csub.add_parser("clear", parents=[late])
+    s = csub.add_parser("set", parents=[late])
     s.add_argument("key")
     s.add_argument("value")
-    csub.add_parser("get", parents=[common]).add_argument("key")
+    csub.add_parser("get", parents=[late]).add_argument("key")
     add("stats", cmd_stats, "daemon health and statistics")
     p = add("backup", cmd_backup, "write a consistent backup file (taken by the running daemon)")
     p.add_argument("dest", help="a file, or a directory for a timestamped file")

@@ -35,7 +35,7 @@ if TYPE_CHECKING:  # imported when an AsyncMemoryClient is made: asyncio costs t
 from . import protocol as proto
 from ._operations import IDEMPOTENT
 from .config import Config, load_config
-from .endpoint import resolve_endpoint
+from .endpoint import load_certificate, resolve_endpoint
 from .errors import ClosedError, ConfigError, ProtocolError, RequestTimeoutError, TooLargeError, ValidationError
 from .model import SEARCH_LIMIT, SEARCH_MIN_SCORE, Memory, MemoryType, SearchResult, merged_metadata
 
@@ -321,17 +321,6 @@ def _check_timeout(timeout: Any) -> None:
         raise ValidationError(f"timeout must be a number of seconds >= 0, not {timeout!r}", field="timeout")
 
 
-def _certificate(path: str, key: str) -> tuple[bytes, bytes | None]:
-    """The (public, secret) keys of a CURVE certificate file; ConfigError naming ``key``
-    for a file that is missing or is not a certificate (OSError, ValueError from zmq.auth)."""
-    from zmq import auth
-
-    try:
-        return auth.load_certificate(path)
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"CURVE certificate {path} ({key}) cannot be loaded: {exc}", key=key) from exc
-
-
 class _Base(_Api):
     _ctx: zmq.Context  # set by the subclass (blocking or asyncio), with its first socket
     _sock: zmq.Socket
@@ -369,12 +358,12 @@ class _Base(_Api):
         sock.immediate = 1
         server = self.config.server
         if server.curve_server_public_key and server.curve_client_secret_key:
-            public, secret = _certificate(server.curve_client_secret_key, "server.curve_client_secret_key")
+            public, secret = load_certificate(server.curve_client_secret_key, "server.curve_client_secret_key")
             if secret is None:
                 raise ConfigError(f"{server.curve_client_secret_key} holds no secret key",
                                   key="server.curve_client_secret_key")
             sock.curve_secretkey, sock.curve_publickey = secret, public
-            sock.curve_serverkey, _ = _certificate(server.curve_server_public_key, "server.curve_server_public_key")
+            sock.curve_serverkey, _ = load_certificate(server.curve_server_public_key, "server.curve_server_public_key")
         try:
             sock.connect(self.endpoint)
         except zmq.ZMQError as exc:

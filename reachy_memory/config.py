@@ -201,8 +201,8 @@ class Config:
 
     @property
     def data_dir(self) -> Path:
-        """The data directory with ``~`` expanded."""
-        return Path(self.memory.path).expanduser()
+        """The data directory with ``~`` and environment variables ("$HOME/robot") expanded."""
+        return Path(os.path.expandvars(self.memory.path)).expanduser()
 
     def replace(self, section: str, **changes: Any) -> Config:
         """A copy with ``changes`` applied to ``section`` (validated)."""
@@ -257,6 +257,8 @@ def _check_ranges(config: Config) -> None:
                           f"{MIN_HEAP_TRIM_SECONDS} s (0 turns trims off)", key="server.heap_trim_seconds")
     if not isinstance(logging.getLevelName(config.server.log_level.upper()), int):
         raise ConfigError(f"server.log_level: unknown level {config.server.log_level!r}", key="server.log_level")
+    if not config.memory.path.strip():  # "" would make the working directory the store
+        raise ConfigError("memory.path must name a directory (it is empty)", key="memory.path")
 
 
 def _check(value: Any, hint: Any, key: str) -> Any:
@@ -340,6 +342,8 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}", key="config") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path} is not UTF-8 text (byte {exc.start})", key="config") from exc
     except yaml.YAMLError as exc:
         raise ConfigError(f"config file {path} is not valid YAML: {exc}", key="config") from exc
     if data is None:

@@ -21,6 +21,7 @@ import fcntl
 import ipaddress
 import logging
 import os
+import socket
 import stat
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -59,9 +60,46 @@ def ipc_path(endpoint: str) -> Path | None:
     return Path(endpoint[len("ipc://"):]) if endpoint.startswith("ipc://") else None
 
 
+def load_certificate(path: str, key: str) -> tuple[bytes, bytes | None]:
+    """The (public, secret) keys of a CURVE certificate file (``~`` expanded); ConfigError
+    naming ``key`` for a file that is missing or is not a certificate (OSError, ValueError
+    from zmq.auth)."""
+    from zmq import auth
+
+    try:
+        return auth.load_certificate(os.path.expanduser(path))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"CURVE certificate {path} ({key}) cannot be loaded: {exc}", key=key) from exc
+
+
+def ipc_listener_gone(endpoint: str) -> str | None:
+    """For an ipc:// endpoint, why no daemon can be listening there (no socket file, or
+    a socket nobody accepts on: a daemon that was killed), found at once instead of
+    after a request's timeout; None when one may be (or for tcp://)."""
+    path = ipc_path(endpoint)
+    if path is None:
+        return None
+    if not path.exists():
+        return "no socket there"
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(str(path))
+    except ConnectionRefusedError:
+        return "a socket left by a daemon that stopped"
+    except OSError:
+        return None  # permissions, a path too long...: let the request say
+    finally:
+        probe.close()
+    return None
+
+
 def check_endpoint(endpoint: str, config: Config, *, insecure_tcp: bool = False) -> None:
     """Refuse endpoints that would expose the daemon; raises ConfigError."""
-    if ipc_path(endpoint) is not None:
+    path = ipc_path(endpoint)
+    if path is not None and not path.name:
+        raise ConfigError(f"endpoint {endpoint!r}: an ipc endpoint needs a socket path (ipc:///path/memory.sock)",
+                          key="server.endpoint")
+    if path is not None:
         return
     if not endpoint.startswith("tcp://"):
         raise ConfigError(f"endpoint {endpoint!r}: use ipc:///path or tcp://127.0.0.1:PORT", key="server.endpoint")

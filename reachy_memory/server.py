@@ -17,15 +17,18 @@ SIGTERM/SIGINT stop intake, finish what is queued (up to
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import queue
 import signal
+import stat
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -37,10 +40,18 @@ from ._systemd import notify, watchdog_interval
 from ._threads import bound_native_heap, release_free_heap
 from .config import Config, ServerConfig
 from .embedding import describe
-from .endpoint import EndpointLock, check_endpoint, ipc_path, prepare_ipc_dir, resolve_endpoint
+from .endpoint import (
+    EndpointLock,
+    check_endpoint,
+    ipc_path,
+    load_certificate,
+    prepare_ipc_dir,
+    resolve_endpoint,
+)
 from .errors import (
     AlreadyRunningError,
     BusyError,
+    ConfigError,
     ProtocolError,
     ReachyMemoryError,
     RequestTimeoutError,
@@ -199,12 +210,12 @@ class Daemon:
         path = ipc_path(self.endpoint)
         if path is not None:
             prepare_ipc_dir(path)
-            path.unlink(missing_ok=True)  # stale socket of a dead daemon (the endpoint lock is ours)
+            _remove_stale_socket(path, router)
         try:
             router.bind(self.endpoint)
         except zmq.ZMQError as exc:
             router.close()
-            raise AlreadyRunningError(f"cannot bind {self.endpoint}: {exc}", where=self.endpoint) from exc
+            raise _bind_error(self.endpoint, exc) from exc
         if path is not None:
             path.chmod(0o600)
         return router
@@ -213,10 +224,9 @@ class Daemon:
         server = self.config.server
         if not server.curve_secret_key:
             return
-        from zmq import auth
         from zmq.auth.thread import ThreadAuthenticator
 
-        public, secret = auth.load_certificate(server.curve_secret_key)
+        public, secret = load_certificate(server.curve_secret_key, "server.curve_secret_key")
         self._auth = ThreadAuthenticator(self._ctx)
         self._auth.start()
         self._auth.configure_curve(domain="*", location=server.curve_authorized_dir or "")
@@ -234,8 +244,8 @@ class Daemon:
         for w in workers:
             w.start()
         self._engine_q.put(self._cleanup)  # at start-up, then every cleanup_interval
-        log.info("serving %s (%d memories, embedder %s)", self.endpoint, len(self.store),
-                 describe(self.store.embedder)["state"])
+        log.info("serving %s on %s (%d memories, embedder %s)", self.store.path.resolve(), self.endpoint,
+                 len(self.store), describe(self.store.embedder)["state"])
         notify(f"READY=1\nSTATUS=serving {self.endpoint}")
         try:
             self._loop(router, replies)
@@ -517,7 +527,8 @@ class Daemon:
         return {"status": status, "read_only": read_only,
                 "embedder": describe(self.store.embedder) | {"error": self.store.embedder_error},
                 "memories": len(self.store), "last_cleanup": self.last_cleanup,
-                "uptime_s": round(time.time() - self._started, 3), "endpoint": self.endpoint}
+                "uptime_s": round(time.time() - self._started, 3), "endpoint": self.endpoint,
+                "data_dir": str(self.store.path)}
 
     def stats(self) -> dict[str, Any]:
         """Per-op counts and latency percentiles, store sizes, queue depths, uptime."""
@@ -651,6 +662,32 @@ def _backup(d: Daemon, job: _Job) -> dict[str, Any]:
     if not os.path.isabs(os.path.expanduser(path)):  # else it lands in the daemon's working directory
         raise ValidationError(f"backup path {path[:200]!r} must be absolute", field="path")
     return d.store.backup(path, force=job.args["force"])
+
+
+def _remove_stale_socket(path: Path, router: zmq.Socket) -> None:
+    """Remove the socket a dead daemon left (the endpoint lock is ours); anything else at
+    the endpoint's path is refused, never deleted (an endpoint mistyped onto a journal or
+    a config file must not erase it)."""
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        router.close()
+        raise ConfigError(f"the endpoint's path {path} exists and is not a socket: choose another endpoint "
+                          "(nothing was removed)", key="server.endpoint")
+    path.unlink(missing_ok=True)
+
+
+def _bind_error(endpoint: str, exc: zmq.ZMQError) -> ReachyMemoryError:
+    """What a failed bind means, in words: in use (another daemon), or a bad endpoint."""
+    if exc.errno == errno.EADDRINUSE:
+        return AlreadyRunningError(f"cannot bind {endpoint}: another process is serving it ({exc})", where=endpoint)
+    if "longer than" in str(exc):
+        return ConfigError(f"the ipc path of {endpoint} is too long for a socket ({len(endpoint) - 6} characters; "
+                           "the limit is about 107): set a shorter server.endpoint, --endpoint or "
+                           "REACHY_MEMORY_ENDPOINT", key="server.endpoint")
+    return ConfigError(f"cannot bind {endpoint}: {exc}", key="server.endpoint")
 
 
 def _past(now: Any) -> Any:

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -260,3 +264,57 @@ def test_a_markdown_folder_over_the_stores_limits_imports_nothing(daemon: Daemon
     out = cli(daemon, "import", str(folder))
     assert out.returncode == 2 and "content is" in out.stderr, out.stderr
     assert json.loads(cli(daemon, "stats", "--json").stdout)["health"]["memories"] == before
+
+
+def _run(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "REACHY_MEMORY_ENDPOINT"}
+    return subprocess.run([sys.executable, "-m", "reachy_memory.cli", *argv], capture_output=True, text=True,
+                          timeout=timeout, env={**env, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+
+
+def test_data_dir_naming_another_store_than_the_daemons_is_refused(daemon: DaemonProcess, tmp_path: Path) -> None:
+    """With $XDG_RUNTIME_DIR the default endpoint does not depend on --data-dir: a command
+    meant for a scratch store was silently served by the robot's daemon."""
+    out = cli(daemon, "store", "meant for the scratch store", "--data-dir", str(tmp_path / "scratch"))
+    assert out.returncode == 2 and "serves" in out.stderr, out.stderr
+    assert not (tmp_path / "scratch").exists()
+    assert cli(daemon, "stats", "--data-dir", str(daemon.data)).returncode == 0  # its own store: fine
+
+
+def test_no_daemon_is_said_at_once_with_how_to_start_one(tmp_path: Path) -> None:
+    """It waited the whole --timeout, then said only 'no reply'."""
+    stale = tmp_path / "stale.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(stale))
+    listener.close()  # the file stays, nobody accepts: a daemon killed with -9
+    for endpoint, says in [(f"ipc://{tmp_path}/none.sock", "no socket there"), (f"ipc://{stale}", "stopped")]:
+        out = _run("stats", "--endpoint", endpoint, "--timeout", "600", "--json", timeout=30)
+        assert out.returncode == 4 and says in out.stderr and "reachy-memory serve" in out.stderr, out.stderr
+        assert json.loads(out.stdout)["error"]["exit_code"] == 4  # --json: the error as JSON too
+
+
+def test_serve_never_deletes_a_file_at_its_endpoint(tmp_path: Path) -> None:
+    """It unlinked whatever was there (an endpoint mistyped onto the journal lost the store)."""
+    precious = tmp_path / "journal.rmj"
+    precious.write_text("acknowledged writes")
+    out = _run("serve", "--data-dir", str(tmp_path / "data"), "--endpoint", f"ipc://{precious}")
+    assert out.returncode == 2 and "not a socket" in out.stderr, out.stderr
+    assert precious.read_text() == "acknowledged writes"
+
+
+@pytest.mark.parametrize(("argv", "code", "says"), [
+    (["serve", "--log-level", "verbose"], 2, "invalid choice"),  # was a ValueError traceback
+    (["serve", "--endpoint", "ipc://"], 2, "needs a socket path"),  # was a ValueError traceback
+    (["import", "/nonexistent/dump.jsonl"], 3, "No such file"),  # was exit 1
+])
+def test_first_run_mistakes_get_an_error_not_a_traceback(tmp_path: Path, argv: list[str], code: int,
+                                                         says: str) -> None:
+    out = _run(*argv, "--data-dir", str(tmp_path / "data"), "--timeout", "2")
+    assert out.returncode == code and says in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_options_before_a_context_action_are_kept(daemon: DaemonProcess) -> None:
+    """The action's own copy of the options reset them: --json before 'get' printed plain text."""
+    cli(daemon, "context", "set", "task", "tidy up")
+    out = cli(daemon, "context", "--json", "get", "task")
+    assert json.loads(out.stdout) == {"key": "task", "value": "tidy up"}

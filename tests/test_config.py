@@ -97,3 +97,14 @@ def test_the_spec_config_file_loads(tmp_path: Path) -> None:
         ("~/.reachy/memory", 5, 3600)
     path.write_text(SPEC_DEFAULT_YAML + "embedding:\n  model: all-MiniLM-L6-v2\n  threads: 2\n")
     assert load_config(path).embedding.threads == 2  # both names, agreeing: fine
+
+
+def test_first_run_config_mistakes_are_config_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    latin1 = tmp_path / "latin1.yaml"
+    latin1.write_bytes("# Zo\xe9's robot\nmemory:\n  cleanup_interval: 60\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match="not UTF-8"):  # was a UnicodeDecodeError traceback
+        load_config(latin1)
+    with pytest.raises(ConfigError, match=r"memory\.path"):  # "" made the working directory the store
+        load_config(memory={"path": ""})
+    monkeypatch.setenv("ROBOT_DATA", str(tmp_path / "robot"))
+    assert load_config(memory={"path": "$ROBOT_DATA/memory"}).data_dir == tmp_path / "robot" / "memory"
