@@ -22,7 +22,7 @@ from . import journal as jr
 from ._persistence import JOURNAL_FILE, PREV_JOURNAL_FILE, SNAPSHOT_FILE, damage_is_corruption, read_snapshot
 from ._records import Record, decode
 from .config import Config
-from .errors import CorruptionError, ReachyMemoryError, StorageError, StoreLockedError, ValidationError
+from .errors import CorruptionError, ReachyMemoryError, StorageError, ValidationError
 from .vector_index import BF16_TOLERANCE, ITEM_BYTES, widen
 
 log = logging.getLogger(__name__)
@@ -259,7 +259,8 @@ def restore(backup_file: str | Path, data_dir: str | Path, *, force: bool = Fals
     """Rebuild ``data_dir`` from a backup file.
 
     Refuses a data directory in use by a running daemon (StoreLockedError), and
-    one holding data unless ``force`` (its files are then moved aside, not deleted).
+    one holding data unless ``force`` (ValidationError; with it, its files are moved
+    aside, not deleted).
     Raises StorageError when the backup does not verify.
     """
     backup_file, data_dir = Path(backup_file).expanduser(), Path(data_dir).expanduser()
@@ -293,8 +294,9 @@ def _move_aside(data_dir: Path, force: bool) -> list[str]:
     existing = [p for p in data_dir.iterdir() if p.name in (SNAPSHOT_FILE, JOURNAL_FILE)
                 or p.name.startswith("vectors.hnsw")]
     if existing and not force:
-        raise StoreLockedError(f"{data_dir} already holds a store; pass --force to move it aside and restore",
-                               path=str(data_dir), holder="")
+        # Bad usage (exit 2), not a store in use (exit 4): nothing holds it, --force is missing.
+        raise ValidationError(f"{data_dir} already holds a store; pass --force to move it aside and restore",
+                              field="force")
     stamp = int(time.time())
     moved = []
     for p in existing:

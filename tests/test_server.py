@@ -405,7 +405,7 @@ def test_backup_during_write_storm_verifies_and_restores(tmp_path: Path) -> None
     assert bk.verify(restored).ok
     with MemoryStore(restored, config=d.config, embedder=None) as store:
         assert len(store) == info["memories"]
-    with pytest.raises(Exception, match="already holds a store"):
+    with pytest.raises(ValidationError, match="already holds a store"):  # bad usage (exit 2), not a lock
         bk.restore(dest, restored)  # refuses to overwrite without --force
 
 
