@@ -116,22 +116,12 @@ def turns_before(recs: list[Record], previous: Record | None) -> list[Record | N
     """For each new record, the conversation turn it follows by the previous-turn rule
     (None for other types and after a pause of over :data:`NEIGHBOUR_SECONDS`)."""
     out: list[Record | None] = []
-    last: Record | None = None  # the newest turn of ``recs`` so far
     for rec in recs:
         turn = rec.type == MemoryType.CONVERSATION.value
-        before = _latest_before(rec, previous, last) if turn else None
-        out.append(before if before is not None and _close(before, rec) else None)
-        if turn and (last is None or rec.created >= last.created):
-            last = rec
+        out.append(previous if turn and previous is not None and _close(previous, rec) else None)
+        if turn and (previous is None or rec.created >= previous.created):
+            previous = rec
     return out
-
-
-def _latest_before(rec: Record, stored: Record | None, new: Record | None) -> Record | None:
-    """Of the stored newest turn and the newest new one, the latest not after ``rec``
-    (ties: the new one, written later).  A back-dated batch (an import into a store
-    holding newer turns) links among its own turns, not to nothing."""
-    fits = [r for r in (stored, new) if r is not None and r.created <= rec.created]
-    return max(fits, key=lambda r: (r.created, r is new), default=None)
 
 
 def linked(recs: list[Record], previous: Record | None) -> list[Record]:

@@ -285,15 +285,19 @@ class PeopleMixin:
             return []
         query = np.frombuffer(vector, np.float32)
         sims = self._state.vectors.similarity(query, np.array([r.slot for r in candidates], np.int64))
-        return [(candidates[i], float(sims[i])) for i in np.argsort(-sims, kind="stable")[:CANDIDATES]]
+        ranked = [(candidates[i], float(sims[i])) for i in np.argsort(-sims, kind="stable")]
+        # The best CANDIDATES for the repeat check, and as many unprotected ones for supersession
+        # (confirmed facts are never superseded: they must not push a conflicting fact out).
+        return ranked[:CANDIDATES] + [c for c in ranked if not c[0].protected][:CANDIDATES]
 
     def _superseded_by(self, new: Record, similar: list[tuple[Record, float]]) -> list[list[Any]]:
         """``update`` ops marking the older facts ``new`` replaces (automatic rule)."""
         if not new.subjects:  # facts about nobody: the same only when their sentences name the same persons
             named = _named_in(new.content)
             similar = [(rec, sim) for rec, sim in similar if _named_in(rec.content) == named]
-        return [_supersede_op(rec.id, new.id, new.created) for rec, sim in similar
-                if not rec.protected and decide(new.content, rec.content, sim).conflict]
+        superseded = dict.fromkeys(rec.id for rec, sim in similar
+                                   if not rec.protected and decide(new.content, rec.content, sim).conflict)
+        return [_supersede_op(memory_id, new.id, new.created) for memory_id in superseded]
 
     def _same_subject_slots(self, new: Record) -> set[int]:
         if not new.subjects:

@@ -82,12 +82,13 @@ def ipc_listener_gone(endpoint: str) -> str | None:
     if not path.exists():
         return "no socket there"
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(0.5)  # a frozen daemon with a full listen queue: let the request and its timeout say
     try:
         probe.connect(str(path))
     except ConnectionRefusedError:
         return "a socket left by a daemon that stopped"
-    except OSError:
-        return None  # permissions, a path too long...: let the request say
+    except OSError:  # TimeoutError too
+        return None  # permissions, a path too long, a frozen daemon...: let the request say
     finally:
         probe.close()
     return None

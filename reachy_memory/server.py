@@ -528,7 +528,7 @@ class Daemon:
                 "embedder": describe(self.store.embedder) | {"error": self.store.embedder_error},
                 "memories": len(self.store), "last_cleanup": self.last_cleanup,
                 "uptime_s": round(time.time() - self._started, 3), "endpoint": self.endpoint,
-                "data_dir": str(self.store.path)}
+                "data_dir": str(self.store.path.resolve())}  # absolute: a client compares it from elsewhere
 
     def stats(self) -> dict[str, Any]:
         """Per-op counts and latency percentiles, store sizes, queue depths, uptime."""

@@ -318,3 +318,23 @@ def test_options_before_a_context_action_are_kept(daemon: DaemonProcess) -> None
     cli(daemon, "context", "set", "task", "tidy up")
     out = cli(daemon, "context", "--json", "get", "task")
     assert json.loads(out.stdout) == {"key": "task", "value": "tidy up"}
+
+
+def test_a_daemon_on_a_relative_data_dir_is_recognised_from_elsewhere(tmp_path: Path) -> None:
+    """health gave the daemon's relative path, compared from the CLI's own directory:
+    the right store was refused, and a different one named the same way accepted."""
+    (tmp_path / "robot").mkdir()
+    daemon = DaemonProcess(tmp_path / "robot", memory={"path": "data"})  # relative to the daemon's directory
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env.pop("REACHY_MEMORY_ENDPOINT", None)
+    daemon.proc = subprocess.Popen([sys.executable, "-m", "reachy_memory.cli", "serve", "--config",
+                                    str(daemon.config_path)], cwd=tmp_path / "robot", env=env,
+                                   stdout=subprocess.DEVNULL, stderr=open(daemon.log, "a"))  # noqa: SIM115
+    try:
+        daemon.wait_ready()
+        right = _run("stats", "--endpoint", daemon.endpoint, "--data-dir", str(tmp_path / "robot" / "data"))
+        other = _run("stats", "--endpoint", daemon.endpoint, "--data-dir", str(tmp_path / "data"))
+        assert right.returncode == 0, right.stderr
+        assert other.returncode == 2 and "serves" in other.stderr
+    finally:
+        daemon.stop()

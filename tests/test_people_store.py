@@ -562,14 +562,6 @@ def _turn(i: int, day: str = "2026-01-01") -> dict[str, Any]:
             "created_at": f"{day}T10:0{i}:00+00:00"}
 
 
-def test_an_import_behind_newer_turns_links_its_own_turns(people_store: MemoryStore) -> None:
-    """A back-dated import into a store holding a newer turn left every imported turn
-    unlinked (the stored newest turn was never 'before' them, and they never replaced it)."""
-    people_store.record_turn("user", "a live turn today")
-    people_store.import_memories([_turn(i) for i in range(4)])
-    assert [people_store._state.records[f"t{i}"].follows for i in range(4)] == [None, "t0", "t1", "t2"]
-
-
 def test_an_in_process_import_links_turns_across_its_batches(people_store: MemoryStore) -> None:
     people_store.import_memories([_turn(i) for i in reversed(range(4))], batch=1)
     assert [people_store._state.records[f"t{i}"].follows for i in range(4)] == [None, "t0", "t1", "t2"]
@@ -598,3 +590,14 @@ def test_an_imported_relation_only_person_has_no_name(lexical_store: MemoryStore
     lexical_store.import_memories([], [{"id": "p3", "relation": "wife", "created_at": "2026-01-01T00:00:00+00:00"}])
     [wife] = lexical_store.people()
     assert (wife.name, wife.relation) == ("", "wife")
+
+
+def test_confirmed_facts_do_not_push_a_conflicting_one_out_of_supersession(people_store: MemoryStore) -> None:
+    """Protected facts stayed among the 10 candidates and were dropped after the cut: ten
+    confirmed, more similar facts left 'coffee' live beside the newer 'tea'."""
+    for extra in ("with milk", "with lemon", "with honey", "with mint", "with sugar", "with ginger", "at noon",
+                  "at night", "in winter", "in summer"):
+        people_store.confirm(people_store.remember(f"Tom's favourite drink is tea {extra}", subjects=["Tom"])[0].id)
+    coffee = people_store.remember("Tom's favourite drink is coffee", subjects=["Tom"])[0]
+    people_store.remember("Tom's favourite drink is tea", subjects=["Tom"])
+    assert people_store.get(coffee.id).superseded_at is not None
