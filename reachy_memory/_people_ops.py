@@ -242,7 +242,8 @@ class PeopleMixin:
         row |= self._name_fields(item.get("name"), item.get("aliases") or ())
         vector, new = op[2], Record(**row)
         similar = self._similar_facts(new, vector)
-        same = next((rec for rec, _ in similar if _same_fact(rec, new) and not self._decayed(rec, new.created)), None)
+        same = next((rec for rec, _ in similar[:CANDIDATES]
+                     if _same_fact(rec, new) and not self._decayed(rec, new.created)), None)
         if same is None:
             self._commit([*person_ops, ["put", row, vector], *self._superseded_by(new, similar)])
         elif person_ops:  # told again (a model's retry): the fact it already is, not a second copy
@@ -274,8 +275,8 @@ class PeopleMixin:
         return {"name": _label(name), "aliases": [_label(a) for a in aliases]}
 
     def _similar_facts(self, new: Record, vector: bytes | None) -> list[tuple[Record, float]]:
-        """The live facts about exactly ``new``'s persons (same owner) most like it, with
-        their cosine, best first; none in lexical-only mode (precision first)."""
+        """The live facts about exactly ``new``'s persons (same owner), with their cosine,
+        most like it first; none in lexical-only mode (precision first)."""
         if vector is None:
             return []
         candidates = [self._state.by_slot[s] for s in self._same_subject_slots(new)]
@@ -285,19 +286,18 @@ class PeopleMixin:
             return []
         query = np.frombuffer(vector, np.float32)
         sims = self._state.vectors.similarity(query, np.array([r.slot for r in candidates], np.int64))
-        ranked = [(candidates[i], float(sims[i])) for i in np.argsort(-sims, kind="stable")]
-        # The best CANDIDATES for the repeat check, and as many unprotected ones for supersession
-        # (confirmed facts are never superseded: they must not push a conflicting fact out).
-        return ranked[:CANDIDATES] + [c for c in ranked if not c[0].protected][:CANDIDATES]
+        return [(candidates[i], float(sims[i])) for i in np.argsort(-sims, kind="stable")]
 
     def _superseded_by(self, new: Record, similar: list[tuple[Record, float]]) -> list[list[Any]]:
-        """``update`` ops marking the older facts ``new`` replaces (automatic rule)."""
+        """``update`` ops marking the older facts ``new`` replaces (automatic rule), among
+        the CANDIDATES most similar that can be (confirmed facts never are: taken before the
+        cut, they would push a conflicting fact out)."""
+        similar = [(rec, sim) for rec, sim in similar if not rec.protected][:CANDIDATES]
         if not new.subjects:  # facts about nobody: the same only when their sentences name the same persons
             named = _named_in(new.content)
             similar = [(rec, sim) for rec, sim in similar if _named_in(rec.content) == named]
-        superseded = dict.fromkeys(rec.id for rec, sim in similar
-                                   if not rec.protected and decide(new.content, rec.content, sim).conflict)
-        return [_supersede_op(memory_id, new.id, new.created) for memory_id in superseded]
+        return [_supersede_op(rec.id, new.id, new.created) for rec, sim in similar
+                if decide(new.content, rec.content, sim).conflict]
 
     def _same_subject_slots(self, new: Record) -> set[int]:
         if not new.subjects:
@@ -454,17 +454,19 @@ class PeopleMixin:
         supersession links (ids already present are kept as they are).  Everything is
         checked before anything is written.  Returns the counts imported.
         Raises ValidationError naming the entry at fault."""
-        self.prepare_import(memories, people, embed=False)  # the checks of every entry, before any write
+        for n, person in enumerate(people):  # every entry checked before any write
+            _person_op(f"person {n}", person)
+        created = [check_import_memory(f"memory {n}", m, self._config)["created"] for n, m in enumerate(memories)]
         # Oldest first across batches too: a turn links to the turn before it as it is stored.
-        memories = sorted(memories, key=lambda m: check_import_memory("memory", m, self._config)["created"])
+        memories = [memories[i] for i in sorted(range(len(memories)), key=created.__getitem__)]
         done = {"people": 0, "memories": 0}
         for start in range(0, max(len(memories), 1), batch):
             got = self.commit_import(self.prepare_import(memories[start:start + batch], people if not start else ()))
             done = {k: done[k] + got[k] for k in done}
         return done
 
-    def prepare_import(self, memories: Sequence[Mapping[str, Any]], people: Sequence[Mapping[str, Any]] = (),
-                       *, embed: bool = True) -> _Import:
+    def prepare_import(self, memories: Sequence[Mapping[str, Any]],
+                       people: Sequence[Mapping[str, Any]] = ()) -> _Import:
         """The checked, embedded half of an import (thread-safe: the daemon runs it on its
         embed thread, so an import does not hold the engine while it embeds).  Memories
         already present are left out.  Raises ValidationError naming the entry at fault."""
@@ -476,7 +478,7 @@ class PeopleMixin:
         rows = [r for r in rows if r["id"] not in self._state.records]  # present: kept as it is (no embedding)
         items = [{"content": r["content"], "memory_type": r["type"], "metadata": r.get("metadata"), "id": r["id"],
                   "created_at": r["created"]} for r in rows]
-        ops = self.prepare(items).ops if items and embed else []
+        ops = self.prepare(items).ops if items else []
         return _Import(person_ops, rows, {op[1]["id"]: op for op in ops})
 
     def commit_import(self, prepared: _Import) -> dict[str, int]:

@@ -573,7 +573,7 @@ class MemoryStore(PeopleMixin):
     def add_to_context_window(self, role: str, content: str) -> None:
         """Append a turn to the persisted window (the last N turns, 2N messages)."""
         self._require_open()
-        self._commit([_window_op(role, ingest.validate_text(content, "content", self._config))])
+        self._commit([_window_op(_role(role), ingest.validate_text(content, "content", self._config))])
 
     def record_turn(self, role: str, content: str, metadata: dict[str, Any] | None = None) -> Memory:
         """A conversation turn, both appended to the context window and kept as a
@@ -584,7 +584,7 @@ class MemoryStore(PeopleMixin):
     def prepare_turn(self, role: str, content: str, metadata: dict[str, Any] | None = None) -> _Prepared:
         """The validated, embedded write of :meth:`record_turn` (thread-safe)."""
         self._require_open()
-        _window_op(role, content)  # the role's checks, before the embedding
+        _role(role)  # before the embedding
         if metadata is not None and not isinstance(metadata, dict):
             raise ValidationError(f"metadata must be a dict, got {type(metadata).__name__}", field="metadata")
         return self.prepare([{"content": content, "memory_type": MemoryType.CONVERSATION,
@@ -592,7 +592,7 @@ class MemoryStore(PeopleMixin):
 
     def commit_turn(self, role: str, prepared: _Prepared) -> Memory:
         """Commit a :meth:`prepare_turn` write and its window turn in one frame."""
-        [memory] = self.commit(prepared, also=[_window_op(role, prepared.ops[0][1]["content"])])
+        [memory] = self.commit(prepared, also=[_window_op(_role(role), prepared.ops[0][1]["content"])])
         return memory
 
     def get_context_window(self) -> list[dict[str, Any]]:
@@ -811,10 +811,15 @@ class MemoryStore(PeopleMixin):
         self.close()
 
 
-def _window_op(role: Any, content: str) -> list[Any]:
-    """The journal op appending ``role: content`` to the window; ValidationError for a bad role."""
+def _role(role: Any) -> str:
+    """A window turn's role, checked; ValidationError otherwise."""
     if not isinstance(role, str) or not 0 < len(role.strip()) <= 64:
         raise ValidationError("role must be a non-empty string of at most 64 characters", field="role")
+    return role
+
+
+def _window_op(role: str, content: str) -> list[Any]:
+    """The journal op appending ``role: content`` to the window, now."""
     return ["win", role, content, time.time()]
 
 
