@@ -38,6 +38,7 @@ from . import _ingest as ingest
 from . import _persistence as files
 from . import _ranking as ranking
 from . import journal as jr
+from ._backfill import Backfill
 from ._people_ops import PeopleMixin
 from ._persistence import GRAPH_FILE, JOURNAL_FILE, SNAPSHOT_FILE, read_snapshot
 from ._records import Record, decode, encode
@@ -72,6 +73,7 @@ log = logging.getLogger(__name__)
 __all__ = ["DEFAULT_EMBEDDER", "GRAPH_FILE", "JOURNAL_FILE", "SNAPSHOT_FILE", "Embedder", "MemoryStore",
            "read_snapshot"]
 TOUCH_FLUSH_SECONDS = 60.0  # decay clock refreshes are journaled at most this often (and on close)
+BACKFILL_STEP_SECONDS = 0.004  # one idle step of embedding memories that lack a vector: like an index step
 datetime_or_float = Any  # a datetime (aware, or naive meaning UTC), epoch seconds, or None
 
 
@@ -147,6 +149,7 @@ class MemoryStore(PeopleMixin):
         self._count_tokens = None
         self._touched: dict[str, float] = {}  # engine thread: decay clock refreshes not yet journaled
         self._touches_flushed = time.monotonic()
+        self._backfill = Backfill()  # engine thread: memories waiting for a vector (see maintain)
         pin_native_threads(self._config.search.blas_threads)
         files.secure_dir(self.path)
         self._dir_lock = jr.DirLock(self.path)
@@ -244,14 +247,14 @@ class MemoryStore(PeopleMixin):
 
     def _adopt_model(self) -> None:
         key = self._state.current_key
-        if self._embedder is None or key == self._state.model_key:
+        if self._embedder is None:
             return
-        if self._state.foreign_vkey() is None:
+        if key != self._state.model_key and self._state.foreign_vkey() is None:
             self._commit([["model", key]])
-        missing = sum(1 for r in self._state.records.values() if r.vkey != key)
+        missing = self._backfill.plan(self._state.records.values(), key)
         if missing:
-            log.warning("%d memories have no vector from %s; run 'reachy-memory reindex' to add them",
-                        missing, key)
+            log.warning("%d memories have no vector from %s: the daemon embeds them in idle time, newest first "
+                        "(MemoryStore.maintain(); 'reachy-memory reindex' does all at once)", missing, key)
 
     # -- the mutation funnel -----------------------------------------------------------
 
@@ -261,6 +264,8 @@ class MemoryStore(PeopleMixin):
         with self._lock:
             self._storage.append(ops, durable=durable)
             self._storage.apply(ops)
+            if self._embedder is not None:
+                self._backfill.note(ops)  # written without a vector (the model failed): embedded later
             self._storage.maybe_compact()
 
     # -- writing ---------------------------------------------------------------------
@@ -648,15 +653,43 @@ class MemoryStore(PeopleMixin):
         """Idle-time upkeep (the daemon calls it between requests): finishes a step of
         a mass expiry's index work (:meth:`MemoryState.bury`), inserts a batch of pending
         vectors into the graph, and journals the decay clock refreshes at most once a
-        minute; returns how much it did (vectors inserted, deletions buried, graph
-        nodes marked): 0 when nothing is left, or nothing can be done yet."""
+        minute; with none of that left, embeds memories that have no vector (a few
+        milliseconds' worth, see :mod:`._backfill`).  Returns how much it did (vectors
+        inserted, deletions buried, graph nodes marked, memories embedded): 0 when
+        nothing is left, or nothing can be done yet."""
         self._require_open()
         with self._lock:
             if self._touched and time.monotonic() - self._touches_flushed > TOUCH_FLUSH_SECONDS:
                 self._flush_touches()
             left = self._state.bury(0)  # how much deletion work waits (none is done by 0)
             buried = left - self._state.bury(budget)
-            return buried + self._state.vectors.maintain(budget)
+            done = buried + self._state.vectors.maintain(budget)
+            return done or self._backfill_step()
+
+    def _backfill_step(self, seconds: float = BACKFILL_STEP_SECONDS) -> int:
+        """Embed queued memories one at a time for about ``seconds`` (at least one),
+        committing their vectors in frames of ``COMMIT_EVERY``; returns how many it embedded."""
+        if self._embedder is None or not self._backfill.ready():
+            return 0
+        key, count = self._state.current_key, 0
+        until = time.monotonic() + seconds
+        while time.monotonic() < until and (rec := self._backfill.take(self._state.records, key)) is not None:
+            vector = self._embed([self._stored_text(rec)])
+            if vector is None:
+                self._backfill.put_back(rec)  # the model failed (logged): paused, tried again later
+                break
+            self._backfill.hold(rec, vector[0].tobytes())
+            count += 1
+        if self._backfill.due() and (ops := self._backfill.drain(self._state.records, key)):
+            self._commit(ops)
+            if not len(self._backfill):
+                log.info("embedded the %d memories that had no vector", self._backfill.embedded)
+        return count
+
+    def _stored_text(self, rec: Record) -> str:
+        """What is embedded for a stored memory: a turn with the turn it follows."""
+        before = self._state.records.get(rec.follows) if rec.follows is not None else None
+        return ingest.context_text(rec, before, self._config)
 
     def _decayed(self, rec: Record, now: float) -> bool:
         decay = self._config.decay
@@ -756,6 +789,7 @@ class MemoryStore(PeopleMixin):
             "context_window": len(self._window_shown()), "generation": self._storage.generation,
             "journal_bytes": self._storage.journal.size, "snapshot_bytes": _size(self.path / SNAPSHOT_FILE),
             "model": state.current_key, "embedder": "ready" if self._embedder is not None else "unavailable",
+            "unembedded": len(self._backfill),
             "embedder_error": self.embedder_error, "index": state.vectors.stats(),
             "read_only": self._storage.failure, "lexical_terms": state.lexical.term_count,
             "compacting": self._storage.compacting is not None,

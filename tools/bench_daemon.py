@@ -6,6 +6,7 @@
     python tools/bench_daemon.py --minutes 1 --busy-core   # latencies again with one core kept busy
     python tools/bench_daemon.py --minutes 0 --import-stall 3000  # searches during a bulk import's indexing
     python tools/bench_daemon.py --minutes 2 --heap-trim 0   # the load test without the daemon's heap trims
+    python tools/bench_daemon.py --backfill 2000  # only: searches while 2000 memories stored model-less get vectors
 
 Prints: cold start (launch to READY=1 and to the first answered search) with
 10k memories, daemon RSS, end-to-end latencies through MemoryClient (search
@@ -152,15 +153,55 @@ def import_stall(c: MemoryClient, n: int) -> None:
     texts = sentences(n, seed=5)
     for i in range(0, n, 250):
         c.store_batch([{"content": t, "memory_type": "fact"} for t in texts[i : i + 250]])
+    started = time.monotonic()
+    samples = _searches_while(c, lambda s: s["store"]["index"]["pending"] > 0)
+    print(row(f"search e2e while {n} imported vectors enter the graphs", percentiles(samples)) +
+          f"  ({len(samples)} searches, {time.monotonic() - started:.1f} s)")
+
+
+def backfill(tmp: Path, n: int) -> None:
+    """A store of ``n`` memories written without a model (a daemon run before 'model
+    fetch'), served by a daemon with the model: search latency every 70 ms while it
+    embeds them in idle time, then the same searches once it is done."""
+    config_path = prepare(tmp, 0)
+    texts = sentences(n, seed=7)
+    with MemoryStore(config=load_config(config_path), embedder=None) as store:
+        for i in range(0, n, 500):
+            store.store_batch([{"content": t, "memory_type": ("conversation", "fact")[j % 2]}
+                               for j, t in enumerate(texts[i : i + 500])])
+    proc = start(config_path)
+    try:
+        with MemoryClient(config=load_config(config_path), timeout=60) as c:
+            _wait_ping(c)
+            started, during = time.monotonic(), _searches_while(c, lambda s: s["store"]["unembedded"] > 0, least=1)
+            took = time.monotonic() - started
+            print(row(f"search e2e while {n} memories get vectors", percentiles(during)) +
+                  f"  ({len(during)} searches; all embedded in {took:.1f} s, {n / took:.0f} memories/s)")
+            after = _searches_while(c, lambda s: False)
+            print(row("search e2e after, same pace", percentiles(after)) + f"  ({len(after)} searches)")
+    finally:
+        stop(proc)
+
+
+def _searches_while(c: MemoryClient, busy: Callable[[dict[str, Any]], bool], least: int = 30) -> list[float]:
+    """Seconds of one search every 70 ms while ``busy(stats)`` (at least ``least`` searches, at most 120 s)."""
     qs, samples = questions(), []  # type: list[str], list[float]
     started = time.monotonic()
-    while (c.stats()["store"]["index"]["pending"] > 0 or len(samples) < 30) and time.monotonic() - started < 120:
+    while (busy(c.stats()) or len(samples) < least) and time.monotonic() - started < 120:
         time.sleep(0.07)
         t = time.perf_counter()
         c.search(f"{qs[len(samples) % len(qs)]} {len(samples)}")
         samples.append(time.perf_counter() - t)
-    print(row(f"search e2e while {n} imported vectors enter the graphs", percentiles(samples)) +
-          f"  ({len(samples)} searches, {time.monotonic() - started:.1f} s)")
+    return samples
+
+
+def _wait_ping(c: MemoryClient) -> None:
+    while True:
+        try:
+            c.ping(timeout=1)
+            return
+        except Exception:
+            time.sleep(0.1)
 
 
 def measure(fn: Callable[[], object], repeat: int) -> dict[str, float]:
@@ -300,20 +341,20 @@ def main() -> None:
     parser.add_argument("--heap-trim", type=float, metavar="SECONDS",
                         help="the daemon's server.heap_trim_seconds (default: the config's; 0: no trims)")
     parser.add_argument("--busy-core", action="store_true", help="measure latencies again with one core busy")
+    parser.add_argument("--backfill", type=int, default=0, metavar="N",
+                        help="only measure searches while N memories stored without a model get vectors")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="rm-daemon-bench-") as tmp_name:
         tmp = Path(tmp_name)
+        if args.backfill:
+            backfill(tmp, args.backfill)
+            return
         config_path = prepare(tmp, args.memories, args.heap_trim)
         cold_start(config_path, tmp)
         proc = start(config_path)
         try:
             with MemoryClient(config=load_config(config_path), timeout=60) as c:
-                while True:
-                    try:
-                        c.ping(timeout=1)
-                        break
-                    except Exception:
-                        time.sleep(0.1)
+                _wait_ping(c)
                 wait_for_graphs(c)
                 latency(c, args.repeat)
                 if args.import_stall:

@@ -1,0 +1,102 @@
+"""The queue of memories that have no vector yet, embedded in idle time.
+
+A memory is stored without a vector when the store had no model (a daemon
+started before ``reachy-memory model fetch``) or the model failed on the
+write; such a memory is found by its words only.  Before, only a manual
+``reachy-memory reindex`` gave it a vector.  Now the store queues it, at open
+(a scan) and whenever a write lands without a vector (:meth:`Backfill.note`),
+and :meth:`MemoryStore.maintain <reachy_memory.MemoryStore.maintain>` (the
+daemon's idle time) embeds it, newest first, a step of a few milliseconds at
+a time.  A failing model pauses the queue instead of retrying in a loop.
+
+Thread: owned by the thread that commits and calls ``maintain`` (the daemon's
+engine thread; the caller in-process).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from ._records import Record, encode
+
+PAUSE_SECONDS = 300.0  # after the model failed on a backfill: try again this much later
+COMMIT_EVERY = 16  # embedded memories per journal frame: one fsync per 16, not per memory (SD cards)
+
+
+class Backfill:
+    """Ids of memories waiting for a vector from the current model."""
+
+    def __init__(self, clock: Callable[[], float] | None = None) -> None:
+        self._ids: list[str] = []  # taken from the end: the newest first
+        self._queued: set[str] = set()
+        self._paused_until = 0.0
+        self._clock = clock or (lambda: time.monotonic())  # looked up per call: tests move time
+        self._held: list[tuple[Record, bytes]] = []  # embedded, not yet committed
+        self.embedded = 0  # since open, for the log
+
+    def __len__(self) -> int:
+        """Memories still waiting for a vector (queued or embedded but not yet committed)."""
+        return len(self._ids) + len(self._held)
+
+    def plan(self, records: Iterable[Record], key: str | None) -> int:
+        """Queue every record without a vector from ``key`` (one scan, at open);
+        returns how many."""
+        waiting = sorted((r for r in records if r.vkey != key), key=lambda r: r.created)
+        self._ids = [r.id for r in waiting]
+        self._queued = set(self._ids)
+        return len(self._ids)
+
+    def note(self, ops: list[list[Any]]) -> None:
+        """Queue the memories that ``ops`` (a committed frame) wrote without a vector
+        (person ops, which are maps, pass by)."""
+        for op in ops:
+            if isinstance(op, list) and op[0] == "put" and op[2] is None and op[1]["id"] not in self._queued:
+                self._ids.append(op[1]["id"])
+                self._queued.add(op[1]["id"])
+
+    def ready(self) -> bool:
+        """Work waits and the queue is not paused."""
+        return bool(self._ids) and self._clock() >= self._paused_until
+
+    def take(self, records: Mapping[str, Record], key: str | None) -> Record | None:
+        """The newest queued record that still lacks a vector from ``key``, or None
+        (forgotten ones and ones given a vector meanwhile are dropped)."""
+        while self._ids:
+            memory_id = self._ids.pop()
+            self._queued.discard(memory_id)
+            rec = records.get(memory_id)
+            if rec is not None and rec.vkey != key:
+                return rec
+        return None
+
+    def hold(self, rec: Record, vector: bytes) -> None:
+        """``rec`` embedded as ``vector``, to commit with the next frame."""
+        self._held.append((rec, vector))
+
+    def due(self) -> bool:
+        """Held vectors make a frame: :data:`COMMIT_EVERY` of them, or all there will be for now."""
+        return len(self._held) >= COMMIT_EVERY or bool(self._held and not self.ready())
+
+    def drain(self, records: Mapping[str, Record], key: str | None) -> list[list[Any]]:
+        """The ``put`` ops of the held vectors whose memory is unchanged since it was
+        embedded; one changed meanwhile (and still without a vector) is queued again."""
+        ops: list[list[Any]] = []
+        for rec, vector in self._held:
+            now = records.get(rec.id)
+            if now is rec:
+                ops.append(["put", encode(rec.replace(vkey=key)), vector])
+            elif now is not None and now.vkey != key and now.id not in self._queued:
+                self._ids.append(now.id)
+                self._queued.add(now.id)
+        self._held = []
+        self.embedded += len(ops)
+        return ops
+
+    def put_back(self, rec: Record) -> None:
+        """``rec`` could not be embedded: keep it queued and pause the queue."""
+        if rec.id not in self._queued:
+            self._ids.append(rec.id)
+            self._queued.add(rec.id)
+        self._paused_until = self._clock() + PAUSE_SECONDS

@@ -1,0 +1,174 @@
+"""Memories without a vector get one in idle time (``_backfill`` and ``MemoryStore.maintain``).
+
+Before, a memory stored while the model was missing or failing stayed
+words-only until someone ran ``reachy-memory reindex``.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from reachy_memory import MemoryStore
+from reachy_memory._backfill import PAUSE_SECONDS, Backfill
+from reachy_memory._records import Record, encode
+from reachy_memory.vector_index import BF16_TOLERANCE
+from tests.conftest import HashEmbedder
+from tests.daemon_util import DaemonProcess
+
+
+def _rec(memory_id: str, created: float, vkey: str | None = None) -> Record:
+    return Record(memory_id, f"text {memory_id}", "fact", created, None, {}).replace(vkey=vkey)
+
+
+def _idle(store: MemoryStore, limit: int = 1000) -> int:
+    """Run the daemon's idle upkeep until it has nothing left; returns the steps taken."""
+    for step in range(limit):
+        if not store.maintain():
+            return step
+    raise AssertionError("maintain never ran out of work")
+
+
+# -- the queue ---------------------------------------------------------------------
+
+
+def test_plan_queues_only_memories_without_the_current_vector_newest_first() -> None:
+    records = {r.id: r for r in (_rec("old", 1.0), _rec("new", 3.0), _rec("done", 2.0, "m"), _rec("other", 4.0, "x"))}
+    queue = Backfill()
+    assert queue.plan(records.values(), "m") == 3  # "other" has a foreign vector: re-embedded too
+    assert [queue.take(records, "m").id for _ in range(3)] == ["other", "new", "old"]  # type: ignore[union-attr]
+    assert queue.take(records, "m") is None and len(queue) == 0
+
+
+def test_take_skips_memories_forgotten_or_embedded_meanwhile() -> None:
+    records = {r.id: r for r in (_rec("a", 1.0), _rec("b", 2.0), _rec("c", 3.0))}
+    queue = Backfill()
+    queue.plan(records.values(), "m")
+    del records["c"]  # forgotten
+    records["b"] = records["b"].replace(vkey="m")  # embedded by a reindex or a rewrite
+    assert queue.take(records, "m") is records["a"]
+    assert queue.take(records, "m") is None
+
+
+def test_note_queues_puts_written_without_a_vector_once() -> None:
+    queue = Backfill()
+    with_vector = ["put", encode(_rec("v", 1.0, "m")), b"\0" * 32]
+    without = ["put", encode(_rec("w", 1.0)), None]
+    person = {"op": "person", "id": "p1", "name": "Sarah"}  # person ops are maps in the same frames
+    queue.note([with_vector, person, without, ["del", "x"], without])  # type: ignore[list-item]
+    assert len(queue) == 1
+    queue.note([without])  # the same memory written again: still queued once
+    assert len(queue) == 1
+
+
+def test_a_failure_puts_the_memory_back_and_pauses_the_queue() -> None:
+    now = [100.0]
+    queue = Backfill(clock=lambda: now[0])
+    records = {"a": _rec("a", 1.0)}
+    queue.plan(records.values(), "m")
+    rec = queue.take(records, "m")
+    assert rec is not None
+    queue.put_back(rec)
+    assert len(queue) == 1 and not queue.ready()
+    now[0] += PAUSE_SECONDS
+    assert queue.ready() and queue.take(records, "m") is rec
+
+
+# -- the store ---------------------------------------------------------------------
+
+
+def test_memories_stored_without_a_model_are_embedded_as_storing_would(tmp_path: Path, embedder: Any) -> None:
+    """A store used before the model was fetched: its turns get exactly the vectors a
+    store with the model would have given them, each with the turn before it."""
+    turns = [{"content": text, "memory_type": "conversation"}
+             for text in ("Do you like hiking?", "Yes, I go every Sunday with my sister.", "Where do you go?")]
+    with MemoryStore(tmp_path / "direct", embedder=embedder) as direct:
+        ids = [m.id for m in direct.store_batch(turns)]
+        expected = direct._state.vectors.rows(np.arange(3))
+    with MemoryStore(tmp_path / "later", embedder=None) as later:
+        later.store_batch([t | {"id": i} for t, i in zip(turns, ids, strict=True)])
+        assert later.stats()["unembedded"] == 0  # no model: nothing to plan
+    with MemoryStore(tmp_path / "later", embedder=embedder) as later:
+        assert later.stats()["unembedded"] == 3
+        assert later.search("weekend walks in the hills", mode="vector", min_score=0) == []
+        assert _idle(later) >= 1
+        assert later.stats()["unembedded"] == 0
+        got = later._state.vectors.rows(np.array([later._state.records[i].slot for i in ids]))
+        assert np.allclose(got, expected, rtol=0, atol=BF16_TOLERANCE)
+        assert later.search("weekend walks in the hills", mode="vector", min_score=0)
+    with MemoryStore(tmp_path / "later", embedder=embedder) as later:  # the vectors were journaled
+        assert later.stats()["unembedded"] == 0 and later.reindex() == 0
+
+
+def test_a_write_the_model_failed_on_is_embedded_once_it_works(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    model = HashEmbedder()
+    with MemoryStore(tmp_path, embedder=model) as store:
+        model.fail = True
+        memory = store.remember_fact("the spare key is under the blue flowerpot")
+        assert store.stats()["unembedded"] == 1
+        calls = model.calls
+        assert store.maintain() == 0 and model.calls == calls + 1  # still failing: tried once, then paused
+        assert store.maintain() == 0 and model.calls == calls + 1  # paused: not retried in a loop
+        model.fail = False
+        monkeypatch.setattr(time, "monotonic", lambda: 1e12)  # the pause is over
+        assert store.maintain() == 1 and store.stats()["unembedded"] == 0
+        hits = store.search(memory.content, mode="vector", min_score=0)
+        assert hits[0].memory.id == memory.id
+
+
+def test_a_memory_forgotten_before_its_turn_is_not_brought_back(tmp_path: Path, embedder: Any) -> None:
+    with MemoryStore(tmp_path, embedder=None) as store:
+        kept = store.remember_fact("the robot charges in the hallway")
+        gone = store.remember_fact("the old password was tulip")
+    with MemoryStore(tmp_path, embedder=embedder) as store:
+        store.forget(gone.id)
+        _idle(store)
+        assert store.get(gone.id) is None and store.get(kept.id) is not None
+        assert len(store) == 1 and store.stats()["unembedded"] == 0
+
+
+# -- the daemon --------------------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_a_daemon_started_before_the_model_catches_up_without_reindex(tmp_path: Path) -> None:
+    """The first-run mistake: the daemon ran before 'model fetch'.  Restarted with the
+    model, it embeds what it stored meanwhile in idle time; no reindex, no stop."""
+    first = DaemonProcess(tmp_path, embedding={"enabled": False}).start()
+    try:
+        with first.client() as c:
+            memory = c.store("Sarah is allergic to peanuts", "fact")
+    finally:
+        first.stop()
+    second = DaemonProcess(tmp_path).start()
+    try:
+        with second.client() as c:
+            deadline = time.monotonic() + 30
+            while c.stats()["store"]["unembedded"] and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert c.stats()["store"]["unembedded"] == 0
+            hits = c.search("which foods must she avoid", mode="vector", min_score=0)
+            assert [h.memory.id for h in hits] == [memory.id]
+    finally:
+        second.stop()
+
+
+def test_vectors_are_committed_sixteen_to_a_frame_and_a_changed_memory_is_requeued() -> None:
+    records = {r.id: r for r in (_rec(f"m{i:02}", float(i)) for i in range(20))}
+    queue = Backfill()
+    queue.plan(records.values(), "k")
+    for _ in range(16):
+        rec = queue.take(records, "k")
+        assert rec is not None and not queue.due()
+        queue.hold(rec, b"v")
+    assert queue.due() and len(queue) == 20  # 16 held make a frame; held ones still count as waiting
+    records["m19"] = records["m19"].replace(content="changed while it was embedded")
+    ops = queue.drain(records, "k")
+    assert len(ops) == 15 and all(op[1]["vkey"] == "k" and op[2] == b"v" for op in ops)
+    assert "m19" not in {op[1]["id"] for op in ops} and len(queue) == 5  # m19 queued again, with m00-m03
+    assert queue.take(records, "k") is records["m19"]
