@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from ._records import Record, encode
+from ._records import Record, encode, is_put
 
 PAUSE_SECONDS = 300.0  # after the model failed on a backfill: try again this much later
 COMMIT_EVERY = 16  # embedded memories per journal frame: one fsync per 16, not per memory (SD cards)
@@ -52,7 +52,7 @@ class Backfill:
         """Queue the memories that ``ops`` (a committed frame) wrote without a vector
         (person ops, which are maps, pass by)."""
         for op in ops:
-            if isinstance(op, list) and op[0] == "put" and op[2] is None and op[1]["id"] not in self._queued:
+            if is_put(op) and op[2] is None and op[1]["id"] not in self._queued:
                 self._ids.append(op[1]["id"])
                 self._queued.add(op[1]["id"])
 

@@ -37,7 +37,8 @@ from typing import Any
 from .errors import ValidationError
 from .model import Memory, MemoryType, to_datetime
 
-__all__ = ["MUTABLE_FIELDS", "OP_KINDS", "RECORD_FIELDS", "RECORD_VERSION", "Record", "decode", "encode", "record_id"]
+__all__ = ["MUTABLE_FIELDS", "OP_KINDS", "RECORD_FIELDS", "RECORD_VERSION", "Record", "decode", "encode", "first_dim",
+           "first_vkey", "is_put", "record_id"]
 
 RECORD_VERSION = 2
 OP_KINDS = frozenset({"put", "del", "expire", "ttl", "win", "winclr", "model", "update"})
@@ -220,3 +221,18 @@ def record_id(obj: Any) -> str | None:
     else:
         return None
     return value if isinstance(value, str) else None
+
+
+def first_vkey(ops: list[list[Any]]) -> str | None:
+    """The vector space named by the first stored memory in ``ops`` (a rebuild with no snapshot)."""
+    return next((decode(op[1]).vkey for op in ops if is_put(op) and decode(op[1]).vkey is not None), None)
+
+
+def first_dim(ops: list[list[Any]]) -> int | None:
+    """The dimension of the first stored vector in ``ops`` (a rebuild with no snapshot)."""
+    return next((len(op[2]) // 4 for op in ops if is_put(op) and op[2]), None)
+
+
+def is_put(op: Any) -> bool:
+    """A memory put (person ops are maps, the others lists)."""
+    return isinstance(op, list) and bool(op) and op[0] == "put"

@@ -20,7 +20,7 @@ import numpy as np
 from . import _persistence as files
 from . import journal as jr
 from ._persistence import JOURNAL_FILE, PREV_JOURNAL_FILE, SNAPSHOT_FILE, damage_is_corruption, read_snapshot
-from ._records import Record, decode
+from ._records import Record, decode, first_dim, first_vkey
 from .config import Config
 from .errors import CorruptionError, ReachyMemoryError, StorageError, ValidationError
 from .vector_index import BF16_TOLERANCE, ITEM_BYTES, widen
@@ -73,27 +73,53 @@ def verify(path: str | Path, progress: Progress | None = None) -> VerifyReport:
 
 
 def _verify_dir(path: Path, report: VerifyReport, progress: Progress | None) -> None:
-    snapshot, journal = path / SNAPSHOT_FILE, path / JOURNAL_FILE
-    generation = _verify_snapshot(snapshot, report, progress) if snapshot.exists() else 0
+    snapshot_path, journal = path / SNAPSHOT_FILE, path / JOURNAL_FILE
+    snapshot = _verify_snapshot(snapshot_path, report, progress) if snapshot_path.exists() else None
+    generation = int(snapshot.get("generation", 0)) if snapshot else (-1 if snapshot_path.exists() else 0)
+    frames = None
     if journal.exists():
-        _verify_journal(journal, generation, report)
+        frames = _verify_journal(journal, generation, report)
     elif files.previous_generation_kept(path):
         report.problems.append(f"{journal} is missing although the previous generation is on disk: the writes "
                                "since the last compaction are in it (put it back, or --repair to go on without)")
     if (path / PREV_JOURNAL_FILE).exists():
         _verify_frames(path / PREV_JOURNAL_FILE, report)
-    if not snapshot.exists() and report.ok:
-        report.notes.append("no snapshot yet (a new store, or one never compacted)")
+    if report.ok and generation >= 0:
+        _count_replayed(snapshot, frames or [], journal, report)
+    if not snapshot_path.exists() and report.ok:
+        report.notes.append("no snapshot yet (a new store, or one never compacted): counted from the journal")
     if jr.is_locked(path):
         report.notes.append("the store is open in a running daemon; files were checked read-only")
 
 
-def _verify_snapshot(path: Path, report: VerifyReport, progress: Progress | None) -> int:
+def _count_replayed(snapshot: dict[str, Any] | None, frames: list[Any], journal: Path, report: VerifyReport) -> None:
+    """Memories and vectors as the store opens them: the snapshot, then the journal's
+    frames applied by the store's own state (an op the store would refuse to replay is
+    a problem here too; before, a store never compacted verified as 0 memories)."""
+    from ._state import MemoryState  # late: the state pulls in the indexes, which only this check needs
+
+    ops = [op for frame in frames for op in frame]
+    key = (snapshot or {}).get("model") or first_vkey(ops)
+    state = MemoryState(Config(), int((snapshot or {}).get("dim") or first_dim(ops) or 384), key, key)
+    try:
+        if snapshot is not None:
+            state.load(snapshot)
+        for frame in frames:
+            state.apply_all(frame)
+    except CorruptionError as exc:
+        report.problems.append(f"{journal}: {exc.message}; the store would refuse to open")
+        return
+    report.memories = len(state.records)
+    report.vectors = sum(1 for rec in state.records.values() if rec.vkey is not None)
+
+
+def _verify_snapshot(path: Path, report: VerifyReport, progress: Progress | None) -> dict[str, Any] | None:
+    """Check a snapshot file; returns its content (None, the problem noted, when unreadable)."""
     try:
         snapshot = read_snapshot(path)
     except ReachyMemoryError as exc:
         report.problems.append(str(exc))
-        return -1
+        return None
     records = snapshot["records"]
     report.memories = len(records)
     report.generation = int(snapshot.get("generation", 0))
@@ -104,7 +130,7 @@ def _verify_snapshot(path: Path, report: VerifyReport, progress: Progress | None
     lexical_n = snapshot["lexical"].get("n")
     if lexical_n != len(records):
         report.problems.append(f"lexical index holds {lexical_n} documents for {len(records)} memories")
-    return report.generation
+    return snapshot
 
 
 # How far a stored unit vector's norm may be from 1: a float32 row's rounding, or
@@ -157,20 +183,25 @@ def _check_vector(rec: Record, matrix: np.ndarray, tolerance: float, report: Ver
         report.vectors += 1
 
 
-def _verify_journal(path: Path, generation: int, report: VerifyReport) -> None:
+def _verify_journal(path: Path, generation: int, report: VerifyReport) -> list[Any] | None:
+    """Check the journal; returns its frames of ops when they follow the snapshot of
+    ``generation`` (what an open replays), else None."""
     if not _verify_frames(path, report):
-        return
+        return None
     result = jr.read_file(path, jr.JOURNAL)
     report.journal_frames = max(0, len(result.frames) - 1)
     found = files.journal_generation(result)
     if generation < 0 or found is None:
-        return
+        return None
+    if found == generation:
+        return result.frames[1:]
     if found < generation:
         report.notes.append(f"journal generation {found} predates snapshot {generation}: already folded in, "
                             f"it becomes {PREV_JOURNAL_FILE} on the next open")
-    elif found > generation:
+    else:
         report.problems.append(f"journal generation {found} is newer than the snapshot's {generation}: the snapshot "
                                "is missing or was replaced; 'verify --repair' rebuilds from the previous generation")
+    return None
 
 
 def _verify_frames(path: Path, report: VerifyReport) -> bool:

@@ -673,15 +673,22 @@ class DirLock:
 
 
 def is_locked(directory: Path) -> bool:
-    """True if another process holds ``directory``'s lock."""
-    lock = DirLock(directory)
-    if not lock.path.exists():
-        return False
+    """True if another process holds ``directory``'s lock.  A probe on a read-only
+    open: it creates and writes nothing (``verify`` used to leave its pid in LOCK)."""
     try:
-        lock.acquire()
-    except StoreLockedError:
-        return True
-    lock.release()
+        fd = os.open(directory / "LOCK", os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise StorageError(f"cannot read {directory / 'LOCK'}: {exc.strerror}", path=str(directory)) from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released by the close below
+    except OSError as exc:
+        if exc.errno in (errno.EWOULDBLOCK, errno.EACCES):
+            return True
+        raise StorageError(f"cannot lock {directory / 'LOCK'}: {exc.strerror}", path=str(directory)) from exc
+    finally:
+        os.close(fd)
     return False
 
 

@@ -41,7 +41,7 @@ from . import journal as jr
 from ._backfill import Backfill
 from ._people_ops import PeopleMixin
 from ._persistence import GRAPH_FILE, JOURNAL_FILE, SNAPSHOT_FILE, read_snapshot
-from ._records import Record, decode, encode
+from ._records import Record, encode, first_dim, first_vkey
 from ._state import GROUP, MemoryState
 from ._storage import Storage
 from ._temporal import query_window, window_bonus
@@ -176,10 +176,10 @@ class MemoryStore(PeopleMixin):
         stored_key = snapshot.get("model") if snapshot and not reindex else None  # reindex: the configured model
         self._embedder = self._resolve_embedder(embedder, stored_key)
         self.embedder_error: str | None = getattr(self, "_embedder_error", None)
-        model_key = snapshot.get("model") if snapshot else (_first_vkey(base.ops) if base else None)
+        model_key = snapshot.get("model") if snapshot else (first_vkey(base.ops) if base else None)
         current_key = embedder_key(self._embedder) if self._embedder is not None else model_key
         dim = self._embedder.dim if self._embedder is not None else (
-            (snapshot or {}).get("dim") or (_first_dim(base.ops) if base else None) or 384)
+            (snapshot or {}).get("dim") or (first_dim(base.ops) if base else None) or 384)
         self._state = MemoryState(self._config, dim, current_key, model_key)
         self._storage = Storage(self.path, self._config, self._state, self._lock, snapshot)
         if snapshot is not None:
@@ -855,21 +855,6 @@ def _role(role: Any) -> str:
 def _window_op(role: str, content: str) -> list[Any]:
     """The journal op appending ``role: content`` to the window, now."""
     return ["win", role, content, time.time()]
-
-
-def _first_vkey(ops: list[list[Any]]) -> str | None:
-    """The vector space named by the first stored memory in ``ops`` (a rebuild with no snapshot)."""
-    return next((decode(op[1]).vkey for op in ops if _is_put(op) and decode(op[1]).vkey is not None), None)
-
-
-def _first_dim(ops: list[list[Any]]) -> int | None:
-    """The dimension of the first stored vector in ``ops`` (a rebuild with no snapshot)."""
-    return next((len(op[2]) // 4 for op in ops if _is_put(op) and op[2]), None)
-
-
-def _is_put(op: Any) -> bool:
-    """A memory put (person ops are maps, the others lists)."""
-    return isinstance(op, list) and bool(op) and op[0] == "put"
 
 
 def _both(a: np.ndarray | None, b: np.ndarray | None) -> np.ndarray | None:

@@ -306,3 +306,43 @@ def test_a_snapshot_naming_an_unknown_vector_format_is_refused_and_left_alone(co
     report = bk.verify(config.data_dir)
     assert not report.ok and any("vector block in format" in problem for problem in report.problems)
     assert path.read_bytes() == before
+
+
+def test_verify_counts_a_store_never_compacted_from_its_journal(config: Config) -> None:
+    """A crash before the first compaction leaves only the journal: verify said 'memories 0'."""
+    with MemoryStore(config=config, embedder=HashEmbedder()) as store:
+        ids = [m.id for m in store.store_batch([{"content": f"fact {i}"} for i in range(12)])]
+        store.store("one more note")
+        store.forget(ids[0])
+        abandon(store)
+    assert not (config.data_dir / "snapshot.rms").exists()
+    report = bk.verify(config.data_dir)
+    assert report.ok and (report.memories, report.vectors) == (12, 12)
+    assert any("counted from the journal" in note for note in report.notes)
+
+
+def test_verify_counts_the_journal_after_the_snapshot(config: Config) -> None:
+    with MemoryStore(config=config, embedder=None) as store:
+        ids = [m.id for m in store.store_batch([{"content": f"fact {i}"} for i in range(5)])]
+        store.compact()
+        store.store_batch([{"content": f"later {i}"} for i in range(3)])
+        store.forget(ids[1])
+        abandon(store)
+    report = bk.verify(config.data_dir)
+    assert report.ok and (report.memories, report.vectors) == (7, 0)  # 5 + 3 - 1, none embedded
+
+
+def test_verify_writes_nothing_and_still_sees_a_live_store(config: Config) -> None:
+    with MemoryStore(config=config, embedder=None) as store:
+        store.remember_fact("the charger is in the hallway")
+        lock = config.data_dir / "LOCK"
+        held = lock.read_bytes()
+        report = bk.verify(config.data_dir)
+        assert any("open in a running daemon" in note for note in report.notes)
+        assert lock.read_bytes() == held
+        abandon(store)
+    lock.write_bytes(b"4242\n")  # what a killed daemon left
+    bk.verify(config.data_dir)
+    assert lock.read_bytes() == b"4242\n"  # verify used to write its own pid there
+    lock.unlink()
+    assert not any("running" in note for note in bk.verify(config.data_dir).notes) and not lock.exists()
