@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import os
 import sys
@@ -139,6 +140,24 @@ def _memory_line(m: Memory) -> str:
     return f"{m.id}  [{m.memory_type.value}]  {m.created_at:%Y-%m-%d %H:%M}  {m.content}{meta}"
 
 
+def _stdin_text(max_chars: int) -> str:
+    """The text piped in (``store -``), one final newline dropped.  Reads at most what
+    the daemon would accept (4 bytes a character) plus one: a larger input is
+    refused before it is all read.  Raises ValidationError for text that is not UTF-8
+    or too long."""
+    raw = sys.stdin.buffer.read(4 * max_chars + 1)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValidationError(f"standard input is not UTF-8 text ({exc.reason} at byte {exc.start})",
+                              field="content") from exc
+    text = text.removesuffix("\n").removesuffix("\r")
+    if len(text) > max_chars or len(raw) > 4 * max_chars:
+        raise ValidationError(f"standard input holds more than memory.max_content_chars ({max_chars}) "
+                              "characters", field="content")
+    return text
+
+
 def _metadata(pairs: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for pair in pairs:
@@ -166,8 +185,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_store(args: argparse.Namespace) -> int:
+    content = _stdin_text(_config(args).memory.max_content_chars) if args.content == "-" else args.content
     with _client(args) as c:
-        m = c.store(args.content, args.type, _metadata(args.meta), id=args.id)
+        m = c.store(content, args.type, _metadata(args.meta), id=args.id)
     _out(args, m.to_dict(), lambda d: f"stored {d['id']}")
     return 0
 
@@ -262,6 +282,8 @@ def _stats_text(d: dict[str, Any]) -> str:
              f"embedder {h['embedder'].get('state')}", f"by type {s['store']['by_type']}",
              f"journal {s['store']['journal_bytes']} B  snapshot {s['store']['snapshot_bytes']} B",
              f"last cleanup {h['last_cleanup']}"]
+    if s["store"].get("unembedded"):
+        lines.append(f"memories waiting for a vector: {s['store']['unembedded']} (embedded in idle time)")
     lines += [f"  {op:<24} n={v['count']:<8} err={v['errors']:<5} p50={v['p50_ms']} ms  p99={v['p99_ms']} ms"
               for op, v in s["ops"].items()]
     return "\n".join(lines)
@@ -280,6 +302,8 @@ def cmd_backup(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    if not Path(args.path).expanduser().exists():  # exit 3 as for a missing import file, not 5 (damage)
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), args.path)
     repairs = [r.__dict__ for r in bk.repair(args.path, _config(args))] if args.repair else None
     report = bk.verify(args.path, _progress("verifying")).to_dict()
     data = report if repairs is None else {"repair": repairs, "verify": report}  # --json: one document
@@ -500,7 +524,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--insecure-tcp", action="store_true",
                    help="allow tcp://127.0.0.1 without CURVE (any local user gets full access; logged loudly)")
     p = add("store", cmd_store, "store a memory")
-    p.add_argument("content")
+    p.add_argument("content", help="the text, or - to read it from standard input")
     p.add_argument("--type", default="fact", choices=["fact", "conversation", "context"])
     p.add_argument("--meta", action="append", default=[], metavar="KEY=VALUE", help="metadata (repeatable)")
     p.add_argument("--id", help="client-chosen id (makes retries idempotent)")

@@ -90,12 +90,15 @@ class DaemonProcess:
         return self.proc.returncode
 
 
-def run_cli(daemon: DaemonProcess, *argv: str) -> subprocess.CompletedProcess[str]:
-    """``reachy-memory ARGV --config <daemon's config>`` in a child process (bounded in time)."""
+def run_cli(daemon: DaemonProcess, *argv: str, stdin: bytes = b"") -> subprocess.CompletedProcess[str]:
+    """``reachy-memory ARGV --config <daemon's config>`` in a child process (bounded in
+    time), ``stdin`` piped in (empty by default: a command never waits on the terminal)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("REACHY_MEMORY_ENDPOINT", None)
-    return subprocess.run([sys.executable, "-m", "reachy_memory.cli", *argv, "--config", str(daemon.config_path)],
-                          capture_output=True, text=True, timeout=120, env=env)
+    done = subprocess.run([sys.executable, "-m", "reachy_memory.cli", *argv, "--config", str(daemon.config_path)],
+                          input=stdin, capture_output=True, timeout=120, env=env)
+    return subprocess.CompletedProcess(done.args, done.returncode, done.stdout.decode(errors="replace"),
+                                       done.stderr.decode(errors="replace"))
 
 
 def never_reading_dealer(ctx: zmq.Context[Any], endpoint: str) -> zmq.Socket[Any]:

@@ -39,6 +39,29 @@ def test_store_search_get_forget(daemon: DaemonProcess) -> None:
     assert cli(daemon, "forget", memory["id"]).returncode == 3
 
 
+@pytest.mark.parametrize(("piped", "stored"), [
+    (b"The spare key is under the blue pot\n", "The spare key is under the blue pot"),  # echo's newline dropped
+    (b"two lines\nof text\r\n", "two lines\nof text"),  # only the final line end goes
+    ("caf\u00e9 au lait".encode(), "caf\u00e9 au lait"),  # UTF-8
+])
+def test_store_dash_reads_standard_input(daemon: DaemonProcess, piped: bytes, stored: str) -> None:
+    out = cli(daemon, "store", "-", "--json", stdin=piped)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["content"] == stored
+
+
+@pytest.mark.parametrize("piped", [
+    b"\xff\xfe not UTF-8",  # refused, not stored as mojibake
+    b"",  # nothing piped: empty content
+    b"x" * (16_000 * 4 + 1),  # over memory.max_content_chars, refused before the rest is read
+])
+def test_store_dash_refuses_bad_standard_input(daemon: DaemonProcess, piped: bytes) -> None:
+    before = json.loads(cli(daemon, "stats", "--json").stdout)["stats"]["store"]["memories"]
+    out = cli(daemon, "store", "-", stdin=piped)
+    assert out.returncode == 2 and out.stderr.startswith("error:") and "Traceback" not in out.stderr
+    assert json.loads(cli(daemon, "stats", "--json").stdout)["stats"]["store"]["memories"] == before
+
+
 @pytest.mark.parametrize(
     ("args", "code"),
     [
@@ -46,6 +69,7 @@ def test_store_search_get_forget(daemon: DaemonProcess) -> None:
         (["store", "x", "--meta", "novalue"], 2),  # malformed --meta
         (["search", "x", "--where", '{"a": {"$regex": "b"}}'], 2),  # unknown operator
         (["get", "no-such-id"], 3),  # not found
+        (["verify", "/nonexistent/backup.rms"], 3),  # a missing path is not found (it was 5, damage)
         (["stats", "--endpoint", "ipc:///nonexistent/dir/sock", "--timeout", "0.3"], 4),  # no daemon
     ],
 )
