@@ -193,19 +193,35 @@ def follows_of(head: Any) -> tuple[int, int] | None:
     return None
 
 
+def frames_not_in_snapshot(result: jr.ReadResult, generation: int, follows: tuple[int, int] | None) -> list[Any]:
+    """The frames of an older journal (of ``generation``) that a snapshot covering
+    ``follows`` does not hold: those from the offset it names on (none when it names
+    no offset in this journal: then the snapshot holds all of it)."""
+    if follows is None or follows[0] != generation:
+        return []
+    return [frame for frame, offset in zip(result.frames[1:], result.offsets[1:], strict=True) if offset >= follows[1]]
+
+
+def next_journal_in_place_of(directory: Path, generation: int) -> Path | None:
+    """``journal.next.rmj`` when it stands for the missing ``journal.rmj`` (a compaction
+    died between its two journal renames; see :func:`complete_switch`), else None."""
+    current, nxt = directory / JOURNAL_FILE, directory / NEXT_JOURNAL_FILE
+    if current.exists() or not nxt.exists():
+        return None
+    return nxt if journal_generation(jr.read_file(nxt, jr.JOURNAL)) == generation else None
+
+
 def complete_switch(directory: Path, generation: int) -> bool:
     """Finish a compaction that died between its two journal renames.
 
     When ``journal.rmj`` is missing and ``journal.next.rmj`` is the journal of
     the snapshot's ``generation``, rename it into place; returns True if it did.
     """
-    current, nxt = directory / JOURNAL_FILE, directory / NEXT_JOURNAL_FILE
-    if current.exists() or not nxt.exists():
-        return False
-    if journal_generation(jr.read_file(nxt, jr.JOURNAL)) != generation:
+    nxt = next_journal_in_place_of(directory, generation)
+    if nxt is None:
         return False
     try:
-        os.replace(nxt, current)
+        os.replace(nxt, directory / JOURNAL_FILE)
         jr.fsync_dir(directory)
     except OSError as exc:
         raise StorageError(f"cannot finish the journal switch: {exc.strerror}", path=str(nxt)) from exc

@@ -212,7 +212,9 @@ class MemoryState:
             self._replace(rec, rec.replace(previous_text=None))
 
     def _put(self, rec: Record, vector: bytes | None) -> None:
-        if rec.id in self.records:
+        replaced = self.records.get(rec.id)
+        was_last = replaced is not None and replaced is self._last_turn
+        if replaced is not None:
             self._delete(rec.id)
         if self._ghosts and not self._free:
             self.bury(BULK)  # without idle time (in-process use), a deletion's slots come back here
@@ -223,8 +225,11 @@ class MemoryState:
         self.lexical.add(slot, *rec.words)
         if indexed and vector is not None:
             self.vectors.add(slot, np.frombuffer(vector, np.float32), GROUP[rec.type])
-        if rec.type == MemoryType.CONVERSATION.value and _not_older(rec, self.last_turn):
-            self.last_turn = rec  # an imported, re-embedded or back-dated turn is not the newest
+        # An imported, re-embedded or back-dated turn is not the newest; a rewritten one
+        # (a vector added, links changed) keeps its place: it wins a tie only if it held it.
+        if rec.type == MemoryType.CONVERSATION.value and (
+                was_last or _not_older(rec, self.last_turn, rewritten=replaced is not None)):
+            self.last_turn = rec
 
     def _share_links(self, rec: Record) -> None:
         """Point ``rec``'s link fields (not yet placed) at the strings of the turn it
@@ -641,6 +646,9 @@ def _decode_stored(obj: Any) -> Record:
         raise CorruptionError(f"bad record in snapshot: {exc}", path="", offset=-1) from exc
 
 
-def _not_older(rec: Record, newest: Record | None) -> bool:
-    """True when ``rec`` may be the newest conversation turn (ties: the later write wins)."""
-    return newest is None or rec.id == newest.id or rec.created >= newest.created
+def _not_older(rec: Record, newest: Record | None, *, rewritten: bool = False) -> bool:
+    """True when ``rec`` may be the newest conversation turn (ties: the later write wins,
+    unless ``rec`` rewrites a stored turn: its first write already lost that tie)."""
+    if newest is None or rec.id == newest.id:
+        return True
+    return rec.created > newest.created if rewritten else rec.created >= newest.created

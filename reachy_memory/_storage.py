@@ -188,8 +188,7 @@ class Storage:
         carried into the snapshot's journal, and this one is moved, never rewritten.
         """
         follows = self.follows if self.follows and self.follows[0] == generation else None
-        tail = [frame for frame, offset in zip(result.frames[1:], result.offsets[1:], strict=True)
-                if follows is not None and offset >= follows[1]]
+        tail = files.frames_not_in_snapshot(result, generation, follows)
         for ops in tail:
             self.apply(ops)
         self.journal_generation = generation

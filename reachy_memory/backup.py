@@ -73,12 +73,12 @@ def verify(path: str | Path, progress: Progress | None = None) -> VerifyReport:
 
 
 def _verify_dir(path: Path, report: VerifyReport, progress: Progress | None) -> None:
-    snapshot_path, journal = path / SNAPSHOT_FILE, path / JOURNAL_FILE
+    snapshot_path = path / SNAPSHOT_FILE
     snapshot = _verify_snapshot(snapshot_path, report, progress) if snapshot_path.exists() else None
     generation = int(snapshot.get("generation", 0)) if snapshot else (-1 if snapshot_path.exists() else 0)
-    frames = None
+    journal, frames = _journal_of(path, generation, report), None
     if journal.exists():
-        frames = _verify_journal(journal, generation, report)
+        frames = _verify_journal(journal, generation, files.follows_of(snapshot), report)
     elif files.previous_generation_kept(path):
         report.problems.append(f"{journal} is missing although the previous generation is on disk: the writes "
                                "since the last compaction are in it (put it back, or --repair to go on without)")
@@ -90,6 +90,17 @@ def _verify_dir(path: Path, report: VerifyReport, progress: Progress | None) -> 
         report.notes.append("no snapshot yet (a new store, or one never compacted): counted from the journal")
     if jr.is_locked(path):
         report.notes.append("the store is open in a running daemon; files were checked read-only")
+
+
+def _journal_of(path: Path, generation: int, report: VerifyReport) -> Path:
+    """The journal an open would replay: ``journal.rmj``, or ``journal.next.rmj`` standing
+    in for it after a compaction that died between its renames (the open finishes it)."""
+    nxt = files.next_journal_in_place_of(path, generation) if generation >= 0 else None
+    if nxt is None:
+        return path / JOURNAL_FILE
+    report.notes.append(f"a compaction stopped between its journal renames: {nxt.name} is the journal "
+                        f"(the next open renames it to {JOURNAL_FILE})")
+    return nxt
 
 
 def _count_replayed(snapshot: dict[str, Any] | None, frames: list[Any], journal: Path, report: VerifyReport) -> None:
@@ -183,9 +194,11 @@ def _check_vector(rec: Record, matrix: np.ndarray, tolerance: float, report: Ver
         report.vectors += 1
 
 
-def _verify_journal(path: Path, generation: int, report: VerifyReport) -> list[Any] | None:
-    """Check the journal; returns its frames of ops when they follow the snapshot of
-    ``generation`` (what an open replays), else None."""
+def _verify_journal(path: Path, generation: int, follows: tuple[int, int] | None,
+                    report: VerifyReport) -> list[Any] | None:
+    """Check the journal; returns the frames an open replays after the snapshot of
+    ``generation`` (which covers an older journal up to ``follows``), or None when
+    the journal does not follow it."""
     if not _verify_frames(path, report):
         return None
     result = jr.read_file(path, jr.JOURNAL)
@@ -196,8 +209,11 @@ def _verify_journal(path: Path, generation: int, report: VerifyReport) -> list[A
     if found == generation:
         return result.frames[1:]
     if found < generation:
-        report.notes.append(f"journal generation {found} predates snapshot {generation}: already folded in, "
-                            f"it becomes {PREV_JOURNAL_FILE} on the next open")
+        tail = files.frames_not_in_snapshot(result, found, follows)
+        report.notes.append(f"journal generation {found} predates snapshot {generation} (a compaction stopped "
+                            f"before its journal switch): {len(tail)} frames after the snapshot are counted, "
+                            f"and the next open carries them into a new journal")
+        return tail
     else:
         report.problems.append(f"journal generation {found} is newer than the snapshot's {generation}: the snapshot "
                                "is missing or was replaced; 'verify --repair' rebuilds from the previous generation")

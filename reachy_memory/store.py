@@ -253,7 +253,7 @@ class MemoryStore(PeopleMixin):
             self._commit([["model", key]])
         missing = self._backfill.plan(self._state.records.values(), key)
         if missing:
-            log.warning("%d memories have no vector from %s: the daemon embeds them in idle time, newest first "
+            log.warning("%d memories have no vector from %s: the daemon embeds them in idle time, oldest first "
                         "(MemoryStore.maintain(); 'reachy-memory reindex' does all at once)", missing, key)
 
     # -- the mutation funnel -----------------------------------------------------------
@@ -668,23 +668,37 @@ class MemoryStore(PeopleMixin):
 
     def _backfill_step(self, seconds: float = BACKFILL_STEP_SECONDS) -> int:
         """Embed queued memories one at a time for about ``seconds`` (at least one),
-        committing their vectors in frames of ``COMMIT_EVERY``; returns how many it embedded."""
-        if self._embedder is None or not self._backfill.ready():
+        committing their vectors in frames of ``COMMIT_EVERY``; returns how many it embedded.
+        Nothing while the journal refuses writes (each vector would be thrown away)."""
+        if self._embedder is None or self._storage.failure or not self._backfill.ready():
             return 0
         key, count = self._state.current_key, 0
         until = time.monotonic() + seconds
-        while time.monotonic() < until and (rec := self._backfill.take(self._state.records, key)) is not None:
+        while (rec := self._backfill.take(self._state.records, key)) is not None:
             vector = self._embed([self._stored_text(rec)])
             if vector is None:
                 self._backfill.put_back(rec)  # the model failed (logged): paused, tried again later
                 break
             self._backfill.hold(rec, vector[0].tobytes())
             count += 1
-        if self._backfill.due() and (ops := self._backfill.drain(self._state.records, key)):
-            self._commit(ops)
-            if not len(self._backfill):
-                log.info("embedded the %d memories that had no vector", self._backfill.embedded)
+            if time.monotonic() >= until:
+                break
+        if self._backfill.due():
+            self._commit_backfill(key)
         return count
+
+    def _commit_backfill(self, key: str | None) -> None:
+        ops = self._backfill.drain(self._state.records, key)
+        if not ops:
+            return
+        try:
+            self._commit(ops)
+        except ReachyMemoryError:
+            self._backfill.failed(ops)  # queued again (paused): not lost until the next open
+            raise
+        self._backfill.committed(ops)
+        if not len(self._backfill):
+            log.info("embedded the %d memories that had no vector", self._backfill.embedded)
 
     def _stored_text(self, rec: Record) -> str:
         """What is embedded for a stored memory: a turn with the turn it follows."""

@@ -36,11 +36,13 @@ def _idle(store: MemoryStore, limit: int = 1000) -> int:
 # -- the queue ---------------------------------------------------------------------
 
 
-def test_plan_queues_only_memories_without_the_current_vector_newest_first() -> None:
-    records = {r.id: r for r in (_rec("old", 1.0), _rec("new", 3.0), _rec("done", 2.0, "m"), _rec("other", 4.0, "x"))}
+def test_plan_queues_only_memories_without_the_current_vector_in_stored_order() -> None:
+    records = {r.id: r for r in (_rec("new", 3.0), _rec("old", 1.0), _rec("done", 2.0, "m"), _rec("other", 4.0, "x"),
+                                 _rec("tie", 3.0))}
     queue = Backfill()
-    assert queue.plan(records.values(), "m") == 3  # "other" has a foreign vector: re-embedded too
-    assert [queue.take(records, "m").id for _ in range(3)] == ["other", "new", "old"]  # type: ignore[union-attr]
+    assert queue.plan(records.values(), "m") == 4  # "other" has a foreign vector: re-embedded too
+    # oldest first; "new" and "tie" share a time and keep the table's order
+    assert [queue.take(records, "m").id for _ in range(4)] == ["old", "new", "tie", "other"]  # type: ignore[union-attr]
     assert queue.take(records, "m") is None and len(queue) == 0
 
 
@@ -167,8 +169,83 @@ def test_vectors_are_committed_sixteen_to_a_frame_and_a_changed_memory_is_requeu
         assert rec is not None and not queue.due()
         queue.hold(rec, b"v")
     assert queue.due() and len(queue) == 20  # 16 held make a frame; held ones still count as waiting
-    records["m19"] = records["m19"].replace(content="changed while it was embedded")
+    records["m15"] = records["m15"].replace(content="changed while it was embedded")
     ops = queue.drain(records, "k")
     assert len(ops) == 15 and all(op[1]["vkey"] == "k" and op[2] == b"v" for op in ops)
-    assert "m19" not in {op[1]["id"] for op in ops} and len(queue) == 5  # m19 queued again, with m00-m03
-    assert queue.take(records, "k") is records["m19"]
+    assert "m15" not in {op[1]["id"] for op in ops} and len(queue) == 5  # m15 queued again, behind m16-m19
+    assert [queue.take(records, "k").id for _ in range(5)] == ["m16", "m17", "m18", "m19", "m15"]  # type: ignore[union-attr]
+
+
+def test_a_batch_of_turns_keeps_its_newest_turn_through_a_backfill(tmp_path: Path) -> None:
+    """Turns of one batch share a time: re-putting them newest first made the batch's
+    first turn the 'last turn' (the next turn then followed, and was embedded with,
+    the wrong one), and the snapshot kept that order after a restart."""
+    turns = [{"content": text, "memory_type": "conversation"}
+             for text in ("Do you like hiking?", "Yes, every Sunday with my sister.", "With Tom too.")]
+    with MemoryStore(tmp_path, embedder=None) as store:
+        newest = store.store_batch(turns)[-1]
+    with MemoryStore(tmp_path, embedder=HashEmbedder()) as store:
+        assert store.stats()["unembedded"] == 3
+        store.maintain()  # a step: the batch is part way through
+        assert store._state.last_turn.id == newest.id  # type: ignore[union-attr]
+        _idle(store)
+        assert store._state.last_turn.id == newest.id  # type: ignore[union-attr]
+        after = store.remember_conversation("Where do you go?")
+        assert store._state.records[after.id].follows == newest.id
+    with MemoryStore(tmp_path, embedder=HashEmbedder()) as store:  # compacted at close: the order held
+        assert store._state.last_turn.id == after.id  # type: ignore[union-attr]
+        assert store._state.records[after.id].follows == newest.id
+
+
+def test_a_frame_that_cannot_be_written_keeps_its_memories_queued(tmp_path: Path) -> None:
+    from reachy_memory import StorageFullError
+
+    with MemoryStore(tmp_path, embedder=None) as store:
+        for i in range(5):
+            store.remember_fact(f"fact number {i}")
+    with MemoryStore(tmp_path, embedder=HashEmbedder()) as store:
+        real = store._storage.append
+
+        def full_once(ops: list[Any], durable: bool = False) -> None:
+            store._storage.append = real  # type: ignore[method-assign]
+            raise StorageFullError("disk full", path=str(tmp_path))
+
+        store._storage.append = full_once  # type: ignore[method-assign]
+        with pytest.raises(StorageFullError):
+            _idle(store)
+        assert store.stats()["unembedded"] == 5  # queued again (was 0: dropped until the next open)
+        assert store.maintain() == 0  # paused after the failure
+        store._backfill._paused_until = 0.0  # the pause is over
+        _idle(store)
+        assert store.stats()["unembedded"] == 0
+        assert all(r.vkey is not None for r in store._state.records.values())
+
+
+def test_a_read_only_store_embeds_nothing(tmp_path: Path) -> None:
+    """With the journal refusing writes (an fsync failed) every vector would be thrown away."""
+    with MemoryStore(tmp_path, embedder=None) as store:
+        store.remember_fact("the charger is in the hallway")
+    model = HashEmbedder()
+    with MemoryStore(tmp_path, embedder=model) as store:
+        store._storage.journal.failure = "fsync failed (simulated)"
+        assert store.maintain() == 0 and model.calls == 0 and store.stats()["unembedded"] == 1
+        store._storage.journal.failure = None
+
+
+def test_one_text_the_model_fails_on_does_not_hold_up_the_others(tmp_path: Path) -> None:
+    class Picky(HashEmbedder):
+        def embed(self, texts: list[str]) -> np.ndarray:
+            self.fail = any("POISON" in t for t in texts)
+            return super().embed(texts)
+
+    with MemoryStore(tmp_path, embedder=None) as store:
+        for i in range(5):
+            store.remember_fact(f"ordinary fact {i}")
+            if i == 1:
+                store.remember_fact("POISON: the text the model fails on")  # in the middle of the queue
+    with MemoryStore(tmp_path, embedder=Picky()) as store:
+        for _ in range(3):  # each pause ends; the poisoned one goes to the back each time
+            _idle(store)
+            store._backfill._paused_until = 0.0
+        lacking = [r.content for r in store._state.records.values() if r.vkey is None]
+        assert lacking == ["POISON: the text the model fails on"]

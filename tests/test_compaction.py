@@ -50,6 +50,13 @@ def _check(config: Config, ids: list[str], window: list[str]) -> None:
         assert len(store) == len(ids)
 
 
+def _verified(config: Config, ids: list[str]) -> None:
+    """verify, before an open finishes anything, counts what the open will find (it
+    counted 10 of 20 with the journal still in use, and failed the store between renames)."""
+    report = bk.verify(config.data_dir)
+    assert report.ok and report.memories == len(ids), report.to_dict()
+
+
 def _crash_on_call(n: int, real: Any) -> Any:
     calls = {"n": 0}
 
@@ -92,6 +99,7 @@ def test_writes_during_a_compaction_survive_a_crash_at_each_step(config: Config,
             store.compact()
     monkeypatch.undo()
     abandon(store)
+    _verified(config, ids)
     _check(config, ids, ["first turn", "a turn"])
 
 
@@ -113,6 +121,7 @@ def test_a_full_disk_at_the_journal_switch_keeps_the_journal_in_use(config: Conf
     assert store.read_only is None
     ids += [store.store(f"after {i}").id for i in range(5)]
     abandon(store)
+    _verified(config, ids)
     _check(config, ids, ["a turn"])
     with _reopened(config) as again:  # the next compaction switches journals normally
         ids.append(again.store("later").id)
