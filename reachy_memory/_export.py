@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ._people_ops import check_import_memory, check_import_person
+from ._people_ops import check_import_memory, check_import_person, check_supersession
 from .config import Config
 from .errors import ValidationError
 
@@ -34,7 +34,8 @@ def read_jsonl(path: Path, config: Config) -> tuple[list[dict[str, Any]], list[d
     Lines end at ``\\n`` only (a text may hold U+2028, which ``splitlines`` would cut
     at); a UTF-8 BOM and ``\\r\\n`` are accepted.  Raises ValidationError naming the
     file and line: not UTF-8, not JSON, not an exported entry, refused by import, or
-    an id given twice with different fields.
+    an id given twice with different fields; or naming the file, for supersession
+    links that loop.
     """
     try:
         text = path.read_bytes().decode("utf-8-sig")
@@ -48,6 +49,7 @@ def read_jsonl(path: Path, config: Config) -> tuple[list[dict[str, Any]], list[d
             entry = _entry(f"{path.name} line {n}", line.removesuffix("\r"), config)
             _once(seen, n, entry, path.name)
             (people if entry.get("kind") == "person" else memories).append(entry)
+    check_supersession(path.name, memories)
     return memories, people
 
 
@@ -59,6 +61,7 @@ def check_entries(memories: list[dict[str, Any]], people: list[dict[str, Any]], 
         check_import_person(f"{source}: person {person.get('name') or n!r}", person)
     for memory in memories:
         check_import_memory(f"{source}: memory {str(memory.get('content', ''))[:40]!r}", memory, config)
+    check_supersession(source, memories)
 
 
 def _entry(where: str, line: str, config: Config) -> dict[str, Any]:

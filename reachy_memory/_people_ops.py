@@ -456,6 +456,7 @@ class PeopleMixin:
         Raises ValidationError naming the entry at fault."""
         for n, person in enumerate(people):  # every entry checked before any write
             _person_op(f"person {n}", person)
+        check_supersession("import", memories)
         created = [check_import_memory(f"memory {n}", m, self._config)["created"] for n, m in enumerate(memories)]
         # Oldest first across batches too: a turn links to the turn before it as it is stored.
         memories = [memories[i] for i in sorted(range(len(memories)), key=created.__getitem__)]
@@ -472,6 +473,7 @@ class PeopleMixin:
         already present are left out.  Raises ValidationError naming the entry at fault."""
         self._require_open()
         person_ops = [_person_op(f"person {n}", p) for n, p in enumerate(people)]
+        check_supersession("import", memories)
         # In time order: a conversation turn links to the turn before it as it is stored.
         rows = sorted((check_import_memory(f"memory {n}", m, self._config) for n, m in enumerate(memories)),
                       key=lambda r: r["created"])
@@ -595,6 +597,28 @@ class _Import:
     person_ops: list[dict[str, Any]]
     rows: list[dict[str, Any]]
     ops: dict[str, list[Any]]  # by memory id: the prepared put
+
+
+def check_supersession(source: str, memories: Sequence[Any]) -> None:
+    """Refuse ``superseded_by`` links that loop (a memory superseded by itself, or A by
+    B and B by A): each memory of the loop would point past the other, and those
+    marked superseded would all be hidden with no current one to show.
+    ValidationError naming ``source`` and the loop.  Links to memories outside
+    ``memories`` are not followed (they may be stored already)."""
+    after: dict[str, str] = {m["id"]: m["superseded_by"] for m in memories
+             if isinstance(m, Mapping) and isinstance(m.get("id"), str) and isinstance(m.get("superseded_by"), str)}
+    cleared: set[str] = set()  # ids whose chain was walked to its end: each is walked once
+    for start in after:
+        path: list[str] = []
+        node = start
+        while node in after and node not in cleared and node not in path:
+            path.append(node)
+            node = after[node]
+        if node in path:
+            loop = [*path[path.index(node):], node]
+            raise ValidationError(f"{source}: superseded_by links loop ({' -> '.join(loop)}): every memory in it "
+                                  "would be superseded by another of them", field="superseded_by")
+        cleared.update(path)
 
 
 def check_import_memory(where: str, memory: Any, config: Config) -> dict[str, Any]:

@@ -220,6 +220,9 @@ def test_import_reads_what_export_wrote_and_refuses_a_bad_file_whole(daemon: Dae
     for name, lines, says in [
         ("late.jsonl", [good] * 2 + [good.replace("2026-01-02", "2026-02-30")], "late.jsonl line 3"),  # bad date
         ("twice.jsonl", [good, good.replace("a new fact", "another")], "also on line 1"),  # one id, two texts
+        ("loop.jsonl", [good.replace('"type"', '"superseded_by": "new-2", "type"'),  # new-1 -> new-2 -> new-1
+                        good.replace("new-1", "new-2").replace('"type"', '"superseded_by": "new-1", "type"')],
+         "loop.jsonl: superseded_by links loop"),
     ]:
         (tmp_path / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
         out = cli(daemon, "import", str(tmp_path / name))

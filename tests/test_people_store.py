@@ -601,3 +601,28 @@ def test_confirmed_facts_do_not_push_a_conflicting_one_out_of_supersession(peopl
     coffee = people_store.remember("Tom's favourite drink is coffee", subjects=["Tom"])[0]
     people_store.remember("Tom's favourite drink is tea", subjects=["Tom"])
     assert people_store.get(coffee.id).superseded_at is not None
+
+
+@pytest.mark.parametrize("links", [
+    {"a": "a"},  # superseded by itself
+    {"a": "b", "b": "a"},  # by each other: both hidden, neither current
+    {"a": "b", "b": "c", "c": "a", "d": "a"},  # a longer loop, reached from outside it
+])
+def test_an_import_whose_supersession_links_loop_writes_nothing(lexical_store: MemoryStore,
+                                                                links: dict[str, str]) -> None:
+    memories = [{"id": i, "content": f"fact {i}", "created_at": 1.7e9, "superseded_at": 1.7e9 + 1,
+                 "superseded_by": to} for i, to in links.items()]
+    with pytest.raises(ValidationError, match="loop") as err:
+        lexical_store.import_memories([{"id": "ok", "content": "kept out too", "created_at": 1.7e9}, *memories])
+    assert err.value.field == "superseded_by" and len(lexical_store) == 0
+
+
+def test_an_import_with_a_supersession_chain_is_accepted(lexical_store: MemoryStore) -> None:
+    chain = [{"id": "v1", "content": "Ida lives in Lyon", "created_at": 1.7e9, "superseded_at": 1.7e9 + 5,
+              "superseded_by": "v2"},
+             {"id": "v2", "content": "Ida lives in Paris", "created_at": 1.7e9 + 5, "superseded_at": 1.7e9 + 9,
+              "superseded_by": "v3"},
+             {"id": "v3", "content": "Ida lives in Nice", "created_at": 1.7e9 + 9},
+             {"id": "x", "content": "superseded by a stored memory", "created_at": 1.7e9, "superseded_by": "elsewhere"}]
+    assert lexical_store.import_memories(chain)["memories"] == 4
+    assert [m.id for m in lexical_store.history("v2")] == ["v1", "v2", "v3"]
