@@ -471,7 +471,20 @@ def cmd_model(args: argparse.Namespace) -> int:
     files = ensure_model(config, progress=say)
     _out(args, {"onnx": str(files.onnx), "tokenizer": str(files.tokenizer), **files.identity},
          lambda d: f"model ready: {d['name']} {d['precision']} sha256 {d['sha256'][:12]}… ({d['onnx']})")
+    if _daemon_without_model(args):
+        say("the running daemon started without a model: restart it to use this one (on the robot: sudo "
+            "systemctl restart reachy-memory); what it stored meanwhile then gets its vectors in idle time")
     return 0
+
+
+def _daemon_without_model(args: argparse.Namespace) -> bool:
+    """A daemon answers on the configured endpoint and runs lexical-only (any failure to
+    ask, no daemon included, is False: the hint is a courtesy, never an error)."""
+    try:
+        with _client(args) as c:
+            return bool(c.health(timeout=1.0)["embedder"].get("state") != "ready")
+    except (ReachyMemoryError, OSError):
+        return False
 
 
 def cmd_reindex(args: argparse.Namespace) -> int:

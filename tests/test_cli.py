@@ -365,3 +365,14 @@ def test_a_daemon_on_a_relative_data_dir_is_recognised_from_elsewhere(tmp_path: 
         assert other.returncode == 2 and "serves" in other.stderr
     finally:
         daemon.stop()
+
+
+def test_model_info_says_when_the_running_daemon_has_no_model(daemon: DaemonProcess, tmp_path: Path) -> None:
+    """The first-run mistake (a daemon started before 'model fetch'): fetching the model
+    does not reach a daemon already running; the command says to restart it."""
+    ready = cli(daemon, "model", "info")
+    assert ready.returncode == 0 and "restart" not in ready.stderr  # this daemon has its model
+    with DaemonProcess(tmp_path, embedding={"enabled": False}) as lexical:
+        out = cli(lexical, "model", "info")
+        assert out.returncode == 0, out.stderr
+        assert "started without a model: restart it" in out.stderr
