@@ -14,6 +14,7 @@ import errno
 import json
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -471,20 +472,34 @@ def cmd_model(args: argparse.Namespace) -> int:
     files = ensure_model(config, progress=say)
     _out(args, {"onnx": str(files.onnx), "tokenizer": str(files.tokenizer), **files.identity},
          lambda d: f"model ready: {d['name']} {d['precision']} sha256 {d['sha256'][:12]}… ({d['onnx']})")
-    if _daemon_without_model(args):
-        say("the running daemon started without a model: restart it to use this one (on the robot: sudo "
-            "systemctl restart reachy-memory); what it stored meanwhile then gets its vectors in idle time")
+    _tell_about_daemon(args, say)
     return 0
 
 
-def _daemon_without_model(args: argparse.Namespace) -> bool:
-    """A daemon answers on the configured endpoint and runs lexical-only (any failure to
-    ask, no daemon included, is False: the hint is a courtesy, never an error)."""
+def _tell_about_daemon(args: argparse.Namespace, say: Callable[[str], None]) -> None:
+    """When a daemon answers and runs without a model, say whether it picks this one up
+    (it looks for the weights every few seconds) or needs a restart.  A courtesy: any
+    failure to ask, no daemon included, says nothing."""
+    from .server import MODEL_POLL_SECONDS
+
     try:
         with _client(args) as c:
-            return bool(c.health(timeout=1.0)["embedder"].get("state") != "ready")
+            embedder = c.health(timeout=1.0)["embedder"]
+            if embedder.get("state") == "ready":
+                return
+            if embedder.get("error") is None:
+                say("the running daemon has embedding turned off (embedding.enabled: false)")
+                return
+            deadline = time.monotonic() + MODEL_POLL_SECONDS + 5
+            while time.monotonic() < deadline and embedder.get("state") != "ready":
+                time.sleep(0.5)
+                embedder = c.health(timeout=1.0)["embedder"]
     except (ReachyMemoryError, OSError):
-        return False
+        return
+    say("the running daemon loaded it; what it stored without a model gets its vectors in idle time"
+        if embedder.get("state") == "ready" else
+        "the running daemon has not loaded it (another config or data directory?): restart it "
+        "(on the robot: sudo systemctl restart reachy-memory)")
 
 
 def cmd_reindex(args: argparse.Namespace) -> int:

@@ -97,6 +97,13 @@ def sha256_of(path: Path) -> str:
 
 def find_weights(config: Config) -> Path | None:
     """The first source folder that holds usable files, or None."""
+    return local_weights(config) or (_from_hub() if config.embedding.allow_hub else None)
+
+
+def local_weights(config: Config) -> Path | None:
+    """The configured ``model_dir`` or the fetched weights, if they are on disk (a few
+    ``stat`` calls, no network: a daemon waiting for the model asks every few seconds).
+    Raises ModelUnavailableError for a ``model_dir`` that lacks them."""
     if config.embedding.model_dir:
         folder = Path(config.embedding.model_dir).expanduser()
         has_model = any((folder / f).exists() for f in ("model.onnx", "model.safetensors"))
@@ -104,11 +111,7 @@ def find_weights(config: Config) -> Path | None:
             return folder
         raise ModelUnavailableError(f"embedding.model_dir {folder} lacks tokenizer.json and model.onnx/.safetensors")
     cached = download_dir(config) / MODEL_NAME
-    if all((cached / name).exists() for name in NEEDED):
-        return cached
-    if config.embedding.allow_hub:
-        return _from_hub()
-    return None
+    return cached if all((cached / name).exists() for name in NEEDED) else None
 
 
 def _from_hub() -> Path | None:
@@ -132,14 +135,17 @@ def fetch(config: Config, progress: Progress = log.info) -> Path:
     if all((target / n).exists() for n in NEEDED) and sha256_of(target / "model.safetensors") == WEIGHTS_SHA256:
         progress(f"model already present in {target}")
         return target
-    with tempfile.TemporaryDirectory(prefix="reachy-memory-fetch-") as tmp:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Staged beside the target and renamed into place: the folder appears whole (a
+    # daemon waiting for the model looks for it; a move across file systems copied file by file).
+    with tempfile.TemporaryDirectory(prefix="reachy-memory-fetch-") as tmp, \
+            tempfile.TemporaryDirectory(prefix=".fetch-", dir=target.parent) as stage:
         wheel = _pip_download(Path(tmp), progress)
-        staged = Path(tmp) / "model"
+        staged = Path(stage) / "model"
         _extract(wheel, staged, progress)
         _verify(staged / "model.safetensors")
-        target.parent.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(target, ignore_errors=True)
-        shutil.move(str(staged), str(target))
+        os.replace(staged, target)
     progress(f"model installed in {target}")
     return target
 

@@ -39,7 +39,7 @@ from ._operations import LANES, OPERATIONS, check_args
 from ._systemd import notify, watchdog_interval
 from ._threads import bound_native_heap, release_free_heap
 from .config import Config, ServerConfig
-from .embedding import describe
+from .embedding import describe, load_embedder
 from .endpoint import (
     EndpointLock,
     check_endpoint,
@@ -52,6 +52,7 @@ from .errors import (
     AlreadyRunningError,
     BusyError,
     ConfigError,
+    ModelUnavailableError,
     ProtocolError,
     ReachyMemoryError,
     RequestTimeoutError,
@@ -59,6 +60,7 @@ from .errors import (
     ValidationError,
 )
 from .model import to_epoch
+from .model_files import local_weights
 from .store import MemoryStore
 
 log = logging.getLogger(__name__)
@@ -73,6 +75,7 @@ REPLY_HWM = 256
 CAPPED = frozenset({"search", "recall", "export", "history", "context_for", "people"})
 IDLE_STEP = 8  # vectors (or buried records) per upkeep step: 2-4 ms of graph insertion on this VM
 IDLE_SLICE = 0.04  # seconds of upkeep per idle tick (the engine then checks its queue again)
+MODEL_POLL_SECONDS = 5.0  # a daemon started before 'model fetch' looks for the weights this often (stat calls)
 INLINE = LANES["inline"]  # answered on the I/O thread (lock-free views)
 EMBEDDED = LANES["embed"]  # embedded on the embedding thread, committed on the engine thread
 # SIGTERM's worst case, part by part: the I/O loop lets in-flight requests finish for up to
@@ -180,6 +183,9 @@ class Daemon:
         except BaseException:
             self._endpoint_lock.release()
             raise
+        # Started before 'model fetch': the I/O thread looks for the weights and loads them
+        # when they appear (the store then embeds what it holds in idle time).
+        self._awaiting_model = store is None and self._model_missing()
         self._ctx = zmq.Context()
         self._embed_q: queue.Queue[_Job | None] = queue.Queue(config.server.queue_size)
         self._engine_q: queue.Queue[_Job | Callable[[], None] | None] = queue.Queue(config.server.queue_size)
@@ -261,6 +267,7 @@ class Daemon:
         trim_every = self.config.server.heap_trim_seconds or float("inf")
         next_trim, trimmed_at = time.monotonic() + trim_every, 0
         beat, next_beat = watchdog_interval(), time.monotonic()
+        next_model_check = time.monotonic() + MODEL_POLL_SECONDS
         drain_until: float | None = None
         while True:
             events = dict(poller.poll(50))
@@ -277,6 +284,9 @@ class Daemon:
                 if self._enqueued != trimmed_at:  # an idle daemon has nothing new to give back
                     trimmed_at = self._enqueued
                     self._trim_due.set()  # done by the engine at its next idle moment
+            if self._awaiting_model and now >= next_model_check:
+                next_model_check = now + MODEL_POLL_SECONDS
+                self._look_for_model()
             if beat and self.config.server.watchdog and now >= next_beat and now - self._engine_beat < 2 * beat:
                 notify("WATCHDOG=1")
                 next_beat = now + beat
@@ -285,6 +295,42 @@ class Daemon:
                 drain_until = drain_until or now + self.config.server.drain_seconds
                 if self._inflight <= 0 or now > drain_until:
                     return
+
+    def _model_missing(self) -> bool:
+        """The store runs without a model because no weights were on disk (not because
+        embedding is off, nor because weights that are there failed to load)."""
+        if self.store.embedder is not None or not self.config.embedding.enabled:
+            return False
+        try:
+            return local_weights(self.config) is None
+        except ModelUnavailableError:  # a configured model_dir without the files: they may come
+            return True
+
+    def _look_for_model(self) -> None:
+        """I/O thread: when the weights are on disk, load them on a thread of their own
+        (a first load builds the graph, ~1-3 s) and hand them to the engine thread."""
+        if self._model_missing():
+            return
+        self._awaiting_model = False
+        log.info("the embedding model is now on disk: loading it")
+        threading.Thread(target=self._load_model, name="model-load", daemon=True).start()
+
+    def _load_model(self) -> None:
+        try:
+            embedder = load_embedder(self.config, data_dir=self.store.path)
+        except ReachyMemoryError as exc:
+            log.warning("the embedding model could not be loaded (%s); search stays lexical-only until "
+                        "the daemon is restarted", exc)
+            return
+        def adopt() -> None:
+            self.store.adopt_embedder(embedder)
+
+        while not self._stopping.is_set():  # the engine adopts it between requests
+            try:
+                self._engine_q.put(adopt, timeout=1.0)
+                return
+            except queue.Full:
+                continue
 
     def _forward(self, replies: zmq.Socket, router: zmq.Socket) -> None:
         while True:

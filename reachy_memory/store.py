@@ -245,6 +245,28 @@ class MemoryStore(PeopleMixin):
             return  # searched exactly at this size; vectors wait as pending
         vectors.load_graph(self.path / GRAPH_FILE, self._storage.graph_tag())
 
+    def adopt_embedder(self, embedder: Any) -> bool:
+        """Start embedding with ``embedder`` in a store opened without a model (the model
+        was fetched after the daemon started): its memories are then embedded in idle
+        time (see :meth:`maintain`).  Only for a store that never held a vector, whose
+        index has the model's dimension; otherwise returns False, changing nothing (a
+        restart opens the store with the model and checks its vectors as usual).
+        Call it on the thread that owns the state (the daemon's engine thread)."""
+        self._require_open()
+        with self._lock:
+            if self._embedder is not None:
+                return False
+            if embedder.dim != self._state.vectors.dim or any(
+                    r.vkey is not None for r in self._state.records.values()):
+                log.warning("the embedding model is now available but this store holds vectors or another "
+                            "dimension: restart the daemon to use it")
+                return False
+            self._state.current_key = embedder_key(embedder)  # first: a write prepared meanwhile gets no vector
+            self._embedder, self.embedder_error = embedder, None
+            log.info("embedding model loaded: %s", self._state.current_key)
+            self._adopt_model()
+            return True
+
     def _adopt_model(self) -> None:
         key = self._state.current_key
         if self._embedder is None:

@@ -18,7 +18,7 @@ from reachy_memory._backfill import PAUSE_SECONDS, Backfill
 from reachy_memory._records import Record, encode
 from reachy_memory.vector_index import BF16_TOLERANCE
 from tests.conftest import HashEmbedder
-from tests.daemon_util import DaemonProcess
+from tests.daemon_util import DaemonProcess, run_cli
 
 
 def _rec(memory_id: str, created: float, vkey: str | None = None) -> Record:
@@ -249,3 +249,68 @@ def test_one_text_the_model_fails_on_does_not_hold_up_the_others(tmp_path: Path)
             store._backfill._paused_until = 0.0
         lacking = [r.content for r in store._state.records.values() if r.vkey is None]
         assert lacking == ["POISON: the text the model fails on"]
+
+
+# -- a model that appears while the store is open ----------------------------------------------
+
+
+def test_a_store_opened_without_a_model_adopts_one_and_embeds_what_it_holds(tmp_path: Path, embedder: Any) -> None:
+    with MemoryStore(tmp_path, embedder=None) as store:
+        memory = store.remember_fact("Sarah is allergic to peanuts")
+        assert store.adopt_embedder(embedder)
+        assert store.embedder is embedder and store.stats()["unembedded"] == 1
+        assert not store.adopt_embedder(embedder)  # once
+        _idle(store)
+        hits = store.search("which foods must she avoid", mode="vector", min_score=0)
+        assert [h.memory.id for h in hits] == [memory.id]
+        later = store.remember_fact("Tom plays the cello")  # embedded as it is stored now
+        assert store._state.records[later.id].vkey == store._state.current_key
+    with MemoryStore(tmp_path, embedder=embedder) as store:  # the model key and vectors were journaled
+        assert store.stats()["unembedded"] == 0 and len(store.search("peanuts", mode="vector")) >= 1
+
+
+@pytest.mark.parametrize("first", [
+    HashEmbedder(),  # vectors of another dimension (8)
+    "real",  # vectors already there: a restart checks them, adoption does not mix spaces
+])
+def test_a_store_holding_vectors_does_not_adopt_a_model(tmp_path: Path, embedder: Any, first: Any) -> None:
+    with MemoryStore(tmp_path, embedder=embedder if first == "real" else first) as store:
+        store.remember_fact("the charger is in the hallway")
+    with MemoryStore(tmp_path, embedder=None) as store:
+        assert not store.adopt_embedder(embedder)
+        assert store.embedder is None and store.stats()["unembedded"] == 0
+
+
+@pytest.mark.timeout(120)
+def test_a_daemon_loads_the_model_when_it_appears_without_a_restart(tmp_path: Path) -> None:
+    """The robot booted without the model (no network yet): once 'model fetch' puts the
+    weights in place, the running daemon loads them and embeds what it stored meanwhile."""
+    import shutil
+
+    from reachy_memory import load_config
+    from reachy_memory.model_files import MODEL_NAME, find_weights
+
+    source = find_weights(load_config())
+    assert source is not None
+    downloads = tmp_path / "downloads"
+    downloads.mkdir()
+    daemon = DaemonProcess(tmp_path, embedding={"download_dir": str(downloads), "allow_hub": False}).start()
+    try:
+        with daemon.client() as c:
+            assert c.health()["embedder"]["state"] == "unavailable"
+            memory = c.store("Sarah is allergic to peanuts", "fact")
+            staged = downloads / ".staged"
+            shutil.copytree(source, staged)
+            staged.rename(downloads / MODEL_NAME)  # as 'model fetch' puts it in place: whole
+            said = run_cli(daemon, "model", "info")  # what a user runs after fetching: it waits and tells
+            assert said.returncode == 0 and "the running daemon loaded it" in said.stderr, said.stderr
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and (c.health()["embedder"]["state"] != "ready"
+                                                   or c.stats()["store"]["unembedded"]):
+                time.sleep(0.1)
+            assert c.health()["embedder"]["state"] == "ready" and c.stats()["store"]["unembedded"] == 0
+            hits = c.search("which foods must she avoid", mode="vector", min_score=0)
+            assert [h.memory.id for h in hits] == [memory.id]
+    finally:
+        daemon.stop()
+    assert "embedding model loaded" in daemon.log.read_text()
