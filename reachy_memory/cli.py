@@ -490,7 +490,7 @@ def _tell_about_daemon(args: argparse.Namespace, say: Callable[[str], None]) -> 
             if embedder.get("error") is None:
                 say("the running daemon has embedding turned off (embedding.enabled: false)")
                 return
-            deadline = time.monotonic() + MODEL_POLL_SECONDS + 5
+            deadline = time.monotonic() + 2 * MODEL_POLL_SECONDS + 10  # two polls (files settled), then the load
             while time.monotonic() < deadline and embedder.get("state") != "ready":
                 time.sleep(0.5)
                 embedder = c.health(timeout=1.0)["embedder"]
@@ -498,8 +498,8 @@ def _tell_about_daemon(args: argparse.Namespace, say: Callable[[str], None]) -> 
         return
     say("the running daemon loaded it; what it stored without a model gets its vectors in idle time"
         if embedder.get("state") == "ready" else
-        "the running daemon has not loaded it (another config or data directory?): restart it "
-        "(on the robot: sudo systemctl restart reachy-memory)")
+        f"the running daemon has not loaded it ({embedder.get('error')}); if it looks for the model elsewhere "
+        "(another config), restart it (on the robot: sudo systemctl restart reachy-memory)")
 
 
 def cmd_reindex(args: argparse.Namespace) -> int:

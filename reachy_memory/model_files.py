@@ -100,6 +100,17 @@ def find_weights(config: Config) -> Path | None:
     return local_weights(config) or (_from_hub() if config.embedding.allow_hub else None)
 
 
+def weights_signature(folder: Path) -> tuple[tuple[str, int, int], ...]:
+    """(name, size, mtime) of the model files in ``folder``: two equal signatures a
+    poll apart mean the files are no longer being written (a copy by hand)."""
+    out = []
+    for name in (*NEEDED, "model.onnx"):
+        with contextlib.suppress(OSError):
+            info = (folder / name).stat()
+            out.append((name, info.st_size, info.st_mtime_ns))
+    return tuple(out)
+
+
 def local_weights(config: Config) -> Path | None:
     """The configured ``model_dir`` or the fetched weights, if they are on disk (a few
     ``stat`` calls, no network: a daemon waiting for the model asks every few seconds).

@@ -60,7 +60,7 @@ from .errors import (
     ValidationError,
 )
 from .model import to_epoch
-from .model_files import local_weights
+from .model_files import local_weights, weights_signature
 from .store import MemoryStore
 
 log = logging.getLogger(__name__)
@@ -186,6 +186,9 @@ class Daemon:
         # Started before 'model fetch': the I/O thread looks for the weights and loads them
         # when they appear (the store then embeds what it holds in idle time).
         self._awaiting_model = store is None and self._model_missing()
+        self._model_seen: tuple[Any, ...] | None = None  # I/O thread: the weights' signature at the last poll
+        self._model_failed: tuple[Any, ...] | None = None  # the signature a load failed on (retried once it changes)
+        self._model_loading = False  # set by the I/O thread, cleared by the model-load thread
         self._ctx = zmq.Context()
         self._embed_q: queue.Queue[_Job | None] = queue.Queue(config.server.queue_size)
         self._engine_q: queue.Queue[_Job | Callable[[], None] | None] = queue.Queue(config.server.queue_size)
@@ -301,29 +304,42 @@ class Daemon:
         embedding is off, nor because weights that are there failed to load)."""
         if self.store.embedder is not None or not self.config.embedding.enabled:
             return False
+        return self._weights_on_disk() is None
+
+    def _weights_on_disk(self) -> Path | None:
         try:
-            return local_weights(self.config) is None
+            return local_weights(self.config)
         except ModelUnavailableError:  # a configured model_dir without the files: they may come
-            return True
+            return None
 
     def _look_for_model(self) -> None:
-        """I/O thread: when the weights are on disk, load them on a thread of their own
-        (a first load builds the graph, ~1-3 s) and hand them to the engine thread."""
-        if self._model_missing():
+        """I/O thread: once the weights are on disk and unchanged since the last poll (a
+        copy by hand may be half done), load them on a thread of their own (a first load
+        builds the graph, ~1-3 s) and hand them to the engine thread.  Weights a load
+        failed on are tried again once they change."""
+        folder = None if self._model_loading else self._weights_on_disk()
+        if folder is None:
             return
-        self._awaiting_model = False
-        log.info("the embedding model is now on disk: loading it")
-        threading.Thread(target=self._load_model, name="model-load", daemon=True).start()
+        seen, self._model_seen = self._model_seen, weights_signature(folder)
+        if self._model_seen != seen or self._model_seen == self._model_failed:
+            return
+        log.info("the embedding model is now on disk (%s): loading it", folder)
+        self._model_loading = True
+        threading.Thread(target=self._load_model, args=(self._model_seen,), name="model-load", daemon=True).start()
 
-    def _load_model(self) -> None:
+    def _load_model(self, signature: tuple[Any, ...]) -> None:
+        """Model-load thread: load, then queue the adoption for the engine thread."""
         try:
-            embedder = load_embedder(self.config, data_dir=self.store.path)
-        except ReachyMemoryError as exc:
-            log.warning("the embedding model could not be loaded (%s); search stays lexical-only until "
-                        "the daemon is restarted", exc)
+            embedder = load_embedder(self.store.model_config(), data_dir=self.store.path)
+        except Exception as exc:  # anything (a full disk while building, a half-copied file): logged, retried
+            self.store.embedder_error = f"the model on disk could not be loaded: {exc}"
+            log.warning("%s; tried again when its files change", self.store.embedder_error)
+            self._model_failed, self._model_loading = signature, False
             return
-        def adopt() -> None:
-            self.store.adopt_embedder(embedder)
+
+        def adopt() -> None:  # engine thread
+            self.store.adopt_embedder(embedder)  # adopted, or refused for good (embedder_error says why)
+            self._awaiting_model = False
 
         while not self._stopping.is_set():  # the engine adopts it between requests
             try:

@@ -247,36 +247,49 @@ class MemoryStore(PeopleMixin):
 
     def adopt_embedder(self, embedder: Any) -> bool:
         """Start embedding with ``embedder`` in a store opened without a model (the model
-        was fetched after the daemon started): its memories are then embedded in idle
-        time (see :meth:`maintain`).  Only for a store that never held a vector, whose
-        index has the model's dimension; otherwise returns False, changing nothing (a
-        restart opens the store with the model and checks its vectors as usual).
+        was fetched after the daemon started; load it with :meth:`model_config`): its
+        memories are then embedded in idle time (see :meth:`maintain`).  Only for a store
+        that never held a vector, whose index has the model's dimension and that declares
+        no other model; otherwise returns False, changing nothing but ``embedder_error``
+        (a restart opens the store with the model and checks its vectors as usual).
         Call it on the thread that owns the state (the daemon's engine thread)."""
         self._require_open()
+        key = embedder_key(embedder)
         with self._lock:
             if self._embedder is not None:
                 return False
-            if embedder.dim != self._state.vectors.dim or any(
+            if embedder.dim != self._state.vectors.dim or self._state.model_key not in (None, key) or any(
                     r.vkey is not None for r in self._state.records.values()):
-                log.warning("the embedding model is now available but this store holds vectors or another "
-                            "dimension: restart the daemon to use it")
+                self.embedder_error = (f"the model {key} is on disk, but this store holds vectors or declares "
+                                       "another model: restart the daemon to use it")
+                log.warning("%s", self.embedder_error)
                 return False
-            self._state.current_key = embedder_key(embedder)  # first: a write prepared meanwhile gets no vector
-            self._embedder, self.embedder_error = embedder, None
-            log.info("embedding model loaded: %s", self._state.current_key)
-            self._adopt_model()
+            self._state.current_key = key  # first: a write prepared meanwhile gets no vector
+            self._embedder, self.embedder_error, self._count_tokens = embedder, None, None  # the model's tokens
+            log.info("embedding model loaded: %s", key)
+            try:
+                self._adopt_model()
+            except ReachyMemoryError as exc:  # the backfill is planned: only the model op waits for the next open
+                log.warning("could not journal the model now in use (%s); the next open does", exc)
             return True
 
+    def model_config(self) -> Config:
+        """The config to load this store's model with: the configured one, in the precision
+        of the vectors the store declares (see :meth:`_precision_of_store`)."""
+        return self._precision_of_store(self._state.model_key)
+
     def _adopt_model(self) -> None:
+        """Queue the memories without a vector from the model in use, then journal that
+        model as the store's (planned first: a failed write leaves nothing unqueued)."""
         key = self._state.current_key
         if self._embedder is None:
             return
-        if key != self._state.model_key and self._state.foreign_vkey() is None:
-            self._commit([["model", key]])
         missing = self._backfill.plan(self._state.records.values(), key)
         if missing:
             log.warning("%d memories have no vector from %s: the daemon embeds them in idle time, oldest first "
                         "(MemoryStore.maintain(); 'reachy-memory reindex' does all at once)", missing, key)
+        if key != self._state.model_key and self._state.foreign_vkey() is None:
+            self._commit([["model", key]])
 
     # -- the mutation funnel -----------------------------------------------------------
 

@@ -314,3 +314,78 @@ def test_a_daemon_loads_the_model_when_it_appears_without_a_restart(tmp_path: Pa
     finally:
         daemon.stop()
     assert "embedding model loaded" in daemon.log.read_text()
+
+
+def test_an_adoption_whose_model_op_cannot_be_written_still_queues_the_memories(tmp_path: Path,
+                                                                             embedder: Any) -> None:
+    """The backfill used to be planned after the model op: a full disk there left every
+    memory words-only until a restart, with stats saying 0 waited."""
+    from reachy_memory import StorageFullError
+
+    with MemoryStore(tmp_path, embedder=None) as store:
+        store.remember_fact("Sarah is allergic to peanuts")
+        real = store._storage.append
+
+        def full_once(ops: list[Any], durable: bool = False) -> None:
+            store._storage.append = real  # type: ignore[method-assign]
+            raise StorageFullError("disk full", path=str(tmp_path))
+
+        store._storage.append = full_once  # type: ignore[method-assign]
+        assert store.adopt_embedder(embedder)
+        assert store.stats()["unembedded"] == 1
+        _idle(store)
+        assert store.search("which foods must she avoid", mode="vector", min_score=0)
+
+
+def test_an_adopted_model_counts_prompt_tokens_with_its_tokenizer(tmp_path: Path, embedder: Any) -> None:
+    from reachy_memory._context_text import approximate_tokens
+
+    with MemoryStore(tmp_path, embedder=None) as store:
+        store.context_for("What should I cook tonight?")  # caches the estimate used without a model
+        assert store._token_counter() is approximate_tokens
+        assert store.adopt_embedder(embedder)
+        assert store._token_counter() is not approximate_tokens
+
+
+def test_a_store_declaring_another_precision_loads_and_adopts_that_one(tmp_path: Path, embedder: Any,
+                                                                       fp32_embedder: Any) -> None:
+    """An fp32 store with no vector left (all forgotten): the model is loaded in fp32, and an
+    int8 model is refused (adopting it made the store refuse to open after a crash)."""
+    with MemoryStore(tmp_path, embedder=fp32_embedder) as store:
+        store.forget(store.remember_fact("soon forgotten").id)
+    with MemoryStore(tmp_path, embedder=None) as store:
+        assert store.model_config().embedding.precision == "fp32"
+        assert not store.adopt_embedder(embedder) and "another model" in str(store.embedder_error)
+        assert store.adopt_embedder(fp32_embedder)
+
+
+@pytest.mark.timeout(180)
+def test_a_daemon_retries_weights_that_were_half_copied_once_they_change(tmp_path: Path) -> None:
+    """A model_dir filled by hand: a load of a half-written file failed and the daemon gave up
+    until restarted; now it says why in health and tries again when the files change."""
+    import shutil
+
+    from reachy_memory import load_config
+    from reachy_memory.model_files import find_weights
+
+    source = find_weights(load_config())
+    assert source is not None
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    daemon = DaemonProcess(tmp_path, embedding={"model_dir": str(model_dir)}).start()
+    try:
+        with daemon.client() as c:
+            for name in ("tokenizer.json", "config.json"):
+                shutil.copy(source / name, model_dir / name)
+            weights = (source / "model.safetensors").read_bytes()
+            (model_dir / "model.safetensors").write_bytes(weights[: len(weights) // 2])  # a copy cut short
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and "could not be loaded" not in str(c.health()["embedder"]["error"]):
+                time.sleep(0.2)
+            assert "could not be loaded" in str(c.health()["embedder"]["error"])
+            (model_dir / "model.safetensors").write_bytes(weights)  # the copy finished
+            while time.monotonic() < deadline + 30 and c.health()["embedder"]["state"] != "ready":
+                time.sleep(0.2)
+            assert c.health()["embedder"]["state"] == "ready" and c.health()["embedder"]["error"] is None
+    finally:
+        daemon.stop()
