@@ -13,6 +13,7 @@ import dataclasses
 import logging
 import math
 import os
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -337,9 +338,18 @@ def _spec_keys(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader, reading ``1e2`` as the number YAML 1.2 says it is (PyYAML
+    follows YAML 1.1, where a float needs a dot: ``1e2`` was the string '1e2')."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)  # a SafeLoader
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}", key="config") from exc
     except UnicodeDecodeError as exc:

@@ -108,3 +108,24 @@ def test_first_run_config_mistakes_are_config_errors(tmp_path: Path, monkeypatch
         load_config(memory={"path": ""})
     monkeypatch.setenv("ROBOT_DATA", str(tmp_path / "robot"))
     assert load_config(memory={"path": "$ROBOT_DATA/memory"}).data_dir == tmp_path / "robot" / "memory"
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("1e2", 100.0),  # YAML 1.2 exponent without a dot: PyYAML (YAML 1.1) read the string '1e2'
+    ("3.6E+3", 3600.0),  # with a dot and a signed exponent: a float in either YAML
+    ("-2.5e-1", None),  # negative: read as a number, then refused by the key's range
+])
+def test_numbers_with_an_exponent_are_numbers(tmp_path: Path, text: str, expected: float | None) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(f"memory:\n  cleanup_interval: {text}\n")
+    if expected is None:
+        with pytest.raises(ConfigError, match="cleanup_interval"):
+            load_config(path)
+    else:
+        assert load_config(path).memory.cleanup_interval == expected
+
+
+def test_strings_that_look_like_exponents_stay_strings_when_quoted(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text('memory:\n  path: "1e2"\n')
+    assert load_config(path).memory.path == "1e2"
