@@ -147,6 +147,7 @@ def fetch(config: Config, progress: Progress = log.info) -> Path:
         progress(f"model already present in {target}")
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_scratch(target.parent, pattern=".fetch-*")  # ~90 MB each, left by a fetch that was killed
     # Staged beside the target and renamed into place: the folder appears whole (a
     # daemon waiting for the model looks for it; a move across file systems copied file by file).
     with tempfile.TemporaryDirectory(prefix="reachy-memory-fetch-") as tmp, \
@@ -355,11 +356,11 @@ def _build(source: Path, out_dir: Path, digest: str, precision: str, progress: P
         _run_child([str(source), str(out_dir), digest, precision, scratch], progress)
 
 
-def _remove_stale_scratch(out_dir: Path, max_age: float = 3600.0) -> None:
-    """Remove ``.build-*`` folders older than ``max_age`` seconds, left by a build whose
-    parent was killed too; a younger one may belong to a concurrent build and stays."""
+def _remove_stale_scratch(out_dir: Path, max_age: float = 3600.0, pattern: str = ".build-*") -> None:
+    """Remove ``pattern`` folders older than ``max_age`` seconds, left by a build (or a
+    fetch) whose process was killed; a younger one may belong to a concurrent one and stays."""
     now = time.time()
-    for scratch in out_dir.glob(".build-*"):
+    for scratch in out_dir.glob(pattern):
         with contextlib.suppress(OSError):
             found = scratch.lstat()  # lstat: a symlink is not followed, nor removed
             if stat.S_ISDIR(found.st_mode) and now - found.st_mtime > max_age:

