@@ -44,8 +44,9 @@ class Backfill:
         self.embedded = 0  # committed since open, for the log
 
     def __len__(self) -> int:
-        """Memories still waiting for a vector (queued or embedded but not yet committed)."""
-        return len(self._ids) + len(self._held)
+        """Memories still waiting for a vector (queued or embedded but not yet committed);
+        one forgotten by an expiry sweep counts until its turn comes."""
+        return len(self._queued) + len(self._held)
 
     def plan(self, records: Iterable[Record], key: str | None) -> int:
         """Queue every record without a vector from ``key`` in stored order (one scan, at
@@ -61,6 +62,8 @@ class Backfill:
         for op in ops:
             if is_put(op) and op[2] is None:
                 self._queue(op[1]["id"])
+            elif isinstance(op, list) and op[:1] == ["del"]:
+                self._queued.discard(op[1])  # its entry in _ids is skipped when reached
 
     def _queue(self, memory_id: str, *, first: bool = False) -> None:
         if memory_id in self._queued:
@@ -80,6 +83,8 @@ class Backfill:
         (forgotten ones and ones given a vector meanwhile are dropped)."""
         while self._ids:
             memory_id = self._ids.popleft()
+            if memory_id not in self._queued:
+                continue  # forgotten since it was queued (or queued again further on)
             self._queued.discard(memory_id)
             rec = records.get(memory_id)
             if rec is not None and rec.vkey != key:

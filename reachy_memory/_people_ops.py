@@ -609,13 +609,14 @@ def check_supersession(source: str, memories: Sequence[Any]) -> None:
              if isinstance(m, Mapping) and isinstance(m.get("id"), str) and isinstance(m.get("superseded_by"), str)}
     cleared: set[str] = set()  # ids whose chain was walked to its end: each is walked once
     for start in after:
-        path: list[str] = []
+        path: dict[str, None] = {}  # ordered, with set lookups: a long chain is walked in linear time
         node = start
         while node in after and node not in cleared and node not in path:
-            path.append(node)
+            path[node] = None
             node = after[node]
         if node in path:
-            loop = [*path[path.index(node):], node]
+            walked = list(path)
+            loop = [*walked[walked.index(node):], node]
             raise ValidationError(f"{source}: superseded_by links loop ({' -> '.join(loop)}): every memory in it "
                                   "would be superseded by another of them", field="superseded_by")
         cleared.update(path)

@@ -215,7 +215,9 @@ class MemoryState:
         replaced = self.records.get(rec.id)
         was_last = replaced is not None and replaced is self._last_turn
         if replaced is not None:
-            self._delete(rec.id)
+            # The id keeps its place in the table (the new record overwrites it below): table
+            # order is write order, which breaks ties between turns of one time after a reload.
+            self._delete(rec.id, keep_place=True)
         if self._ghosts and not self._free:
             self.bury(BULK)  # without idle time (in-process use), a deletion's slots come back here
         slot = heapq.heappop(self._free) if self._free else self.next_slot
@@ -226,7 +228,8 @@ class MemoryState:
         if indexed and vector is not None:
             self.vectors.add(slot, np.frombuffer(vector, np.float32), GROUP[rec.type])
         # An imported, re-embedded or back-dated turn is not the newest; a rewritten one
-        # (a vector added, links changed) keeps its place: it wins a tie only if it held it.
+        # (a vector added, links changed) keeps its place in the table, and so wins a tie
+        # only if it held it (as _newest_turn, by table order, decides after a reload).
         if rec.type == MemoryType.CONVERSATION.value and (
                 was_last or _not_older(rec, self.last_turn, rewritten=replaced is not None)):
             self.last_turn = rec
@@ -280,8 +283,10 @@ class MemoryState:
             if name and self.names.get(name.casefold()) == rec.id:
                 del self.names[name.casefold()]
 
-    def _delete(self, memory_id: str) -> None:
-        rec = self.records.pop(memory_id, None)
+    def _delete(self, memory_id: str, *, keep_place: bool = False) -> None:
+        """Remove ``memory_id`` from the indexes; with ``keep_place`` its entry in the
+        record table stays, for the caller to overwrite at once (a re-put)."""
+        rec = self.records.get(memory_id) if keep_place else self.records.pop(memory_id, None)
         if rec is None:
             return
         del self.by_slot[rec.slot]

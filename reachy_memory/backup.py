@@ -110,8 +110,11 @@ def _count_replayed(snapshot: dict[str, Any] | None, frames: list[Any], journal:
     from ._state import MemoryState  # late: the state pulls in the indexes, which only this check needs
 
     ops = [op for frame in frames for op in frame]
-    key = (snapshot or {}).get("model") or first_vkey(ops)
-    state = MemoryState(Config(), int((snapshot or {}).get("dim") or first_dim(ops) or 384), key, key)
+    head = snapshot or {}
+    key = head.get("model") or first_vkey(ops)
+    # A snapshot written without a model records the default dimension, not the vectors' one.
+    dim = (head.get("dim") if head.get("model") else None) or first_dim(ops) or head.get("dim") or 384
+    state = MemoryState(Config(), int(dim), key, key)
     try:
         if snapshot is not None:
             state.load(snapshot)

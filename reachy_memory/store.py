@@ -805,6 +805,8 @@ class MemoryStore(PeopleMixin):
                 progress(min(done + batch, len(todo)), len(todo))
         if self._state.model_key != key:
             self._commit([["model", key]])
+        with self._lock:
+            self._backfill.plan(self._state.records.values(), key)  # what is left: nothing, or written meanwhile
         return len(todo)
 
     def _reembed(self, recs: list[Record], previous: dict[str, Record]) -> None:

@@ -176,25 +176,29 @@ def test_vectors_are_committed_sixteen_to_a_frame_and_a_changed_memory_is_requeu
     assert [queue.take(records, "k").id for _ in range(5)] == ["m16", "m17", "m18", "m19", "m15"]  # type: ignore[union-attr]
 
 
-def test_a_batch_of_turns_keeps_its_newest_turn_through_a_backfill(tmp_path: Path) -> None:
-    """Turns of one batch share a time: re-putting them newest first made the batch's
-    first turn the 'last turn' (the next turn then followed, and was embedded with,
-    the wrong one), and the snapshot kept that order after a restart."""
-    turns = [{"content": text, "memory_type": "conversation"}
-             for text in ("Do you like hiking?", "Yes, every Sunday with my sister.", "With Tom too.")]
+@pytest.mark.parametrize("after", ["reopen", "forget"])  # the newest turn found again by a pass over the table
+def test_a_batch_of_turns_keeps_its_newest_turn_through_a_backfill(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   after: str) -> None:
+    """Turns of one batch share a time; the table's order breaks the tie when the newest
+    turn is found again (a reload, a deletion).  Re-puts moved a turn to the end of the
+    table: a backfill frame of 16 out of 20 made turn 15 the newest after a restart, and
+    the next turn followed (and was embedded with) it; newest first, it was turn 0."""
+    monkeypatch.setattr(MemoryStore._backfill_step, "__defaults__", (0.0,))  # a memory a step, as the real model
     with MemoryStore(tmp_path, embedder=None) as store:
-        newest = store.store_batch(turns)[-1]
+        turns = store.store_batch([{"content": f"turn {i}", "memory_type": "conversation"} for i in range(20)])
     with MemoryStore(tmp_path, embedder=HashEmbedder()) as store:
-        assert store.stats()["unembedded"] == 3
-        store.maintain()  # a step: the batch is part way through
-        assert store._state.last_turn.id == newest.id  # type: ignore[union-attr]
-        _idle(store)
-        assert store._state.last_turn.id == newest.id  # type: ignore[union-attr]
-        after = store.remember_conversation("Where do you go?")
-        assert store._state.records[after.id].follows == newest.id
-    with MemoryStore(tmp_path, embedder=HashEmbedder()) as store:  # compacted at close: the order held
-        assert store._state.last_turn.id == after.id  # type: ignore[union-attr]
-        assert store._state.records[after.id].follows == newest.id
+        for _ in range(16):
+            store.maintain()
+        assert store.stats()["unembedded"] == 4  # one frame of 16 committed
+        assert store._state.last_turn.id == turns[-1].id  # type: ignore[union-attr]
+        if after == "forget":
+            store.forget(turns[-1].id)
+            assert store._state.last_turn.id == turns[-2].id  # type: ignore[union-attr]
+            return
+    with MemoryStore(tmp_path, embedder=HashEmbedder()) as store:  # compacted at close: from the snapshot
+        assert store._state.last_turn.id == turns[-1].id  # type: ignore[union-attr]
+        following = store.remember_conversation("Where do you go?")
+        assert store._state.records[following.id].follows == turns[-1].id
 
 
 def test_a_frame_that_cannot_be_written_keeps_its_memories_queued(tmp_path: Path) -> None:
@@ -360,7 +364,11 @@ def test_a_store_declaring_another_precision_loads_and_adopts_that_one(tmp_path:
 
 
 @pytest.mark.timeout(180)
-def test_a_daemon_retries_weights_that_were_half_copied_once_they_change(tmp_path: Path) -> None:
+@pytest.mark.parametrize("cut_short", [
+    "while running",  # the daemon found the files being copied
+    "at start",  # the open's own load failed on them: the daemon did not look again
+])
+def test_a_daemon_retries_weights_that_were_half_copied_once_they_change(tmp_path: Path, cut_short: str) -> None:
     """A model_dir filled by hand: a load of a half-written file failed and the daemon gave up
     until restarted; now it says why in health and tries again when the files change."""
     import shutil
@@ -372,20 +380,40 @@ def test_a_daemon_retries_weights_that_were_half_copied_once_they_change(tmp_pat
     assert source is not None
     model_dir = tmp_path / "model"
     model_dir.mkdir()
+    weights = (source / "model.safetensors").read_bytes()
+
+    def copy_cut_short() -> None:
+        for name in ("tokenizer.json", "config.json"):
+            shutil.copy(source / name, model_dir / name)
+        (model_dir / "model.safetensors").write_bytes(weights[: len(weights) // 2])
+
+    if cut_short == "at start":
+        copy_cut_short()
     daemon = DaemonProcess(tmp_path, embedding={"model_dir": str(model_dir)}).start()
     try:
         with daemon.client() as c:
-            for name in ("tokenizer.json", "config.json"):
-                shutil.copy(source / name, model_dir / name)
-            weights = (source / "model.safetensors").read_bytes()
-            (model_dir / "model.safetensors").write_bytes(weights[: len(weights) // 2])  # a copy cut short
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and "could not be loaded" not in str(c.health()["embedder"]["error"]):
-                time.sleep(0.2)
-            assert "could not be loaded" in str(c.health()["embedder"]["error"])
+            if cut_short == "while running":
+                copy_cut_short()
+                deadline = time.monotonic() + 60
+                while time.monotonic() < deadline and "could not be loaded" not in str(c.health()["embedder"]["error"]):
+                    time.sleep(0.2)
+            assert c.health()["embedder"]["state"] != "ready" and c.health()["embedder"]["error"]
             (model_dir / "model.safetensors").write_bytes(weights)  # the copy finished
-            while time.monotonic() < deadline + 30 and c.health()["embedder"]["state"] != "ready":
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and c.health()["embedder"]["state"] != "ready":
                 time.sleep(0.2)
             assert c.health()["embedder"]["state"] == "ready" and c.health()["embedder"]["error"] is None
     finally:
         daemon.stop()
+
+
+def test_unembedded_counts_only_what_still_waits(tmp_path: Path) -> None:
+    """It counted memories forgotten since they were queued, and ones a reindex embedded."""
+    with MemoryStore(tmp_path, embedder=None) as store:
+        ids = [store.remember_fact(f"fact {i}").id for i in range(5)]
+    with MemoryStore(tmp_path, embedder=HashEmbedder()) as store:
+        assert store.stats()["unembedded"] == 5
+        store.forget(ids[0])
+        assert store.stats()["unembedded"] == 4
+        assert store.reindex() == 4 and store.stats()["unembedded"] == 0
+        assert store.maintain() == 0

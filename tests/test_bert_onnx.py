@@ -109,8 +109,9 @@ def test_int8_build_equals_onnxruntime_quantiser(tmp_path: Path, seed: int) -> N
     assert len(quantised) == 3 * 3 * TINY.layers  # weight, scale, zero point of 3 MatMuls a layer
     for name in quantised:
         assert mine[name].dtype == ref[name].dtype and np.array_equal(mine[name], ref[name]), name
-    for i in range(TINY.layers):
-        q, scale = quantize_per_channel(ref[f"encoder.layer.{i}.qkv.wT"])
+    for i in range(TINY.layers):  # QKV from the checkpoint's own tensors, not from our fp32 graph
+        parts = [weights[f"encoder.layer.{i}.attention.self.{name}.weight"] for name in ("query", "key", "value")]
+        q, scale = quantize_per_channel(np.concatenate(parts).T)
         assert np.array_equal(mine[f"encoder.layer.{i}.qkv.wT_quantized"], q)
         assert np.array_equal(mine[f"encoder.layer.{i}.qkv.wT_scale"], scale)
     rng = np.random.default_rng(seed)

@@ -43,6 +43,7 @@ def test_store_search_get_forget(daemon: DaemonProcess) -> None:
     (b"The spare key is under the blue pot\n", "The spare key is under the blue pot"),  # echo's newline dropped
     (b"two lines\nof text\r\n", "two lines\nof text"),  # only the final line end goes
     ("caf\u00e9 au lait".encode(), "caf\u00e9 au lait"),  # UTF-8
+    ("\U0001f600".encode() * 16_000 + b"\r\n", "\U0001f600" * 16_000),  # at the limit, in 4-byte characters
 ])
 def test_store_dash_reads_standard_input(daemon: DaemonProcess, piped: bytes, stored: str) -> None:
     out = cli(daemon, "store", "-", "--json", stdin=piped)
@@ -53,12 +54,16 @@ def test_store_dash_reads_standard_input(daemon: DaemonProcess, piped: bytes, st
 @pytest.mark.parametrize("piped", [
     b"\xff\xfe not UTF-8",  # refused, not stored as mojibake
     b"",  # nothing piped: empty content
-    b"x" * (16_000 * 4 + 1),  # over memory.max_content_chars, refused before the rest is read
+    b"x" * 16_001,  # over memory.max_content_chars
+    "\u5b57".encode() * 30_000,  # too long, cut inside a character: "not UTF-8" before
+    b"x" * (8 << 20),  # 8 MB: refused by the command itself after 64 KB, never sent
 ])
 def test_store_dash_refuses_bad_standard_input(daemon: DaemonProcess, piped: bytes) -> None:
     before = json.loads(cli(daemon, "stats", "--json").stdout)["stats"]["store"]["memories"]
     out = cli(daemon, "store", "-", stdin=piped)
     assert out.returncode == 2 and out.stderr.startswith("error:") and "Traceback" not in out.stderr
+    if len(piped) > 16_001:
+        assert "standard input holds more than" in out.stderr
     assert json.loads(cli(daemon, "stats", "--json").stdout)["stats"]["store"]["memories"] == before
 
 

@@ -346,3 +346,16 @@ def test_verify_writes_nothing_and_still_sees_a_live_store(config: Config) -> No
     assert lock.read_bytes() == b"4242\n"  # verify used to write its own pid there
     lock.unlink()
     assert not any("running" in note for note in bk.verify(config.data_dir).notes) and not lock.exists()
+
+
+def test_verify_takes_the_vectors_dimension_from_the_journal_after_a_model_less_snapshot(config: Config) -> None:
+    """A snapshot written without a model records the default dimension; the vectors
+    journaled after it (another model's) failed verify although the store opened."""
+    with MemoryStore(config=config, embedder=None) as store:
+        store.remember_fact("stored before any model")
+        store.compact()
+    with MemoryStore(config=config, embedder=HashEmbedder()) as store:  # 8 dimensions
+        store.remember_fact("stored with one")
+        abandon(store)
+    report = bk.verify(config.data_dir)
+    assert report.ok and report.memories == 2, report.to_dict()
