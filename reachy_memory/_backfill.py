@@ -27,6 +27,12 @@ PAUSE_SECONDS = 300.0  # after the model failed on a backfill: try again this mu
 COMMIT_EVERY = 16  # embedded memories per journal frame: one fsync per 16, not per memory (SD cards)
 
 
+def lacking_vector(records: Iterable[Record], key: str | None) -> list[Record]:
+    """The records without a vector from ``key``, in stored order (by time; ``sorted``
+    keeps the table's order among equal times): what a backfill or a reindex embeds."""
+    return sorted((r for r in records if r.vkey != key), key=lambda r: r.created)
+
+
 class Backfill:
     """Ids of memories waiting for a vector from the current model, oldest first.
 
@@ -51,8 +57,7 @@ class Backfill:
     def plan(self, records: Iterable[Record], key: str | None) -> int:
         """Queue every record without a vector from ``key`` in stored order (one scan, at
         open; ``sorted`` keeps the table's order among equal times); returns how many."""
-        waiting = sorted((r for r in records if r.vkey != key), key=lambda r: r.created)
-        self._ids = deque(r.id for r in waiting)
+        self._ids = deque(r.id for r in lacking_vector(records, key))
         self._queued = set(self._ids)
         return len(self._ids)
 

@@ -234,8 +234,8 @@ def _name_runs(text: str, start: int, end: int, initials: bool = False) -> list[
     current: tuple[int, int] | None = None
     for token in re.finditer(r"\S+", text[start:end]):
         t_start, t_end = start + token.start(), start + token.end()
-        if not _name_word(token.group(), initials) or (_opens_sentence(text, t_start) and
-                                                       norm(token.group().strip(" ,.;:!?")) in _STARTERS):
+        if not _name_word(token.group(), initials) or (norm(token.group().strip(" ,.;:!?")) in _STARTERS
+                                                       and _opens_sentence(text, t_start)):  # cheap test first
             current = None
             continue
         current = (current[0], t_end) if current else (t_start, t_end)

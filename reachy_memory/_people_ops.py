@@ -454,15 +454,11 @@ class PeopleMixin:
         supersession links (ids already present are kept as they are).  Everything is
         checked before anything is written.  Returns the counts imported.
         Raises ValidationError naming the entry at fault."""
-        for n, person in enumerate(people):  # every entry checked before any write
-            _person_op(f"person {n}", person)
-        check_supersession("import", memories)
-        created = [check_import_memory(f"memory {n}", m, self._config)["created"] for n, m in enumerate(memories)]
-        # Oldest first across batches too: a turn links to the turn before it as it is stored.
-        memories = [memories[i] for i in sorted(range(len(memories)), key=created.__getitem__)]
+        person_ops = [_person_op(f"person {n}", p) for n, p in enumerate(people)]  # all checked before any write
+        rows = self._import_rows(memories)
         done = {"people": 0, "memories": 0}
-        for start in range(0, max(len(memories), 1), batch):
-            got = self.commit_import(self.prepare_import(memories[start:start + batch], people if not start else ()))
+        for start in range(0, max(len(rows), 1), batch):
+            got = self.commit_import(self._prepare_rows(rows[start:start + batch], person_ops if not start else []))
             done = {k: done[k] + got[k] for k in done}
         return done
 
@@ -473,11 +469,18 @@ class PeopleMixin:
         already present are left out.  Raises ValidationError naming the entry at fault."""
         self._require_open()
         person_ops = [_person_op(f"person {n}", p) for n, p in enumerate(people)]
+        return self._prepare_rows(self._import_rows(memories), person_ops)
+
+    def _import_rows(self, memories: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """Every memory checked (their supersession links too) as record fields, oldest
+        first: a conversation turn links to the turn before it as it is stored."""
         check_supersession("import", memories)
-        # In time order: a conversation turn links to the turn before it as it is stored.
-        rows = sorted((check_import_memory(f"memory {n}", m, self._config) for n, m in enumerate(memories)),
+        return sorted((check_import_memory(f"memory {n}", m, self._config) for n, m in enumerate(memories)),
                       key=lambda r: r["created"])
-        rows = [r for r in rows if r["id"] not in self._state.records]  # present: kept as it is (no embedding)
+
+    def _prepare_rows(self, rows: list[dict[str, Any]], person_ops: list[dict[str, Any]]) -> _Import:
+        """Embed the checked ``rows`` not stored yet (those present are kept as they are)."""
+        rows = [r for r in rows if r["id"] not in self._state.records]
         items = [{"content": r["content"], "memory_type": r["type"], "metadata": r.get("metadata"), "id": r["id"],
                   "created_at": r["created"]} for r in rows]
         ops = self.prepare(items).ops if items else []

@@ -160,6 +160,45 @@ class BadRequestLog:
             self._counts.clear()
 
 
+class _ModelWatch:
+    """Which model weights to load, and when, for a store running without a model: weights
+    on disk, unchanged since the last poll (a copy by hand may be half done), and not the
+    files a load already failed on (tried again once they change).
+
+    Threads: :meth:`due` on the I/O thread; :meth:`failed` on the model-load thread and
+    ``active = False`` on the engine thread, each after the I/O thread started that load."""
+
+    def __init__(self, config: Config, active: bool) -> None:
+        self._config = config
+        self.active = active  # still waiting for a model
+        self._seen: tuple[Any, ...] | None = None  # the weights' signature at the last poll
+        folder = self._folder() if active else None
+        self._failed = weights_signature(folder) if folder is not None else None  # the open's load failed on these
+        self._loading = False
+
+    def _folder(self) -> Path | None:
+        try:
+            return local_weights(self._config)
+        except ModelUnavailableError:  # a configured model_dir without the files: they may come
+            return None
+
+    def due(self) -> tuple[Path, tuple[Any, ...]] | None:
+        """(folder, signature) of weights to load now, or None; a load is then running."""
+        folder = None if self._loading else self._folder()
+        if folder is None:
+            return None
+        signature = weights_signature(folder)
+        seen, self._seen = self._seen, signature
+        if signature != seen or signature == self._failed:
+            return None
+        self._loading = True
+        return folder, signature
+
+    def failed(self, signature: tuple[Any, ...]) -> None:
+        """The load of ``signature`` failed: polling goes on, for other files."""
+        self._failed, self._loading = signature, False
+
+
 class Daemon:
     """A running reachy-memory service. ``serve()`` blocks until stopped."""
 
@@ -185,12 +224,8 @@ class Daemon:
             raise
         # Started before 'model fetch', or on weights that failed to load: the I/O thread looks
         # for (changed) weights and loads them (the store then embeds what it holds in idle time).
-        self._awaiting_model = store is None and self.store.embedder is None and config.embedding.enabled
-        self._model_seen: tuple[Any, ...] | None = None  # I/O thread: the weights' signature at the last poll
-        self._model_failed: tuple[Any, ...] | None = None  # the signature a load failed on (retried once it changes)
-        if self._awaiting_model and (folder := self._weights_on_disk()) is not None:
-            self._model_failed = weights_signature(folder)  # the open's load failed on these files
-        self._model_loading = False  # set by the I/O thread, cleared by the model-load thread
+        self._model_watch = _ModelWatch(config, store is None and self.store.embedder is None
+                                        and config.embedding.enabled)
         self._ctx = zmq.Context()
         self._embed_q: queue.Queue[_Job | None] = queue.Queue(config.server.queue_size)
         self._engine_q: queue.Queue[_Job | Callable[[], None] | None] = queue.Queue(config.server.queue_size)
@@ -217,18 +252,21 @@ class Daemon:
         # stops reading) the next one is dropped and counted, so the daemon's memory stays bounded.
         router.setsockopt(zmq.SNDHWM, REPLY_HWM)
         router.setsockopt(zmq.ROUTER_MANDATORY, 1)  # report unroutable/full instead of silently dropping
-        self._setup_curve(router)
-        path = ipc_path(self.endpoint)
-        if path is not None:
-            prepare_ipc_dir(path)
-            _remove_stale_socket(path, router)
         try:
-            router.bind(self.endpoint)
-        except zmq.ZMQError as exc:
-            router.close()
-            raise _bind_error(self.endpoint, exc) from exc
-        if path is not None:
-            path.chmod(0o600)
+            self._setup_curve(router)
+            path = ipc_path(self.endpoint)
+            if path is not None:
+                prepare_ipc_dir(path)
+                _remove_stale_socket(path)
+            try:
+                router.bind(self.endpoint)
+            except zmq.ZMQError as exc:
+                raise _bind_error(self.endpoint, exc) from exc
+            if path is not None:
+                path.chmod(0o600)
+        except BaseException:
+            router.close()  # whatever failed: a CURVE key, the ipc directory, the path, the bind
+            raise
         return router
 
     def _setup_curve(self, router: zmq.Socket) -> None:
@@ -289,7 +327,7 @@ class Daemon:
                 if self._enqueued != trimmed_at:  # an idle daemon has nothing new to give back
                     trimmed_at = self._enqueued
                     self._trim_due.set()  # done by the engine at its next idle moment
-            if self._awaiting_model and now >= next_model_check:
+            if self._model_watch.active and now >= next_model_check:
                 next_model_check = now + MODEL_POLL_SECONDS
                 self._look_for_model()
             if beat and self.config.server.watchdog and now >= next_beat and now - self._engine_beat < 2 * beat:
@@ -301,26 +339,14 @@ class Daemon:
                 if self._inflight <= 0 or now > drain_until:
                     return
 
-    def _weights_on_disk(self) -> Path | None:
-        try:
-            return local_weights(self.config)
-        except ModelUnavailableError:  # a configured model_dir without the files: they may come
-            return None
-
     def _look_for_model(self) -> None:
-        """I/O thread: once the weights are on disk and unchanged since the last poll (a
-        copy by hand may be half done), load them on a thread of their own (a first load
-        builds the graph, ~1-3 s) and hand them to the engine thread.  Weights a load
-        failed on are tried again once they change."""
-        folder = None if self._model_loading else self._weights_on_disk()
-        if folder is None:
+        """I/O thread: load the weights :class:`_ModelWatch` says are due on a thread of
+        their own (a first load builds the graph, ~1-3 s) and hand them to the engine thread."""
+        due = self._model_watch.due()
+        if due is None:
             return
-        seen, self._model_seen = self._model_seen, weights_signature(folder)
-        if self._model_seen != seen or self._model_seen == self._model_failed:
-            return
-        log.info("the embedding model is now on disk (%s): loading it", folder)
-        self._model_loading = True
-        threading.Thread(target=self._load_model, args=(self._model_seen,), name="model-load", daemon=True).start()
+        log.info("the embedding model is now on disk (%s): loading it", due[0])
+        threading.Thread(target=self._load_model, args=(due[1],), name="model-load", daemon=True).start()
 
     def _load_model(self, signature: tuple[Any, ...]) -> None:
         """Model-load thread: load, then queue the adoption for the engine thread."""
@@ -329,12 +355,12 @@ class Daemon:
         except Exception as exc:  # anything (a full disk while building, a half-copied file): logged, retried
             self.store.embedder_error = f"the model on disk could not be loaded: {exc}"
             log.warning("%s; tried again when its files change", self.store.embedder_error)
-            self._model_failed, self._model_loading = signature, False
+            self._model_watch.failed(signature)
             return
 
         def adopt() -> None:  # engine thread
             self.store.adopt_embedder(embedder)  # adopted, or refused for good (embedder_error says why)
-            self._awaiting_model = False
+            self._model_watch.active = False
 
         while not self._stopping.is_set():  # the engine adopts it between requests
             try:
@@ -721,7 +747,7 @@ def _backup(d: Daemon, job: _Job) -> dict[str, Any]:
     return d.store.backup(path, force=job.args["force"])
 
 
-def _remove_stale_socket(path: Path, router: zmq.Socket) -> None:
+def _remove_stale_socket(path: Path) -> None:
     """Remove the socket a dead daemon left (the endpoint lock is ours); anything else at
     the endpoint's path is refused, never deleted (an endpoint mistyped onto a journal or
     a config file must not erase it)."""
@@ -730,7 +756,6 @@ def _remove_stale_socket(path: Path, router: zmq.Socket) -> None:
     except FileNotFoundError:
         return
     if not stat.S_ISSOCK(mode):
-        router.close()
         raise ConfigError(f"the endpoint's path {path} exists and is not a socket: choose another endpoint "
                           "(nothing was removed)", key="server.endpoint")
     path.unlink(missing_ok=True)

@@ -38,7 +38,7 @@ from . import _ingest as ingest
 from . import _persistence as files
 from . import _ranking as ranking
 from . import journal as jr
-from ._backfill import Backfill
+from ._backfill import Backfill, lacking_vector
 from ._people_ops import PeopleMixin
 from ._persistence import GRAPH_FILE, JOURNAL_FILE, SNAPSHOT_FILE, read_snapshot
 from ._records import Record, encode, first_dim, first_vkey
@@ -625,10 +625,8 @@ class MemoryStore(PeopleMixin):
         """The validated, embedded write of :meth:`record_turn` (thread-safe)."""
         self._require_open()
         _role(role)  # before the embedding
-        if metadata is not None and not isinstance(metadata, dict):
-            raise ValidationError(f"metadata must be a dict, got {type(metadata).__name__}", field="metadata")
         return self.prepare([{"content": content, "memory_type": MemoryType.CONVERSATION,
-                              "metadata": {**(metadata or {}), "role": role}}])
+                              "metadata": merged_metadata(metadata, {"role": role})}])
 
     def commit_turn(self, role: str, prepared: _Prepared) -> Memory:
         """Commit a :meth:`prepare_turn` write and its window turn in one frame."""
@@ -797,7 +795,7 @@ class MemoryStore(PeopleMixin):
             raise ModelError("reindex needs an embedding model; run 'reachy-memory model fetch'")
         with self._lock:  # the records are read whole: no write may change them meanwhile
             key = self._state.current_key
-            todo = sorted((r for r in self._state.records.values() if r.vkey != key), key=lambda r: r.created)
+            todo = lacking_vector(self._state.records.values(), key)
             previous = self._state.previous_turns()
         for done in range(0, len(todo), batch):
             self._reembed(todo[done : done + batch], previous)
