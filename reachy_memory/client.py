@@ -35,7 +35,7 @@ if TYPE_CHECKING:  # imported when an AsyncMemoryClient is made: asyncio costs t
 from . import protocol as proto
 from ._operations import IDEMPOTENT
 from .config import Config, load_config
-from .endpoint import load_certificate, resolve_endpoint
+from .endpoint import check_tcp_port, load_certificate, resolve_endpoint
 from .errors import ClosedError, ConfigError, ProtocolError, RequestTimeoutError, TooLargeError, ValidationError
 from .model import SEARCH_LIMIT, SEARCH_MIN_SCORE, Memory, MemoryType, SearchResult, merged_metadata
 
@@ -333,6 +333,7 @@ class _Base(_Api):
             raise ValidationError(f"retries must be an int >= 0, not {retries!r}", field="retries")
         self.config = config or load_config()
         self.endpoint = resolve_endpoint(endpoint, self.config)
+        check_tcp_port(self.endpoint)
         self.timeout = timeout
         self.retries = retries
         self._closed = False

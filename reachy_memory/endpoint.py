@@ -104,6 +104,7 @@ def check_endpoint(endpoint: str, config: Config, *, insecure_tcp: bool = False)
         return
     if not endpoint.startswith("tcp://"):
         raise ConfigError(f"endpoint {endpoint!r}: use ipc:///path or tcp://127.0.0.1:PORT", key="server.endpoint")
+    check_tcp_port(endpoint)
     if config.server.curve_secret_key and config.server.curve_authorized_dir:
         return
     host = urlsplit(endpoint).hostname or ""
@@ -115,6 +116,18 @@ def check_endpoint(endpoint: str, config: Config, *, insecure_tcp: bool = False)
         f"endpoint {endpoint!r} has no CURVE keys: any local user could read and erase every memory. Set "
         "server.curve_secret_key and server.curve_authorized_dir, use the private ipc socket, or (loopback "
         "only, at your own risk) pass --insecure-tcp", key="server.endpoint")
+
+
+def check_tcp_port(endpoint: str) -> None:
+    """Refuse a tcp:// endpoint whose port is not one number from 1 to 65535; raises
+    ConfigError.  libzmq takes the port modulo 65536 (``:99999`` bound port 34463) and
+    ``:0`` or ``:*`` bind a port chosen at random, which no client could find."""
+    if not endpoint.startswith("tcp://"):
+        return
+    port = endpoint.rpartition(":")[2]
+    if not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
+        raise ConfigError(f"endpoint {endpoint!r}: a tcp endpoint needs a port from 1 to 65535 "
+                          "(tcp://127.0.0.1:PORT)", key="server.endpoint")
 
 
 def _is_loopback(host: str) -> bool:

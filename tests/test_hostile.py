@@ -44,6 +44,23 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+@pytest.mark.parametrize("endpoint", [
+    "tcp://127.0.0.1:99999",  # libzmq bound port 99999 - 65536 = 34463: clients of :99999 never found it
+    "tcp://127.0.0.1:65536",  # one past the last port (zmq said only "Invalid argument")
+    "tcp://127.0.0.1:0",  # a random port no client could find
+    "tcp://127.0.0.1:*",  # the same, in zmq's own spelling
+    "tcp://127.0.0.1:",  # no port at all
+    "tcp://127.0.0.1:5555x",  # not a number
+    "tcp://127.0.0.1:\u0665",  # a digit, but not an ASCII one
+])
+def test_a_tcp_endpoint_needs_a_real_port(endpoint: str) -> None:
+    config = load_config()
+    with pytest.raises(ConfigError, match="port from 1 to 65535") as info:
+        check_endpoint(endpoint, config, insecure_tcp=True)
+    assert info.value.key == "server.endpoint"
+    check_endpoint("tcp://127.0.0.1:65535", config, insecure_tcp=True)  # the highest port is fine
+
+
 @pytest.mark.parametrize(("endpoint", "insecure", "allowed"), [
     ("tcp://127.0.0.1:5555", False, False),  # loopback without CURVE: any local user could erase everything
     ("tcp://127.0.0.1:5555", True, True),  # ...unless the operator says so, loudly
@@ -629,6 +646,9 @@ def _curve_files(tmp: Path, case: str) -> dict[str, str]:
 @pytest.mark.parametrize("client_class", ["MemoryClient", "AsyncMemoryClient"])
 @pytest.mark.parametrize(("endpoint", "curve"), [
     ("nonsense", None), ("tcp://", None), ("ipc://", None),
+    ("tcp://127.0.0.1:99999", None),  # libzmq connected to port 99999 - 65536 = 34463
+    ("tcp://127.0.0.1:0", None),  # no daemon can listen on port 0
+    ("tcp://127.0.0.1", None),  # no port
     ("tcp://127.0.0.1:5", "missing"), ("tcp://127.0.0.1:5", "junk"), ("tcp://127.0.0.1:5", "public only"),
 ])
 def test_a_client_that_cannot_be_made_raises_config_error(
