@@ -45,7 +45,7 @@ def _free_port() -> int:
 
 
 @pytest.mark.parametrize("endpoint", [
-    "tcp://127.0.0.1:99999",  # libzmq bound port 99999 - 65536 = 34463: clients of :99999 never found it
+    "tcp://127.0.0.1:99999",  # libzmq bound port 34463 (99999 - 65536), not the port the config names
     "tcp://127.0.0.1:65536",  # one past the last port (zmq said only "Invalid argument")
     "tcp://127.0.0.1:0",  # a random port no client could find
     "tcp://127.0.0.1:*",  # the same, in zmq's own spelling
