@@ -4,7 +4,9 @@ The dataclasses below are the single source of the defaults;
 ``config/default.yaml`` spells the same values out for people (a test keeps
 the two equal).  ``load_config(path)`` merges a YAML file over the defaults and
 refuses unknown keys and wrong types with a :class:`ConfigError` that names the
-dotted key.
+dotted key.  A relative path in a file (``memory.path: memory``, the model and
+key folders of :data:`PATH_KEYS`) is read from that file's folder, whatever the
+working directory; paths given as overrides (``--data-dir``) stay relative to it.
 """
 
 from __future__ import annotations
@@ -305,13 +307,38 @@ def load_config(path: str | os.PathLike[str] | None = None, **overrides: Any) ->
     path = path if path is not None else os.environ.get(ENV_CONFIG) or None
     data: dict[str, Any] = {}
     if path is not None:
-        data = _read_yaml(Path(path))
+        data = _anchor_paths(_read_yaml(Path(path)), Path(os.path.abspath(path)).parent)
     for section, changes in overrides.items():
         data.setdefault(section, {})
         if not isinstance(data[section], dict):
             raise ConfigError(f"{section}: expected a mapping", key=section)
         data[section].update(changes)
     return typing.cast(Config, from_dict(_spec_keys(data)))
+
+
+# Keys naming files or folders: a relative one in a config file is read from the file's folder.
+PATH_KEYS = {"memory": ("path",), "embedding": ("model_dir", "download_dir", "cache_dir"),
+             "server": ("curve_secret_key", "curve_authorized_dir", "curve_server_public_key",
+                        "curve_client_secret_key")}
+
+
+def _anchor_paths(data: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """``data`` with each relative path of :data:`PATH_KEYS` made absolute from ``folder``,
+    the config file's: under systemd the working directory is ``/``, so ``path: memory``
+    meant ``/memory`` to the daemon and ``./memory`` to the same user's CLI.  A value that
+    starts with ``~`` or ``$`` is left for the later expansion; anything else is left for
+    the type check (which names the key)."""
+    out = dict(data)
+    for section, keys in PATH_KEYS.items():
+        values = out.get(section)
+        if not isinstance(values, dict):
+            continue
+        out[section] = {k: (str(folder / v) if k in keys and _relative(v) else v) for k, v in values.items()}
+    return out
+
+
+def _relative(value: Any) -> bool:
+    return isinstance(value, str) and value.strip() != "" and not value.startswith(("~", "$", "/"))
 
 
 # Keys of the spec's own config/default.yaml that live elsewhere here: (section, key) -> (section, key).

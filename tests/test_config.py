@@ -128,4 +128,38 @@ def test_numbers_with_an_exponent_are_numbers(tmp_path: Path, text: str, expecte
 def test_strings_that_look_like_exponents_stay_strings_when_quoted(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text('memory:\n  path: "1e2"\n')
-    assert load_config(path).memory.path == "1e2"
+    assert load_config(path).memory.path == str(tmp_path / "1e2")  # a string, so a path from the file's folder
+
+
+@pytest.mark.parametrize(("written", "expected"), [
+    ("store", "{conf}/store"),  # relative: from the config file's folder (was the working directory)
+    ("./a/../store", "{conf}/a/../store"),  # still relative, kept as written under the folder
+    ("/srv/memory", "/srv/memory"),  # absolute: untouched
+    ("~/memory", "{home}/memory"),  # the home folder, expanded later as before
+    ("$MEMORY_ROOT/m", "{env}/m"),  # a variable, expanded later as before
+])
+def test_a_relative_path_in_a_config_file_is_read_from_its_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, written: str, expected: str) -> None:
+    conf = tmp_path / "etc"
+    conf.mkdir()
+    (conf / "memory.yaml").write_text(yaml.safe_dump({
+        "memory": {"path": written},
+        "embedding": {"model_dir": "models", "cache_dir": "/var/cache/x"},
+        "server": {"curve_secret_key": "keys/server.key_secret"}}))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("MEMORY_ROOT", str(tmp_path / "env"))
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # under systemd the working directory is /
+    config = load_config("../etc/memory.yaml")  # a relative config path works too
+    values = {"conf": str(conf), "home": str(tmp_path / "home"), "env": str(tmp_path / "env")}
+    assert config.data_dir == Path(expected.format(**values))
+    assert config.embedding.model_dir == str(conf / "models")
+    assert config.embedding.cache_dir == "/var/cache/x"
+    assert config.server.curve_secret_key == str(conf / "keys/server.key_secret")
+
+
+def test_a_relative_override_stays_relative_to_the_working_directory(tmp_path: Path) -> None:
+    # --data-dir and the like are command-line words: read from where the command runs
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump({"memory": {"path": "from-file"}}))
+    assert load_config(tmp_path / "c.yaml", memory={"path": "given"}).data_dir == Path("given")
