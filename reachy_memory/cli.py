@@ -37,11 +37,17 @@ from .model import SEARCH_LIMIT, SEARCH_MIN_SCORE, Memory, SearchResult
 
 EXIT = {ValidationError: 2, ConfigError: 2, NotFoundError: 3, RequestTimeoutError: 4, ServiceError: 4,
         StoreLockedError: 4}
+DEFAULT_TIMEOUT = 10.0  # seconds a command waits for the daemon's reply, unless --timeout says
+SLOW_TIMEOUTS = {"backup": 120.0, "import": 60.0}  # ...for one request of these, unless --timeout says
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit code."""
     args = _parser().parse_args(argv)
+    # --timeout given or not: backup and import wait longer by default, never longer than asked
+    args.timeout_given = getattr(args, "timeout", None) is not None
+    if not args.timeout_given:
+        args.timeout = DEFAULT_TIMEOUT
     try:
         return int(args.func(args) or 0)
     except ReachyMemoryError as exc:
@@ -54,6 +60,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+
+
+def _slow_timeout(args: argparse.Namespace, command: str) -> float:
+    """The wait for one request of a long command: ``--timeout`` when given, else the
+    command's own default (a backup of 100k memories takes minutes on an SD card)."""
+    return float(args.timeout) if args.timeout_given else SLOW_TIMEOUTS[command]
 
 
 def _fail(args: argparse.Namespace, kind: str, message: str, code: int) -> int:
@@ -297,7 +309,7 @@ def cmd_backup(args: argparse.Namespace) -> int:
     if args.keep is not None and args.keep < 1:
         raise ValidationError("--keep must be at least 1", field="keep")
     with _client(args) as c:
-        info = c.backup(str(dest), force=args.force, timeout=max(args.timeout, 120))
+        info = c.backup(str(dest), force=args.force, timeout=_slow_timeout(args, "backup"))
     if args.keep is not None:
         info["pruned"] = bk.prune(Path(info["path"]).parent, args.keep)
     _out(args, info, lambda i: f"backup of {i['memories']} memories written to {i['path']} ({i['bytes']} bytes)")
@@ -407,7 +419,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     done = {"people": 0, "memories": 0}
     with _client(args) as c:
         for batch, persons in import_requests(memories, people, config):
-            got = c.import_memories(batch, persons or None, timeout=max(args.timeout, 60))
+            got = c.import_memories(batch, persons or None, timeout=_slow_timeout(args, "import"))
             done = {k: done[k] + got[k] for k in done}
             if progress and batch:
                 progress(done["memories"], len(memories))
@@ -534,7 +546,9 @@ def _common(late: bool = False) -> argparse.ArgumentParser:
     common.add_argument("--endpoint", help="daemon endpoint (default: the private ipc socket)")
     common.add_argument("--data-dir", type=Path, help="data directory (overrides memory.path)")
     common.add_argument("--json", action="store_true", help="machine-readable output")
-    common.add_argument("--timeout", type=_seconds, default=10.0, help="seconds to wait for the daemon")
+    common.add_argument("--timeout", type=_seconds, default=None,
+                        help=f"seconds to wait for the daemon (default {DEFAULT_TIMEOUT:g}; backup "
+                             f"{SLOW_TIMEOUTS['backup']:g} and import {SLOW_TIMEOUTS['import']:g} per request)")
     for action in common._actions if late else ():
         action.default = argparse.SUPPRESS
     return common

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -380,3 +381,25 @@ def test_model_info_says_what_the_running_daemon_does_without_a_model(daemon: Da
         out = cli(lexical, "model", "info")
         assert out.returncode == 0, out.stderr
         assert "embedding turned off" in out.stderr
+
+
+@pytest.mark.parametrize("command", [
+    "backup",  # waited at least 120 s whatever --timeout said
+    "import",  # ...and at least 60 s per request
+])
+def test_backup_and_import_wait_no_longer_than_timeout_says(tmp_path: Path, command: str) -> None:
+    data = tmp_path / "m.jsonl"
+    data.write_text(json.dumps({"id": "m1", "content": "a note", "type": "fact",
+                               "created_at": "2026-01-02T00:00:00+00:00"}) + "\n")
+    target = {"backup": str(tmp_path / "b.rms"), "import": str(data)}[command]
+    with DaemonProcess(tmp_path) as frozen:
+        assert frozen.proc is not None
+        frozen.proc.send_signal(signal.SIGSTOP)  # the socket accepts, nobody answers
+        try:
+            started = time.monotonic()
+            out = _run(command, target, "--config", str(frozen.config_path), "--timeout", "1", timeout=50)
+            took = time.monotonic() - started
+        finally:
+            frozen.proc.send_signal(signal.SIGCONT)
+    assert out.returncode == 4 and "no reply" in out.stderr, out.stderr
+    assert took < 40, took
