@@ -655,12 +655,9 @@ def _import_row(where: str, m: Any) -> dict[str, Any]:
     for key, field in _IMPORT_OPTIONAL.items():
         if m.get(key) is not None:
             row[field] = _when(where, m[key], key)
-    for key, kind in (("owner", str), ("name", str), ("superseded_by", str)):
-        if m.get(key) is not None and (not isinstance(m[key], kind) or not 0 < len(m[key]) <= MAX_NAME_CHARS):
-            raise ValidationError(f"{where}: {key} must be a string of 1 to {MAX_NAME_CHARS} characters",
-                                  field=key)
+    for key in ("owner", "name", "superseded_by"):
         if m.get(key) is not None:
-            row[key] = m[key]
+            row[key] = check_label(m[key], key, f"{where}: ")
     for key in ("subjects", "aliases"):
         values = m.get(key) or []
         if not isinstance(values, list | tuple) or not all(isinstance(v, str) for v in values) or len(values) > 64:
@@ -782,6 +779,21 @@ def _unique_ops(ops: Iterable[dict[str, Any] | None]) -> list[dict[str, Any]]:
         if op is not None:
             seen[op["id"]] = op
     return list(seen.values())
+
+
+def check_label(value: Any, field: str, where: str = "") -> str:
+    """``value`` if it is a string of 1 to :data:`MAX_NAME_CHARS` characters: an owner (a user of
+    the robot), a note name or an id as a memory's fields take them. Raises ValidationError
+    naming ``field`` (its message starts with ``where``)."""
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_NAME_CHARS:
+        raise ValidationError(f"{where}{field} must be a string of 1 to {MAX_NAME_CHARS} characters", field=field)
+    return value
+
+
+def check_owner(owner: Any) -> str:
+    """``owner`` if it is a valid owner (what an import accepts for a memory's ``owner``).
+    Raises ValidationError."""
+    return check_label(owner, "owner")
 
 
 def _text(value: Any, field: str) -> str:

@@ -642,6 +642,8 @@ def _parser() -> argparse.ArgumentParser:
             "--data-dir opens a store in-process instead of using the daemon)")
     p.add_argument("--http", action="store_true", help="serve streamable HTTP on 127.0.0.1 instead of stdio")
     p.add_argument("--port", type=int, default=8765, help="HTTP port (default 8765)")
+    p.add_argument("--owner", help="bind every tool call to this user of the robot: their memories plus shared and "
+                   "unscoped ones; facts stored as theirs (the model cannot choose another user)")
     return parser
 
 

@@ -20,6 +20,13 @@ tools' path too): the SDK's own pydantic validation is bypassed, so a model read
 the same message on both paths, and each tool is listed with the table's JSON
 schema (``ToolDef.parameters_schema``).
 
+With ``--owner NAME`` every tool call is bound to that user of the robot (the
+client starting the server chooses it, never the model: no tool takes an
+owner): searches and ``recall`` see NAME's memories plus shared and unscoped ones,
+facts are stored as NAME's (``shared: true``: the household's), ``forget_memory``
+refuses another user's own memory; see :mod:`reachy_memory.integrations.tools`
+for what is not scoped. The owner is fixed for the server's life.
+
 Threads: the MCP SDK's event loop owns the client (or, for ``--data-dir``, a
 single worker thread owns the store).
 """
@@ -33,6 +40,7 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from ._people_ops import check_owner
 from .config import Config
 from .errors import ConfigError, ReachyMemoryError
 from .integrations.tools import TOOLS, Backend, DaemonBackend, LocalBackend, ToolDef, error_text
@@ -144,21 +152,26 @@ async def _serve(server: Any, service: _Service, http: bool, port: int) -> None:
 
 
 def run(config: Config, *, in_process: bool = False, http: bool = False, port: int = DEFAULT_PORT,
-        timeout: float = 10.0) -> int:
+        timeout: float = 10.0, owner: str | None = None) -> int:
     """Serve until stdin closes (stdio) or SIGINT/SIGTERM (HTTP); returns the exit code.
 
     ``in_process`` opens ``config.data_dir`` here (raises StoreLockedError if a
     daemon holds it); otherwise tools talk to the daemon at the configured endpoint.
+    ``owner`` binds every call to that user (raises ValidationError, before serving,
+    for a name the store would not take as an owner).
     """
     import anyio
 
+    if owner is not None:
+        check_owner(owner)
     _require_sdk()
     if in_process:
-        local = LocalBackend.open(config)  # fail now, not at the first tool call
+        local = LocalBackend.open(config, owner=owner)  # fail now, not at the first tool call
         service = _Service(lambda: local)
     else:
-        service = _Service(lambda: DaemonBackend.from_config(config, timeout))
+        service = _Service(lambda: DaemonBackend.from_config(config, timeout, owner=owner))
     where = f"store {config.data_dir}" if in_process else "the daemon"
+    where += f" as user {owner!r}" if owner is not None else ""
     print(f"reachy-memory mcp: serving {', '.join(t.name for t in TOOLS)} on "
           f"{f'http://127.0.0.1:{port}/mcp' if http else 'stdio'} with {where}", file=sys.stderr)
     anyio.run(_serve, build_server(service), service, http, port)
@@ -166,9 +179,10 @@ def run(config: Config, *, in_process: bool = False, http: bool = False, port: i
 
 
 def run_from_args(args: Any, config: Config) -> int:
-    """What ``reachy-memory mcp`` runs: ``--data-dir`` means a store in this process."""
+    """What ``reachy-memory mcp`` runs: ``--data-dir`` means a store in this process; ``--owner``
+    the user every call is bound to."""
     return run(config, in_process=bool(getattr(args, "data_dir", None)), http=args.http, port=args.port,
-               timeout=args.timeout)
+               timeout=args.timeout, owner=getattr(args, "owner", None))
 
 
 __all__ = ["DEFAULT_PORT", "build_server", "run", "run_from_args"]

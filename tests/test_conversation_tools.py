@@ -9,14 +9,14 @@ from __future__ import annotations
 import abc
 import asyncio
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from reachy_memory import Config, DaemonUnavailableError, MemoryStore, RequestTimeoutError
+from reachy_memory import Config, DaemonUnavailableError, MemoryStore, RequestTimeoutError, ValidationError
 from reachy_memory.integrations.conversation import (
     MAX_ERROR_CHARS,
     TOOL_CLASSES,
@@ -377,3 +377,157 @@ def test_recall_about_someone_unknown_looks_past_the_limit(config: Config) -> No
             await backend.aclose()
 
     assert run(scenario()) == ["Bob likes pizza a lot"]
+
+
+# -- the current user (owner), bound by the application ---------------------------------------
+
+
+@pytest.fixture(scope="module")
+def owners_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+    """A daemon of its own, so these tests' memories never reach the others' searches."""
+    with DaemonProcess(tmp_path_factory.mktemp("owners")) as d:
+        yield d
+
+
+@pytest.fixture(params=["local", "daemon"])
+def open_backend(request: pytest.FixtureRequest, config: Config) -> Callable[[str | None], Any]:
+    """Opens a backend bound to an owner (call it inside the event loop): a store in this
+    process (lexical-only: fast), or a real daemon with the real model."""
+    if request.param == "local":
+        return lambda owner: LocalBackend(MemoryStore(config=config, embedder=None), owner=owner)
+    daemon = request.getfixturevalue("owners_daemon")
+    return lambda owner: DaemonBackend.from_config(daemon.config, owner=owner)
+
+
+async def _contents(backend: Any, tool: str, query: str) -> list[str]:
+    return [h["content"] for h in await TOOLS_BY_NAME[tool].run(backend, {"query": query, "limit": 10})]
+
+
+def test_two_owners_see_their_own_facts_and_shared_and_unscoped_ones(open_backend: Callable[..., Any]) -> None:
+    # Without the feature no tool took an owner: every fact was unscoped and each user saw
+    # the other's "favourite colour"; `shared` did nothing.
+    async def scenario() -> dict[str, Any]:
+        backend = open_backend("ann")
+        store, remember = TOOLS_BY_NAME["store_memory"], TOOLS_BY_NAME["remember"]
+        try:
+            green = await store.run(backend, {"content": "My favourite colour is green"})
+            await remember.run(backend, {"content": "The wifi password is on the fridge", "shared": True})
+            await store.run(backend, {"content": "The garden gate sticks today", "memory_type": "context"})
+            await remember.run(backend.for_owner(None), {"content": "The boiler is in the cellar", "subjects": []})
+            backend.owner = "ben"  # another person starts talking: the next call is theirs
+            await store.run(backend, {"content": "My favourite colour is red"})
+            seen = {"ben": await _contents(backend, "search_memories", "favourite colour"),
+                    "ben recall": await _contents(backend, "recall", "favourite colour"),
+                    "ben shared": await _contents(backend, "search_memories", "wifi password fridge"),
+                    "ben unscoped": await _contents(backend, "recall", "boiler cellar"),
+                    "ben context": await _contents(backend, "search_memories", "garden gate sticks"),
+                    "ben forgets": await TOOLS_BY_NAME["forget_memory"].run(backend, {"memory_id": green["id"]})}
+            backend.owner = "ann"
+            seen["ann"] = await _contents(backend, "recall", "favourite colour")
+            seen["nobody"] = await _contents(backend.for_owner(None), "search_memories", "favourite colour")
+            seen["ann still"] = await _contents(backend, "search_memories", "favourite colour")
+            return seen
+        finally:
+            await backend.aclose()
+
+    seen = run(scenario())
+    green, red = "My favourite colour is green", "My favourite colour is red"
+    assert red in seen["ben"] and green not in seen["ben"]
+    assert red in seen["ben recall"] and green not in seen["ben recall"]
+    assert seen["ben shared"][0] == "The wifi password is on the fridge"  # ann's, shared with the household
+    assert seen["ben unscoped"][0] == "The boiler is in the cellar"  # stored with no owner
+    assert "The garden gate sticks today" in seen["ben context"]  # documented: a context memory is unscoped
+    assert seen["ben forgets"]["success"] is False  # ann's own fact: refused...
+    assert green in seen["ann still"] and red not in seen["ann still"]  # ...and still there
+    assert green in seen["ann"] and red not in seen["ann"]
+    assert {green, red} <= set(seen["nobody"])  # unbound: every user's, as before
+
+
+# (who stores it, shared, who forgets it, success): a bound backend forgets only what its user sees
+FORGET_CASES = [
+    ("cas", False, "dov", False),  # another user's own fact: refused, as an unknown id would be
+    ("cas", True, "dov", True),  # a household (shared) fact: any user may forget it
+    (None, False, "dov", True),  # an unscoped fact: as before
+    ("cas", False, "cas", True),  # one's own fact
+    ("cas", False, None, True),  # an unbound backend: as before, anything
+]
+
+
+@pytest.mark.parametrize(("writer", "shared", "forgetter", "success"), FORGET_CASES)
+def test_forget_memory_refuses_another_users_own_memory(open_backend: Callable[..., Any], writer: str | None,
+                                                        shared: bool, forgetter: str | None, success: bool) -> None:
+    async def scenario() -> tuple[dict[str, Any], dict[str, Any], bool]:
+        backend = open_backend(writer)
+        try:
+            [m] = await backend.remember({"content": f"The door code is {writer}-{shared}-{forgetter}",
+                                          "shared": shared, "subjects": []})
+            forget = TOOLS_BY_NAME["forget_memory"]
+            result = await forget.run(backend.for_owner(forgetter), {"memory_id": m.id})
+            unknown = await forget.run(backend.for_owner(forgetter), {"memory_id": "no-such-memory"})
+            left = await backend.for_owner(None).search("door code", None, 50)
+            return result | {"stored": m.id}, unknown, m.id in {h.memory.id for h in left}
+        finally:
+            await backend.aclose()
+
+    result, unknown, still_there = run(scenario())
+    assert result == {"success": success, "id": result["stored"], "stored": result["stored"]}
+    assert still_there is not success
+    assert unknown == {"success": False, "id": "no-such-memory"}  # the refusal's reply: no id confirmed
+
+
+@pytest.mark.parametrize("owner", [
+    "",  # empty: the store refuses it as a memory's owner
+    "x" * 201,  # longer than the store's 200 characters
+    42,  # not a string
+])
+def test_a_bad_owner_is_refused_before_any_call(config: Config, owner: Any) -> None:
+    store = MemoryStore(config=config, embedder=None)
+    try:
+        for bind in (lambda: LocalBackend(store, owner=owner), lambda: SearchMemories(owner=owner),
+                     lambda: DaemonBackend.from_config(config, owner=owner)):
+            with pytest.raises(ValidationError, match="owner must be a string of 1 to 200 characters"):
+                bind()
+    finally:
+        store.close()
+
+
+@dataclass
+class OwnerDeps(Deps):
+    """The app's deps with the two attributes an app sets: its memory and who is speaking."""
+
+    memory: Any = None
+    memory_owner: Any = None
+
+
+def test_conversation_tools_follow_deps_memory_owner_at_run_time(config: Config) -> None:
+    async def scenario() -> dict[str, Any]:
+        backend = LocalBackend(MemoryStore(config=config, embedder=None))
+        deps, remember, search = OwnerDeps(memory=backend), Remember(), SearchMemories()
+        try:
+            deps.memory_owner = "eva"
+            await remember(deps, content="My bike is blue")
+            deps.memory_owner = "fay"  # recognition says another person speaks now
+            await remember(deps, content="My bike is black")
+            seen = {"fay": await search(deps, query="bike"), "eva by constructor": await SearchMemories(
+                owner="eva")(deps, query="bike")}  # the constructor's owner wins over deps
+            deps.memory_owner = "eva"
+            seen["eva"] = await search(deps, query="bike")
+            deps.memory_owner = None
+            seen["nobody"] = await search(deps, query="bike")
+            deps.memory_owner = ""
+            seen["bad"] = await search(deps, query="bike")
+            seen["unbound backend"] = backend.owner  # the tools bound views, never the app's backend
+            seen["custom"] = await SearchMemories(owner="eva")(OwnerDeps(memory=_SlowClient(True)), query="bike")
+            return seen
+        finally:
+            await backend.aclose()
+
+    seen = run(scenario())
+    texts = {k: sorted(r["content"] for r in v["results"]) for k, v in seen.items() if isinstance(v, dict)
+             and "results" in v}
+    assert texts["fay"] == ["My bike is black"] and texts["eva"] == ["My bike is blue"]
+    assert texts["eva by constructor"] == ["My bike is blue"]
+    assert texts["nobody"] == ["My bike is black", "My bike is blue"]
+    assert seen["bad"]["error"].startswith("ValidationError: owner must be a string")
+    assert seen["unbound backend"] is None
+    assert seen["custom"]["error"].startswith("ConfigError:") and "cannot be bound to a user" in seen["custom"]["error"]

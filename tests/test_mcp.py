@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.daemon_util import ROOT, DaemonProcess
+from tests.daemon_util import ROOT, DaemonProcess, run_cli
 
 if os.environ.get("CI") != "true":
     pytest.importorskip("mcp", reason="the mcp extra is not installed (pip install '.[mcp]')")
@@ -189,3 +189,40 @@ def test_a_huge_bad_value_gives_the_same_cut_message() -> None:
     answer = asyncio.run(TOOL_CLASSES[0](backend=Recording())(None, **args))
     assert len(answer["error"]) == MAX_ERROR_CHARS
     assert res.content[0].text == f"Error executing tool search_memories: {answer['error']}"
+
+
+def test_owner_binds_every_call_to_that_user(daemon: DaemonProcess) -> None:
+    # `mcp` had no --owner: the model saw every user's facts, and could forget them.
+    with daemon.client() as c:
+        [alice] = c.remember("Alice's locker code is 4711", subjects=[], owner="alice")
+        [bob] = c.remember("Bob's locker code is 0815", subjects=[], owner="bob")
+        c.remember("The locker room closes at nine", subjects=[], owner="bob", shared=True)
+        c.remember("Locker keys hang by the door", subjects=[])  # unscoped
+    _, (found, recalled, forget_bob, forget_alice, stored) = session_run(
+        ["--config", str(daemon.config_path), "--owner", "alice"], [
+            ("search_memories", {"query": "locker code", "limit": 10}),
+            ("recall", {"query": "locker", "limit": 10}),
+            ("forget_memory", {"memory_id": bob.id}),
+            ("forget_memory", {"memory_id": alice.id}),
+            ("store_memory", {"content": "Alice's bike lock code is 1234"}),
+        ])
+    for hits in (found.structured_content["result"], recalled.structured_content["result"]):
+        contents = {h["content"] for h in hits}
+        assert "Bob's locker code is 0815" not in contents
+        assert {"The locker room closes at nine", "Locker keys hang by the door"} <= contents
+    assert "Alice's locker code is 4711" in {h["content"] for h in found.structured_content["result"]}
+    assert forget_bob.structured_content == {"success": False, "id": bob.id}  # as for an unknown id
+    assert forget_alice.structured_content == {"success": True, "id": alice.id}
+    with daemon.client() as c:
+        assert c.get(bob.id) is not None and c.get(alice.id) is None
+        assert c.get(stored.structured_content["id"]).owner == "alice"  # a fact stored as hers
+
+
+@pytest.mark.parametrize("owner", [
+    "",  # empty: not an owner the store takes
+    "x" * 201,  # over the store's 200 characters
+])
+def test_a_bad_owner_is_a_clear_error_exit(daemon: DaemonProcess, owner: str) -> None:
+    done = run_cli(daemon, "mcp", "--owner", owner)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "error: owner must be a string of 1 to 200 characters" in done.stderr

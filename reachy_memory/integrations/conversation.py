@@ -28,6 +28,21 @@ Behaviour the app relies on:
   ``deps.memory`` if the app provides one (a :class:`~.tools.Backend` or an
   :class:`~reachy_memory.AsyncMemoryClient`), else one daemon client per event
   loop, configured by ``$REACHY_MEMORY_CONFIG`` / ``$REACHY_MEMORY_ENDPOINT``.
+
+The current user (who is speaking; the app knows it from face or voice
+recognition, the model never chooses it): the ``owner`` given to the constructor,
+else ``deps.memory_owner`` read at each call (the app sets it when another person
+starts talking; None or absent: no user), else the backend's own ``owner``, if any.
+With a user, each call runs on ``backend.for_owner(user)`` (a view of the same
+client: tools on one loop may serve different users at once); what that scopes is
+described in :mod:`.tools` (facts and searches yes, ``conversation``/``context``
+memories from ``store_memory`` no). A backend without ``for_owner`` (a custom one)
+cannot be scoped: the call answers an error rather than seeing every user's
+memories. No user means every user's memories, as before; an app that wants an
+unrecognised speaker to see only household and unscoped memories binds an owner
+such as ``"guest"``::
+
+    deps.memory_owner = "alice"   # the recognised speaker; later "bob", or "guest"
 """
 
 from __future__ import annotations
@@ -36,9 +51,10 @@ import asyncio
 import weakref
 from typing import Any, ClassVar
 
+from .._people_ops import check_owner
 from ..client import AsyncMemoryClient
 from ..config import Config, load_config
-from ..errors import ReachyMemoryError
+from ..errors import ConfigError, ReachyMemoryError
 from .tools import (
     FORGET_MEMORY,
     MAX_ERROR_CHARS,
@@ -90,10 +106,14 @@ class MemoryTool:
             cls.name, cls.description = definition.name, definition.description
             cls.parameters_schema = definition.parameters_schema()
 
-    def __init__(self, backend: Backend | AsyncMemoryClient | None = None, *, config: Config | None = None) -> None:
-        """The app calls ``cls()``; tests and custom apps may pass a backend or a config."""
+    def __init__(self, backend: Backend | AsyncMemoryClient | None = None, *, config: Config | None = None,
+                 owner: str | None = None) -> None:
+        """The app calls ``cls()``; tests and custom apps may pass a backend, a config, and the
+        user this instance serves (``owner``, over ``deps.memory_owner``). Raises
+        ValidationError for a bad owner."""
         self._backend = _as_backend(backend) if backend is not None else None
         self._config = config
+        self._owner = None if owner is None else check_owner(owner)
 
     def spec(self) -> dict[str, Any]:
         """The function spec the app sends to the model."""
@@ -101,6 +121,20 @@ class MemoryTool:
                 "parameters": self.parameters_schema}
 
     def _backend_for(self, deps: Any) -> Backend:
+        """The backend for this call, bound to the current user if there is one. Raises
+        ValidationError for a bad ``deps.memory_owner``, ConfigError for a backend that
+        cannot be bound."""
+        backend = self._chosen_backend(deps)
+        owner = self._owner if self._owner is not None else getattr(deps, "memory_owner", None)
+        if owner is None:
+            return backend
+        for_owner = getattr(backend, "for_owner", None)
+        if for_owner is None:  # refuse: unscoped, it would show the model every user's memories
+            raise ConfigError(f"the memory backend {type(backend).__name__} cannot be bound to a user (it has no "
+                              "for_owner): use a DaemonBackend or a LocalBackend", key="memory_owner")
+        return for_owner(owner)  # type: ignore[no-any-return]
+
+    def _chosen_backend(self, deps: Any) -> Backend:
         if self._backend is not None:
             return self._backend
         supplied = getattr(deps, "memory", None)

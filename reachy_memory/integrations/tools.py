@@ -16,6 +16,24 @@ Backends:
   process (a desktop without the daemon); the store is used only by one worker
   thread, its owner.
 
+The current user (``owner``): a backend may be bound to the user who is speaking,
+which the application knows (face or voice recognition), never the language model
+(no tool has an ``owner`` parameter: a model could name another user). Bound,
+``search_memories`` and ``recall`` see that user's memories plus shared and
+unscoped ones; ``remember`` and ``store_memory`` of a fact store facts owned by the
+user (``shared=true``: a household fact every user sees); ``forget_memory`` refuses
+a memory another user owns and has not shared (``success: false``, the reply for an
+unknown id, so another user's ids are not confirmed); persons named in
+``subjects``/``about`` are resolved among the user's and the household's.  Not
+scoped: ``store_memory`` of a ``conversation`` or ``context`` memory (the store's
+plain ``store`` has no owner: such memories stay unscoped, seen by every user).
+Unbound (``owner=None``, the default) a backend behaves as before: it sees every
+user's memories.  ``backend.owner = "bob"`` switches the user for the calls that
+start afterwards (each call reads it once when it starts; set it on the thread
+running the calls, between turns); ``backend.for_owner("bob")`` is a view on the
+same connection or store bound to another user, for callers on one loop that
+serve different users at once.
+
 Errors are :class:`~reachy_memory.ReachyMemoryError` subclasses carrying the
 daemon's (or store's) message; callers turn them into their tool-error form.
 """
@@ -23,14 +41,16 @@ daemon's (or store's) message; callers turn them into their tool-error form.
 from __future__ import annotations
 
 import asyncio
+import copy
 import math
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, Self
 
 from .._mentions import norm
+from .._people_ops import check_owner
 from ..client import AsyncMemoryClient
 from ..config import Config
 from ..errors import DaemonUnavailableError, ReachyMemoryError, RequestTimeoutError, ValidationError
@@ -49,7 +69,10 @@ TYPE_GUIDE = ('"fact": lasting knowledge (preferences, names, relationships, bir
 
 
 class Backend(Protocol):
-    """Where the tools' memory lives (the daemon, or a store in this process)."""
+    """Where the tools' memory lives (the daemon, or a store in this process).
+
+    Binding a user takes more: ``owner`` and ``for_owner`` (see :class:`DaemonBackend`);
+    a backend without them serves only unbound callers."""
 
     async def search(self, query: str, memory_type: str | None, limit: int) -> list[SearchResult]: ...
 
@@ -351,17 +374,54 @@ TOOLS_BY_NAME: dict[str, ToolDef] = {t.name: t for t in TOOLS}
 # -- backends ----------------------------------------------------------------------------------
 
 
-class DaemonBackend:
+def may_forget(memory: Memory | None, owner: str) -> bool:
+    """Whether the user ``owner`` may forget ``memory``: one they can see (theirs, a shared
+    one or an unscoped one); not None (no live memory has that id)."""
+    return memory is not None and (memory.owner is None or memory.owner == owner or memory.shared)
+
+
+class _OwnerBound:
+    """The current user a backend's calls are scoped to (see the module docstring)."""
+
+    _owner: str | None = None
+    _own: bool = True
+
+    @property
+    def owner(self) -> str | None:
+        """The user the next calls are scoped to; None: unscoped (every user's memories)."""
+        return self._owner
+
+    @owner.setter
+    def owner(self, owner: str | None) -> None:
+        """Bind the next calls to ``owner`` (None unbinds). Raises ValidationError for an
+        owner the store would not take (not a string of 1 to 200 characters)."""
+        self._owner = None if owner is None else check_owner(owner)
+
+    def for_owner(self, owner: str | None) -> Self:
+        """A view of this backend (the same client or store, not closed by its ``aclose``)
+        bound to ``owner``. Raises ValidationError as the ``owner`` setter does."""
+        view = copy.copy(self)
+        view.owner = owner
+        view._own = False
+        return view
+
+
+class DaemonBackend(_OwnerBound):
     """The tools on the daemon, through an :class:`AsyncMemoryClient` (one event loop)."""
 
-    def __init__(self, client: AsyncMemoryClient, *, own: bool = True) -> None:
+    def __init__(self, client: AsyncMemoryClient, *, own: bool = True, owner: str | None = None) -> None:
+        """``own``: close the client in :meth:`aclose`; ``owner``: the current user (see the
+        module docstring). Raises ValidationError for a bad owner."""
         self.client = client
         self._own = own
+        self.owner = owner
 
     @classmethod
-    def from_config(cls, config: Config, timeout: float = 10.0) -> DaemonBackend:
-        """A backend with its own client on the configured endpoint."""
-        return cls(AsyncMemoryClient(config=config, timeout=timeout))
+    def from_config(cls, config: Config, timeout: float = 10.0, *, owner: str | None = None) -> DaemonBackend:
+        """A backend with its own client on the configured endpoint, bound to ``owner``.
+        Raises ValidationError for a bad owner."""
+        owner = None if owner is None else check_owner(owner)  # before a client (a socket) exists
+        return cls(AsyncMemoryClient(config=config, timeout=timeout), owner=owner)
 
     def _unavailable(self, why: str) -> DaemonUnavailableError:
         return DaemonUnavailableError(f"no reachy-memory daemon {why} at {self.client.endpoint}: {START_HINT}",
@@ -393,68 +453,104 @@ class DaemonBackend:
         return True
 
     async def search(self, query: str, memory_type: str | None, limit: int) -> list[SearchResult]:
-        return await self._guard(self.client.search(query, memory_type, limit))  # type: ignore[no-any-return]
+        return await self._guard(  # type: ignore[no-any-return]
+            self.client.search(query, memory_type, limit, owner=self._owner))
 
     async def store(self, content: str, memory_type: str, metadata: dict[str, Any] | None) -> Memory:
+        """Store as given: a plain store has no owner, so the memory is unscoped even when bound."""
         return await self._guard(self.client.store(content, memory_type, metadata))  # type: ignore[no-any-return]
 
     async def forget(self, memory_id: str) -> bool:
+        """Delete the memory; False if there is none, or (bound) it is another user's own.
+        Bound, it reads the memory first (two round trips): another user could at most
+        change that memory's owner in between, which no tool does."""
+        owner = self._owner
+        if owner is not None and not may_forget(await self._guard(self.client.get(memory_id)), owner):
+            return False
         return bool(await self._guard(self.client.forget(memory_id)))
 
     async def remember(self, args: dict[str, Any]) -> list[Memory]:
-        return await self._guard(self.client.remember(**args))  # type: ignore[no-any-return]
+        return await self._guard(self.client.remember(**_owned(args, self._owner)))  # type: ignore[no-any-return]
 
     async def recall(self, query: str, about: str | None, limit: int) -> list[SearchResult]:
-        return await self._guard(self.client.recall(query, about, limit=limit))  # type: ignore[no-any-return]
+        return await self._guard(  # type: ignore[no-any-return]
+            self.client.recall(query, about, owner=self._owner, limit=limit))
 
     async def knows(self, reference: str) -> bool:
-        return await self._guard(self.client.find_person(reference)) is not None
+        return await self._guard(self.client.find_person(reference, owner=self._owner)) is not None
 
     async def aclose(self) -> None:
         if self._own:
             await self.client.close()
 
 
-class LocalBackend:
+class LocalBackend(_OwnerBound):
     """The tools on a :class:`MemoryStore` in this process; one worker thread owns the store."""
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: Any, *, owner: str | None = None) -> None:
+        """``owner``: the current user (see the module docstring). Raises ValidationError for a bad owner."""
+        self.owner = owner
         self.memory_store = store
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reachy-memory-store")
 
     @classmethod
-    def open(cls, config: Config) -> LocalBackend:
-        """Open the configured data directory (raises StoreLockedError if a daemon holds it)."""
+    def open(cls, config: Config, *, owner: str | None = None) -> LocalBackend:
+        """Open the configured data directory, bound to ``owner``. Raises ValidationError for a
+        bad owner, StoreLockedError if a daemon holds the directory."""
         from ..store import MemoryStore
 
-        return cls(MemoryStore(config=config))
+        owner = None if owner is None else check_owner(owner)  # before the store is opened
+        return cls(MemoryStore(config=config), owner=owner)
 
     async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
     async def search(self, query: str, memory_type: str | None, limit: int) -> list[SearchResult]:
-        return await self._run(self.memory_store.search, query, memory_type, limit)  # type: ignore[no-any-return]
+        owner = self._owner
+        return await self._run(  # type: ignore[no-any-return]
+            lambda: self.memory_store.search(query, memory_type, limit, owner=owner))
 
     async def store(self, content: str, memory_type: str, metadata: dict[str, Any] | None) -> Memory:
+        """Store as given: a plain store has no owner, so the memory is unscoped even when bound."""
         return await self._run(self.memory_store.store, content, memory_type, metadata)  # type: ignore[no-any-return]
 
     async def forget(self, memory_id: str) -> bool:
-        return bool(await self._run(self.memory_store.forget, memory_id))
+        """Delete the memory; False if there is none, or (bound) it is another user's own.
+        The check and the delete are one job on the store's thread."""
+        owner = self._owner
+        if owner is None:
+            return bool(await self._run(self.memory_store.forget, memory_id))
+
+        def forget_visible() -> bool:
+            return may_forget(self.memory_store.get(memory_id), owner) and bool(self.memory_store.forget(memory_id))
+
+        return bool(await self._run(forget_visible))
 
     async def remember(self, args: dict[str, Any]) -> list[Memory]:
-        return await self._run(lambda: self.memory_store.remember(**args))  # type: ignore[no-any-return]
+        owned = _owned(args, self._owner)
+        return await self._run(lambda: self.memory_store.remember(**owned))  # type: ignore[no-any-return]
 
     async def recall(self, query: str, about: str | None, limit: int) -> list[SearchResult]:
-        return await self._run(lambda: self.memory_store.recall(query, about, limit=limit))  # type: ignore[no-any-return]
+        owner = self._owner
+        return await self._run(  # type: ignore[no-any-return]
+            lambda: self.memory_store.recall(query, about, owner=owner, limit=limit))
 
     async def knows(self, reference: str) -> bool:
-        return await self._run(lambda: self.memory_store.find_person(reference)) is not None
+        owner = self._owner
+        return await self._run(lambda: self.memory_store.find_person(reference, owner)) is not None
 
     async def aclose(self) -> None:
-        """Close the store on its own thread, then stop the thread; idempotent."""
-        if not self._pool._shutdown:  # type: ignore[attr-defined]
+        """Close the store on its own thread, then stop the thread; idempotent; a view
+        (:meth:`for_owner`) leaves both to the backend it came from."""
+        if self._own and not self._pool._shutdown:  # type: ignore[attr-defined]
             await self._run(self.memory_store.close)
             self._pool.shutdown(wait=True)
+
+
+def _owned(args: dict[str, Any], owner: str | None) -> dict[str, Any]:
+    """``remember``'s arguments with the bound owner laid over them (none given by the caller
+    counts: the owner is the application's to choose); as given when unbound."""
+    return args if owner is None else {**args, "owner": owner}
 
 
 def error_text(exc: ReachyMemoryError) -> str:
@@ -473,4 +569,4 @@ def finite_score(score: float) -> float:
 
 
 __all__ = ["MAX_ERROR_CHARS", "MAX_LIMIT", "MEMORY_TYPES", "RECALL", "REMEMBER", "TOOLS", "TOOLS_BY_NAME", "Backend",
-           "DaemonBackend", "LocalBackend", "Param", "ToolDef", "error_text"]
+           "DaemonBackend", "LocalBackend", "Param", "ToolDef", "error_text", "may_forget"]
