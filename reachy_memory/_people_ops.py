@@ -563,10 +563,13 @@ class PeopleMixin:
         slots = set().union(*(slots for value, slots in values.items() if norm(value) in names))
         return {slot for slot in slots if slot in self._state.by_slot}
 
-    def subject_names(self, rec: Record) -> tuple[str, ...]:
-        """Display names of a memory's persons, as they are now."""
+    def subject_names(self, rec: Record, owner: str | None = None) -> tuple[str, ...]:
+        """Display names of a memory's persons, as they are now; with ``owner``, only the
+        persons that user knows (theirs and the household's): a fact another user shared
+        about one of their own persons ("my therapist") does not give away that person's name."""
         people = (self._people.get(p) for p in rec.subjects)
-        return tuple(p.display_name for p in people if p is not None)
+        return tuple(p.display_name for p in people
+                     if p is not None and (owner is None or p.owner is None or p.owner == owner))
 
 
 def _named_in(content: str) -> set[tuple[str | None, str | None, str | None]]:
@@ -791,9 +794,10 @@ def check_label(value: Any, field: str, where: str = "") -> str:
 
 
 def check_owner(owner: Any) -> str:
-    """``owner`` if it is a valid owner (what an import accepts for a memory's ``owner``).
-    Raises ValidationError."""
-    return check_label(owner, "owner")
+    """``owner`` if it is a valid owner (what an import accepts for a memory's ``owner``), and
+    valid Unicode (a lone surrogate would be accepted by a search, then refused by every
+    write). Raises ValidationError."""
+    return check_unicode(check_label(owner, "owner"), "owner")
 
 
 def _text(value: Any, field: str) -> str:

@@ -568,7 +568,7 @@ class MemoryStore(PeopleMixin):
                 hits = [hits[k] for k in ranking.mmr_order(scores[pos], vectors, diversity, limit)]
             results = []
             for i, rec in hits[:limit]:
-                results.append(SearchResult(rec.memory(), float(scores[i]), self.subject_names(rec)))
+                results.append(SearchResult(rec.memory(), float(scores[i]), self.subject_names(rec, owner)))
                 self._touch(rec, at)
             return results
 

@@ -475,17 +475,21 @@ def test_forget_memory_refuses_another_users_own_memory(open_backend: Callable[.
     assert unknown == {"success": False, "id": "no-such-memory"}  # the refusal's reply: no id confirmed
 
 
-@pytest.mark.parametrize("owner", [
-    "",  # empty: the store refuses it as a memory's owner
-    "x" * 201,  # longer than the store's 200 characters
-    42,  # not a string
+@pytest.mark.parametrize(("owner", "says"), [
+    ("", "owner must be a string of 1 to 200 characters"),  # empty: the store refuses it as a memory's owner
+    ("x" * 201, "owner must be a string of 1 to 200 characters"),  # longer than the store's 200 characters
+    (42, "owner must be a string of 1 to 200 characters"),  # not a string
+    # a lone surrogate (a broken JSON escape, an undecodable argv byte): was bound, searches
+    # ran, then every fact stored failed with "a text to store is not valid Unicode"
+    ("al\ud800ice", "owner is not valid Unicode: a lone surrogate at character 2"),
 ])
-def test_a_bad_owner_is_refused_before_any_call(config: Config, owner: Any) -> None:
+def test_a_bad_owner_is_refused_before_any_call(config: Config, owner: Any, says: str) -> None:
     store = MemoryStore(config=config, embedder=None)
+    backend = LocalBackend(store)
     try:
         for bind in (lambda: LocalBackend(store, owner=owner), lambda: SearchMemories(owner=owner),
-                     lambda: DaemonBackend.from_config(config, owner=owner)):
-            with pytest.raises(ValidationError, match="owner must be a string of 1 to 200 characters"):
+                     lambda: DaemonBackend.from_config(config, owner=owner), lambda: backend.for_owner(owner)):
+            with pytest.raises(ValidationError, match=says):
                 bind()
     finally:
         store.close()
@@ -531,3 +535,59 @@ def test_conversation_tools_follow_deps_memory_owner_at_run_time(config: Config)
     assert seen["bad"]["error"].startswith("ValidationError: owner must be a string")
     assert seen["unbound backend"] is None
     assert seen["custom"]["error"].startswith("ConfigError:") and "cannot be bound to a user" in seen["custom"]["error"]
+
+
+def test_recall_serves_the_user_bound_when_the_call_starts(config: Config) -> None:
+    # recall makes two backend calls (knows, then recall). Each read backend.owner: the app
+    # switching it (recognition on the same loop) between them served bob's call with
+    # alice's facts ("Carol likes red wine", found by its metadata.person).
+    async def scenario() -> list[dict[str, Any]]:
+        backend = LocalBackend(MemoryStore(config=config, embedder=None))
+        try:
+            await TOOLS_BY_NAME["store_memory"].run(backend.for_owner("alice"), {
+                "content": "Carol likes red wine", "metadata": {"person": "Carol"}})
+            backend.owner = "bob"
+            knows = backend.knows
+
+            async def knows_then_alice_speaks(reference: str) -> bool:
+                known = await knows(reference)
+                backend.owner = "alice"  # between the tool's two calls
+                return known
+
+            backend.knows = knows_then_alice_speaks  # type: ignore[method-assign]
+            return await TOOLS_BY_NAME["recall"].run(backend, {"query": "wine", "about": "Carol"})  # type: ignore[no-any-return]
+        finally:
+            await backend.aclose()
+
+    assert run(scenario()) == []
+
+
+# (who binds the tool, a note name in a fact, what comes back): note names are one namespace for the
+# store, so a bound user could test another user's note names and get their memory ids
+NOTE_CASES = [
+    ("bob", "diary", "not available to a user-bound tool"),  # alice's note: was "already used by memory <id>"
+    ("bob", "my list", "not available to a user-bound tool"),  # a free name: the same answer, no oracle
+    ("alice", "diary", "not available to a user-bound tool"),  # the bound owner too (names are not hers alone)
+    (None, "my list", None),  # unbound: named notes as before
+]
+
+
+@pytest.mark.parametrize(("owner", "name", "error"), NOTE_CASES)
+def test_a_bound_remember_takes_no_note_name(config: Config, owner: str | None, name: str,
+                                            error: str | None) -> None:
+    async def scenario() -> tuple[str, dict[str, Any], Any]:
+        backend = LocalBackend(MemoryStore(config=config, embedder=None))
+        try:
+            [diary] = await backend.for_owner("alice").remember({"content": "I hate my job", "name": "diary"})
+            result = await Remember(backend, owner=owner)(Deps(), facts=[{"content": "Buy milk", "name": name,
+                                                                           "subjects": []}])
+            return diary.id, result, await backend._run(backend.memory_store.note, name)
+        finally:
+            await backend.aclose()
+
+    diary, result, note = run(scenario())
+    if error is None:
+        assert result["count"] == 1 and note.content == "Buy milk"
+    else:
+        assert error in result["error"] and diary not in result["error"]
+        assert note is None or note.id == diary  # nothing stored

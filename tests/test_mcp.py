@@ -218,11 +218,14 @@ def test_owner_binds_every_call_to_that_user(daemon: DaemonProcess) -> None:
         assert c.get(stored.structured_content["id"]).owner == "alice"  # a fact stored as hers
 
 
-@pytest.mark.parametrize("owner", [
-    "",  # empty: not an owner the store takes
-    "x" * 201,  # over the store's 200 characters
+@pytest.mark.parametrize(("owner", "says"), [
+    ("", "owner must be a string of 1 to 200 characters"),  # empty: not an owner the store takes
+    ("x" * 201, "owner must be a string of 1 to 200 characters"),  # over the store's 200 characters
+    # a byte that is not UTF-8 (b"al\xffice": Python reads it as a lone surrogate): was served
+    # "as user 'al\udcffice'", every fact stored then refused as "not valid Unicode"
+    ("al\udcffice", "owner is not valid Unicode: a lone surrogate at character 2"),
 ])
-def test_a_bad_owner_is_a_clear_error_exit(daemon: DaemonProcess, owner: str) -> None:
+def test_a_bad_owner_is_a_clear_error_exit(daemon: DaemonProcess, owner: str, says: str) -> None:
     done = run_cli(daemon, "mcp", "--owner", owner)
     assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert "error: owner must be a string of 1 to 200 characters" in done.stderr
+    assert f"error: {says}" in done.stderr

@@ -265,6 +265,24 @@ def test_people_are_scoped_by_owner(people_store: MemoryStore) -> None:
     assert people_store.find_person("my wife", owner="sam").name == "Maria"  # type: ignore[union-attr]
 
 
+# (who searches, the names a hit on sam's shared fact about his own therapist carries)
+ABOUT_CASES = [
+    ("alex", ()),  # another user: the fact is shared, sam's person is not ("Dr. Lane" would leak)
+    ("sam", ("Dr. Lane",)),  # its owner sees who it is about
+    (None, ("Dr. Lane",)),  # unscoped: everyone's, as before
+]
+
+
+@pytest.mark.parametrize(("searcher", "about"), ABOUT_CASES)
+def test_a_shared_fact_names_only_the_persons_the_searcher_knows(lexical_store: MemoryStore, searcher: str | None,
+                                                                  about: tuple[str, ...]) -> None:
+    lexical_store.remember("The therapist's office is closed on Monday", subjects=["my therapist Dr. Lane"],
+                           owner="sam", shared=True)
+    [search] = lexical_store.search("office closed Monday", owner=searcher)
+    [recall] = lexical_store.recall("office closed Monday", owner=searcher)
+    assert search.subject_names == recall.subject_names == about
+
+
 # -- named notes and archives ------------------------------------------------------------------------
 
 def test_named_notes_by_name_and_alias(people_store: MemoryStore) -> None:

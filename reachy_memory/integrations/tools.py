@@ -24,7 +24,10 @@ unscoped ones; ``remember`` and ``store_memory`` of a fact store facts owned by 
 user (``shared=true``: a household fact every user sees); ``forget_memory`` refuses
 a memory another user owns and has not shared (``success: false``, the reply for an
 unknown id, so another user's ids are not confirmed); persons named in
-``subjects``/``about`` are resolved among the user's and the household's.  Not
+``subjects``/``about`` are resolved among the user's and the household's, and a
+result's ``about`` names only those; a bound ``remember`` takes no note name (note
+names are one namespace for the store: "already used by memory <id>" would confirm
+another user's note).  Not
 scoped: ``store_memory`` of a ``conversation`` or ``context`` memory (the store's
 plain ``store`` has no owner: such memories stay unscoped, seen by every user).
 Unbound (``owner=None``, the default) a backend behaves as before: it sees every
@@ -191,8 +194,28 @@ class ToolDef:
         return out
 
     async def run(self, backend: Backend, args: Mapping[str, Any]) -> Any:
-        """Check ``args`` and run the tool; raises ReachyMemoryError subclasses."""
-        return await self.call(backend, self.check(args))
+        """Check ``args`` and run the tool on ``backend`` as bound when the call starts (a
+        tool making two calls, ``recall``'s ``knows`` then ``recall``, must not serve
+        another user's second half after ``backend.owner`` changes in between); raises
+        ReachyMemoryError subclasses."""
+        return await self.call(_pinned(backend), self.check(args))
+
+
+def _pinned(backend: Backend) -> Backend:
+    """``backend`` bound, for a whole call, to the user it has now (a view: ``owner`` read once)."""
+    for_owner = getattr(backend, "for_owner", None)  # a custom backend may have none: as it is
+    return backend if for_owner is None else for_owner(getattr(backend, "owner", None))  # type: ignore[no-any-return]
+
+
+def _no_note_names(backend: Backend, a: dict[str, Any]) -> None:
+    """Refuse a note name (``name``/``aliases`` in a fact) from a bound user's ``remember``:
+    note names are one namespace for the whole store, so the store's "already used by
+    memory <id>" would confirm another user's note and hand out its id. Unbound, as before."""
+    if getattr(backend, "owner", None) is None or not isinstance(a.get("facts"), list):
+        return
+    if any(isinstance(f, dict) and ("name" in f or "aliases" in f) for f in a["facts"]):
+        raise ValidationError("remember: note names (name, aliases) are not available to a user-bound tool: "
+                              "they are shared by every user of the robot", field="facts")
 
 
 def _hit(h: SearchResult) -> dict[str, Any]:
@@ -243,6 +266,7 @@ def _no_empty_subjects(a: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _remember(backend: Backend, a: dict[str, Any]) -> dict[str, Any]:
+    _no_note_names(backend, a)
     stored = await backend.remember(_no_empty_subjects(a))
     return {"stored": [{"id": m.id, "content": m.content, "subjects": list(m.subjects)} for m in stored],
             "count": len(stored)}
