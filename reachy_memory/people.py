@@ -41,6 +41,9 @@ Owner scoping: a person belongs to an owner (a user of the robot) or, with
 ``owner=None``, to the household.  ``people(owner="alex")`` and
 ``find_person(..., owner="alex")`` see Alex's people plus household ones;
 ``owner=None`` sees everyone (an unscoped store keeps today's behaviour).
+A reference resolved for an owner teaches (a missing name or relation) only that
+owner's persons: "my therapist Dr. Evil" from Bob links a household therapist
+but does not rename it for everyone.
 
 Thread ownership: a registry is owned by the store's writer thread; it takes
 no locks.  Readers on other threads must go through that owner.
@@ -351,7 +354,10 @@ class PersonRegistry:
     def _resolve_ref(self, ref: Reference, owner: str | None, create: bool) -> Resolution:
         found = self._match(ref, owner)
         if found is not None:
-            return self._learn(found, ref)
+            # A user's words teach only their own persons: "my therapist Dr. Evil" from Bob must
+            # not rename the household's nameless therapist that Alice's facts are about (nor
+            # "my sister Carol" give the household's Carol a relation for everyone).
+            return self._learn(found, ref) if owner is None or found.owner == owner else Resolution(found, False, None)
         if not create:
             return Resolution(None, False, None)
         return self.add_person(ref.name or "", ref.relation, owner=owner)

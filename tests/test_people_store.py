@@ -283,6 +283,23 @@ def test_a_shared_fact_names_only_the_persons_the_searcher_knows(lexical_store: 
     assert search.subject_names == recall.subject_names == about
 
 
+# (who owns the nameless "my therapist", who then says "my therapist Dr. Evil", the person's name after)
+LEARN_CASES = [
+    (None, "bob", ""),  # a household person: a user's words do not rename it for everyone (was "Dr. Evil")
+    (None, None, "Dr. Evil"),  # unbound: learnt, as before
+    ("bob", "bob", "Dr. Evil"),  # the user's own person: learnt
+]
+
+
+@pytest.mark.parametrize(("owner", "teller", "name"), LEARN_CASES)
+def test_a_user_teaches_only_their_own_persons(lexical_store: MemoryStore, owner: str | None,
+                                               teller: str | None, name: str) -> None:
+    [first] = lexical_store.remember("My therapist is great", subjects=["my therapist"], owner=owner)
+    lexical_store.remember("My therapist's name is Dr. Evil", subjects=["my therapist"], owner=teller)
+    assert lexical_store.people(owner)[0].id == first.subjects[0]
+    assert lexical_store.people(owner)[0].name == name and lexical_store.people(owner)[0].relation == "therapist"
+
+
 # -- named notes and archives ------------------------------------------------------------------------
 
 def test_named_notes_by_name_and_alias(people_store: MemoryStore) -> None:
