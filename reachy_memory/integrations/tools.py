@@ -202,9 +202,10 @@ class ToolDef:
 
 
 def _pinned(backend: Backend) -> Backend:
-    """``backend`` bound, for a whole call, to the user it has now (a view: ``owner`` read once)."""
-    for_owner = getattr(backend, "for_owner", None)  # a custom backend may have none: as it is
-    return backend if for_owner is None else for_owner(getattr(backend, "owner", None))  # type: ignore[no-any-return]
+    """``backend`` bound, for a whole call, to the user it has now (a view: ``owner`` read once);
+    an unbound backend as it is (a call starting unbound already sees every user's memories)."""
+    owner, for_owner = getattr(backend, "owner", None), getattr(backend, "for_owner", None)
+    return backend if owner is None or for_owner is None else for_owner(owner)  # type: ignore[no-any-return]
 
 
 def _no_note_names(backend: Backend, a: dict[str, Any]) -> None:
