@@ -272,6 +272,7 @@ def repair(path: str | Path, config: Config | None = None) -> list[jr.RepairRepo
     lock = jr.DirLock(path)
     lock.acquire()
     try:
+        _finish_switch(path)
         reports = [jr.repair_file(path / name, jr.JOURNAL) for name in (JOURNAL_FILE, PREV_JOURNAL_FILE)
                    if (path / name).exists()]
         usable = files.snapshot_usable(path)
@@ -282,6 +283,15 @@ def repair(path: str | Path, config: Config | None = None) -> list[jr.RepairRepo
     if not usable:
         reports.append(_rebuild_snapshot(path, config or Config()))
     return reports
+
+
+def _finish_switch(path: Path) -> None:
+    """A compaction that died between its journal renames left its journal as
+    ``journal.next.rmj``: put it in place first, as an open would (else the empty
+    journal started for a missing ``journal.rmj`` was written over it, and the
+    writes acknowledged during that compaction were lost).  Raises StorageError."""
+    if files.snapshot_usable(path) and (path / SNAPSHOT_FILE).exists():
+        files.complete_switch(path, int(read_snapshot(path / SNAPSHOT_FILE).get("generation", 0)))
 
 
 def _start_empty_journal(path: Path) -> jr.RepairReport:
