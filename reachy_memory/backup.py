@@ -9,7 +9,6 @@ be copied off the robot as one file.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -350,17 +349,23 @@ def _chunks(path: Path) -> Iterator[bytes]:
         yield from iter(lambda: fh.read(1 << 20), b"")
 
 
+# Every file of a store's generations: a restore moves them all aside, so the restored
+# snapshot is never rebuilt (verify --repair) from another store's previous generation.
+_RESTORE_REPLACES = (SNAPSHOT_FILE, JOURNAL_FILE, files.PREV_SNAPSHOT_FILE, PREV_JOURNAL_FILE,
+                     files.NEXT_JOURNAL_FILE)
+
+
 def _move_aside(data_dir: Path, force: bool) -> list[str]:
-    existing = [p for p in data_dir.iterdir() if p.name in (SNAPSHOT_FILE, JOURNAL_FILE)
-                or p.name.startswith("vectors.hnsw")]
+    """Move the store in ``data_dir`` aside (renamed, never deleted) and return the new names.
+
+    Each gets a name no file has (``jr.side_path``): a fixed ``<name>.before-restore-<epoch>``
+    let a second restore within the same second rename the first restore's files over
+    the original store's.  Raises ValidationError for a store and no ``force``,
+    StorageError when a rename fails.
+    """
+    existing = [p for p in data_dir.iterdir() if p.name in _RESTORE_REPLACES or p.name.startswith(files.GRAPH_FILE)]
     if existing and not force:
         # Bad usage (exit 2), not a store in use (exit 4): nothing holds it, --force is missing.
         raise ValidationError(f"{data_dir} already holds a store; pass --force to move it aside and restore",
                               field="force")
-    stamp = int(time.time())
-    moved = []
-    for p in existing:
-        target = p.with_name(f"{p.name}.before-restore-{stamp}")
-        p.rename(target)
-        moved.append(str(target))
-    return moved
+    return [str(files.set_aside(p, "before-restore")) for p in existing]

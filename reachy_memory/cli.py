@@ -339,7 +339,8 @@ def _verify_text(r: dict[str, Any]) -> str:
 
 def cmd_restore(args: argparse.Namespace) -> int:
     info = bk.restore(args.backup, _config(args).data_dir, force=args.force)
-    _out(args, info, lambda i: f"restored {i['memories']} memories into {i['data_dir']}")
+    _out(args, info, lambda i: "\n".join([f"restored {i['memories']} memories into {i['data_dir']}",
+                                           *(f"  moved aside: {p}" for p in i["moved_aside"])]))
     return 0
 
 
