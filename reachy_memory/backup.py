@@ -9,6 +9,7 @@ be copied off the robot as one file.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -247,15 +248,41 @@ def backup_target(dest: str | Path, data_dir: str | Path, *, force: bool = False
     return files.backup_target(dest, Path(data_dir).expanduser(), force=force)
 
 
-def prune(directory: str | Path, keep: int) -> list[str]:
-    """Delete all but the newest ``keep`` timestamped backups in ``directory``."""
+# The names backup_target gives in a directory (UTC to the second): prune touches no other file.
+BACKUP_NAME = re.compile(r"memory-\d{8}T\d{6}Z\.rms")
+
+
+def prune(directory: str | Path, keep: int, *, written: str | Path | None = None) -> list[str]:
+    """Delete all but the newest ``keep`` timestamped backups in ``directory``; returns them.
+
+    Only files named as :func:`backup_target` names them *and* holding a snapshot's
+    header count (a user's ``memory-notes.rms`` is not ours).  ``written``, the
+    backup just taken, is always one of those kept: its name comes from the clock,
+    and a robot without a real-time clock that boots in the past named it older than
+    the ones it took before, so ordering by name deleted the backup just written.
+    Raises ValidationError for ``keep`` < 1, StorageError when a file cannot be deleted.
+    """
     if keep < 1:
         raise ValidationError("--keep must be at least 1", field="keep")
-    backups = sorted(Path(directory).expanduser().glob("memory-*.rms"))
-    old = backups[:-keep]
+    newest = Path(written).expanduser().resolve() if written is not None else None
+    backups = sorted(p for p in _backups_in(Path(directory).expanduser()) if p.resolve() != newest)
+    old = backups[:max(0, len(backups) - (keep - 1 if newest is not None else keep))]
     for path in old:
-        path.unlink()
+        try:
+            path.unlink(missing_ok=True)  # a concurrent prune may have deleted it first
+        except OSError as exc:
+            raise StorageError(f"cannot delete the old backup {path}: {exc.strerror}", path=str(path)) from exc
     return [str(p) for p in old]
+
+
+def _backups_in(directory: Path) -> list[Path]:
+    """The regular files in ``directory`` named and headed as our timestamped backups.
+    Raises StorageError when the directory cannot be listed."""
+    try:
+        names = [p for p in directory.iterdir() if BACKUP_NAME.fullmatch(p.name)]
+    except OSError as exc:
+        raise StorageError(f"cannot list the backups in {directory}: {exc.strerror}", path=str(directory)) from exc
+    return [p for p in names if not p.is_symlink() and p.is_file() and files.is_snapshot(p)]
 
 
 def repair(path: str | Path, config: Config | None = None) -> list[jr.RepairReport]:
