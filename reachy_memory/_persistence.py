@@ -409,10 +409,15 @@ def _backup_target(dest: str | Path, data_dir: Path, force: bool) -> Path:
 
 
 def is_snapshot(path: Path) -> bool:
-    """True when ``path`` starts with a snapshot's (or a backup's) magic bytes."""
+    """True when ``path`` is a regular file that starts with a snapshot's (or a backup's)
+    magic bytes.  Opened without blocking: reading a FIFO named as the target waited
+    for a writer forever (the CLI, or the daemon's engine thread)."""
     try:
-        with open(path, "rb") as fh:
-            head = fh.read(jr.HEADER_SIZE)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
         return False
+    with open(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        head = fh.read(jr.HEADER_SIZE)
     return head[:5] == jr.MAGIC + jr.SNAPSHOT

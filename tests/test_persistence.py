@@ -179,6 +179,19 @@ def test_backup_target_rules(tmp_path: Path, config: Config) -> None:
         assert store.backup(other, force=True)["memories"] == 1
 
 
+@pytest.mark.timeout(20)
+def test_a_fifo_as_backup_target_is_refused_not_waited_on(tmp_path: Path, config: Config) -> None:
+    fifo = tmp_path / "pipe.rms"
+    os.mkfifo(fifo)  # opening it to read its head waited for a writer forever
+    with pytest.raises(ValidationError, match="not a reachy-memory backup"):
+        bk.backup_target(fifo, config.data_dir)
+    with MemoryStore(config=config, embedder=None) as store:
+        store.store("precious")
+        with pytest.raises(ValidationError):
+            store.backup(fifo)
+        assert bk.verify(store.backup(fifo, force=True)["path"]).ok  # --force replaces it with a file
+
+
 def test_files_are_private_whatever_the_umask(tmp_path: Path, base_config: Config) -> None:
     data = tmp_path / "data"
     data.mkdir(mode=0o755)
