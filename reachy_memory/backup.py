@@ -9,6 +9,7 @@ be copied off the robot as one file.
 from __future__ import annotations
 
 import logging
+import os
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -253,7 +254,8 @@ BACKUP_NAME = re.compile(r"memory-\d{8}T\d{6}Z\.rms")
 
 
 def prune(directory: str | Path, keep: int, *, written: str | Path | None = None) -> list[str]:
-    """Delete all but the newest ``keep`` timestamped backups in ``directory``; returns them.
+    """Delete all but the newest ``keep`` timestamped backups in ``directory``, and the temp
+    files of backups whose writer died; returns what it deleted.
 
     Only files named as :func:`backup_target` names them *and* holding a snapshot's
     header count (a user's ``memory-notes.rms`` is not ours).  ``written``, the
@@ -267,12 +269,39 @@ def prune(directory: str | Path, keep: int, *, written: str | Path | None = None
     newest = Path(written).expanduser().resolve() if written is not None else None
     backups = sorted(p for p in _backups_in(Path(directory).expanduser()) if p.resolve() != newest)
     old = backups[:max(0, len(backups) - (keep - 1 if newest is not None else keep))]
+    old += _abandoned_temps(Path(directory).expanduser())
     for path in old:
         try:
             path.unlink(missing_ok=True)  # a concurrent prune may have deleted it first
         except OSError as exc:
             raise StorageError(f"cannot delete the old backup {path}: {exc.strerror}", path=str(path)) from exc
     return [str(p) for p in old]
+
+
+# write_atomic's temp file for a backup: ".<name>.tmp-<pid>-<thread>"
+BACKUP_TEMP = re.compile(r"\.memory-\d{8}T\d{6}Z\.rms\.tmp-(\d+)-\d+")
+
+
+def _abandoned_temps(directory: Path) -> list[Path]:
+    """Temp files of backups whose writer is gone (a daemon killed mid-backup, by the
+    watchdog or kill -9, leaves one, as large as a backup, that nothing else removes).
+    A writer that may be alive keeps its file: only "no such process" counts as gone."""
+    found = []
+    for path in directory.glob(".memory-*.rms.tmp-*"):
+        match = BACKUP_TEMP.fullmatch(path.name)
+        if match and not path.is_symlink() and path.is_file() and not _alive(int(match.group(1))):
+            found.append(path)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (OSError, OverflowError):  # EPERM: someone else's process; an absurd pid: not ours to judge
+        return True
+    return True
 
 
 def _backups_in(directory: Path) -> list[Path]:

@@ -175,6 +175,19 @@ def test_prune_keeps_the_backup_just_written_whatever_the_clock_said(tmp_path: P
     assert bk.prune(tmp_path, 1, written=written) == [str(later[2])]
 
 
+def test_prune_removes_the_temp_files_of_backups_whose_writer_died(tmp_path: Path) -> None:
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True, timeout=60).stdout.strip()
+    left = tmp_path / f".memory-20000101T000000Z.rms.tmp-{dead}-1"  # a daemon killed mid-backup
+    writing = tmp_path / f".memory-20000101T000000Z.rms.tmp-{os.getpid()}-1"  # a backup being written
+    other = tmp_path / f".notes.tmp-{dead}-1"  # not a backup's temp file
+    for path in (left, writing, other):
+        path.write_bytes(b"part of a backup")
+    written = _backup_file(tmp_path / "memory-20010101T000000Z.rms")
+    assert bk.prune(tmp_path, 1, written=written) == [str(left)]
+    assert writing.exists() and other.exists() and written.exists()
+
+
 def test_prune_races_another_prune(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     gone = tmp_path / "memory-20000101T000000Z.rms"  # listed, then deleted by the other prune first
     newer = _backup_file(tmp_path / "memory-20010101T000000Z.rms")
