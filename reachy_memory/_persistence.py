@@ -402,16 +402,22 @@ def _backup_target(dest: str | Path, data_dir: Path, force: bool) -> Path:
     if target == home or home in target.parents:
         raise ValidationError(f"backup target {target} is inside the data directory {home}; "
                               "choose a place outside it", field="path")
-    if target.exists() and not force and not _is_snapshot(target):
+    if target.exists() and not force and not is_snapshot(target):
         raise ValidationError(f"{target} exists and is not a reachy-memory backup; "
                               "choose another name (or --force to replace it)", field="path")
     return target
 
 
-def _is_snapshot(path: Path) -> bool:
+def is_snapshot(path: Path) -> bool:
+    """True when ``path`` is a regular file that starts with a snapshot's (or a backup's)
+    magic bytes.  Opened without blocking: reading a FIFO named as the target waited
+    for a writer forever (the CLI, or the daemon's engine thread)."""
     try:
-        with open(path, "rb") as fh:
-            head = fh.read(jr.HEADER_SIZE)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
         return False
+    with open(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        head = fh.read(jr.HEADER_SIZE)
     return head[:5] == jr.MAGIC + jr.SNAPSHOT

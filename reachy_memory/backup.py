@@ -9,7 +9,8 @@ be copied off the robot as one file.
 from __future__ import annotations
 
 import logging
-import time
+import os
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -248,15 +249,69 @@ def backup_target(dest: str | Path, data_dir: str | Path, *, force: bool = False
     return files.backup_target(dest, Path(data_dir).expanduser(), force=force)
 
 
-def prune(directory: str | Path, keep: int) -> list[str]:
-    """Delete all but the newest ``keep`` timestamped backups in ``directory``."""
+# The names backup_target gives in a directory (UTC to the second): prune touches no other file.
+BACKUP_NAME = re.compile(r"memory-\d{8}T\d{6}Z\.rms")
+
+
+def prune(directory: str | Path, keep: int, *, written: str | Path | None = None) -> list[str]:
+    """Delete all but the newest ``keep`` timestamped backups in ``directory``, and the temp
+    files of backups whose writer died; returns what it deleted.
+
+    Only files named as :func:`backup_target` names them *and* holding a snapshot's
+    header count (a user's ``memory-notes.rms`` is not ours).  ``written``, the
+    backup just taken, is always one of those kept: its name comes from the clock,
+    and a robot without a real-time clock that boots in the past named it older than
+    the ones it took before, so ordering by name deleted the backup just written.
+    Raises ValidationError for ``keep`` < 1, StorageError when a file cannot be deleted.
+    """
     if keep < 1:
         raise ValidationError("--keep must be at least 1", field="keep")
-    backups = sorted(Path(directory).expanduser().glob("memory-*.rms"))
-    old = backups[:-keep]
+    newest = Path(written).expanduser().resolve() if written is not None else None
+    backups = sorted(p for p in _backups_in(Path(directory).expanduser()) if p.resolve() != newest)
+    old = backups[:max(0, len(backups) - (keep - 1 if newest is not None else keep))]
+    old += _abandoned_temps(Path(directory).expanduser())
     for path in old:
-        path.unlink()
+        try:
+            path.unlink(missing_ok=True)  # a concurrent prune may have deleted it first
+        except OSError as exc:
+            raise StorageError(f"cannot delete the old backup {path}: {exc.strerror}", path=str(path)) from exc
     return [str(p) for p in old]
+
+
+# write_atomic's temp file for a backup: ".<name>.tmp-<pid>-<thread>"
+BACKUP_TEMP = re.compile(r"\.memory-\d{8}T\d{6}Z\.rms\.tmp-(\d+)-\d+")
+
+
+def _abandoned_temps(directory: Path) -> list[Path]:
+    """Temp files of backups whose writer is gone (a daemon killed mid-backup, by the
+    watchdog or kill -9, leaves one, as large as a backup, that nothing else removes).
+    A writer that may be alive keeps its file: only "no such process" counts as gone."""
+    found = []
+    for path in directory.glob(".memory-*.rms.tmp-*"):
+        match = BACKUP_TEMP.fullmatch(path.name)
+        if match and not path.is_symlink() and path.is_file() and not _alive(int(match.group(1))):
+            found.append(path)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (OSError, OverflowError):  # EPERM: someone else's process; an absurd pid: not ours to judge
+        return True
+    return True
+
+
+def _backups_in(directory: Path) -> list[Path]:
+    """The regular files in ``directory`` named and headed as our timestamped backups.
+    Raises StorageError when the directory cannot be listed."""
+    try:
+        names = [p for p in directory.iterdir() if BACKUP_NAME.fullmatch(p.name)]
+    except OSError as exc:
+        raise StorageError(f"cannot list the backups in {directory}: {exc.strerror}", path=str(directory)) from exc
+    return [p for p in names if not p.is_symlink() and p.is_file() and files.is_snapshot(p)]
 
 
 def repair(path: str | Path, config: Config | None = None) -> list[jr.RepairReport]:
@@ -272,6 +327,7 @@ def repair(path: str | Path, config: Config | None = None) -> list[jr.RepairRepo
     lock = jr.DirLock(path)
     lock.acquire()
     try:
+        _finish_switch(path)
         reports = [jr.repair_file(path / name, jr.JOURNAL) for name in (JOURNAL_FILE, PREV_JOURNAL_FILE)
                    if (path / name).exists()]
         usable = files.snapshot_usable(path)
@@ -282,6 +338,15 @@ def repair(path: str | Path, config: Config | None = None) -> list[jr.RepairRepo
     if not usable:
         reports.append(_rebuild_snapshot(path, config or Config()))
     return reports
+
+
+def _finish_switch(path: Path) -> None:
+    """A compaction that died between its journal renames left its journal as
+    ``journal.next.rmj``: put it in place first, as an open would (else the empty
+    journal started for a missing ``journal.rmj`` was written over it, and the
+    writes acknowledged during that compaction were lost).  Raises StorageError."""
+    if files.snapshot_usable(path) and (path / SNAPSHOT_FILE).exists():
+        files.complete_switch(path, int(read_snapshot(path / SNAPSHOT_FILE).get("generation", 0)))
 
 
 def _start_empty_journal(path: Path) -> jr.RepairReport:
@@ -340,17 +405,23 @@ def _chunks(path: Path) -> Iterator[bytes]:
         yield from iter(lambda: fh.read(1 << 20), b"")
 
 
+# Every file of a store's generations: a restore moves them all aside, so the restored
+# snapshot is never rebuilt (verify --repair) from another store's previous generation.
+_RESTORE_REPLACES = (SNAPSHOT_FILE, JOURNAL_FILE, files.PREV_SNAPSHOT_FILE, PREV_JOURNAL_FILE,
+                     files.NEXT_JOURNAL_FILE)
+
+
 def _move_aside(data_dir: Path, force: bool) -> list[str]:
-    existing = [p for p in data_dir.iterdir() if p.name in (SNAPSHOT_FILE, JOURNAL_FILE)
-                or p.name.startswith("vectors.hnsw")]
+    """Move the store in ``data_dir`` aside (renamed, never deleted) and return the new names.
+
+    Each gets a name no file has (``jr.side_path``): a fixed ``<name>.before-restore-<epoch>``
+    let a second restore within the same second rename the first restore's files over
+    the original store's.  Raises ValidationError for a store and no ``force``,
+    StorageError when a rename fails.
+    """
+    existing = [p for p in data_dir.iterdir() if p.name in _RESTORE_REPLACES or p.name.startswith(files.GRAPH_FILE)]
     if existing and not force:
         # Bad usage (exit 2), not a store in use (exit 4): nothing holds it, --force is missing.
         raise ValidationError(f"{data_dir} already holds a store; pass --force to move it aside and restore",
                               field="force")
-    stamp = int(time.time())
-    moved = []
-    for p in existing:
-        target = p.with_name(f"{p.name}.before-restore-{stamp}")
-        p.rename(target)
-        moved.append(str(target))
-    return moved
+    return [str(files.set_aside(p, "before-restore")) for p in existing]

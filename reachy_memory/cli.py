@@ -308,10 +308,13 @@ def cmd_backup(args: argparse.Namespace) -> int:
     dest = bk.backup_target(args.dest, _config(args).data_dir, force=args.force)
     if args.keep is not None and args.keep < 1:
         raise ValidationError("--keep must be at least 1", field="keep")
+    if args.keep is not None and not Path(args.dest).expanduser().is_dir():
+        # else the timestamped backups beside a named file were pruned, the named one never counted
+        raise ValidationError("--keep rotates the backups in a directory: give DEST as a directory", field="keep")
     with _client(args) as c:
         info = c.backup(str(dest), force=args.force, timeout=_slow_timeout(args, "backup"))
     if args.keep is not None:
-        info["pruned"] = bk.prune(Path(info["path"]).parent, args.keep)
+        info["pruned"] = bk.prune(Path(info["path"]).parent, args.keep, written=info["path"])
     _out(args, info, lambda i: f"backup of {i['memories']} memories written to {i['path']} ({i['bytes']} bytes)")
     return 0
 
@@ -339,7 +342,8 @@ def _verify_text(r: dict[str, Any]) -> str:
 
 def cmd_restore(args: argparse.Namespace) -> int:
     info = bk.restore(args.backup, _config(args).data_dir, force=args.force)
-    _out(args, info, lambda i: f"restored {i['memories']} memories into {i['data_dir']}")
+    _out(args, info, lambda i: "\n".join([f"restored {i['memories']} memories into {i['data_dir']}",
+                                           *(f"  moved aside: {p}" for p in i["moved_aside"])]))
     return 0
 
 

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 
 from reachy_memory import MemoryStore
+from reachy_memory import backup as bk
+from reachy_memory import journal as jr
 from tests.daemon_util import DaemonProcess
 from tests.daemon_util import run_cli as cli
 
@@ -129,7 +131,7 @@ def test_backup_keep_verify_restore(daemon: DaemonProcess, tmp_path: Path) -> No
     folder = tmp_path / "backups"
     folder.mkdir()
     for name in ("memory-20000101T000000Z.rms", "memory-20000102T000000Z.rms"):
-        (folder / name).write_bytes(b"old")
+        (folder / name).write_bytes(jr.header(jr.SNAPSHOT) + b"old")  # a backup's head, damaged after it
     out = cli(daemon, "backup", str(folder), "--keep", "2", "--json")
     assert out.returncode == 0, out.stderr
     info = json.loads(out.stdout)
@@ -143,6 +145,62 @@ def test_backup_keep_verify_restore(daemon: DaemonProcess, tmp_path: Path) -> No
     out = cli(daemon, "restore", info["path"], "--data-dir", str(target))
     assert out.returncode == 0, out.stderr
     assert cli(daemon, "verify", str(target)).returncode == 0
+
+
+def _backup_file(path: Path) -> Path:
+    path.write_bytes(jr.header(jr.SNAPSHOT) + b"...")  # prune reads names and heads only
+    return path
+
+
+@pytest.mark.parametrize(("name", "content"), [
+    ("memory-notes.rms", jr.header(jr.SNAPSHOT)),  # a user's file named like ours, but not by the clock
+    ("memory-20000101T000000Z.rms", b"my own notes"),  # our name, not a backup (glob 'memory-*.rms' took both)
+    ("memory-20000101T000000Z.rms.txt", jr.header(jr.SNAPSHOT)),  # our name with more after it
+    ("Memory-20000101T000000Z.rms", jr.header(jr.SNAPSHOT)),  # another case
+], ids=["similar-name", "our-name-not-a-backup", "suffix", "case"])
+def test_prune_deletes_only_our_timestamped_backups(tmp_path: Path, name: str, content: bytes) -> None:
+    (tmp_path / name).write_bytes(content)
+    old = _backup_file(tmp_path / "memory-20010101T000000Z.rms")
+    new = _backup_file(tmp_path / "memory-20020101T000000Z.rms")
+    assert bk.prune(tmp_path, 1, written=new) == [str(old)]
+    assert (tmp_path / name).read_bytes() == content and new.exists()
+
+
+def test_prune_keeps_the_backup_just_written_whatever_the_clock_said(tmp_path: Path) -> None:
+    later = [_backup_file(tmp_path / f"memory-2026110{i}T000000Z.rms") for i in range(1, 4)]
+    # a robot without a real-time clock, booted before its time was set: the new backup sorts first
+    written = _backup_file(tmp_path / "memory-19700101T000012Z.rms")
+    assert bk.prune(tmp_path, 2, written=written) == [str(p) for p in later[:2]]
+    assert sorted(tmp_path.iterdir()) == [written, later[2]]
+    assert bk.prune(tmp_path, 1, written=written) == [str(later[2])]
+
+
+def test_prune_removes_the_temp_files_of_backups_whose_writer_died(tmp_path: Path) -> None:
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True, timeout=60).stdout.strip()
+    left = tmp_path / f".memory-20000101T000000Z.rms.tmp-{dead}-1"  # a daemon killed mid-backup
+    writing = tmp_path / f".memory-20000101T000000Z.rms.tmp-{os.getpid()}-1"  # a backup being written
+    other = tmp_path / f".notes.tmp-{dead}-1"  # not a backup's temp file
+    for path in (left, writing, other):
+        path.write_bytes(b"part of a backup")
+    written = _backup_file(tmp_path / "memory-20010101T000000Z.rms")
+    assert bk.prune(tmp_path, 1, written=written) == [str(left)]
+    assert writing.exists() and other.exists() and written.exists()
+
+
+def test_prune_races_another_prune(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    gone = tmp_path / "memory-20000101T000000Z.rms"  # listed, then deleted by the other prune first
+    newer = _backup_file(tmp_path / "memory-20010101T000000Z.rms")
+    monkeypatch.setattr(bk, "_backups_in", lambda _: [gone, newer], raising=False)
+    monkeypatch.setattr(Path, "glob", lambda *_: iter([gone, newer]))  # the same listing for the code before
+    assert bk.prune(tmp_path, 1) == [str(gone)]  # FileNotFoundError (exit 3) after a backup that worked
+
+
+def test_backup_keep_needs_a_directory(daemon: DaemonProcess, tmp_path: Path) -> None:
+    old = _backup_file(tmp_path / "memory-20000101T000000Z.rms")
+    out = cli(daemon, "backup", str(tmp_path / "named.rms"), "--keep", "1")
+    assert out.returncode == 2 and "directory" in out.stderr  # it pruned the folder, the named file not counted
+    assert old.exists() and not (tmp_path / "named.rms").exists()
 
 
 def test_verify_repair_keeps_valid_prefix(tmp_path: Path) -> None:

@@ -80,8 +80,12 @@ def _half_switch(directory: Path) -> None:
     "between_renames",  # the old journal is retired, the new one not yet in place
     "none",  # the compaction finished; the crash comes after it
 ])
+@pytest.mark.parametrize("repair", [
+    False,  # the next open finishes what the crash interrupted
+    True,  # 'verify --repair' runs first (between the renames it started an empty journal over the carried writes)
+])
 def test_writes_during_a_compaction_survive_a_crash_at_each_step(config: Config, monkeypatch: pytest.MonkeyPatch,
-                                                                  step: str) -> None:
+                                                                  step: str, repair: bool) -> None:
     store = _reopened(config)
     ids = [store.store(f"before {i}").id for i in range(20)]
     store.add_to_context_window("user", "first turn")
@@ -100,6 +104,9 @@ def test_writes_during_a_compaction_survive_a_crash_at_each_step(config: Config,
     monkeypatch.undo()
     abandon(store)
     _verified(config, ids)
+    if repair:
+        bk.repair(config.data_dir, config)
+        _verified(config, ids)
     _check(config, ids, ["first turn", "a turn"])
 
 

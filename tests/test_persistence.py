@@ -179,6 +179,19 @@ def test_backup_target_rules(tmp_path: Path, config: Config) -> None:
         assert store.backup(other, force=True)["memories"] == 1
 
 
+@pytest.mark.timeout(20)
+def test_a_fifo_as_backup_target_is_refused_not_waited_on(tmp_path: Path, config: Config) -> None:
+    fifo = tmp_path / "pipe.rms"
+    os.mkfifo(fifo)  # opening it to read its head waited for a writer forever
+    with pytest.raises(ValidationError, match="not a reachy-memory backup"):
+        bk.backup_target(fifo, config.data_dir)
+    with MemoryStore(config=config, embedder=None) as store:
+        store.store("precious")
+        with pytest.raises(ValidationError):
+            store.backup(fifo)
+        assert bk.verify(store.backup(fifo, force=True)["path"]).ok  # --force replaces it with a file
+
+
 def test_files_are_private_whatever_the_umask(tmp_path: Path, base_config: Config) -> None:
     data = tmp_path / "data"
     data.mkdir(mode=0o755)
@@ -359,3 +372,26 @@ def test_verify_takes_the_vectors_dimension_from_the_journal_after_a_model_less_
         abandon(store)
     report = bk.verify(config.data_dir)
     assert report.ok and report.memories == 2, report.to_dict()
+
+
+def test_restores_within_one_second_keep_every_store_they_replace(tmp_path: Path, config: Config,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    backups = []
+    for name in ("one", "two"):
+        with MemoryStore(config=config.replace("memory", path=str(tmp_path / name)), embedder=None) as other:
+            other.store(f"backup {name}")
+            backups.append(other.backup(tmp_path / f"{name}.rms")["path"])
+    ids = _two_generations(config)  # the original: snapshot, journal and the previous generation
+    monkeypatch.setattr("time.time", lambda: 1_800_000_000.0)  # both restores in the same second
+    bk.restore(backups[0], config.data_dir, force=True)
+    assert files.previous_generation_kept(config.data_dir) == []  # moved too: not the restored store's
+    bk.restore(backups[1], config.data_dir, force=True)
+    aside = sorted(config.data_dir.glob("*.before-restore-*"))
+    assert len(aside) == 5  # the original's 3 files, the first restore's 2: none renamed over another
+    assert sorted(bk.verify(p).memories for p in aside if p.name.startswith("snapshot.rms")) == [1, 50]
+    original = tmp_path / "original"  # put back by hand (the first names moved are the original's): whole
+    original.mkdir(mode=0o700)
+    for path in aside:
+        if path.name.endswith("-1800000000"):
+            os.replace(path, original / path.name.removesuffix(".before-restore-1800000000"))
+    assert _present(config.replace("memory", path=str(original)), ids) == len(ids)
