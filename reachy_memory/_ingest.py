@@ -9,6 +9,10 @@ The previous-turn rule: a conversation turn is embedded together with the turn
 stored just before it (when that turn is at most :data:`NEIGHBOUR_SECONDS`
 older), because a reply ("yes, on Tuesdays") means little without what it
 answers.  The store resolves "the turn before" on the engine thread at commit.
+A turn borrows those words only when everyone who can find it can also find the
+turn before (:func:`lends_to`): Bob's turn must not be findable by Alice's private
+words.  It still ``follows`` that turn (the dialogue's order, for the neighbour
+prior, which only ever joins hits the searcher may see).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from __future__ import annotations
 import math
 import uuid
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from ._filters import validate_metadata
 from ._records import Record
@@ -28,10 +32,20 @@ NEIGHBOUR_SECONDS = 600.0  # a previous turn older than this is not context any 
 # Of the previous turn's text, what a turn keeps for its lexical document: a bound on the
 # copy (one more string per turn), longer than almost any utterance.
 PREVIOUS_CHARS = 1000
-ITEM_KEYS = frozenset({"content", "memory_type", "metadata", "id", "created_at"})
+ITEM_KEYS = frozenset({"content", "memory_type", "metadata", "id", "created_at", "owner", "shared"})
 MODES = ("hybrid", "vector", "lexical")
 
-Item = tuple[str, str, dict[str, Any], str | None, float | None]  # content, type, metadata, id, created_at
+
+class Item(NamedTuple):
+    """One checked item of a store."""
+
+    content: str
+    type: str
+    metadata: dict[str, Any]
+    id: str | None
+    created_at: float | None
+    owner: str | None = None  # a user of the robot; None: unscoped
+    shared: bool = False  # a household memory every user sees
 
 
 def as_list(items: Iterable[Any], limit: int) -> list[Any]:
@@ -48,7 +62,10 @@ def as_list(items: Iterable[Any], limit: int) -> list[Any]:
 
 
 def validate_item(item: Any, config: Config) -> Item:
-    """One item of a batch store, checked: (content, type, metadata, id, created_at)."""
+    """One item of a batch store, checked.  ``owner`` (optional) must be a valid owner
+    (:func:`check_owner`), ``shared`` a bool; shared without an owner is kept as given,
+    as ``remember`` does (an unscoped memory is seen by every user anyway).
+    Raises ValidationError / TooLargeError."""
     if not isinstance(item, Mapping):
         raise ValidationError("each item must be a dict with content, memory_type, metadata", field="items")
     unknown = set(item) - ITEM_KEYS
@@ -62,7 +79,15 @@ def validate_item(item: Any, config: Config) -> Item:
     memory_id = item.get("id")
     if memory_id is not None and (not isinstance(memory_id, str) or not 0 < len(memory_id) <= 128):
         raise ValidationError("id must be a non-empty string of at most 128 characters", field="id")
-    return content, mtype.value, metadata, memory_id, check_time(item.get("created_at"), "created_at")
+    owner, shared = item.get("owner"), item.get("shared", False)
+    if owner is not None:
+        from ._people_ops import check_owner  # here: _people_ops imports this module
+
+        owner = check_owner(owner)
+    if not isinstance(shared, bool):
+        raise ValidationError("shared must be true or false", field="shared")
+    return Item(content, mtype.value, metadata, memory_id, check_time(item.get("created_at"), "created_at"),
+                owner, shared)
 
 
 def validate_text(text: Any, field: str, config: Config) -> str:
@@ -78,14 +103,16 @@ def validate_text(text: Any, field: str, config: Config) -> str:
     return check_unicode(text, field)
 
 
-def check_duplicate(existing: Record | None, memory_id: str, content: str, mtype: str) -> bool:
+def check_duplicate(existing: Record | None, memory_id: str, content: str, mtype: str,
+                    owner: str | None = None, shared: bool = False) -> bool:
     """True when ``memory_id`` already holds this memory (an idempotent retry).
 
-    Raises ValidationError when the id holds a different memory.
+    Raises ValidationError when the id holds a different memory: other content, type,
+    owner or sharing (a retry must not move a memory into another user's scope).
     """
     if existing is None:
         return False
-    if existing.content != content or existing.type != mtype:
+    if (existing.content, existing.type, existing.owner, existing.shared) != (content, mtype, owner, shared):
         raise ValidationError(f"id {memory_id!r} is already used by another memory", field="id")
     return True
 
@@ -96,14 +123,16 @@ def new_records(items: list[Item], now: float, expiry: Expiry,
     retries of memories already ``stored``; returns (records, the id of every item)."""
     recs: dict[str, Record] = {}
     ids: list[str] = []
-    for content, mtype, metadata, memory_id, created_at in items:
-        memory_id = memory_id or uuid.uuid4().hex
+    for item in items:
+        memory_id = item.id or uuid.uuid4().hex
         ids.append(memory_id)
-        if check_duplicate(stored.get(memory_id), memory_id, content, mtype) or memory_id in recs:
+        if check_duplicate(stored.get(memory_id), memory_id, item.content, item.type, item.owner, item.shared) \
+                or memory_id in recs:
             continue
-        created = now if created_at is None else created_at
-        expires = expiry.expires(MemoryType(mtype), created)
-        recs[memory_id] = Record(memory_id, content, mtype, created, expires, metadata)
+        created = now if item.created_at is None else item.created_at
+        expires = expiry.expires(MemoryType(item.type), created)
+        recs[memory_id] = Record(memory_id, item.content, item.type, created, expires, item.metadata,
+                                 owner=item.owner, shared=item.shared)
     return list(recs.values()), ids
 
 
@@ -127,8 +156,10 @@ def turns_before(recs: list[Record], previous: Record | None) -> list[Record | N
 def linked(recs: list[Record], previous: Record | None) -> list[Record]:
     """``recs`` with ``follows`` set to the id of the turn each follows and
     ``previous_text`` to its first :data:`PREVIOUS_CHARS` characters (or both None;
-    a superseded turn lends no text: its words are hidden)."""
-    return [rec.replace(follows=before.id, previous_text=None if before.hidden else clipped(before.content))
+    a superseded turn lends no text: its words are hidden; nor one that :func:`lends_to`
+    refuses)."""
+    return [rec.replace(follows=before.id,
+                        previous_text=clipped(before.content) if lends_to(before, rec) else None)
             if before is not None else rec.replace(follows=None, previous_text=None)
             for rec, before in zip(recs, turns_before(recs, previous), strict=True)]
 
@@ -144,11 +175,27 @@ def clipped(text: str) -> str:
 
 
 def context_text(rec: Record, previous: Record | None, config: Config) -> str:
-    """What is embedded for ``rec``: a conversation turn carries the turn before it."""
+    """What is embedded for ``rec``: a conversation turn carries the turn before it
+    (when :func:`lends_to` allows)."""
     if (config.embedding.neighbour_context and rec.type == MemoryType.CONVERSATION.value
-            and previous is not None and _close(previous, rec)):
+            and previous is not None and _close(previous, rec) and _visible_with(previous, rec)):
         return f"{previous.content}\n{rec.content}"
     return rec.content
+
+
+def lends_to(before: Record, rec: Record) -> bool:
+    """Whether ``rec`` may be indexed with the words of ``before``, the turn it follows:
+    ``before`` is not superseded, and everyone who can find ``rec`` can find ``before``."""
+    return not before.hidden and _visible_with(before, rec)
+
+
+def _visible_with(before: Record, rec: Record) -> bool:
+    """Everyone who sees ``rec`` sees ``before``: ``before`` is unscoped or shared, or
+    both are the same user's and ``rec`` is not shared (a shared or unscoped turn is
+    seen by every user, so it borrows only from turns every user sees)."""
+    if before.owner is None or before.shared:
+        return True
+    return rec.owner == before.owner and not rec.shared
 
 
 def _close(previous: Record, rec: Record) -> bool:

@@ -114,9 +114,11 @@ _ROWS = [
         "depths, replies dropped, the last heap trims (ms; null before the first)."),
     # -- memories -------------------------------------------------------------------------
     _op("store", "embed", [_req("content", STR), _opt("memory_type", STR, "fact"), _opt("metadata", DICT),
-                           _opt("id", STR, doc="client-chosen: a retry never duplicates")],
+                           _opt("id", STR, doc="client-chosen: a retry never duplicates"), _OWNER,
+                           _opt("shared", BOOL, False, doc="every user sees it")],
         "memory", "Store one memory (durable when answered)."),
-    _op("store_batch", "embed", [_req("items", LIST, "[{content, memory_type, metadata, id?, created_at?}]")],
+    _op("store_batch", "embed", [_req("items", LIST,
+                                      "[{content, memory_type, metadata, id?, created_at?, owner?, shared?}]")],
         "[memory]", "Store several memories in one durable write: all or none."),
     _op("remember_fact", "embed", [_req("content", STR), _opt("metadata", DICT), _opt("id", STR)],
         "memory", "Store a permanent FACT."),
@@ -144,7 +146,7 @@ _ROWS = [
     # -- context window and named context --------------------------------------------------------
     _op("add_to_context_window", "engine", [_req("role", STR), _req("content", STR)], "null",
         "Append a turn to the context window."),
-    _op("record_turn", "embed", [_req("role", STR), _req("content", STR), _opt("metadata", DICT)], "memory",
+    _op("record_turn", "embed", [_req("role", STR), _req("content", STR), _opt("metadata", DICT), _OWNER], "memory",
         "Append a turn to the context window and keep it as a CONVERSATION memory: one durable write."),
     _op("get_context_window", "inline", [], '[{"role", "content", "timestamp"}]', "Recent turns, oldest first."),
     _op("clear_context_window", "engine", [], "null", "Empty the context window."),

@@ -320,7 +320,9 @@ class PeopleMixin:
         Returns the new memory. Raises NotFoundError, ValidationError."""
         self._require_open()
         old = self._require_memory(memory_id)
-        prepared = self.prepare([{"content": new_content, "memory_type": old.type, "metadata": old.metadata}])
+        # its owner and sharing: a corrected turn borrows the previous turn's words by them
+        prepared = self.prepare([{"content": new_content, "memory_type": old.type, "metadata": old.metadata,
+                                  "owner": old.owner, "shared": old.shared}])
         with self._lock:
             old = self._require_memory(memory_id)
             op = prepared.ops[0]
@@ -482,7 +484,8 @@ class PeopleMixin:
         """Embed the checked ``rows`` not stored yet (those present are kept as they are)."""
         rows = [r for r in rows if r["id"] not in self._state.records]
         items = [{"content": r["content"], "memory_type": r["type"], "metadata": r.get("metadata"), "id": r["id"],
-                  "created_at": r["created"]} for r in rows]
+                  "created_at": r["created"], "owner": r.get("owner"), "shared": r.get("shared", False)}
+                 for r in rows]  # owned: a turn borrows the previous turn's words by its owner (_ingest.lends_to)
         ops = self.prepare(items).ops if items else []
         return _Import(person_ops, rows, {op[1]["id"]: op for op in ops})
 

@@ -202,7 +202,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_store(args: argparse.Namespace) -> int:
     content = _stdin_text(_config(args).memory.max_content_chars) if args.content == "-" else args.content
     with _client(args) as c:
-        m = c.store(content, args.type, _metadata(args.meta), id=args.id)
+        m = c.store(content, args.type, _metadata(args.meta), id=args.id, owner=args.owner, shared=args.shared)
     _out(args, m.to_dict(), lambda d: f"stored {d['id']}")
     return 0
 
@@ -578,6 +578,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--type", default="fact", choices=["fact", "conversation", "context"])
     p.add_argument("--meta", action="append", default=[], metavar="KEY=VALUE", help="metadata (repeatable)")
     p.add_argument("--id", help="client-chosen id (makes retries idempotent)")
+    p.add_argument("--owner", help="the user of the robot it belongs to")
+    p.add_argument("--shared", action="store_true", help="every user sees it")
     p = add("search", cmd_search, "search memories by meaning and words")
     p.add_argument("query")
     p.add_argument("--type", choices=["fact", "conversation", "context"])

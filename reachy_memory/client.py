@@ -84,14 +84,20 @@ class _Api:
         return self._call("stats", {}, timeout=timeout)
 
     def store(self, content: str, memory_type: MemoryType | str = MemoryType.FACT,
-              metadata: dict[str, Any] | None = None, *, id: str | None = None, timeout: float | None = None) -> Any:
-        """Store a memory; the id is made here so a retry cannot duplicate it."""
+              metadata: dict[str, Any] | None = None, *, id: str | None = None, owner: str | None = None,
+              shared: bool = False, timeout: float | None = None) -> Any:
+        """Store a memory; the id is made here so a retry cannot duplicate it.  ``owner``
+        scopes it to a user of the robot (``shared``: every user sees it anyway); the
+        daemon refuses a bad owner (ValidationError, nothing stored)."""
         args = {"content": content, "memory_type": _wire_type(memory_type), "metadata": metadata or {},
                 "id": id or uuid.uuid4().hex}
+        # only when given: an owner-less store is the request older daemons know
+        args |= _given(owner=owner, shared=shared or None)
         return self._call("store", args, proto.memory_from_wire, timeout)
 
     def store_batch(self, items: list[dict[str, Any]], *, timeout: float | None = None) -> Any:
-        """Store several memories atomically."""
+        """Store several memories atomically (items as for :meth:`store`: content,
+        memory_type, metadata, id, created_at, owner, shared)."""
         return self._call("store_batch", {"items": _with_ids(items)}, _memories, timeout)
 
     def remember_fact(self, content: str, metadata: dict[str, Any] | None = None, *, id: str | None = None,
@@ -140,10 +146,11 @@ class _Api:
         return self._call("apply_retention", args, timeout=timeout)
 
     def record_turn(self, role: str, content: str, metadata: dict[str, Any] | None = None, *,
-                    timeout: float | None = None) -> Any:
+                    owner: str | None = None, timeout: float | None = None) -> Any:
         """Append a turn to the window and keep it as a CONVERSATION memory (metadata
-        ``role`` plus ``metadata``) in one durable write; returns the Memory."""
-        return self._call("record_turn", _given(role=role, content=content, metadata=metadata),
+        ``role`` plus ``metadata``; ``owner``: the user whose turn it is) in one durable
+        write; returns the Memory."""
+        return self._call("record_turn", _given(role=role, content=content, metadata=metadata, owner=owner),
                           proto.memory_from_wire, timeout)
 
     def add_to_context_window(self, role: str, content: str, *, timeout: float | None = None) -> Any:

@@ -23,9 +23,10 @@ schema (``ToolDef.parameters_schema``).
 With ``--owner NAME`` every tool call is bound to that user of the robot (the
 client starting the server chooses it, never the model: no tool takes an
 owner): searches and ``recall`` see NAME's memories plus shared and unscoped ones,
-facts are stored as NAME's (``shared: true``: the household's), ``forget_memory``
-refuses another user's own memory; see :mod:`reachy_memory.integrations.tools`
-for what is not scoped. The owner is fixed for the server's life.
+facts and ``store_memory``'s conversation and context memories are stored as
+NAME's (a fact's ``shared: true``: the household's), ``forget_memory`` refuses
+another user's own memory; see :mod:`reachy_memory.integrations.tools` for the
+details. The owner is fixed for the server's life.
 
 Threads: the MCP SDK's event loop owns the client (or, for ``--data-dir``, a
 single worker thread owns the store).

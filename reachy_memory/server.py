@@ -579,7 +579,7 @@ class Daemon:
         if job.op == "import":
             return store.prepare_import(a["memories"], a.get("people") or ())
         if job.op == "record_turn":
-            return store.prepare_turn(a["role"], a["content"], a.get("metadata"))
+            return store.prepare_turn(a["role"], a["content"], a.get("metadata"), owner=a.get("owner"))
         return store.prepare(_store_items(job.op, a))
 
     def _cleanup(self) -> None:
@@ -694,7 +694,10 @@ def _store_items(op: str, a: dict[str, Any]) -> list[dict[str, Any]]:
     if op == "store_batch":
         return a["items"]  # type: ignore[no-any-return]
     kind = {"remember_fact": "fact", "remember_conversation": "conversation"}.get(op) or a["memory_type"]
-    return [{"content": a["content"], "memory_type": kind, "metadata": a.get("metadata"), "id": a.get("id")}]
+    item = {"content": a["content"], "memory_type": kind, "metadata": a.get("metadata"), "id": a.get("id")}
+    if op == "store":
+        item |= {"owner": a.get("owner"), "shared": a["shared"]}
+    return [item]
 
 
 def _memory(m: Any) -> dict[str, Any] | None:

@@ -306,22 +306,29 @@ class MemoryStore(PeopleMixin):
     # -- writing ---------------------------------------------------------------------
 
     def store(self, content: str, memory_type: MemoryType | str = MemoryType.FACT,
-              metadata: dict[str, Any] | None = None, *, id: str | None = None) -> Memory:
+              metadata: dict[str, Any] | None = None, *, id: str | None = None, owner: str | None = None,
+              shared: bool = False) -> Memory:
         """Store one memory and return it once it is durable.
 
         ``id`` (optional, client-chosen) makes the call idempotent: storing the
-        same id and content again returns the existing memory.
+        same id, content, type, owner and sharing again returns the existing memory
+        (the id with anything else of these is a ValidationError).  ``owner`` (a user
+        of the robot) scopes it: ``search(owner=)`` of another user leaves it out,
+        unless ``shared``.
         Raises ValidationError / TooLargeError for bad input (nothing stored).
         """
         return self.store_batch([{"content": content, "memory_type": memory_type,
-                                  "metadata": metadata, "id": id}])[0]
+                                  "metadata": metadata, "id": id, "owner": owner, "shared": shared}])[0]
 
     def store_batch(self, items: Iterable[Mapping[str, Any]]) -> list[Memory]:
-        """Store several memories in one durable write: all of them or none."""
+        """Store several memories in one durable write: all of them or none.  Items are
+        dicts of content, memory_type, metadata, id, created_at, owner, shared (all but
+        content optional)."""
         return self.commit(self.prepare(items))
 
     def prepare(self, items: Iterable[Mapping[str, Any]], now: float | None = None) -> _Prepared:
-        """Validate and embed ``items`` without changing anything (thread-safe)."""
+        """Validate and embed ``items`` without changing anything (thread-safe).
+        Raises ValidationError / TooLargeError."""
         self._require_open()
         rows = [ingest.validate_item(item, self._config)
                 for item in ingest.as_list(items, self._config.memory.max_batch)]
@@ -383,7 +390,8 @@ class MemoryStore(PeopleMixin):
 
     def _is_duplicate(self, row: dict[str, Any]) -> bool:
         memory_id = row["id"]
-        return ingest.check_duplicate(self._state.records.get(memory_id), memory_id, row["content"], row["type"])
+        return ingest.check_duplicate(self._state.records.get(memory_id), memory_id, row["content"], row["type"],
+                                      row.get("owner"), row.get("shared", False))
 
     def _embed_records(self, texts: list[str]) -> list[bytes | None]:
         if self._embedder is None or not texts:
@@ -615,18 +623,22 @@ class MemoryStore(PeopleMixin):
         self._require_open()
         self._commit([_window_op(_role(role), ingest.validate_text(content, "content", self._config))])
 
-    def record_turn(self, role: str, content: str, metadata: dict[str, Any] | None = None) -> Memory:
+    def record_turn(self, role: str, content: str, metadata: dict[str, Any] | None = None, *,
+                    owner: str | None = None) -> Memory:
         """A conversation turn, both appended to the context window and kept as a
-        CONVERSATION memory (metadata ``role`` plus ``metadata``), in one durable write:
-        never one without the other.  Raises ValidationError / TooLargeError."""
-        return self.commit_turn(role, self.prepare_turn(role, content, metadata))
+        CONVERSATION memory (metadata ``role`` plus ``metadata``; ``owner``: the user
+        whose turn it is, None: unscoped), in one durable write: never one without the
+        other.  The window itself is not scoped.  Raises ValidationError / TooLargeError
+        (nothing written)."""
+        return self.commit_turn(role, self.prepare_turn(role, content, metadata, owner=owner))
 
-    def prepare_turn(self, role: str, content: str, metadata: dict[str, Any] | None = None) -> _Prepared:
+    def prepare_turn(self, role: str, content: str, metadata: dict[str, Any] | None = None, *,
+                     owner: str | None = None) -> _Prepared:
         """The validated, embedded write of :meth:`record_turn` (thread-safe)."""
         self._require_open()
         _role(role)  # before the embedding
         return self.prepare([{"content": content, "memory_type": MemoryType.CONVERSATION,
-                              "metadata": merged_metadata(metadata, {"role": role})}])
+                              "metadata": merged_metadata(metadata, {"role": role}), "owner": owner}])
 
     def commit_turn(self, role: str, prepared: _Prepared) -> Memory:
         """Commit a :meth:`prepare_turn` write and its window turn in one frame."""

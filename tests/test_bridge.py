@@ -223,6 +223,38 @@ def test_context_for_gives_a_prompt_context_off_the_loop(daemon: DaemonProcess) 
 # -- failures that are not the daemon's ---------------------------------------------------------
 
 
+def test_a_turn_and_a_memory_the_bridge_owns_are_found_by_their_owner_only(daemon: DaemonProcess) -> None:
+    with MemoryBridge(daemon.endpoint, config=daemon.config, refresh_interval=0.1) as bridge:
+        bridge.set_current_person("Liz")  # a display name for metadata; the owner is separate
+        assert bridge.record_turn("user", "Liz here: my salary is going up in spring", owner="liz")
+        noted = bridge.remember("Liz wants a quiet birthday", "context", owner="liz").result(timeout=30)
+        wait_for(lambda: any("salary" in m["content"] for m in bridge.latest().window))
+    with daemon.client() as c:
+        def found(owner: str | None) -> set[str]:
+            return {h.memory.content for h in c.search("salary spring quiet birthday", limit=10, min_score=0.0,
+                                                       owner=owner) if h.memory.content.startswith("Liz ")}
+
+        assert found("liz") == found(None) == {"Liz here: my salary is going up in spring",
+                                                  "Liz wants a quiet birthday"}
+        assert found("max") == set()  # another user (was: both)
+        turn = next(h.memory for h in c.search("salary spring", "conversation", min_score=0.0)
+                    if h.memory.content.startswith("Liz"))
+    assert (turn.owner, turn.metadata, noted.owner) == ("liz", {"role": "user", "person": "Liz"}, "liz")
+
+
+@pytest.mark.parametrize("owner", ["", "x" * 201, 7])  # empty, too long, not a string
+def test_a_bad_owner_is_refused_on_the_callers_thread_and_queues_nothing(bridge: MemoryBridge,
+                                                                        fake: RecordingClient, owner: Any) -> None:
+    from reachy_memory import ValidationError
+
+    with pytest.raises(ValidationError):
+        bridge.record_turn("user", "hello", owner=owner)
+    with pytest.raises(ValidationError):
+        bridge.remember("a fact", owner=owner)
+    bridge.search("tea").result(timeout=30)  # queued after them: they would have run first
+    assert not {name for _, name in fake.calls} & {"record_turn", "store"}
+
+
 class BrokenStoreClient(RecordingClient):
     """``store`` fails with a foreign error (a bug, or a value the client cannot send)."""
 

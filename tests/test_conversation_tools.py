@@ -413,6 +413,7 @@ def test_two_owners_see_their_own_facts_and_shared_and_unscoped_ones(open_backen
             green = await store.run(backend, {"content": "My favourite colour is green"})
             await remember.run(backend, {"content": "The wifi password is on the fridge", "shared": True})
             await store.run(backend, {"content": "The garden gate sticks today", "memory_type": "context"})
+            await store.run(backend, {"content": "Ann said she is secretly job hunting", "memory_type": "conversation"})
             await remember.run(backend.for_owner(None), {"content": "The boiler is in the cellar", "subjects": []})
             backend.owner = "ben"  # another person starts talking: the next call is theirs
             await store.run(backend, {"content": "My favourite colour is red"})
@@ -421,11 +422,14 @@ def test_two_owners_see_their_own_facts_and_shared_and_unscoped_ones(open_backen
                     "ben shared": await _contents(backend, "search_memories", "wifi password fridge"),
                     "ben unscoped": await _contents(backend, "recall", "boiler cellar"),
                     "ben context": await _contents(backend, "search_memories", "garden gate sticks"),
+                    "ben turns": await _contents(backend, "search_memories", "secretly job hunting"),
                     "ben forgets": await TOOLS_BY_NAME["forget_memory"].run(backend, {"memory_id": green["id"]})}
             backend.owner = "ann"
             seen["ann"] = await _contents(backend, "recall", "favourite colour")
             seen["nobody"] = await _contents(backend.for_owner(None), "search_memories", "favourite colour")
             seen["ann still"] = await _contents(backend, "search_memories", "favourite colour")
+            seen["ann context"] = (await _contents(backend, "search_memories", "garden gate sticks")
+                                   + await _contents(backend, "search_memories", "secretly job hunting"))
             return seen
         finally:
             await backend.aclose()
@@ -436,7 +440,10 @@ def test_two_owners_see_their_own_facts_and_shared_and_unscoped_ones(open_backen
     assert red in seen["ben recall"] and green not in seen["ben recall"]
     assert seen["ben shared"][0] == "The wifi password is on the fridge"  # ann's, shared with the household
     assert seen["ben unscoped"][0] == "The boiler is in the cellar"  # stored with no owner
-    assert "The garden gate sticks today" in seen["ben context"]  # documented: a context memory is unscoped
+    # store_memory of a context or conversation memory is the bound user's too (was: unscoped, ben saw both)
+    assert "The garden gate sticks today" not in seen["ben context"]
+    assert "Ann said she is secretly job hunting" not in seen["ben turns"]
+    assert {"The garden gate sticks today", "Ann said she is secretly job hunting"} <= set(seen["ann context"])
     assert seen["ben forgets"]["success"] is False  # ann's own fact: refused...
     assert green in seen["ann still"] and red not in seen["ann still"]  # ...and still there
     assert green in seen["ann"] and red not in seen["ann"]

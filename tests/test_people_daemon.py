@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from daemon_util import DaemonProcess
@@ -104,6 +105,48 @@ def test_people_survive_a_daemon_restart(daemon: DaemonProcess, tmp_path: Path) 
     with daemon.client(timeout=10) as c:
         assert c.find_person("my sister").name == "Ana"
         assert c.get(memory.id).subjects == memory.subjects
+
+
+# (who searches, whose turns a search for "seeing on Fridays" finds)
+TURN_SCOPE_CASES = [
+    ("ivy", {"ivy", "house", "anyone"}),  # her own, the shared and the unscoped turn
+    ("jon", {"jon", "house", "anyone"}),  # not Ivy's (was: every turn)
+    (None, {"ivy", "jon", "house", "anyone"}),  # unbound: every user's, as before
+]
+
+
+def test_owned_turns_through_the_daemon_survive_a_restart(daemon: DaemonProcess) -> None:
+    with daemon.client(timeout=10) as c:
+        ids = {"ivy": c.record_turn("user", "Ivy: I am secretly seeing Carol on Fridays", owner="ivy").id,
+               "jon": c.store("Jon: I am seeing the dentist on Fridays", "conversation", owner="jon").id,
+               "house": c.store_batch([{"content": "We are seeing the plumber on Fridays", "owner": "kai",
+                                        "memory_type": "conversation", "shared": True}])[0].id,
+               "anyone": c.record_turn("user", "Someone is seeing the gardener on Fridays").id}
+    assert daemon.stop() == 0
+    daemon.start()
+    with daemon.client(timeout=10) as c:
+        for searcher, found in TURN_SCOPE_CASES:
+            hits = {h.memory.id for h in c.search("seeing on Fridays", "conversation", 20, 0.0, owner=searcher)}
+            assert hits & set(ids.values()) == {ids[k] for k in found}, searcher
+        assert (c.get(ids["ivy"]).owner, c.get(ids["house"]).shared) == ("ivy", True)
+
+
+# (the call, the field refused): the daemon's answer before anything is written
+BAD_OWNED_REQUESTS = [
+    (lambda c: c.record_turn("user", "bad owner turn", owner=""), "owner"),  # empty: the store's check
+    (lambda c: c.record_turn("user", "bad owner turn", owner=7), "owner"),  # not a string: the op table's
+    (lambda c: c.store("bad owner turn", "conversation", owner="x" * 201), "owner"),
+    (lambda c: c.store_batch([{"content": "bad owner turn", "owner": "ivy", "shared": "yes"}]), "shared"),
+]
+
+
+@pytest.mark.parametrize(("call", "field"), BAD_OWNED_REQUESTS)
+def test_a_bad_owner_is_a_bad_request_and_stores_nothing(client: MemoryClient, call: Any, field: str) -> None:
+    with pytest.raises(ValidationError) as err:
+        call(client)
+    assert err.value.remote_code == "bad_request" and err.value.field == field  # type: ignore[attr-defined]
+    assert all(h.memory.content != "bad owner turn" for h in client.search("bad owner turn", min_score=0.0))
+    assert all(t["content"] != "bad owner turn" for t in client.get_context_window())
 
 
 def test_export_then_import_into_an_empty_store_reproduces_people_and_links(

@@ -661,3 +661,83 @@ def test_an_import_with_a_supersession_chain_is_accepted(lexical_store: MemorySt
              {"id": "x", "content": "superseded by a stored memory", "created_at": 1.7e9, "superseded_by": "elsewhere"}]
     assert lexical_store.import_memories(chain)["memories"] == 4
     assert [m.id for m in lexical_store.history("v2")] == ["v1", "v2", "v3"]
+
+
+# -- owners on plain writes: turns, store, store_batch ------------------------------------------
+
+def _owned_turns(store: MemoryStore) -> dict[str, str]:
+    """One turn per scope, each a write path that takes an owner; returns content -> id."""
+    alice = store.record_turn("user", "Alice here: I am secretly seeing Carol on Fridays", owner="alice")
+    bob = store.record_turn("user", "Bob here: I am seeing the dentist on Fridays", owner="bob")
+    [house] = store.store_batch([{"content": "Dana here: we are seeing the plumber on Fridays",
+                                  "memory_type": "conversation", "owner": "dana", "shared": True}])
+    anyone = store.store("Someone is seeing the gardener on Fridays", "conversation")
+    return {"alice": alice.id, "bob": bob.id, "house": house.id, "anyone": anyone.id}
+
+
+# (who searches, whose turns a search for "seeing Fridays" finds)
+TURN_SCOPE_CASES = [
+    ("alice", {"alice", "house", "anyone"}),  # her own, the shared and the unscoped turn; not Bob's
+    ("bob", {"bob", "house", "anyone"}),  # was: Alice's secret too
+    ("erin", {"house", "anyone"}),  # a user with no turns of their own
+    (None, {"alice", "bob", "house", "anyone"}),  # unbound: every user's, as before
+]
+
+
+@pytest.mark.parametrize(("searcher", "found"), TURN_SCOPE_CASES)
+def test_owned_turns_are_found_by_their_owner_only_and_survive_a_reopen(config: Config, searcher: str | None,
+                                                                        found: set[str]) -> None:
+    with MemoryStore(config=config, embedder=None) as store:
+        ids = _owned_turns(store)
+    with MemoryStore(config=config, embedder=None) as store:  # closing compacted: owners come from the snapshot
+        hits = {h.memory.id for h in store.search("seeing Fridays", "conversation", 10, 0.0, owner=searcher)}
+        assert hits == {ids[k] for k in found}
+        assert (store.get(ids["alice"]).owner, store.get(ids["house"]).shared) == ("alice", True)  # type: ignore[union-attr]
+
+
+# (the call, the field refused): each before anything is written, the window included
+BAD_OWNED_WRITES: list[tuple[Any, str]] = [
+    (lambda s: s.record_turn("user", "hi", owner=""), "owner"),  # empty
+    (lambda s: s.record_turn("user", "hi", owner=7), "owner"),  # not a string
+    (lambda s: s.record_turn("user", "hi", owner="a" * 201), "owner"),  # over 200 characters
+    (lambda s: s.record_turn("user", "hi", owner="\ud800"), "owner"),  # a lone surrogate
+    (lambda s: s.store("hi", "conversation", owner=["alice"]), "owner"),
+    (lambda s: s.store("hi", "conversation", owner="alice", shared="yes"), "shared"),  # not a bool
+    (lambda s: s.store_batch([{"content": "fine", "memory_type": "conversation"},
+                              {"content": "hi", "owner": ""}]), "owner"),  # the batch's first item neither
+]
+
+
+@pytest.mark.parametrize(("call", "field"), BAD_OWNED_WRITES)
+def test_a_bad_owner_on_a_write_stores_nothing(lexical_store: MemoryStore, call: Any, field: str) -> None:
+    with pytest.raises(ValidationError) as err:
+        call(lexical_store)
+    assert err.value.field == field and len(lexical_store) == 0 and lexical_store.get_context_window() == []
+
+
+# (the second write with the first's id, whether it is the same memory): as for content
+RETRY_CASES = [
+    ({"owner": "alice"}, True),  # the same owner: an idempotent retry
+    ({"owner": "bob"}, False),  # another owner: a retry must not move it into Bob's scope
+    ({}, False),  # no owner: neither (it would be unscoped)
+    ({"owner": "alice", "shared": True}, False),  # shared now: every user would see it
+]
+
+
+@pytest.mark.parametrize(("again", "same"), RETRY_CASES)
+def test_a_retry_with_another_owner_is_refused_like_other_content(lexical_store: MemoryStore,
+                                                                  again: dict[str, Any], same: bool) -> None:
+    first = lexical_store.store("I am seeing Carol", "conversation", id="turn-1", owner="alice")
+    if same:
+        assert lexical_store.store("I am seeing Carol", "conversation", id="turn-1", **again).id == first.id
+    else:
+        with pytest.raises(ValidationError, match="already used by another memory"):
+            lexical_store.store("I am seeing Carol", "conversation", id="turn-1", **again)
+    assert len(lexical_store) == 1 and lexical_store.get("turn-1").owner == "alice"  # type: ignore[union-attr]
+
+
+def test_owner_less_writes_are_unscoped_as_before(lexical_store: MemoryStore) -> None:
+    turn = lexical_store.record_turn("user", "hello there")
+    memory = lexical_store.store("a plain fact", id="f1")
+    assert (turn.owner, turn.shared, memory.owner, memory.shared) == (None, False, None, False)
+    assert lexical_store.store("a plain fact", id="f1").id == "f1"  # its retry, as before

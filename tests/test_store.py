@@ -884,3 +884,45 @@ def test_record_turn_keeps_window_and_memory_together(lexical_store: MemoryStore
     store_util.abandon(lexical_store)
     with MemoryStore(config=config, embedder=None) as again:
         assert again.get(turn.id) == turn and [w["role"] for w in again.get_context_window()] == ["user"]
+
+
+class _OtherRecordingEmbedder(_RecordingEmbedder):
+    """Another vector space (its key names the class): a reindex re-embeds everything."""
+
+
+# (the scope of turn A, of turn B that follows it, whether B borrows A's words): everyone who
+# can find B must be able to find A, or A's private words would find B
+BORROW_CASES = [
+    ({}, {}, True),  # both unscoped: as before
+    ({"owner": "alice"}, {"owner": "alice"}, True),  # one user's turns
+    ({}, {"owner": "bob"}, True),  # an unscoped turn lends to anyone's
+    ({"owner": "alice", "shared": True}, {"owner": "bob"}, True),  # so does a shared one
+    ({"owner": "alice"}, {"owner": "bob"}, False),  # Alice's words never find Bob's turn (was: borrowed)
+    ({"owner": "alice"}, {}, False),  # nor an unscoped turn, which every user sees
+    ({"owner": "alice"}, {"owner": "alice", "shared": True}, False),  # nor her own shared one
+]
+
+
+@pytest.mark.parametrize(("first", "second", "borrows"), BORROW_CASES)
+def test_a_turn_borrows_the_previous_turns_words_only_within_their_scope(
+        config: Config, tmp_path: Path, first: dict[str, Any], second: dict[str, Any], borrows: bool) -> None:
+    """At the write (its lexical field and vector), in the idle backfill and in a reindex."""
+    turns = [{"content": "lighthouse question", "memory_type": "conversation", **first},
+             {"content": "plain answer", "memory_type": "conversation", **second}]
+    want = "lighthouse question\nplain answer" if borrows else "plain answer"
+    written = _RecordingEmbedder()
+    with MemoryStore(config=config, embedder=written) as store:
+        _, b = store.store_batch(turns)
+        rec = store._state.records[b.id]
+        assert (rec.follows is not None, rec.previous_text) == (True, "lighthouse question" if borrows else None)
+        assert written.texts[-1] == want and ("plain answer" in _found_by(store, "lighthouse")) == borrows
+    later = _RecordingEmbedder()
+    with MemoryStore(tmp_path / "lexical", embedder=None) as store:
+        store.store_batch(turns)
+    with MemoryStore(tmp_path / "lexical", embedder=later) as store:
+        while store.maintain():  # the backfill embeds what was stored without a vector
+            pass
+        assert later.texts == ["lighthouse question", want]
+    again = _OtherRecordingEmbedder()
+    with MemoryStore(config=config, embedder=again, reindex=True) as store:
+        assert store.reindex() == 2 and again.texts == ["lighthouse question", want]

@@ -35,8 +35,8 @@ else ``deps.memory_owner`` read at each call (the app sets it when another perso
 starts talking; None or absent: no user), else the backend's own ``owner``, if any.
 With a user, each call runs on ``backend.for_owner(user)`` (a view of the same
 client: tools on one loop may serve different users at once); what that scopes is
-described in :mod:`.tools` (facts and searches yes, ``conversation``/``context``
-memories from ``store_memory`` no). A backend without ``for_owner`` (a custom one)
+described in :mod:`.tools` (searches, facts, and ``conversation``/``context``
+memories from ``store_memory``: all stored as the user's). A backend without ``for_owner`` (a custom one)
 cannot be scoped: the call answers an error rather than seeing every user's
 memories. No user means every user's memories, as before; an app that wants an
 unrecognised speaker to see only household and unscoped memories binds an owner

@@ -38,6 +38,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._people_ops import check_owner
 from ..client import MemoryClient
 from ..config import Config
 from ..errors import BusyError, ClosedError, ReachyMemoryError
@@ -155,13 +156,17 @@ class MemoryBridge:
         """The last fetched snapshot; one attribute read, never waits."""
         return self._snapshot
 
-    def record_turn(self, role: str, text: str, person: str | None = None) -> bool:
+    def record_turn(self, role: str, text: str, person: str | None = None, *, owner: str | None = None) -> bool:
         """Queue one conversation turn: appended to the daemon's context window and kept
         as a CONVERSATION memory (30 days) tagged with ``role`` and ``person`` (default:
-        the current person). Returns False if it was dropped (queue full or closed)."""
+        the current person; a display name in metadata), owned by ``owner`` (the user
+        of the robot whose turn it is, None: unscoped). Returns False if it was dropped
+        (queue full or closed). Raises ValidationError for a bad owner, queueing nothing."""
+        owned = _owned(owner)
+
         def run(c: MemoryClient) -> None:
             who = person or self._person
-            c.record_turn(role, text, {"person": who} if who else None)  # window and memory: one write
+            c.record_turn(role, text, {"person": who} if who else None, **owned)  # window and memory: one write
 
         return self._put(_Job(run, refresh=True, label="record_turn")) is not None
 
@@ -175,9 +180,11 @@ class MemoryBridge:
         return self._put(_Job(run, refresh=True, label="set_current_person")) is not None
 
     def remember(self, content: str, memory_type: MemoryType | str = MemoryType.FACT,
-                 metadata: dict[str, Any] | None = None) -> Future[Memory]:
-        """Queue a store; the future gives the stored :class:`~reachy_memory.Memory`."""
-        return self._submit(lambda c: c.store(content, memory_type, metadata), "remember",
+                 metadata: dict[str, Any] | None = None, *, owner: str | None = None) -> Future[Memory]:
+        """Queue a store (owned by ``owner``, None: unscoped); the future gives the stored
+        :class:`~reachy_memory.Memory`. Raises ValidationError for a bad owner, queueing nothing."""
+        owned = _owned(owner)
+        return self._submit(lambda c: c.store(content, memory_type, metadata, **owned), "remember",
                             refresh=MemoryType.parse(memory_type) is MemoryType.FACT)
 
     def search(self, query: str, memory_type: MemoryType | str | None = None, limit: int = SEARCH_LIMIT,
@@ -312,3 +319,11 @@ class MemoryBridge:
 
 
 __all__ = ["NOBODY", "PERSON_KEY", "BridgeStats", "MemoryBridge", "MemorySnapshot"]
+
+
+def _owned(owner: str | None) -> dict[str, Any]:
+    """The client's ``owner`` keyword, none without an owner (an owner-less call is the
+    call as it was, for any client); ``owner`` checked on the caller's thread (no I/O):
+    a bad one raises ValidationError there, not later on the worker, where a turn has no
+    future to fail."""
+    return {} if owner is None else {"owner": check_owner(owner)}

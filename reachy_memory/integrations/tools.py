@@ -27,9 +27,9 @@ unknown id, so another user's ids are not confirmed); persons named in
 ``subjects``/``about`` are resolved among the user's and the household's, and a
 result's ``about`` names only those; a bound ``remember`` takes no note name (note
 names are one namespace for the store: "already used by memory <id>" would confirm
-another user's note).  Not
-scoped: ``store_memory`` of a ``conversation`` or ``context`` memory (the store's
-plain ``store`` has no owner: such memories stay unscoped, seen by every user).
+another user's note); ``store_memory`` of a ``conversation`` or ``context`` memory
+stores it owned by the user too (the backend's ``store`` passes the owner: another
+user's ``search_memories`` does not find it).
 Unbound (``owner=None``, the default) a backend behaves as before: it sees every
 user's memories.  ``backend.owner = "bob"`` switches the user for the calls that
 start afterwards (each call reads it once when it starts; set it on the thread
@@ -482,8 +482,9 @@ class DaemonBackend(_OwnerBound):
             self.client.search(query, memory_type, limit, owner=self._owner))
 
     async def store(self, content: str, memory_type: str, metadata: dict[str, Any] | None) -> Memory:
-        """Store as given: a plain store has no owner, so the memory is unscoped even when bound."""
-        return await self._guard(self.client.store(content, memory_type, metadata))  # type: ignore[no-any-return]
+        """Store as given, owned by the bound user (unscoped when unbound)."""
+        return await self._guard(  # type: ignore[no-any-return]
+            self.client.store(content, memory_type, metadata, owner=self._owner))
 
     async def forget(self, memory_id: str) -> bool:
         """Delete the memory; False if there is none, or (bound) it is another user's own.
@@ -536,8 +537,10 @@ class LocalBackend(_OwnerBound):
             lambda: self.memory_store.search(query, memory_type, limit, owner=owner))
 
     async def store(self, content: str, memory_type: str, metadata: dict[str, Any] | None) -> Memory:
-        """Store as given: a plain store has no owner, so the memory is unscoped even when bound."""
-        return await self._run(self.memory_store.store, content, memory_type, metadata)  # type: ignore[no-any-return]
+        """Store as given, owned by the bound user (unscoped when unbound)."""
+        owner = self._owner  # read once, when the call starts
+        return await self._run(  # type: ignore[no-any-return]
+            lambda: self.memory_store.store(content, memory_type, metadata, owner=owner))
 
     async def forget(self, memory_id: str) -> bool:
         """Delete the memory; False if there is none, or (bound) it is another user's own.
