@@ -34,6 +34,7 @@ NEIGHBOUR_SECONDS = 600.0  # a previous turn older than this is not context any 
 PREVIOUS_CHARS = 1000
 ITEM_KEYS = frozenset({"content", "memory_type", "metadata", "id", "created_at", "owner", "shared"})
 MODES = ("hybrid", "vector", "lexical")
+MAX_NAME_CHARS = 200  # an owner, a note name, an id a memory's fields take
 
 
 class Item(NamedTuple):
@@ -81,13 +82,27 @@ def validate_item(item: Any, config: Config) -> Item:
         raise ValidationError("id must be a non-empty string of at most 128 characters", field="id")
     owner, shared = item.get("owner"), item.get("shared", False)
     if owner is not None:
-        from ._people_ops import check_owner  # here: _people_ops imports this module
-
         owner = check_owner(owner)
     if not isinstance(shared, bool):
         raise ValidationError("shared must be true or false", field="shared")
     return Item(content, mtype.value, metadata, memory_id, check_time(item.get("created_at"), "created_at"),
                 owner, shared)
+
+
+def check_label(value: Any, field: str, where: str = "") -> str:
+    """``value`` if it is a string of 1 to :data:`MAX_NAME_CHARS` characters: an owner (a user of
+    the robot), a note name or an id as a memory's fields take them. Raises ValidationError
+    naming ``field`` (its message starts with ``where``)."""
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_NAME_CHARS:
+        raise ValidationError(f"{where}{field} must be a string of 1 to {MAX_NAME_CHARS} characters", field=field)
+    return value
+
+
+def check_owner(owner: Any) -> str:
+    """``owner`` if it is a valid owner (what an import accepts for a memory's ``owner``), and
+    valid Unicode (a lone surrogate would be accepted by a search, then refused by every
+    write). Raises ValidationError."""
+    return check_unicode(check_label(owner, "owner"), "owner")
 
 
 def validate_text(text: Any, field: str, config: Config) -> str:

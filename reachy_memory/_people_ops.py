@@ -60,7 +60,7 @@ log = logging.getLogger(__name__)
 PERSON_FIELD = "person"
 
 MAX_SUBJECTS = 16
-MAX_NAME_CHARS = 200
+MAX_NAME_CHARS = ingest.MAX_NAME_CHARS
 MAX_ALIASES = 32
 CANDIDATES = 10  # older facts checked for supersession per new fact
 REPEAT_SECONDS = 3600.0  # a fact told again within this is the same telling (see _same_fact)
@@ -663,7 +663,7 @@ def _import_row(where: str, m: Any) -> dict[str, Any]:
             row[field] = _when(where, m[key], key)
     for key in ("owner", "name", "superseded_by"):
         if m.get(key) is not None:
-            row[key] = check_label(m[key], key, f"{where}: ")
+            row[key] = ingest.check_label(m[key], key, f"{where}: ")
     for key in ("subjects", "aliases"):
         values = m.get(key) or []
         if not isinstance(values, list | tuple) or not all(isinstance(v, str) for v in values) or len(values) > 64:
@@ -785,22 +785,6 @@ def _unique_ops(ops: Iterable[dict[str, Any] | None]) -> list[dict[str, Any]]:
         if op is not None:
             seen[op["id"]] = op
     return list(seen.values())
-
-
-def check_label(value: Any, field: str, where: str = "") -> str:
-    """``value`` if it is a string of 1 to :data:`MAX_NAME_CHARS` characters: an owner (a user of
-    the robot), a note name or an id as a memory's fields take them. Raises ValidationError
-    naming ``field`` (its message starts with ``where``)."""
-    if not isinstance(value, str) or not 0 < len(value) <= MAX_NAME_CHARS:
-        raise ValidationError(f"{where}{field} must be a string of 1 to {MAX_NAME_CHARS} characters", field=field)
-    return value
-
-
-def check_owner(owner: Any) -> str:
-    """``owner`` if it is a valid owner (what an import accepts for a memory's ``owner``), and
-    valid Unicode (a lone surrogate would be accepted by a search, then refused by every
-    write). Raises ValidationError."""
-    return check_unicode(check_label(owner, "owner"), "owner")
 
 
 def _text(value: Any, field: str) -> str:

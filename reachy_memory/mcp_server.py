@@ -41,7 +41,7 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from ._people_ops import check_owner
+from ._ingest import check_owner
 from .config import Config
 from .errors import ConfigError, ReachyMemoryError
 from .integrations.tools import TOOLS, Backend, DaemonBackend, LocalBackend, ToolDef, error_text

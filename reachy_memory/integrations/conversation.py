@@ -51,7 +51,7 @@ import asyncio
 import weakref
 from typing import Any, ClassVar
 
-from .._people_ops import check_owner
+from .._ingest import check_owner
 from ..client import AsyncMemoryClient
 from ..config import Config, load_config
 from ..errors import ConfigError, ReachyMemoryError

@@ -38,7 +38,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._people_ops import check_owner
+from .._ingest import check_owner
 from ..client import MemoryClient
 from ..config import Config
 from ..errors import BusyError, ClosedError, ReachyMemoryError

@@ -52,8 +52,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol, Self
 
+from .._ingest import check_owner
 from .._mentions import norm
-from .._people_ops import check_owner
 from ..client import AsyncMemoryClient
 from ..config import Config
 from ..errors import DaemonUnavailableError, ReachyMemoryError, RequestTimeoutError, ValidationError
