@@ -87,6 +87,12 @@ class PeopleMixin:
     def _commit(self, ops: list[Any]) -> None:
         raise NotImplementedError
 
+    def _embed(self, texts: list[str]) -> np.ndarray | None:
+        raise NotImplementedError
+
+    def _stored_text(self, rec: Record) -> str:
+        raise NotImplementedError
+
     def prepare(self, items: Iterable[Mapping[str, Any]], now: float | None = None) -> _Prepared:
         raise NotImplementedError
 
@@ -331,12 +337,25 @@ class PeopleMixin:
             if old.name:
                 row |= {"name": old.name, "aliases": list(old.aliases)}
             superseded = _supersede_fields(row["id"], row["created"])
+            vector = op[2]
             if old.type == MemoryType.CONVERSATION.value:  # a corrected turn keeps its place in the dialogue
                 row |= {"created": old.created, "expires": old.expires, "follows": old.follows,
                         "previous_text": old.previous_text}
+                vector = self._vector_in_place(row, prepared.texts[0], vector)
             release: dict[str, Any] = {"name": None, "aliases": []} if old.name else {}
-            self._commit([["update", old.id, release | superseded], ["put", row, op[2]]])
+            self._commit([["update", old.id, release | superseded], ["put", row, vector]])
             return self._state.records[row["id"]].memory()
+
+    def _vector_in_place(self, row: dict[str, Any], embedded: str | None, vector: bytes | None) -> bytes | None:
+        """The vector of a corrected turn as the turn it follows (``row["follows"]``) gives
+        it, as the backfill and a reindex derive it: prepare embedded it with the store's
+        newest turn instead.  Re-embedded when that text differs (None if the model fails
+        now: the backfill embeds it later).  Engine thread, under the lock."""
+        text = self._stored_text(Record(**row))
+        if embedded is None or text == embedded:
+            return vector
+        vectors = self._embed([text])
+        return vectors[0].astype(np.float32).tobytes() if vectors is not None else None
 
     def confirm(self, memory_id: str) -> Memory:
         """Mark a fact confirmed: never superseded automatically. Raises NotFoundError."""

@@ -808,7 +808,7 @@ class MemoryStore(PeopleMixin):
         with self._lock:  # the records are read whole: no write may change them meanwhile
             key = self._state.current_key
             todo = lacking_vector(self._state.records.values(), key)
-            previous = self._state.previous_turns()
+            previous = self._turns_followed(todo)
         for done in range(0, len(todo), batch):
             self._reembed(todo[done : done + batch], previous)
             if progress:
@@ -819,7 +819,16 @@ class MemoryStore(PeopleMixin):
             self._backfill.plan(self._state.records.values(), key)  # what is left: nothing, or written meanwhile
         return len(todo)
 
-    def _reembed(self, recs: list[Record], previous: dict[str, Record]) -> None:
+    def _turns_followed(self, recs: list[Record]) -> dict[str, Record | None]:
+        """The turn each of ``recs`` is embedded with, as the write and the backfill
+        (:meth:`_stored_text`) take it: the one it ``follows`` (None if that is gone); a
+        turn stored before turns recorded it (``follows`` None) takes the turn stored just
+        before it.  Under the lock."""
+        pairwise = self._state.previous_turns()
+        return {r.id: self._state.records.get(r.follows) if r.follows is not None else pairwise.get(r.id)
+                for r in recs}
+
+    def _reembed(self, recs: list[Record], previous: Mapping[str, Record | None]) -> None:
         vectors = self._embed([ingest.context_text(r, previous.get(r.id), self._config) for r in recs])
         if vectors is None:
             raise ModelError("the embedding model failed during reindex; nothing was lost, run it again")

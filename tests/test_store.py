@@ -926,3 +926,26 @@ def test_a_turn_borrows_the_previous_turns_words_only_within_their_scope(
     again = _OtherRecordingEmbedder()
     with MemoryStore(config=config, embedder=again, reindex=True) as store:
         assert store.reindex() == 2 and again.texts == ["lighthouse question", want]
+
+
+def test_a_corrected_turn_and_a_reindex_embed_each_turn_with_the_turn_it_follows(config: Config) -> None:
+    """correct() embedded the corrected turn with the store's newest turn (prepare's guess), and
+    reindex paired turns by time: it embedded a correction with the superseded original's words
+    and a turn after a forgotten one with the turn before that. All now agree with the backfill
+    (the turn a record ``follows``)."""
+    conversation = "conversation"
+    with MemoryStore(config=config, embedder=_RecordingEmbedder()) as store:
+        _, answer = store.store_batch([{"content": "question one", "memory_type": conversation},
+                                       {"content": "answer one", "memory_type": conversation}])
+        store.store_batch([{"content": "third turn", "memory_type": conversation}])
+        corrected = store.correct(answer.id, "answer corrected")
+        rec = store._state.records[corrected.id]
+        assert store._stored_text(rec) == "question one\nanswer corrected"
+        expected = HashEmbedder().embed([store._stored_text(rec)])[0]
+        assert np.allclose(store._state.vectors.rows(rec.slot), expected, rtol=0, atol=BF16_TOLERANCE)
+        _, gone, _ = store.store_batch([{"content": f"turn {n}", "memory_type": conversation} for n in "xyz"])
+        store.forget(gone.id)
+        stored = sorted(store._stored_text(r) for r in store._state.records.values())
+    again = _OtherRecordingEmbedder()
+    with MemoryStore(config=config, embedder=again, reindex=True) as store:
+        assert store.reindex() == len(stored) and sorted(again.texts) == stored
