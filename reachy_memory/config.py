@@ -5,8 +5,9 @@ The dataclasses below are the single source of the defaults;
 the two equal).  ``load_config(path)`` merges a YAML file over the defaults and
 refuses unknown keys and wrong types with a :class:`ConfigError` that names the
 dotted key.  A relative path in a file (``memory.path: memory``, the model and
-key folders of :data:`PATH_KEYS`) is read from that file's folder, whatever the
-working directory; paths given as overrides (``--data-dir``) stay relative to it.
+key folders of :data:`PATH_KEYS`, an ``ipc://`` endpoint's socket) is read from
+that file's folder, whatever the working directory; paths given as overrides
+(``--data-dir``) stay relative to it.
 """
 
 from __future__ import annotations
@@ -327,18 +328,32 @@ def _anchor_paths(data: dict[str, Any], folder: Path) -> dict[str, Any]:
     the config file's: under systemd the working directory is ``/``, so ``path: memory``
     meant ``/memory`` to the daemon and ``./memory`` to the same user's CLI.  A value that
     starts with ``~`` or ``$`` is left for the later expansion; anything else is left for
-    the type check (which names the key)."""
+    the type check (which names the key).  So is the socket of an ``ipc://`` endpoint
+    (``ipc://run/memory.sock``: the daemon bound ``/run/memory.sock`` under systemd, the
+    CLI connected to ``./run/memory.sock``); ``ipc://@name`` is an abstract socket."""
     out = dict(data)
     for section, keys in PATH_KEYS.items():
         values = out.get(section)
         if not isinstance(values, dict):
             continue
         out[section] = {k: (str(folder / v) if k in keys and _relative(v) else v) for k, v in values.items()}
+    server = out.get("server")
+    if isinstance(server, dict) and _relative_socket(server.get("endpoint")):
+        out["server"] = {**server, "endpoint": IPC + str(folder / server["endpoint"][len(IPC):])}
     return out
+
+
+IPC = "ipc://"
 
 
 def _relative(value: Any) -> bool:
     return isinstance(value, str) and value.strip() != "" and not value.startswith(("~", "$", "/"))
+
+
+def _relative_socket(endpoint: Any) -> bool:
+    """An ``ipc://`` endpoint with a relative socket path ('@': a Linux abstract name)."""
+    return (isinstance(endpoint, str) and endpoint.startswith(IPC) and _relative(endpoint[len(IPC):])
+            and not endpoint[len(IPC):].startswith("@"))
 
 
 # Keys of the spec's own config/default.yaml that live elsewhere here: (section, key) -> (section, key).

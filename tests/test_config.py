@@ -163,3 +163,16 @@ def test_a_relative_override_stays_relative_to_the_working_directory(tmp_path: P
     # --data-dir and the like are command-line words: read from where the command runs
     (tmp_path / "c.yaml").write_text(yaml.safe_dump({"memory": {"path": "from-file"}}))
     assert load_config(tmp_path / "c.yaml", memory={"path": "given"}).data_dir == Path("given")
+
+
+@pytest.mark.parametrize(("written", "expected"), [
+    ("ipc://run/memory.sock", "ipc://{conf}/run/memory.sock"),  # relative: from the file's folder (was the cwd)
+    ("ipc:///run/memory.sock", "ipc:///run/memory.sock"),  # absolute: untouched
+    ("ipc://@memory", "ipc://@memory"),  # a Linux abstract socket: not a path
+    ("tcp://127.0.0.1:5555", "tcp://127.0.0.1:5555"),
+])
+def test_a_relative_ipc_endpoint_in_a_config_file_is_read_from_its_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, written: str, expected: str) -> None:
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump({"server": {"endpoint": written}}))
+    monkeypatch.chdir(tmp_path.parent)  # the daemon under systemd runs in /, the CLI in a shell
+    assert load_config(tmp_path / "c.yaml").server.endpoint == expected.format(conf=tmp_path)
