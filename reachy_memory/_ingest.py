@@ -135,14 +135,16 @@ def check_duplicate(existing: Record | None, memory_id: str, content: str, mtype
 def new_records(items: list[Item], now: float, expiry: Expiry,
                 stored: Mapping[str, Record]) -> tuple[list[Record], list[str]]:
     """Records for validated items (``created_at`` defaults to ``now``), leaving out
-    retries of memories already ``stored``; returns (records, the id of every item)."""
+    retries of memories already ``stored``; returns (records, the id of every item).
+    An id given twice in the batch is one memory when both items agree, else a
+    ValidationError (the second item was dropped without a word, its write "acknowledged")."""
     recs: dict[str, Record] = {}
     ids: list[str] = []
     for item in items:
         memory_id = item.id or uuid.uuid4().hex
         ids.append(memory_id)
-        if check_duplicate(stored.get(memory_id), memory_id, item.content, item.type, item.owner, item.shared) \
-                or memory_id in recs:
+        fields = (memory_id, item.content, item.type, item.owner, item.shared)
+        if check_duplicate(stored.get(memory_id), *fields) or check_duplicate(recs.get(memory_id), *fields):
             continue
         created = now if item.created_at is None else item.created_at
         expires = expiry.expires(MemoryType(item.type), created)

@@ -168,6 +168,24 @@ def test_client_ids_make_store_idempotent(lexical_store: MemoryStore) -> None:
         lexical_store.store("different", "fact", id="req-1")
 
 
+@pytest.mark.parametrize(("second", "refused"), [
+    ({"content": "hello", "memory_type": "fact"}, False),  # the same memory twice: stored once
+    ({"content": "other", "memory_type": "fact"}, True),  # was dropped silently, "hello" returned for it
+    ({"content": "hello", "memory_type": "conversation"}, True),  # another type
+    ({"content": "hello", "memory_type": "fact", "owner": "bob"}, True),  # another user's
+])
+def test_an_id_given_twice_in_one_batch_is_one_memory_or_an_error(lexical_store: MemoryStore,
+                                                                    second: dict[str, Any], refused: bool) -> None:
+    items = [{"content": "hello", "memory_type": "fact", "id": "req-1"}, {**second, "id": "req-1"}]
+    if refused:
+        with pytest.raises(ValidationError, match="req-1"):
+            lexical_store.store_batch(items)
+        assert len(lexical_store) == 0  # all or nothing
+    else:
+        first, again = lexical_store.store_batch(items)
+        assert first == again and len(lexical_store) == 1
+
+
 def test_expired_memories_never_come_back_even_before_cleanup(lexical_store: MemoryStore) -> None:
     chat = lexical_store.store_batch([{"content": "we talked about dinosaurs", "memory_type": "conversation"}])[0]
     fact = lexical_store.remember_fact("dinosaurs are extinct")
