@@ -648,6 +648,8 @@ def _parser() -> argparse.ArgumentParser:
             "--data-dir opens a store in-process instead of using the daemon)")
     p.add_argument("--http", action="store_true", help="serve streamable HTTP on 127.0.0.1 instead of stdio")
     p.add_argument("--port", type=int, default=8765, help="HTTP port (default 8765)")
+    p.add_argument("--token-file", help="HTTP: the file holding the bearer token clients must send (made 0600 "
+                   "with a random token if missing; default: mcp-http.token in the private runtime directory)")
     p.add_argument("--owner", help="bind every tool call to this user of the robot: their memories plus shared and "
                    "unscoped ones; facts stored as theirs (the model cannot choose another user)")
     return parser

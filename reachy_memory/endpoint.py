@@ -45,14 +45,18 @@ def default_endpoint(config: Config) -> str:
     configured = os.environ.get(ENV_ENDPOINT) or config.server.endpoint
     if configured:
         return configured
+    return f"ipc://{runtime_dir(config)}/memory.sock"
+
+
+def runtime_dir(config: Config) -> Path:
+    """The private runtime directory: systemd's ``$RUNTIME_DIRECTORY``, else
+    ``$XDG_RUNTIME_DIR/reachy-memory``, else ``<data dir>/run`` (not created here)."""
     runtime = os.environ.get("RUNTIME_DIRECTORY")
     if runtime:
-        base = Path(runtime.split(":")[0])
-    elif os.environ.get("XDG_RUNTIME_DIR"):
-        base = Path(os.environ["XDG_RUNTIME_DIR"]) / "reachy-memory"
-    else:
-        base = config.data_dir / "run"
-    return f"ipc://{base}/memory.sock"
+        return Path(runtime.split(":")[0])
+    if os.environ.get("XDG_RUNTIME_DIR"):
+        return Path(os.environ["XDG_RUNTIME_DIR"]) / "reachy-memory"
+    return config.data_dir / "run"
 
 
 def ipc_path(endpoint: str) -> Path | None:

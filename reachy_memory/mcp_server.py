@@ -6,7 +6,10 @@ Serves the tool table of :mod:`reachy_memory.integrations.tools`
 MCP SDK (extra ``mcp``: ``pip install 'reachy-memory[mcp]'``):
 
 * on stdio (the default: what Claude Desktop, Cursor, ... start as a subprocess);
-* with ``--http``, as streamable HTTP on ``http://127.0.0.1:PORT/mcp`` (loopback only).
+* with ``--http``, as streamable HTTP on ``http://127.0.0.1:PORT/mcp`` (loopback only),
+  every request carrying ``Authorization: Bearer <token>``: the token is made on
+  first use in a 0600 file of the private runtime directory (``--token-file``
+  names another), so only the user who can read it gets in (:mod:`._http_auth`).
 
 By default it talks to the running daemon through an
 :class:`~reachy_memory.AsyncMemoryClient`; if none answers, each tool returns an
@@ -37,12 +40,16 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import os
 import sys
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import Any
 
+from ._http_auth import TOKEN_FILE, BearerAuth, http_token
 from ._ingest import check_owner
 from .config import Config
+from .endpoint import prepare_ipc_dir, runtime_dir
 from .errors import ConfigError, ReachyMemoryError
 from .integrations.tools import TOOLS, Backend, DaemonBackend, LocalBackend, ToolDef, error_text
 
@@ -142,18 +149,38 @@ def build_server(service: _Service, tools: Sequence[ToolDef] = TOOLS) -> Any:
                           tools=[_sdk_tool(tool, service) for tool in tools])
 
 
-async def _serve(server: Any, service: _Service, http: bool, port: int) -> None:
+async def _serve(server: Any, service: _Service, port: int, token: str | None) -> None:
+    """stdio with no ``token``; else streamable HTTP on loopback, behind the token."""
     try:
-        if http:
-            await server.run_streamable_http_async(host="127.0.0.1", port=port)
+        if token is not None:
+            await _serve_http(server, port, token)
         else:
             await server.run_stdio_async()
     finally:
         await service.aclose()
 
 
+async def _serve_http(server: Any, port: int, token: str) -> None:
+    """The SDK's streamable HTTP app (with its Host/Origin check for loopback) behind
+    :class:`BearerAuth`, on uvicorn as the SDK's own runner would serve it."""
+    import uvicorn
+
+    app = BearerAuth(server.streamable_http_app(host="127.0.0.1"), token)
+    await uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")).serve()
+
+
+def token_path(config: Config, given: str | os.PathLike[str] | None) -> Path:
+    """Where the HTTP token lives: ``given``, else the private runtime directory's
+    :data:`TOKEN_FILE` (that directory made 0700 if missing). Raises ConfigError."""
+    if given is not None:
+        return Path(given).expanduser()
+    path = runtime_dir(config) / TOKEN_FILE
+    prepare_ipc_dir(path)
+    return path
+
+
 def run(config: Config, *, in_process: bool = False, http: bool = False, port: int = DEFAULT_PORT,
-        timeout: float = 10.0, owner: str | None = None) -> int:
+        timeout: float = 10.0, owner: str | None = None, token_file: str | os.PathLike[str] | None = None) -> int:
     """Serve until stdin closes (stdio) or SIGINT/SIGTERM (HTTP); returns the exit code.
 
     ``in_process`` opens ``config.data_dir`` here (raises StoreLockedError if a
@@ -166,6 +193,10 @@ def run(config: Config, *, in_process: bool = False, http: bool = False, port: i
     if owner is not None:
         check_owner(owner)
     _require_sdk()
+    if http and not 1 <= port <= 65535:
+        raise ConfigError(f"--port must be from 1 to 65535, not {port}", key="mcp")
+    token_at = token_path(config, token_file) if http else None
+    token = http_token(token_at) if token_at is not None else None
     if in_process:
         local = LocalBackend.open(config, owner=owner)  # fail now, not at the first tool call
         service = _Service(lambda: local)
@@ -175,7 +206,10 @@ def run(config: Config, *, in_process: bool = False, http: bool = False, port: i
     where += f" as user {owner!r}" if owner is not None else ""
     print(f"reachy-memory mcp: serving {', '.join(t.name for t in TOOLS)} on "
           f"{f'http://127.0.0.1:{port}/mcp' if http else 'stdio'} with {where}", file=sys.stderr)
-    anyio.run(_serve, build_server(service), service, http, port)
+    if token_at is not None:
+        print(f"reachy-memory mcp: HTTP clients must send 'Authorization: Bearer <token>', the token in {token_at}",
+              file=sys.stderr)
+    anyio.run(_serve, build_server(service), service, port, token)
     return 0
 
 
@@ -183,7 +217,7 @@ def run_from_args(args: Any, config: Config) -> int:
     """What ``reachy-memory mcp`` runs: ``--data-dir`` means a store in this process; ``--owner``
     the user every call is bound to."""
     return run(config, in_process=bool(getattr(args, "data_dir", None)), http=args.http, port=args.port,
-               timeout=args.timeout, owner=getattr(args, "owner", None))
+               timeout=args.timeout, owner=getattr(args, "owner", None), token_file=getattr(args, "token_file", None))
 
 
 __all__ = ["DEFAULT_PORT", "build_server", "run", "run_from_args"]

@@ -229,3 +229,94 @@ def test_a_bad_owner_is_a_clear_error_exit(daemon: DaemonProcess, owner: str, sa
     done = run_cli(daemon, "mcp", "--owner", owner)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert f"error: {says}" in done.stderr
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _post(url: str, headers: dict[str, str]) -> int:
+    """The status of an MCP initialize POST with ``headers``."""
+    import urllib.error
+    import urllib.request
+
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "probe", "version": "0"}}})
+    request = urllib.request.Request(url, body.encode(), method="POST", headers={
+        "content-type": "application/json", "accept": "application/json, text/event-stream", **headers})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            return int(reply.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+
+
+def _wait_for_port(port: int, proc: Any, deadline: float = 60.0) -> None:
+    import socket
+    import time
+
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        assert proc.poll() is None, proc.stderr.read()
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise AssertionError("the MCP HTTP server did not listen")
+
+
+def test_http_answers_only_requests_with_the_owners_token(tmp_path: Path) -> None:
+    """--http served every local user (and, but for the SDK's Host check, any web page) on
+    127.0.0.1 with no credential, while the daemon's own socket is 0600."""
+    import subprocess
+
+    import httpx2
+    from mcp.client.streamable_http import streamable_http_client
+
+    cfg, port, token_file = DaemonProcess(tmp_path), _free_port(), tmp_path / "private" / "token"
+    token_file.parent.mkdir(mode=0o700)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "reachy_memory.cli", "mcp", "--http", "--port", str(port),
+                             "--config", str(cfg.config_path), "--data-dir", str(tmp_path / "local"),
+                             "--token-file", str(token_file)], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for_port(port, proc)
+        token = token_file.read_text().strip()
+        assert len(token) >= 32 and token_file.stat().st_mode & 0o777 == 0o600  # only its owner reads it
+        url = f"http://127.0.0.1:{port}/mcp"
+        for headers in ({},  # no credential: was served
+                        {"Authorization": "Bearer " + "x" * len(token)},  # a guess
+                        {"Authorization": token}):  # the token without the scheme
+            assert _post(url, headers) == 401, headers
+        assert _post(url, {"Authorization": f"Bearer {token}"}) == 200
+
+        async def go() -> tuple[Any, Any]:
+            client = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=30)
+            async with client, streamable_http_client(url, http_client=client) as (read, write), \
+                    ClientSession(read, write) as session:
+                await session.initialize()
+                stored = await session.call_tool("store_memory", {"content": "The spare key is under the pot"})
+                return stored, await session.call_tool("search_memories", {"query": "spare key"})
+        stored, found = asyncio.run(go())
+        assert found.structured_content["result"][0]["id"] == stored.structured_content["id"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+@pytest.mark.parametrize(("mode", "content", "says"), [
+    (0o644, "a-token-long-enough-1234", "read by other users"),  # a token others can read is no secret
+    (0o600, "short", "holds no token"),  # too short to be a secret
+    (0o600, "two words here, long enough", "holds no token"),
+])
+def test_http_refuses_a_token_file_that_keeps_no_secret(tmp_path: Path, mode: int, content: str, says: str) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(content)
+    token_file.chmod(mode)
+    cfg = DaemonProcess(tmp_path)
+    out = run_cli(cfg, "mcp", "--http", "--port", str(_free_port()), "--token-file", str(token_file))
+    assert out.returncode == 2 and says in out.stderr, out.stderr
