@@ -11,6 +11,7 @@ read: a file made 0600 in the private runtime directory, holding a random token
 
 from __future__ import annotations
 
+import errno
 import hmac
 import os
 import secrets
@@ -33,33 +34,69 @@ App = Callable[[Scope, Receive, Send], Awaitable[None]]
 def http_token(path: Path) -> str:
     """The token HTTP clients must send: read from ``path``, or a fresh random one written
     there (0600, fsynced) when the file does not exist.  Raises ConfigError for a file
-    that is not a regular file, that other users can read, or that holds no token."""
+    that is not a regular file, that another user owns or others can read, or that holds
+    no token."""
+    token = _read_token(path)
+    if token is not None:
+        return token
+    # Written whole under a scratch name, then linked into place (never replacing a file): a
+    # second server starting meanwhile reads the first one's whole token, never an empty file.
+    token = secrets.token_urlsafe(32)
+    scratch = path.with_name(f".{path.name}.{secrets.token_hex(8)}")
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            with os.fdopen(fd, "w", encoding="ascii") as fh:
+                fh.write(token + "\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.link(scratch, path)
+        finally:
+            scratch.unlink(missing_ok=True)
     except FileExistsError:
-        return _read_token(path)
+        token = _read_token(path)  # another server made it first
+        if token is None:
+            raise ConfigError(f"the MCP HTTP token file {path} came and went: start again", key="mcp") from None
+        return token
     except OSError as exc:
         raise ConfigError(f"cannot create the MCP HTTP token file {path}: {exc.strerror}", key="mcp") from exc
-    token = secrets.token_urlsafe(32)
-    with os.fdopen(fd, "w", encoding="ascii") as fh:
-        fh.write(token + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
     return token
 
 
-def _read_token(path: Path) -> str:
+MAX_TOKEN_FILE_BYTES = 4096
+
+
+def _read_token(path: Path) -> str | None:
+    """The token in ``path``, None if there is no such file; checked on the file actually
+    opened (no symlink followed, a FIFO never waited on), not on the name."""
+    not_regular = ConfigError(f"the MCP HTTP token file {path} is not a regular file", key="mcp")
     try:
-        info = path.lstat()
-        if not stat.S_ISREG(info.st_mode):  # a FIFO would block the read; a symlink could point anywhere
-            raise ConfigError(f"the MCP HTTP token file {path} is not a regular file", key="mcp")
-        text = path.read_text(encoding="ascii").strip()
-    except (OSError, UnicodeDecodeError) as exc:
+        if not stat.S_ISREG(path.lstat().st_mode):  # never open a device, FIFO or symlink
+            raise not_regular
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # swapped for a symlink since
+            raise not_regular from exc
         raise ConfigError(f"cannot read the MCP HTTP token file {path}: {exc}", key="mcp") from exc
-    if info.st_mode & 0o077:
-        raise ConfigError(f"the MCP HTTP token file {path} can be read by other users (mode "
-                          f"{stat.S_IMODE(info.st_mode):o}): chmod 600 it, or delete it for a new token", key="mcp")
-    if len(text) < MIN_TOKEN_CHARS or not text.isprintable() or any(c.isspace() for c in text):
+    with os.fdopen(fd, "rb") as fh:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise not_regular
+        if info.st_uid != os.geteuid():  # its owner chose the token (root reads any 0600 file)
+            raise ConfigError(f"the MCP HTTP token file {path} belongs to another user (uid {info.st_uid}), who "
+                              "knows the token: use a file of your own", key="mcp")
+        if info.st_mode & 0o077:
+            raise ConfigError(f"the MCP HTTP token file {path} can be read by other users (mode "
+                              f"{stat.S_IMODE(info.st_mode):o}): chmod 600 it, or delete it for a new token",
+                              key="mcp")
+        try:
+            data = fh.read(MAX_TOKEN_FILE_BYTES + 1)
+        except OSError as exc:
+            raise ConfigError(f"cannot read the MCP HTTP token file {path}: {exc}", key="mcp") from exc
+    text = data.decode("ascii", "replace").strip() if len(data) <= MAX_TOKEN_FILE_BYTES else ""
+    if len(text) < MIN_TOKEN_CHARS or not text.isprintable() or any(c.isspace() for c in text) or "\ufffd" in text:
         raise ConfigError(f"the MCP HTTP token file {path} holds no token (one word of at least "
                           f"{MIN_TOKEN_CHARS} characters): delete it for a new one", key="mcp")
     return text

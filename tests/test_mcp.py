@@ -320,3 +320,36 @@ def test_http_refuses_a_token_file_that_keeps_no_secret(tmp_path: Path, mode: in
     cfg = DaemonProcess(tmp_path)
     out = run_cli(cfg, "mcp", "--http", "--port", str(_free_port()), "--token-file", str(token_file))
     assert out.returncode == 2 and says in out.stderr, out.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root")
+def test_http_refuses_a_token_file_another_user_owns(tmp_path: Path) -> None:
+    """Whoever owns the file chose the token: run as root (who reads any 0600 file),
+    --token-file /tmp/x, planted first by another user, served them."""
+    token_file = tmp_path / "token"
+    token_file.write_text("the-other-users-chosen-token\n")
+    token_file.chmod(0o600)
+    os.chown(token_file, 65534, 65534)
+    cfg = DaemonProcess(tmp_path)
+    out = run_cli(cfg, "mcp", "--http", "--port", str(_free_port()), "--token-file", str(token_file))
+    assert out.returncode == 2 and "belongs to another user" in out.stderr, out.stderr
+
+
+def test_two_servers_making_the_token_at_once_share_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The file was made empty and then written: a second server starting in between
+    read it half-written and stopped with 'holds no token: delete it for a new one'."""
+    from reachy_memory import _http_auth
+
+    path, second = tmp_path / "token", []
+    fdopen = os.fdopen
+
+    def meanwhile(*args: Any, **kwargs: Any) -> Any:  # the first server is between creating and writing
+        if not second:
+            second.append(None)
+            second[0] = _http_auth.http_token(path)
+        return fdopen(*args, **kwargs)
+
+    monkeypatch.setattr(os, "fdopen", meanwhile)
+    first = _http_auth.http_token(path)
+    assert first == second[0] == path.read_text().strip() and len(first) >= 32
+    assert [p.name for p in tmp_path.iterdir()] == ["token"]  # no scratch file left
