@@ -104,21 +104,28 @@ def _read_token(path: Path) -> str | None:
 
 class BearerAuth:
     """ASGI middleware: an HTTP request without ``Authorization: Bearer <token>`` is answered
-    401 and never reaches ``app``; other scopes (the lifespan) pass through."""
+    401 and never reaches ``app``, a websocket is refused (403) whatever it carries; only
+    the lifespan passes through untouched.  The scheme is case-insensitive (RFC 9110),
+    the token compared in constant time."""
 
     def __init__(self, app: App, token: str) -> None:
         self._app = app
-        self._expected = f"Bearer {token}".encode("ascii")
+        self._token = token.encode("ascii")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and not self._allowed(scope):
+        if scope["type"] == "lifespan" or (scope["type"] == "http" and self._allowed(scope)):
+            await self._app(scope, receive, send)
+        elif scope["type"] == "http":
             await send({"type": "http.response.start", "status": 401,
                         "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]})
             await send({"type": "http.response.body",
                         "body": b'{"error": "send Authorization: Bearer <the token in the server\'s token file>"}'})
-            return
-        await self._app(scope, receive, send)
+        elif scope["type"] == "websocket":  # streamable HTTP has none; closing before accepting answers 403
+            await send({"type": "websocket.close", "code": 1008})
 
     def _allowed(self, scope: Scope) -> bool:
         given = [value for name, value in scope.get("headers") or () if name.lower() == b"authorization"]
-        return len(given) == 1 and hmac.compare_digest(given[0], self._expected)
+        if len(given) != 1:
+            return False
+        scheme, _, token = given[0].partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(b" \t"), self._token)

@@ -41,6 +41,7 @@ import functools
 import inspect
 import logging
 import os
+import socket
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -149,24 +150,38 @@ def build_server(service: _Service, tools: Sequence[ToolDef] = TOOLS) -> Any:
                           tools=[_sdk_tool(tool, service) for tool in tools])
 
 
-async def _serve(server: Any, service: _Service, port: int, token: str | None) -> None:
-    """stdio with no ``token``; else streamable HTTP on loopback, behind the token."""
+async def _serve(server: Any, service: _Service, sock: socket.socket | None, token: str | None) -> None:
+    """stdio with no ``sock``; else streamable HTTP on that loopback socket, behind the token."""
     try:
-        if token is not None:
-            await _serve_http(server, port, token)
+        if sock is not None and token is not None:
+            await _serve_http(server, sock, token)
         else:
             await server.run_stdio_async()
     finally:
         await service.aclose()
 
 
-async def _serve_http(server: Any, port: int, token: str) -> None:
+async def _serve_http(server: Any, sock: socket.socket, token: str) -> None:
     """The SDK's streamable HTTP app (with its Host/Origin check for loopback) behind
     :class:`BearerAuth`, on uvicorn as the SDK's own runner would serve it."""
     import uvicorn
 
     app = BearerAuth(server.streamable_http_app(host="127.0.0.1"), token)
-    await uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")).serve()
+    await uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", log_level="warning")).serve(sockets=[sock])
+
+
+def _bind(port: int) -> socket.socket:
+    """127.0.0.1:``port``, bound before anything is made or said: a port in use (or one
+    below 1024 without root) is a ConfigError, not uvicorn's log line and exit 3."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn's own bind
+    try:
+        sock.bind(("127.0.0.1", port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot serve HTTP on 127.0.0.1:{port}: {exc.strerror}; choose another --port",
+                          key="mcp") from exc
+    return sock
 
 
 def token_path(config: Config, given: str | os.PathLike[str] | None) -> Path:
@@ -195,21 +210,26 @@ def run(config: Config, *, in_process: bool = False, http: bool = False, port: i
     _require_sdk()
     if http and not 1 <= port <= 65535:
         raise ConfigError(f"--port must be from 1 to 65535, not {port}", key="mcp")
-    token_at = token_path(config, token_file) if http else None
-    token = http_token(token_at) if token_at is not None else None
-    if in_process:
-        local = LocalBackend.open(config, owner=owner)  # fail now, not at the first tool call
-        service = _Service(lambda: local)
-    else:
-        service = _Service(lambda: DaemonBackend.from_config(config, timeout, owner=owner))
-    where = f"store {config.data_dir}" if in_process else "the daemon"
-    where += f" as user {owner!r}" if owner is not None else ""
-    print(f"reachy-memory mcp: serving {', '.join(t.name for t in TOOLS)} on "
-          f"{f'http://127.0.0.1:{port}/mcp' if http else 'stdio'} with {where}", file=sys.stderr)
-    if token_at is not None:
-        print(f"reachy-memory mcp: HTTP clients must send 'Authorization: Bearer <token>', the token in {token_at}",
-              file=sys.stderr)
-    anyio.run(_serve, build_server(service), service, port, token)
+    sock = _bind(port) if http else None
+    try:
+        token_at = token_path(config, token_file) if http else None
+        token = http_token(token_at) if token_at is not None else None
+        if in_process:
+            local = LocalBackend.open(config, owner=owner)  # fail now, not at the first tool call
+            service = _Service(lambda: local)
+        else:
+            service = _Service(lambda: DaemonBackend.from_config(config, timeout, owner=owner))
+        where = f"store {config.data_dir}" if in_process else "the daemon"
+        where += f" as user {owner!r}" if owner is not None else ""
+        print(f"reachy-memory mcp: serving {', '.join(t.name for t in TOOLS)} on "
+              f"{f'http://127.0.0.1:{port}/mcp' if http else 'stdio'} with {where}", file=sys.stderr)
+        if token_at is not None:
+            print(f"reachy-memory mcp: HTTP clients must send 'Authorization: Bearer <token>', the token in "
+                  f"{token_at}", file=sys.stderr)
+        anyio.run(_serve, build_server(service), service, sock, token)
+    finally:
+        if sock is not None:
+            sock.close()
     return 0
 
 

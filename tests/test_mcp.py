@@ -353,3 +353,55 @@ def test_two_servers_making_the_token_at_once_share_it(tmp_path: Path, monkeypat
     first = _http_auth.http_token(path)
     assert first == second[0] == path.read_text().strip() and len(first) >= 32
     assert [p.name for p in tmp_path.iterdir()] == ["token"]  # no scratch file left
+
+
+def test_bearer_auth_lets_through_only_the_token_and_the_lifespan() -> None:
+    """A websocket scope reached the SDK's app with no token at all (uvicorn here speaks
+    websockets; Starlette had no such route yet); the scheme is case-insensitive (RFC 9110)."""
+    from reachy_memory._http_auth import BearerAuth
+
+    token = "t" * 43
+    reached: list[str] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        reached.append(scope["type"])
+
+    async def call(kind: str, authorization: bytes | None) -> list[Any]:
+        sent: list[Any] = []
+
+        async def receive() -> Any:
+            return {"type": "websocket.connect"}
+
+        async def send(message: Any) -> None:
+            sent.append(message)
+
+        headers = [(b"authorization", authorization)] if authorization is not None else []
+        await BearerAuth(app, token)({"type": kind, "headers": headers}, receive, send)
+        return sent
+
+    async def go() -> None:
+        for kind in ("websocket", "http"):
+            for value in (None, b"Bearer x", token.encode()):
+                reached.clear()
+                assert await call(kind, value) and reached == [], (kind, value)
+        assert (await call("websocket", None))[0]["type"] == "websocket.close"
+        for value in (b"Bearer " + token.encode(), b"bearer " + token.encode(), b"BEARER  " + token.encode()):
+            reached.clear()
+            assert await call("http", value) == [] and reached == ["http"], value
+        reached.clear()
+        assert await call("lifespan", None) == [] and reached == ["lifespan"]
+    asyncio.run(go())
+
+
+def test_http_on_a_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
+    """uvicorn said 'ERROR: [Errno 98] ...' and exited 3 ('not found'), after 'serving'
+    had been printed and the token file made."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port, token_file = taken.getsockname()[1], tmp_path / "token"
+        out = run_cli(DaemonProcess(tmp_path), "mcp", "--http", "--port", str(port), "--token-file", str(token_file))
+    assert out.returncode == 2 and f"127.0.0.1:{port}" in out.stderr and "--port" in out.stderr, out.stderr
+    assert "serving" not in out.stderr and "Traceback" not in out.stderr and not token_file.exists()
