@@ -51,7 +51,7 @@ from ._http_auth import TOKEN_FILE, BearerAuth, http_token
 from ._ingest import check_owner
 from .config import Config
 from .endpoint import prepare_ipc_dir, runtime_dir
-from .errors import ConfigError, ReachyMemoryError
+from .errors import ConfigError, ReachyMemoryError, ValidationError
 from .integrations.tools import TOOLS, Backend, DaemonBackend, LocalBackend, ToolDef, error_text
 
 DEFAULT_PORT = 8765
@@ -208,6 +208,9 @@ def run(config: Config, *, in_process: bool = False, http: bool = False, port: i
     if owner is not None:
         check_owner(owner)
     _require_sdk()
+    if token_file is not None and not http:  # silently ignored, it read as if stdio were guarded too
+        raise ValidationError("--token-file is for --http (stdio is private to the process that starts it)",
+                              field="token_file")
     if http and not 1 <= port <= 65535:
         raise ConfigError(f"--port must be from 1 to 65535, not {port}", key="mcp")
     sock = _bind(port) if http else None

@@ -405,3 +405,10 @@ def test_http_on_a_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
         out = run_cli(DaemonProcess(tmp_path), "mcp", "--http", "--port", str(port), "--token-file", str(token_file))
     assert out.returncode == 2 and f"127.0.0.1:{port}" in out.stderr and "--port" in out.stderr, out.stderr
     assert "serving" not in out.stderr and "Traceback" not in out.stderr and not token_file.exists()
+
+
+def test_a_token_file_without_http_is_a_usage_error(tmp_path: Path) -> None:
+    # it was ignored: a reader could think stdio was guarded by it too
+    out = run_cli(DaemonProcess(tmp_path), "mcp", "--token-file", str(tmp_path / "token"))
+    assert out.returncode == 2 and "--token-file is for --http" in out.stderr, out.stderr
+    assert not (tmp_path / "token").exists()
