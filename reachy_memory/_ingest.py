@@ -195,7 +195,7 @@ def context_text(rec: Record, previous: Record | None, config: Config) -> str:
     """What is embedded for ``rec``: a conversation turn carries the turn before it
     (when :func:`lends_to` allows)."""
     if (config.embedding.neighbour_context and rec.type == MemoryType.CONVERSATION.value
-            and previous is not None and _close(previous, rec) and _visible_with(previous, rec)):
+            and previous is not None and _close(previous, rec) and lends_to(previous, rec)):
         return f"{previous.content}\n{rec.content}"
     return rec.content
 

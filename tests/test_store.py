@@ -955,10 +955,13 @@ def test_a_corrected_turn_and_a_reindex_embed_each_turn_with_the_turn_it_follows
     with MemoryStore(config=config, embedder=_RecordingEmbedder()) as store:
         _, answer = store.store_batch([{"content": "question one", "memory_type": conversation},
                                        {"content": "answer one", "memory_type": conversation}])
-        store.store_batch([{"content": "third turn", "memory_type": conversation}])
+        [third] = store.store_batch([{"content": "third turn", "memory_type": conversation}])
         corrected = store.correct(answer.id, "answer corrected")
         rec = store._state.records[corrected.id]
         assert store._stored_text(rec) == "question one\nanswer corrected"
+        # the turn after the corrected one lends it no superseded words (as its lexical copy)
+        assert store._stored_text(store._state.records[third.id]) == "third turn"
+        assert store._state.records[third.id].previous_text is None
         expected = HashEmbedder().embed([store._stored_text(rec)])[0]
         assert np.allclose(store._state.vectors.rows(rec.slot), expected, rtol=0, atol=BF16_TOLERANCE)
         _, gone, _ = store.store_batch([{"content": f"turn {n}", "memory_type": conversation} for n in "xyz"])
