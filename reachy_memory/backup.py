@@ -327,9 +327,9 @@ def repair(path: str | Path, config: Config | None = None) -> list[jr.RepairRepo
     lock = jr.DirLock(path)
     lock.acquire()
     try:
-        _finish_switch(path)
-        reports = [jr.repair_file(path / name, jr.JOURNAL) for name in (JOURNAL_FILE, PREV_JOURNAL_FILE)
-                   if (path / name).exists()]
+        reports = _finish_switch(path)
+        reports += [jr.repair_file(path / name, jr.JOURNAL) for name in (JOURNAL_FILE, PREV_JOURNAL_FILE)
+                    if (path / name).exists()]
         usable = files.snapshot_usable(path)
         if usable and not (path / JOURNAL_FILE).exists() and files.previous_generation_kept(path):
             reports.append(_start_empty_journal(path))
@@ -340,13 +340,19 @@ def repair(path: str | Path, config: Config | None = None) -> list[jr.RepairRepo
     return reports
 
 
-def _finish_switch(path: Path) -> None:
+def _finish_switch(path: Path) -> list[jr.RepairReport]:
     """A compaction that died between its journal renames left its journal as
     ``journal.next.rmj``: put it in place first, as an open would (else the empty
     journal started for a missing ``journal.rmj`` was written over it, and the
-    writes acknowledged during that compaction were lost).  Raises StorageError."""
-    if files.snapshot_usable(path) and (path / SNAPSHOT_FILE).exists():
-        files.complete_switch(path, int(read_snapshot(path / SNAPSHOT_FILE).get("generation", 0)))
+    writes acknowledged during that compaction were lost).  Damage in it is repaired
+    first, frame by frame (reading it to switch raised the CorruptionError that told
+    the user to run this repair).  Raises StorageError."""
+    nxt = path / files.NEXT_JOURNAL_FILE
+    if not (files.snapshot_usable(path) and (path / SNAPSHOT_FILE).exists()):
+        return []
+    reports = [jr.repair_file(nxt, jr.JOURNAL)] if nxt.exists() and not (path / JOURNAL_FILE).exists() else []
+    files.complete_switch(path, int(read_snapshot(path / SNAPSHOT_FILE).get("generation", 0)))
+    return reports
 
 
 def _start_empty_journal(path: Path) -> jr.RepairReport:
@@ -390,13 +396,22 @@ def restore(backup_file: str | Path, data_dir: str | Path, *, force: bool = Fals
     lock = jr.DirLock(data_dir)
     lock.acquire()  # StoreLockedError for a live store
     try:
-        moved = _move_aside(data_dir, force)
-        jr.write_atomic(data_dir / SNAPSHOT_FILE, _chunks(backup_file))
-        jr.write_atomic(data_dir / JOURNAL_FILE, [jr.header(jr.JOURNAL), jr.encode_frame(
-            {"kind": "journal", "generation": report.generation})])
+        moved: list[tuple[Path, Path]] = []
+        copied = False
+        try:
+            _move_aside(data_dir, force, moved)
+            jr.write_atomic(data_dir / SNAPSHOT_FILE, _chunks(backup_file))
+            copied = True
+            jr.write_atomic(data_dir / JOURNAL_FILE, [jr.header(jr.JOURNAL), jr.encode_frame(
+                {"kind": "journal", "generation": report.generation})])
+        except BaseException:
+            # Put the old store back: with every generation file moved aside, the half-restored
+            # directory opened as a new, empty store (a daemon restarted on it served no memory).
+            _put_back(moved, data_dir / SNAPSHOT_FILE if copied else None)
+            raise
     finally:
         lock.release()
-    return {"data_dir": str(data_dir), "memories": report.memories, "moved_aside": moved}
+    return {"data_dir": str(data_dir), "memories": report.memories, "moved_aside": [str(a) for _, a in moved]}
 
 
 def _chunks(path: Path) -> Iterator[bytes]:
@@ -411,8 +426,9 @@ _RESTORE_REPLACES = (SNAPSHOT_FILE, JOURNAL_FILE, files.PREV_SNAPSHOT_FILE, PREV
                      files.NEXT_JOURNAL_FILE)
 
 
-def _move_aside(data_dir: Path, force: bool) -> list[str]:
-    """Move the store in ``data_dir`` aside (renamed, never deleted) and return the new names.
+def _move_aside(data_dir: Path, force: bool, moved: list[tuple[Path, Path]]) -> None:
+    """Move the store in ``data_dir`` aside (renamed, never deleted), adding each
+    (old name, new name) to ``moved`` as it goes.
 
     Each gets a name no file has (``jr.side_path``): a fixed ``<name>.before-restore-<epoch>``
     let a second restore within the same second rename the first restore's files over
@@ -424,4 +440,22 @@ def _move_aside(data_dir: Path, force: bool) -> list[str]:
         # Bad usage (exit 2), not a store in use (exit 4): nothing holds it, --force is missing.
         raise ValidationError(f"{data_dir} already holds a store; pass --force to move it aside and restore",
                               field="force")
-    return [str(files.set_aside(p, "before-restore")) for p in existing]
+    for p in existing:
+        moved.append((p, files.set_aside(p, "before-restore")))
+
+
+def _put_back(moved: list[tuple[Path, Path]], copy: Path | None) -> None:
+    """Undo :func:`_move_aside` after a failed restore; ``copy``, the backup's copy
+    already written, is removed first (not to be paired with the old store's journal).
+    Raises StorageError naming every file still aside when that fails."""
+    try:
+        if copy is not None:
+            copy.unlink(missing_ok=True)
+        for original, aside in reversed(moved):
+            os.replace(aside, original)
+        if moved:
+            jr.fsync_dir(moved[0][0].parent)
+    except OSError as exc:
+        where = ", ".join(f"{a} (was {o.name})" for o, a in moved if a.exists())
+        raise StorageError(f"the restore failed and the old store could not be put back ({exc.strerror}); "
+                           f"rename these files back by hand: {where}", path=str((copy or moved[0][0]).parent)) from exc

@@ -20,6 +20,7 @@ from store_util import abandon
 from reachy_memory import Config, MemoryStore, StorageFullError
 from reachy_memory import _persistence as files
 from reachy_memory import backup as bk
+from reachy_memory import journal as jr
 from reachy_memory.lexical_index import LexicalIndex
 
 
@@ -108,6 +109,30 @@ def test_writes_during_a_compaction_survive_a_crash_at_each_step(config: Config,
         bk.repair(config.data_dir, config)
         _verified(config, ids)
     _check(config, ids, ["first turn", "a turn"])
+
+
+def test_repair_between_the_renames_keeps_the_valid_frames_of_a_damaged_next_journal(
+        config: Config, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = _reopened(config)
+    ids = [store.store(f"before {i}").id for i in range(20)]
+    _writes_during_compaction(store, ids, "a")
+    monkeypatch.setattr(files, "switch_journals", _half_switch)
+    with pytest.raises(Crash):
+        store.compact()
+    monkeypatch.undo()
+    abandon(store)
+    nxt = config.data_dir / files.NEXT_JOURNAL_FILE
+    offsets = jr.read_file(nxt, jr.JOURNAL).offsets  # the head, then the 5 carried writes and the turn
+    data = bytearray(nxt.read_bytes())
+    data[offsets[2] + 20] ^= 0xFF  # bit rot in the second carried write: valid frames follow it
+    nxt.write_bytes(bytes(data))
+    assert not bk.verify(config.data_dir).ok  # it says 'verify --repair' keeps every valid frame
+    bk.repair(config.data_dir, config)  # raised the same CorruptionError, over and over
+    assert bk.verify(config.data_dir).ok
+    lost = ids[21]
+    with _reopened(config) as reopened:
+        assert [i for i in ids if reopened.get(i) is None] == [lost]
+    assert list(config.data_dir.glob(f"{files.NEXT_JOURNAL_FILE}.damaged-*"))  # the original, set aside
 
 
 def test_a_full_disk_at_the_journal_switch_keeps_the_journal_in_use(config: Config,

@@ -14,7 +14,7 @@ import pytest
 from conftest import HashEmbedder
 from store_util import abandon
 
-from reachy_memory import Config, CorruptionError, FormatVersionError, MemoryStore, ValidationError
+from reachy_memory import Config, CorruptionError, FormatVersionError, MemoryStore, StorageFullError, ValidationError
 from reachy_memory import _persistence as files
 from reachy_memory import backup as bk
 from reachy_memory import journal as jr
@@ -395,3 +395,28 @@ def test_restores_within_one_second_keep_every_store_they_replace(tmp_path: Path
         if path.name.endswith("-1800000000"):
             os.replace(path, original / path.name.removesuffix(".before-restore-1800000000"))
     assert _present(config.replace("memory", path=str(original)), ids) == len(ids)
+
+
+@pytest.mark.parametrize("fails", [1, 2])  # writing the backup's copy; writing the new journal
+def test_a_restore_that_fails_puts_the_store_it_replaced_back(tmp_path: Path, config: Config,
+                                                              monkeypatch: pytest.MonkeyPatch, fails: int) -> None:
+    with MemoryStore(config=config.replace("memory", path=str(tmp_path / "other")), embedder=None) as other:
+        other.store("backup")
+        backup = other.backup(tmp_path / "other.rms")["path"]
+    ids = _two_generations(config)
+    before = sorted(p.name for p in config.data_dir.iterdir())
+    real, calls = jr.write_atomic, {"n": 0}
+
+    def full(path: Path, *args: Any, **kwargs: Any) -> int:
+        calls["n"] += 1
+        if calls["n"] == fails:
+            raise StorageFullError(f"cannot write {path}: the disk is full", path=str(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(jr, "write_atomic", full)
+    with pytest.raises(StorageFullError):
+        bk.restore(backup, config.data_dir, force=True)
+    monkeypatch.undo()
+    # every file moved aside: the directory opened as a new, empty store
+    assert sorted(p.name for p in config.data_dir.iterdir()) == before
+    assert _present(config, ids) == len(ids)
