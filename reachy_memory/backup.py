@@ -267,8 +267,13 @@ def prune(directory: str | Path, keep: int, *, written: str | Path | None = None
     if keep < 1:
         raise ValidationError("--keep must be at least 1", field="keep")
     newest = Path(written).expanduser().resolve() if written is not None else None
-    backups = sorted(p for p in _backups_in(Path(directory).expanduser()) if p.resolve() != newest)
-    old = backups[:max(0, len(backups) - (keep - 1 if newest is not None else keep))]
+    listed = _backups_in(Path(directory).expanduser())
+    backups = sorted(p for p in listed if p.resolve() != newest)
+    # ``written`` takes one of the ``keep`` places only when it is there: a daemon on another
+    # machine or mount namespace wrote it where this listing cannot see it, and "keep 1"
+    # then deleted every backup this side has.
+    kept = keep - 1 if len(backups) < len(listed) else keep
+    old = backups[:max(0, len(backups) - kept)]
     old += _abandoned_temps(Path(directory).expanduser())
     for path in old:
         try:

@@ -175,6 +175,15 @@ def test_prune_keeps_the_backup_just_written_whatever_the_clock_said(tmp_path: P
     assert bk.prune(tmp_path, 1, written=written) == [str(later[2])]
 
 
+def test_prune_keeps_n_when_the_backup_just_written_is_not_in_the_listing(tmp_path: Path) -> None:
+    # a daemon reached over tcp:// (or in another mount namespace) wrote it where this side
+    # cannot see it: --keep 1 deleted every backup here
+    here = [_backup_file(tmp_path / f"memory-2026110{i}T000000Z.rms") for i in range(1, 4)]
+    elsewhere = tmp_path / "other-machine" / "memory-20261104T000000Z.rms"
+    assert bk.prune(tmp_path, 1, written=elsewhere) == [str(p) for p in here[:2]]
+    assert sorted(tmp_path.glob("memory-*.rms")) == [here[2]]
+
+
 def test_prune_removes_the_temp_files_of_backups_whose_writer_died(tmp_path: Path) -> None:
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True, check=True, timeout=60).stdout.strip()
