@@ -46,7 +46,7 @@ from ._records import Record
 from ._supersession import decide
 from .errors import NotFoundError, ReachyMemoryError, ValidationError
 from .model import SEARCH_LIMIT, SEARCH_MIN_SCORE, Memory, MemoryType, SearchResult, check_unicode
-from .people import Person, PersonRegistry, Resolution, check_metadata, person_from_op
+from .people import Person, PersonRegistry, Resolution, check_metadata, person_from_op, visible_to
 
 if TYPE_CHECKING:
     import threading
@@ -590,8 +590,7 @@ class PeopleMixin:
         persons that user knows (theirs and the household's): a fact another user shared
         about one of their own persons ("my therapist") does not give away that person's name."""
         people = (self._people.get(p) for p in rec.subjects)
-        return tuple(p.display_name for p in people
-                     if p is not None and (owner is None or p.owner is None or p.owner == owner))
+        return tuple(p.display_name for p in people if p is not None and visible_to(p, owner))
 
 
 def _named_in(content: str) -> set[tuple[str | None, str | None, str | None]]:

@@ -284,7 +284,7 @@ def prune(directory: str | Path, keep: int, *, written: str | Path | None = None
 
 
 # write_atomic's temp file for a backup: ".<name>.tmp-<pid>-<thread>"
-BACKUP_TEMP = re.compile(r"\.memory-\d{8}T\d{6}Z\.rms\.tmp-(\d+)-\d+")
+BACKUP_TEMP = jr.temp_pattern(BACKUP_NAME.pattern)
 
 
 def _abandoned_temps(directory: Path) -> list[Path]:

@@ -397,6 +397,17 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def temp_path(path: Path) -> Path:
+    """The temp file :func:`write_atomic` writes ``path`` through: ``.<name>.tmp-<pid>-<thread>``."""
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+
+
+def temp_pattern(name_pattern: str) -> re.Pattern[str]:
+    """Matches :func:`temp_path` names of files whose names match ``name_pattern``; group 1
+    is the writer's pid."""
+    return re.compile(rf"\.{name_pattern}\.tmp-(\d+)-\d+")
+
+
 def write_atomic(path: Path, chunks: Iterable[bytes | memoryview], *, durable: bool = True) -> int:
     """Write ``chunks`` to ``path`` (mode 0600) through a temp file, fsync and rename.
 
@@ -404,7 +415,7 @@ def write_atomic(path: Path, chunks: Iterable[bytes | memoryview], *, durable: b
     (:class:`StorageFullError` when the disk is full); the old file, if any, is
     left untouched.
     """
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+    tmp = temp_path(path)
     written = 0
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

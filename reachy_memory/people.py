@@ -212,7 +212,7 @@ class PersonRegistry:
         """The person a reference means (see module doc), or None. Raises ValidationError on bad input."""
         _check_text(reference, "reference", MAX_REFERENCE_CHARS)
         by_id = self.get(reference.strip())
-        if by_id is not None and _visible_to(by_id, owner):
+        if by_id is not None and visible_to(by_id, owner):
             return by_id
         return self._match(parse_reference(reference), owner)
 
@@ -239,7 +239,7 @@ class PersonRegistry:
         return first[0] if len(first) == 1 else None  # a first name only counts when unique
 
     def _visible(self, owner: str | None) -> list[Person]:
-        return [p for p in self._people.values() if _visible_to(p, owner)]
+        return [p for p in self._people.values() if visible_to(p, owner)]
 
     # -- planners: return ops, never change state ------------------------------------
 
@@ -265,7 +265,7 @@ class PersonRegistry:
         """
         ref = _reference(reference)
         by_id = self.get(reference.strip())
-        if by_id is not None and _visible_to(by_id, owner):
+        if by_id is not None and visible_to(by_id, owner):
             return Resolution(by_id, False, None)
         return self._resolve_ref(ref, owner, create)
 
@@ -366,7 +366,7 @@ class PersonRegistry:
         for person_id in recent:
             person = self.get(person_id)
             gender = pronoun_gender(person.relation) if person else None
-            if person is not None and _visible_to(person, owner) and gender in (None, pronoun):
+            if person is not None and visible_to(person, owner) and gender in (None, pronoun):
                 return Resolution(person, False, None)
         return Resolution(None, False, None)
 
@@ -431,7 +431,8 @@ def person_from_op(op: dict[str, Any]) -> Person:
     return person
 
 
-def _visible_to(person: Person, owner: str | None) -> bool:
+def visible_to(person: Person, owner: str | None) -> bool:
+    """Whether ``owner`` sees ``person``: their own or the household's (None sees everyone)."""
     return owner is None or person.owner is None or person.owner == owner
 
 

@@ -747,8 +747,15 @@ class MemoryStore(PeopleMixin):
 
     def _stored_text(self, rec: Record) -> str:
         """What is embedded for a stored memory: a turn with the turn it follows."""
-        before = self._state.records.get(rec.follows) if rec.follows is not None else None
-        return ingest.context_text(rec, before, self._config)
+        return ingest.context_text(rec, self._turn_before(rec), self._config)
+
+    def _turn_before(self, rec: Record, pairwise: Mapping[str, Record] | None = None) -> Record | None:
+        """The turn ``rec`` is embedded with: the one it ``follows`` (None if that is gone);
+        for a turn stored before turns recorded it (``follows`` None), its entry in
+        ``pairwise`` (:meth:`MemoryState.previous_turns`), when given.  Under the lock."""
+        if rec.follows is not None:
+            return self._state.records.get(rec.follows)
+        return pairwise.get(rec.id) if pairwise is not None else None
 
     def _decayed(self, rec: Record, now: float) -> bool:
         decay = self._config.decay
@@ -820,13 +827,12 @@ class MemoryStore(PeopleMixin):
         return len(todo)
 
     def _turns_followed(self, recs: list[Record]) -> dict[str, Record | None]:
-        """The turn each of ``recs`` is embedded with, as the write and the backfill
-        (:meth:`_stored_text`) take it: the one it ``follows`` (None if that is gone); a
-        turn stored before turns recorded it (``follows`` None) takes the turn stored just
-        before it.  Under the lock."""
-        pairwise = self._state.previous_turns()
-        return {r.id: self._state.records.get(r.follows) if r.follows is not None else pairwise.get(r.id)
-                for r in recs}
+        """The turn each of ``recs`` is embedded with by a reindex: :meth:`_turn_before`, with
+        the turn stored just before for a turn stored before turns recorded what they
+        follow (the backfill has no such fallback).  Under the lock."""
+        unlinked = any(r.follows is None and r.type == MemoryType.CONVERSATION.value for r in recs)
+        pairwise = self._state.previous_turns() if unlinked else None  # sorts every turn: only when needed
+        return {r.id: self._turn_before(r, pairwise) for r in recs}
 
     def _reembed(self, recs: list[Record], previous: Mapping[str, Record | None]) -> None:
         vectors = self._embed([ingest.context_text(r, previous.get(r.id), self._config) for r in recs])
