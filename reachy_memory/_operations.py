@@ -20,7 +20,9 @@ on ``client._Api`` (both clients get it), then regenerate the reference.
 Lanes: ``inline`` ops are answered on the I/O thread from lock-free views
 (they never wait behind a search or a compaction); ``embed`` ops embed on the
 embedding thread, then commit on the engine thread; ``engine`` ops run on the
-engine thread in arrival order.
+engine thread in arrival order; ``background`` ops (a backup) run on a thread of
+their own, one at a time, taking the store lock only briefly: the engine goes on
+meanwhile.
 """
 
 from __future__ import annotations
@@ -72,7 +74,7 @@ class Op:
     """One operation of the protocol."""
 
     name: str
-    lane: str  # "inline" | "embed" | "engine"
+    lane: str  # "inline" | "embed" | "engine" | "background"
     args: tuple[Arg, ...]
     result: str
     doc: str
@@ -154,7 +156,7 @@ _ROWS = [
         "Set named session context (a CONTEXT memory, until the end of the day)."),
     _op("get_context", "inline", [_req("key", STR)], "str | null", "The value of named context."),
     # -- maintenance -----------------------------------------------------------------------------
-    _op("backup", "engine", [_req("path", STR), _opt("force", BOOL, False)], '{"path", "bytes", "memories"}',
+    _op("backup", "background", [_req("path", STR), _opt("force", BOOL, False)], '{"path", "bytes", "memories"}',
         "A consistent snapshot file on the daemon's machine (a directory gets a timestamped file)."),
     _op("compact", "engine", [], "null", "Fold the journal into a snapshot now."),
     # -- people-aware memory (issue 10) ----------------------------------------------------------
@@ -213,7 +215,8 @@ IDEMPOTENT = frozenset({"ping", "health", "stats", "get", "get_context", "get_co
                         "store_batch", "remember_fact", "remember_conversation", "export", "import", "recall",
                         "history", "find_person", "person_by_external_id", "people", "note", "context_for"})
 OPERATIONS: dict[str, Op] = {op.name: op for op in _ROWS}
-LANES = {lane: frozenset(o.name for o in _ROWS if o.lane == lane) for lane in ("inline", "embed", "engine")}
+LANES = {lane: frozenset(o.name for o in _ROWS if o.lane == lane)
+         for lane in ("inline", "embed", "engine", "background")}
 
 
 def check_args(op: Op, args: dict[str, Any]) -> dict[str, Any]:
@@ -249,7 +252,8 @@ def protocol_doc() -> str:
              "`python -m reachy_memory._operations > docs/PROTOCOL.md`; the framing, errors and the",
              "memory map are described in `reachy_memory/protocol.py`. `name?` is optional, "
              "`name = value` has a default. Lanes: inline (I/O thread, never waits), embed",
-             "(embedding thread, then engine), engine (engine thread, in order). Retried: the clients send",
+             "(embedding thread, then engine), engine (engine thread, in order), background (a thread of its own, one",
+             "at a time; the engine goes on meanwhile). Retried: the clients send",
              "it again after a timeout (reads, and writes with client-made ids).", "",
              "`where` filters mean what they mean in ChromaDB 1.5.9 (`$eq $ne $gt $gte $lt $lte $in $nin $and "
              "$or`, nested;", "`$ne` and `$nin` also match memories that lack the key): 300 generated filters "

@@ -11,7 +11,9 @@ while writes go on (``compact_in_background``).
 Threads: the holder of ``lock`` (the daemon's engine thread) owns
 ``journal``, ``generation`` and the state; the compaction thread owns its
 frozen view and the snapshot file it writes, and takes ``lock`` for the
-final switch.  At most one background compaction runs at a time.
+final switch.  At most one background compaction runs at a time.  A backup
+works the same way on its caller's thread (the daemon's backup thread): the
+lock only to freeze and to thaw, the file written from the frozen view.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +49,7 @@ class _Compaction:
     follows: tuple[int, int]  # (journal generation, offset): where the ops after the snapshot start
     frozen: Frozen
     head: dict[str, Any]
+    lexical: Callable[[], dict[str, Any]]  # builds the snapshot's lexical state when frozen holds none
     carried_to: int | None = None  # the journal offset up to which ops are already in the next journal
 
 
@@ -61,7 +64,8 @@ class Storage:
         self.journal_generation = self.generation
         self.compacting: threading.Thread | None = None
         self.closed = False  # set under the lock by close(): no write reaches the files after it
-        self.closing = False  # set by close() first: no background compaction starts after it
+        self.closing = False  # set by close() first: no background compaction or backup starts after it
+        self._backups = _Tally()  # backups being written (any threads); close() waits for them
         self.journal: jr.Journal
 
     def rebuilt_from(self, generation: int) -> None:
@@ -132,12 +136,13 @@ class Storage:
 
     @contextlib.contextmanager
     def quiesced(self) -> Iterator[None]:
-        """Hold the lock with no background compaction running (a finishing one needs
-        the lock, so it is waited for first; one started meanwhile is waited for too)."""
+        """Hold the lock with no background compaction and no backup running (a finishing
+        one needs the lock, so it is waited for first; one started meanwhile is waited for too)."""
         while True:
             self.wait()
+            self._backups.wait_none()
             self.lock.acquire()
-            if self.compacting is None:
+            if self.compacting is None and not self._backups.count:
                 break
             self.lock.release()
         try:
@@ -146,16 +151,28 @@ class Storage:
             self.lock.release()
 
     def backup(self, target: Path) -> tuple[int, int]:
-        """Write a consistent snapshot of the state to ``target`` (fsynced); returns
-        (bytes, memories).  The caller checked the target."""
+        """Write a consistent snapshot of the state now to ``target`` (fsynced); returns
+        (bytes, memories).  The caller checked the target.
+
+        Any thread: the lock is held only to freeze the state and to thaw it (a few
+        ms at 100k memories); writes and searches go on while the file is written,
+        and stay out of it.  :meth:`close` waits for a backup being written.
+        Raises ClosedError once the store is closing or closed.
+        """
         with self.lock:
             self._require_open()
-            frozen = self.state.freeze(with_lexical=True)
-            try:
-                sections = snapshot_sections(frozen, self._snapshot_head(self.generation), frozen.lexical or {})
-                return jr.write_snapshot(target, sections), len(frozen.records)
-            finally:
+            if self.closing:
+                raise ClosedError("this MemoryStore is closing")
+            frozen = self.state.freeze(with_lexical=False)
+            head, lexical = self._snapshot_head(self.generation), self._lexical_of(frozen)
+            self._backups.enter()
+        try:
+            with _short_gil_slices():
+                return jr.write_snapshot(target, snapshot_sections(frozen, head, lexical)), len(frozen.records)
+        finally:
+            with self.lock:
                 self.state.thaw()
+            self._backups.leave()
 
     def graph_tag(self) -> str:
         return f"{self.generation}:{self.state.current_key}"
@@ -271,17 +288,21 @@ class Storage:
         files.write_next_journal(self.path, generation, follows)
         frozen = self.state.freeze(with_lexical=not background)
         head = self._snapshot_head(generation) | {"follows": list(follows)}
-        return _Compaction(generation, follows, frozen, head)
+        return _Compaction(generation, follows, frozen, head, self._lexical_of(frozen))
 
     def _write_snapshot(self, job: _Compaction) -> None:
         """Write the snapshot of the frozen view durably, keeping the previous one (any thread)."""
-        frozen, live = job.frozen, self.state.lexical
-        # In the background the live index keeps changing: the snapshot's is built from
-        # the frozen records, once they are written (sharing the live tokenizer, which
-        # is thread-safe, and its stem cache).
-        lexical = frozen.lexical if frozen.lexical is not None else (
-            lambda: words_state(frozen.records, live.previous_weight, live.tokenizer))
+        frozen = job.frozen
+        lexical = frozen.lexical if frozen.lexical is not None else job.lexical
         files.write_snapshot_keeping_previous(self.path, snapshot_sections(frozen, job.head, lexical))
+
+    def _lexical_of(self, frozen: Frozen) -> Callable[[], dict[str, Any]]:
+        """Under the lock: what builds the lexical state of ``frozen`` on any thread.
+        The live index keeps changing while a snapshot is written in the background, so
+        the snapshot's is built from the frozen records once they are written (sharing
+        the live tokenizer, which is thread-safe, and its stem cache)."""
+        weight, tokenizer = self.state.lexical.previous_weight, self.state.lexical.tokenizer
+        return lambda: words_state(frozen.records, weight, tokenizer)
 
     def _carry_unlocked(self, job: _Compaction) -> None:
         """Compaction thread, no lock: copy the frames appended since the freeze so far
@@ -351,17 +372,49 @@ def _log_kept(exc: ReachyMemoryError) -> None:
     log.warning("journal kept in use after a compaction (%s); the next compaction retries", exc)
 
 
+_slices_lock = threading.Lock()
+_slices: list[float] = [0, 0.0]  # [jobs inside, the switch interval before the first]
+
+
 @contextlib.contextmanager
 def _short_gil_slices(seconds: float = 0.0005) -> Iterator[None]:
     """Shorten the interpreter's thread switch interval while a CPU-bound background job
     runs: a thread that holds the store lock and waits for the GIL after a system call
     would otherwise wait up to the default 5 ms each time, and a commit makes several.
-    The garbage collector waits too (the rows made here hold no cycles)."""
-    before = sys.getswitchinterval()
-    sys.setswitchinterval(min(before, seconds))
+    The garbage collector waits too (the rows made here hold no cycles).  Jobs may
+    overlap (a backup during a compaction): the last one out restores the interval."""
+    with _slices_lock:
+        if _slices[0] == 0:
+            _slices[1] = sys.getswitchinterval()
+            sys.setswitchinterval(min(_slices[1], seconds))
+        _slices[0] += 1
     try:
         with gc_paused():  # the snapshot's 100k short-lived rows would trigger full collections
             yield
     finally:
-        sys.setswitchinterval(before)
+        with _slices_lock:
+            _slices[0] -= 1
+            if _slices[0] == 0:
+                sys.setswitchinterval(_slices[1])
 
+
+class _Tally:
+    """How many jobs of one kind are running, and a wait for none (any threads)."""
+
+    def __init__(self) -> None:
+        self._none = threading.Condition(threading.Lock())
+        self.count = 0
+
+    def enter(self) -> None:
+        with self._none:
+            self.count += 1
+
+    def leave(self) -> None:
+        with self._none:
+            self.count -= 1
+            if not self.count:
+                self._none.notify_all()
+
+    def wait_none(self) -> None:
+        with self._none:
+            self._none.wait_for(lambda: not self.count)

@@ -8,6 +8,8 @@ Threads, so that the robot's control loop never waits behind slow work::
     embed thread        embeds queries and new memories (onnxruntime releases the GIL)
     engine thread       the only thread that mutates the store or searches its indexes;
                         idle time inserts pending vectors into the graph
+    background thread   writes backups from a frozen view of the store, one at a time
+                        (the store lock only to freeze and thaw: the engine goes on)
 
 Queues between them are bounded: when one is full the request is answered
 ``busy`` at once.  A request's ``timeout_ms`` is checked before work starts.
@@ -78,6 +80,7 @@ IDLE_SLICE = 0.04  # seconds of upkeep per idle tick (the engine then checks its
 MODEL_POLL_SECONDS = 5.0  # a daemon started before 'model fetch' looks for the weights this often (stat calls)
 INLINE = LANES["inline"]  # answered on the I/O thread (lock-free views)
 EMBEDDED = LANES["embed"]  # embedded on the embedding thread, committed on the engine thread
+BACKGROUND = LANES["background"]  # long jobs on a thread of their own (a backup of 100k memories: seconds)
 # SIGTERM's worst case, part by part: the I/O loop lets in-flight requests finish for up to
 # server.drain_seconds; _shutdown gives both workers STOP_WORKERS_SECONDS in all (one deadline
 # for their sentinels and joins); the store's close (a closing compaction, after any background
@@ -229,6 +232,7 @@ class Daemon:
         self._ctx = zmq.Context()
         self._embed_q: queue.Queue[_Job | None] = queue.Queue(config.server.queue_size)
         self._engine_q: queue.Queue[_Job | Callable[[], None] | None] = queue.Queue(config.server.queue_size)
+        self._background_q: queue.Queue[_Job | None] = queue.Queue(1)  # one running, one waiting
         self._stats: dict[str, _OpStats] = {}  # op -> stats; threads add ops by setdefault
         self.bad_requests = BadRequestLog()
         self.replies_dropped = 0  # I/O thread only
@@ -236,6 +240,7 @@ class Daemon:
         self._engine_beat = time.monotonic()
         self._upkeep_left = False  # engine thread: the last idle slice ended with index work left
         self.last_cleanup: dict[str, Any] | None = None
+        self.backup_running: tuple[str, float] | None = None  # background thread sets it: (path, since)
         self._trim_due = threading.Event()  # the I/O loop sets it every server.heap_trim_seconds
         self._trims: list[float] = []  # engine thread appends; durations (ms) of the last heap trims
         self._auth: Any = None
@@ -289,7 +294,8 @@ class Daemon:
         replies = self._ctx.socket(zmq.PULL)
         replies.bind(REPLIES)
         workers = [threading.Thread(target=self._embed_loop, name="embed", daemon=True),
-                   threading.Thread(target=self._engine_loop, name="engine", daemon=True)]
+                   threading.Thread(target=self._engine_loop, name="engine", daemon=True),
+                   threading.Thread(target=self._background_loop, name="background", daemon=True)]
         for w in workers:
             w.start()
         self._engine_q.put(self._cleanup)  # at start-up, then every cleanup_interval
@@ -440,7 +446,8 @@ class Daemon:
         return _Job(envelope, request_id, op, args, deadline, now)
 
     def _enqueue(self, router: zmq.Socket, job: _Job) -> None:
-        target = self._embed_q if job.op in EMBEDDED else self._engine_q
+        target: queue.Queue[Any] = (self._embed_q if job.op in EMBEDDED else
+                                    self._background_q if job.op in BACKGROUND else self._engine_q)
         self._inflight += 1  # before the put: the engine must never see the job queued but not in flight
         self._enqueued += 1
         try:
@@ -448,7 +455,8 @@ class Daemon:
         except queue.Full:
             self._inflight -= 1
             self._record(job.op, time.monotonic() - job.received, failed=True)
-            busy = BusyError("daemon queues are full")
+            busy = BusyError("a backup is being written and another waits; try again when they are done"
+                             if job.op in BACKGROUND else "daemon queues are full")
             self._reply(router, [*job.envelope, proto.error_from(job.request_id, busy)])
 
     def _enqueue_internal(self, task: Callable[[], None]) -> None:
@@ -489,6 +497,13 @@ class Daemon:
                 push.send_multipart([*item.envelope, self._run(item, self._handlers)])
             else:
                 self._internal(item)
+        push.close()
+
+    def _background_loop(self) -> None:
+        """Background thread: long jobs (backups), one at a time, beside the engine."""
+        push = self._push_socket()
+        while (job := self._background_q.get()) is not None:
+            push.send_multipart([*job.envelope, self._run(job, self._handlers)])
         push.close()
 
     def _internal(self, task: Callable[[], None]) -> None:
@@ -604,12 +619,14 @@ class Daemon:
             self._trims = [*self._trims[-99:], (time.monotonic() - started) * 1000]
 
     def health(self) -> dict[str, Any]:
-        """Liveness summary: embedder state, counts, last cleanup, uptime."""
-        read_only = self.store.read_only
+        """Liveness summary: embedder state, counts, last cleanup, a backup being written, uptime."""
+        read_only, running = self.store.read_only, self.backup_running
         status = "stopping" if self._stopping.is_set() else "read_only" if read_only else "ok"
         return {"status": status, "read_only": read_only,
                 "embedder": describe(self.store.embedder) | {"error": self.store.embedder_error},
                 "memories": len(self.store), "last_cleanup": self.last_cleanup,
+                "backup_running": running and {"path": running[0],
+                                               "seconds": round(time.monotonic() - running[1], 3)},
                 "uptime_s": round(time.time() - self._started, 3), "endpoint": self.endpoint,
                 "data_dir": str(self.store.path.resolve())}  # absolute: a client compares it from elsewhere
 
@@ -624,7 +641,8 @@ class Daemon:
                 ops[op]["stages_p50_ms"] = {name: round(1000 * float(np.percentile(v.values(), 50)), 3)
                                             for name, v in sorted(s.stages.items())}
         return {"ops": ops, "store": self.store.stats(), "uptime_s": round(time.time() - self._started, 3),
-                "queues": {"embed": self._embed_q.qsize(), "engine": self._engine_q.qsize()},
+                "queues": {"embed": self._embed_q.qsize(), "engine": self._engine_q.qsize(),
+                           "background": self._background_q.qsize()},
                 "replies_dropped": self.replies_dropped, "heap_trims": _trim_summary(self._trims)}
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -646,12 +664,13 @@ class Daemon:
             log.info("stopping: finishing %d in-flight requests", self._inflight)
 
     def _shutdown(self, workers: list[threading.Thread], router: zmq.Socket, replies: zmq.Socket) -> None:
-        """Stop the embed thread, then the engine thread (their sentinels and joins share
-        one deadline, STOP_WORKERS_SECONDS from now; a worker still busy then is left
-        running), forward the last replies, close the store and release the endpoint."""
+        """Stop the embed thread, then the engine and background threads (their sentinels
+        and joins share one deadline, STOP_WORKERS_SECONDS from now; a worker still busy
+        then is left running, and the store's close waits for a backup being written),
+        forward the last replies, close the store and release the endpoint."""
         deadline = time.monotonic() + STOP_WORKERS_SECONDS
-        stages: list[tuple[queue.Queue[Any], threading.Thread]] = [(self._embed_q, workers[0]),
-                                                                  (self._engine_q, workers[1])]
+        queues: list[queue.Queue[Any]] = [self._embed_q, self._engine_q, self._background_q]
+        stages = list(zip(queues, workers, strict=True))
         for jobs, worker in stages:
             try:
                 jobs.put(None, timeout=max(0.0, deadline - time.monotonic()))
@@ -747,7 +766,11 @@ def _backup(d: Daemon, job: _Job) -> dict[str, Any]:
         raise ValidationError("path must be a non-empty string", field="path")
     if not os.path.isabs(os.path.expanduser(path)):  # else it lands in the daemon's working directory
         raise ValidationError(f"backup path {path[:200]!r} must be absolute", field="path")
-    return d.store.backup(path, force=job.args["force"])
+    d.backup_running = (path, time.monotonic())
+    try:
+        return d.store.backup(path, force=job.args["force"])
+    finally:
+        d.backup_running = None
 
 
 def _remove_stale_socket(path: Path) -> None:

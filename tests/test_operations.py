@@ -34,8 +34,9 @@ def test_the_protocol_reference_is_generated_from_the_table() -> None:
 
 
 def test_every_lane_is_known() -> None:
-    assert {op.lane for op in OPERATIONS.values()} <= {"inline", "embed", "engine"}
+    assert {op.lane for op in OPERATIONS.values()} <= {"inline", "embed", "engine", "background"}
     assert OPERATIONS["ping"].lane == "inline" and OPERATIONS["search"].lane == "embed"
+    assert OPERATIONS["backup"].lane == "background"  # a backup of 100k memories must not stop the engine
 
 
 @pytest.mark.parametrize(("op", "args", "field"), [

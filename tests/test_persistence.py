@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +16,15 @@ import pytest
 from conftest import HashEmbedder
 from store_util import abandon
 
-from reachy_memory import Config, CorruptionError, FormatVersionError, MemoryStore, StorageFullError, ValidationError
+from reachy_memory import (
+    ClosedError,
+    Config,
+    CorruptionError,
+    FormatVersionError,
+    MemoryStore,
+    StorageFullError,
+    ValidationError,
+)
 from reachy_memory import _persistence as files
 from reachy_memory import backup as bk
 from reachy_memory import journal as jr
@@ -177,6 +187,107 @@ def test_backup_target_rules(tmp_path: Path, config: Config) -> None:
         assert Path(info["path"]).parent == tmp_path / "backups" and bk.verify(info["path"]).ok
         assert store.backup(info["path"])["path"] == info["path"]  # an old backup may be replaced
         assert store.backup(other, force=True)["memories"] == 1
+
+
+class _HeldBackup:
+    """A backup whose file write waits until released: what a long backup (100k memories
+    on an SD card, seconds) looks like to the threads around it."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, store: MemoryStore, target: Path) -> None:
+        self.writing, self.release, self.result = threading.Event(), threading.Event(), {}
+        real = jr.write_snapshot
+
+        def held(path: Path, frames: Any, *args: Any) -> int:
+            if path == target:
+                self.writing.set()
+                assert self.release.wait(20)
+            return real(path, frames, *args)
+
+        monkeypatch.setattr(jr, "write_snapshot", held)
+        self.thread = threading.Thread(target=lambda: self.result.update(store.backup(target)), daemon=True)
+        self.thread.start()
+        assert self.writing.wait(10), "the backup never started writing"
+
+    def finish(self) -> dict[str, Any]:
+        self.release.set()
+        self.thread.join(10)
+        assert not self.thread.is_alive()
+        return self.result
+
+
+@pytest.mark.timeout(60)
+def test_a_backup_being_written_holds_up_no_write_or_search_and_keeps_its_moment(
+        config: Config, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The store lock is taken only to freeze the state and to thaw it: while the file is
+    written, writes, deletes and searches go on (before, the whole write held the lock: at
+    100k memories ~1.2 s of a daemon's engine, every search waiting), and the backup holds
+    the store as it was when asked for, vectors included (a slot freed meanwhile is not
+    reused under the writer's feet)."""
+    emb = HashEmbedder()
+    store = MemoryStore(config=config, embedder=emb)
+    before = store.store_batch([{"content": f"fact {i}"} for i in range(50)])
+    rows = {m.id: store._state.vectors.matrix[store._state.records[m.id].slot].copy() for m in before}
+    held = _HeldBackup(monkeypatch, store, tmp_path / "b.rms")
+    meanwhile: list[Any] = []
+
+    def use() -> None:
+        assert store.forget(before[0].id)
+        meanwhile.extend(store.store_batch([{"content": f"late {i}"} for i in range(30)]))
+        meanwhile.append(store.search("fact 7", limit=3))
+
+    user = threading.Thread(target=use, daemon=True)
+    user.start()
+    user.join(10)
+    waited = user.is_alive()
+    info = held.finish()
+    user.join(10)
+    assert not waited, "a write or a search waited for the backup being written"
+    assert len(meanwhile) == 31 and meanwhile[-1], "the writes and the search did not all finish"
+    assert info["memories"] == 50 and bk.verify(info["path"]).ok
+    abandon(store)
+    bk.restore(info["path"], tmp_path / "restored")
+    with MemoryStore(config=config.replace("memory", path=str(tmp_path / "restored")), embedder=emb) as back:
+        assert sorted(back._state.records) == sorted(rows)  # the deleted one in, the late ones out
+        matrix = back._state.vectors.matrix
+        assert all(np.array_equal(matrix[back._state.records[i].slot], v) for i, v in rows.items())
+        assert back.search("fact 7", limit=1)[0].memory.content == "fact 7"
+
+
+@pytest.mark.timeout(60)
+def test_close_waits_for_a_backup_being_written_and_refuses_new_ones(
+        config: Config, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    store = MemoryStore(config=config, embedder=None)
+    store.store_batch([{"content": f"fact {i}"} for i in range(20)])
+    held = _HeldBackup(monkeypatch, store, tmp_path / "b.rms")
+    closer = threading.Thread(target=store.close, daemon=True)
+    closer.start()
+    closer.join(0.3)
+    waited = closer.is_alive()  # the frozen view must outlive the write
+    with pytest.raises(ClosedError):
+        store.backup(tmp_path / "c.rms")  # closing: refused at once, not queued behind the lock
+    info = held.finish()
+    closer.join(10)
+    assert waited and not closer.is_alive()
+    assert info["memories"] == 20 and bk.verify(info["path"]).ok
+    assert not (tmp_path / "c.rms").exists()
+    with pytest.raises(ClosedError):
+        store.backup(tmp_path / "c.rms")
+
+
+def test_overlapping_background_jobs_give_back_the_switch_interval() -> None:
+    """A backup and a compaction each shorten the interpreter's switch interval, and end
+    in either order: the last one out restores it (each restoring what it found left the
+    short interval for good when they ended in the order they began)."""
+    from reachy_memory._storage import _short_gil_slices
+
+    original = sys.getswitchinterval()
+    first, second = _short_gil_slices(), _short_gil_slices()
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert sys.getswitchinterval() < original  # one job still runs
+    second.__exit__(None, None, None)
+    assert sys.getswitchinterval() == original
 
 
 @pytest.mark.timeout(20)

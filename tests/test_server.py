@@ -409,6 +409,49 @@ def test_backup_during_write_storm_verifies_and_restores(tmp_path: Path) -> None
         bk.restore(dest, restored)  # refuses to overwrite without --force
 
 
+def _words_only_daemon(tmp_path: Path, memories: int) -> DaemonProcess:
+    """A daemon (not started) over ``memories`` facts, without the model (no embedding to wait for)."""
+    d = DaemonProcess(tmp_path, embedding={"enabled": False})
+    with MemoryStore(d.data, config=d.config, embedder=None) as store:
+        for start in range(0, memories, 1000):
+            store.store_batch([{"content": f"the fox number {i} ran along the river bank at dawn"}
+                               for i in range(start, min(start + 1000, memories))])
+    return d
+
+
+def test_searches_and_writes_are_answered_while_a_backup_is_written(tmp_path: Path) -> None:
+    """The backup runs on a thread of its own: while health says it is being written, a
+    search and a store (engine ops) are answered (they used to queue behind it: at 100k
+    memories ~1.2 s of a stopped engine, the control loop's searches waiting); the backup
+    holds the store as it was when asked for."""
+    d = _words_only_daemon(tmp_path, 30_000).start()
+    dest, out, seen = tmp_path / "backup.rms", {}, []
+
+    def take_backup() -> None:
+        with d.client(timeout=60) as c:
+            out.update(c.backup(str(dest)))
+
+    taker = threading.Thread(target=take_backup, daemon=True)
+    try:
+        with d.client(timeout=10) as c:
+            taker.start()
+            deadline = time.monotonic() + 20
+            while not c.health()["backup_running"] and time.monotonic() < deadline:
+                time.sleep(0.002)
+            seen.append(c.health()["backup_running"])
+            found = c.search("fox number 123 river", mode="lexical", limit=3)
+            stored = c.store("written while the backup was being written")
+            seen.append(c.health()["backup_running"])
+            taker.join(60)
+            assert c.health()["backup_running"] is None and c.stats()["queues"]["background"] == 0
+    finally:
+        assert d.stop() == 0
+    assert seen[0] and seen[0]["path"] == str(dest)
+    assert seen[1] is not None, "the search and the store waited for the backup"
+    assert found[0].memory.content.startswith("the fox number 123 ") and stored.id
+    assert out["memories"] == 30_000 and bk.verify(dest).ok  # the late write is not in it
+
+
 def test_cheap_ops_answer_while_searches_run(daemon: DaemonProcess) -> None:
     with daemon.client() as c:
         c.store_batch([{"content": f"memory {i} about gardens and robots", "memory_type": "fact"}
@@ -660,7 +703,7 @@ class _Closable:
 
 @pytest.mark.timeout(30)
 def test_stop_gives_stuck_workers_one_shared_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Both workers busy for good and both queues full: ``_shutdown`` waits
+    """Every worker busy for good and every queue full: ``_shutdown`` waits
     STOP_WORKERS_SECONDS in all, then closes everything (it waited forever for room in
     the embed queue, then 5 + 30 + 30 s one after another, past systemd's TimeoutStopSec)."""
     import queue
@@ -676,11 +719,12 @@ def test_stop_gives_stuck_workers_one_shared_deadline(monkeypatch: pytest.Monkey
         busy.wait()
         sock.close(linger=0)
 
-    workers = [threading.Thread(target=stuck, name=name, daemon=True) for name in ("embed", "engine")]
+    names = ("embed", "engine", "background")
+    workers = [threading.Thread(target=stuck, name=name, daemon=True) for name in names]
     daemon: Any = server.Daemon.__new__(server.Daemon)  # only what _shutdown reads
-    daemon._embed_q, daemon._engine_q = queue.Queue(1), queue.Queue(1)
-    daemon._embed_q.put("job")
-    daemon._engine_q.put("job")
+    daemon._embed_q, daemon._engine_q, daemon._background_q = queue.Queue(1), queue.Queue(1), queue.Queue(1)
+    for jobs in (daemon._embed_q, daemon._engine_q, daemon._background_q):
+        jobs.put("job")
     daemon._auth, daemon.endpoint, daemon._ctx = None, "tcp://127.0.0.1:1", ctx
     daemon.store, daemon._endpoint_lock = _Closable(), _Closable()
     router, replies = _Closable(), _Closable()

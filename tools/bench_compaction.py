@@ -1,4 +1,4 @@
-"""How long compaction pauses the engine, at 100k memories.
+"""How long compaction and a backup pause the engine, at 100k memories.
 
 Builds a store of ``--memories`` memories (LoCoMo dialogue lines, with random
 unit vectors from a cheap stand-in embedder: the embedder is not what is
@@ -10,7 +10,9 @@ measured), then, several runs each:
   thread takes and releases the store lock every millisecond and records how
   long it waited, while a writer thread stores memories and reads the context
   window; we report the longest lock wait (the pause), the two locked steps
-  (freeze, finish) and the writer's latencies during the compaction.
+  (freeze, finish) and the writer's latencies during the compaction;
+* a **backup** taken on a thread of its own (as the daemon's background thread
+  takes it), with the same probe and writer.
 
     .venv/bin/python tools/bench_compaction.py --memories 100000 --runs 3
 """
@@ -91,11 +93,9 @@ def writer(store: MemoryStore, stop: threading.Event, lat: list[float]) -> None:
         time.sleep(0.002)
 
 
-def background_run(store: MemoryStore) -> dict[str, float]:
-    freeze: list[float] = []
-    finish: list[float] = []
-    timed_method(store._storage, "_begin_compaction", freeze)
-    timed_method(store._storage, "_finish_compaction", finish)
+def under_load(store: MemoryStore, job: Any) -> dict[str, float]:
+    """Run ``job()`` while the probe and the writer run; the lock waits and the writer's
+    latencies meanwhile, and the job's wall time."""
     waits: list[float] = []
     lat: list[float] = []
     stop = threading.Event()
@@ -105,20 +105,47 @@ def background_run(store: MemoryStore) -> dict[str, float]:
         t.start()
     time.sleep(0.2)
     start = time.perf_counter()
-    with store._lock:
-        store._storage.compact_in_background()
-    store._storage.wait()
+    job()
     total = time.perf_counter() - start
     stop.set()
     for t in threads:
         t.join()
+    w, s = percentiles(waits), percentiles(lat)
+    return {"total_s": total, "lock_wait_max_ms": w["max"], "lock_wait_p99_ms": w["p99"],
+            "store_p50_ms": s["p50"], "store_p99_ms": s["p99"], "store_max_ms": s["max"], "stores": s["n"]}
+
+
+def background_run(store: MemoryStore) -> dict[str, float]:
+    freeze: list[float] = []
+    finish: list[float] = []
+    timed_method(store._storage, "_begin_compaction", freeze)
+    timed_method(store._storage, "_finish_compaction", finish)
+
+    def job() -> None:
+        with store._lock:
+            store._storage.compact_in_background()
+        store._storage.wait()
+
+    result = under_load(store, job)
     for name in ("_begin_compaction", "_finish_compaction"):
         delattr(store._storage, name)
-    w = percentiles(waits)
-    s = percentiles(lat)
-    return {"total_s": total, "freeze_ms": freeze[0] * 1000, "finish_ms": finish[0] * 1000,
-            "lock_wait_max_ms": w["max"], "lock_wait_p99_ms": w["p99"],
-            "store_p50_ms": s["p50"], "store_p99_ms": s["p99"], "store_max_ms": s["max"], "stores": s["n"]}
+    return result | {"freeze_ms": freeze[0] * 1000, "finish_ms": finish[0] * 1000}
+
+
+def backup_run(store: MemoryStore, dest: Path) -> dict[str, float]:
+    """A backup taken on a thread of its own, as the daemon's background thread takes it."""
+    def job() -> None:
+        taker = threading.Thread(target=store.backup, args=(dest,))
+        taker.start()
+        taker.join()
+
+    return under_load(store, job)
+
+
+def report(label: str, r: dict[str, float]) -> None:
+    print(f"  {label}: total {r['total_s']:.2f} s, longest lock wait {r['lock_wait_max_ms']:.1f} ms, "
+          f"store+window p50/p99/max {r['store_p50_ms']:.1f}/{r['store_p99_ms']:.1f}/"
+          f"{r['store_max_ms']:.1f} ms over {r['stores']:.0f} writes", flush=True)
 
 
 def main() -> None:
@@ -141,15 +168,18 @@ def main() -> None:
             for run in range(args.runs):
                 results.append(background_run(store))
                 r = results[-1]
-                print(f"  background run {run + 1}: total {r['total_s']:.2f} s, freeze {r['freeze_ms']:.1f} ms, "
-                      f"finish {r['finish_ms']:.1f} ms, longest lock wait {r['lock_wait_max_ms']:.1f} ms, "
-                      f"store+window p50/p99/max {r['store_p50_ms']:.1f}/{r['store_p99_ms']:.1f}/"
-                      f"{r['store_max_ms']:.1f} ms over {r['stores']} writes", flush=True)
+                report(f"background compaction run {run + 1} (freeze {r['freeze_ms']:.1f} ms, finish "
+                       f"{r['finish_ms']:.1f} ms)", r)
+            backups = []
+            for run in range(args.runs):
+                backups.append(backup_run(store, Path(tmp) / "backup.rms"))
+                report(f"backup run {run + 1}", backups[-1])
             print(f"\n{args.memories:,} memories, medians of {args.runs} runs:")
             print(f"  synchronous compaction (the old pause): {statistics.median(sync) * 1000:.0f} ms")
             for key in ("freeze_ms", "finish_ms", "lock_wait_max_ms", "store_p99_ms", "store_max_ms", "total_s"):
                 print(f"  background {key}: {statistics.median(r[key] for r in results):.2f}")
-
+            for key in ("lock_wait_max_ms", "store_p99_ms", "store_max_ms", "total_s"):
+                print(f"  backup {key}: {statistics.median(r[key] for r in backups):.2f}")
 
 if __name__ == "__main__":
     main()
