@@ -26,10 +26,15 @@ hnswlib traps designed around here (and never surfaced to callers):
   below ``exact_below`` vectors no graph is used at all, because one
   matrix-vector product is faster there.
 
-Cached graphs are verified (tag, checksum, sampled vectors) and loaded in a
-background thread; until then search is exact.  A missing, stale or corrupt
-cache leaves every vector pending, so the graphs are rebuilt in idle-time
-batches instead of blocking start-up.
+Cached graphs are verified (checksum, sampled vectors) and loaded in a
+background thread; until then search is exact.  The cache lists each graph's
+nodes with a fingerprint of the vector each holds, so a cache older than the
+store (saved at the last clean close, before a crash or a power cut) is
+reused: nodes whose slot still holds that vector are kept, the others marked
+deleted, and only the vectors the cache lacks are inserted in idle-time
+batches.  A missing or corrupt cache (or one from before fingerprints, unless
+it matches the snapshot exactly) leaves every vector pending, so the graphs
+are rebuilt in idle-time batches instead of blocking start-up.
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ import os
 import threading
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import hnswlib
 import numpy as np
@@ -62,6 +67,25 @@ VECTOR_FORMAT = "bf16"  # the snapshot's vector block as written now (``vector_f
 ITEM_BYTES = {"bf16": 2, "f32": 4}  # bytes a component in each readable format (absent: "f32", before bf16)
 # bfloat16 keeps 8 significant bits: a stored component is within 2^-8 of its float32, relatively
 BF16_TOLERANCE = 2.0**-8
+PRINT_ROWS = 1024  # rows fingerprinted a step (3 MB of temporaries; the GIL is given back between steps)
+
+
+def fingerprints(bits: np.ndarray) -> np.ndarray:
+    """A 64-bit fingerprint of each bfloat16 row of ``bits`` (n, dim): the sum of its
+    components times fixed odd 64-bit weights, wrapping.  Rows that differ in one
+    component never share one (an odd weight times a 16-bit difference is never 0
+    mod 2^64); rows that differ more, by chance only (~2^-64).  That is what tells a
+    cached graph node from a slot reused by another vector."""
+    return (bits.astype(np.uint64) * _print_weights(bits.shape[1])).sum(axis=1, dtype=np.uint64)
+
+
+def _print_weights(dim: int) -> np.ndarray:
+    """``dim`` odd weights from SplitMix64: fixed by arithmetic, not by a random generator
+    whose stream a numpy release may change (the fingerprints are saved with the cache)."""
+    z = (np.arange(1, dim + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15))
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return (z ^ (z >> np.uint64(31))) | np.uint64(1)
 
 
 def to_bf16(vectors: np.ndarray) -> np.ndarray:
@@ -113,7 +137,7 @@ class VectorIndex:
         self._graphs: dict[int, hnswlib.Index] = {}
         self._in_graph_count: dict[int, int] = {}  # live slots per group graph (kept, not recounted)
         self._loader: threading.Thread | None = None
-        self._loaded: dict[int, hnswlib.Index] = {}
+        self._loaded: dict[int, _Loaded] = {}  # group -> a graph read by the loader thread
         self._touched: set[int] = set()  # slots changed while cached graphs load
         self._unmarked: set[int] = set()  # dead slots still live in their graph (see remove_many)
         self._version = 0  # bumped by every change of the vectors (invalidates the scan memo)
@@ -428,20 +452,24 @@ class VectorIndex:
         for graph in self._graphs.values():
             graph.set_num_threads(os.cpu_count() or 1)
         self.flush()
-        meta: dict[str, Any] = {"tag": tag, "count": self.count, "groups": {}}
+        meta: dict[str, Any] = {"tag": tag, "count": self.count, "groups": {}, "nodes": {}}
         try:
             for group, graph in self._graphs.items():
                 graph.set_num_threads(1)
                 meta["groups"][group] = _save_one(graph, _group_path(path, group))
+                meta["nodes"][group] = self._node_prints(group)
             _write_meta(path, meta)
             fsync_dir(path.parent)
         except (OSError, RuntimeError, StorageError) as exc:
             log.warning("could not save the vector graph cache %s: %s", path, exc)
 
     def load_graph(self, path: Path, tag: str) -> None:
-        """Start loading cached graphs in the background if they match ``tag``."""
+        """Start loading cached graphs in the background: a cache that lists its nodes'
+        fingerprints whatever its age (the nodes still right are kept), an older one
+        only if it matches ``tag`` and the vector count."""
         meta = _read_meta(path)
-        if meta is None or meta.get("tag") != tag or meta.get("count") != self.count:
+        exact = meta is not None and meta.get("tag") == tag and meta.get("count") == self.count
+        if meta is None or not (exact or "nodes" in meta):
             log.warning("vector graph cache %s missing or stale; it will be rebuilt in the background", path)
             return
         self._touched = set()
@@ -449,13 +477,43 @@ class VectorIndex:
         self._loader.start()
 
     def _load_files(self, path: Path, meta: dict[str, Any]) -> None:
+        """Loader thread: read each group's graph and find the nodes it may keep."""
         loaded = {}
         for group, crc in meta.get("groups", {}).items():
             graph = self._load_one(_group_path(path, int(group)), crc)
             if graph is None:
                 return
-            loaded[int(group)] = graph
+            if "nodes" not in meta:  # a cache from before node lists, matching the snapshot
+                loaded[int(group)] = _Loaded(graph, None, None)
+                continue
+            listed = _listed(meta["nodes"], group)
+            if listed is None:
+                log.warning("vector graph cache %s lists its nodes wrongly; rebuilding in the background", path)
+                return
+            loaded[int(group)] = _Loaded(graph, listed[0], self._still_right(*listed))
         self._loaded = loaded
+
+    def _node_prints(self, group: int) -> list[bytes]:
+        """[slots, fingerprints] of the live nodes of ``group``'s graph (after settle:
+        its only live nodes), as the cache's meta lists them."""
+        slots = np.flatnonzero(self.in_graph & (self.group == group))
+        prints = np.concatenate([fingerprints(self.matrix[slots[i : i + PRINT_ROWS]])
+                                 for i in range(0, len(slots), PRINT_ROWS)] or [np.zeros(0, np.uint64)])
+        return [slots.astype("<i8").tobytes(), prints.astype("<u8").tobytes()]
+
+    def _still_right(self, slots: np.ndarray, prints: np.ndarray) -> np.ndarray:
+        """Loader thread: the listed nodes whose slot still holds the vector the node
+        holds.  The engine may change slots meanwhile: every slot it changes is in
+        ``_touched``, which :meth:`_kept` leaves out, so a slot read mid-change is
+        never kept."""
+        kept = []
+        for start in range(0, len(slots), PRINT_ROWS):
+            part, matrix = slots[start : start + PRINT_ROWS], self.matrix  # one view a step: it may be swapped
+            inside = part < len(matrix)
+            same = np.zeros(len(part), bool)
+            same[inside] = fingerprints(matrix[part[inside]]) == prints[start : start + PRINT_ROWS][inside]
+            kept.append(part[same])
+        return np.concatenate(kept) if kept else np.zeros(0, np.int64)
 
     def _load_one(self, path: Path, crc: int) -> hnswlib.Index | None:
         try:
@@ -480,41 +538,52 @@ class VectorIndex:
             loader.join()
         self._loader = None
         loaded, self._loaded = self._loaded, {}
-        if loaded and all(self._verify(g, graph) for g, graph in loaded.items()):
-            for group, graph in loaded.items():
-                self._install(group, graph)
+        kept = {group: self._kept(group, one.right) for group, one in loaded.items()}
+        if loaded and all(self._verify(one.graph, kept[group]) for group, one in loaded.items()):
+            for group, one in loaded.items():
+                self._install(group, one, kept[group])
         self._touched = set()
         return True
 
-    def _stable(self, group: int) -> np.ndarray:
-        """Live slots of ``group`` not changed since the snapshot the graphs match."""
-        live = np.flatnonzero(self.alive & (self.group == group))
-        return np.setdiff1d(live, np.fromiter(self._touched, np.int64, len(self._touched)))
+    def _kept(self, group: int, right: np.ndarray | None) -> np.ndarray:
+        """The nodes of ``group``'s cached graph to keep: those the loader found right
+        (None: a cache matching the snapshot, every live slot of the group), live in
+        that group now and unchanged since the load began."""
+        if right is None:
+            candidates = np.flatnonzero(self.alive & (self.group == group))
+        else:
+            inside = right[right < len(self.alive)]
+            candidates = inside[self.alive[inside] & (self.group[inside] == group)]
+        return np.setdiff1d(candidates, np.fromiter(self._touched, np.int64, len(self._touched)))
 
-    def _verify(self, group: int, graph: hnswlib.Index) -> bool:
-        """The graph must hold every untouched live slot of its group, with our vector."""
-        stable = self._stable(group)
+    def _verify(self, graph: hnswlib.Index, kept: np.ndarray) -> bool:
+        """The graph must hold every node to keep, with our vector (a sample is compared)."""
         labels = np.asarray(graph.get_ids_list(), np.int64)
-        if len(labels) < len(stable) or not np.isin(stable, labels).all():
+        if len(labels) < len(kept) or not np.isin(kept, labels).all():
             return False
-        sample = stable[:: max(1, len(stable) // 32)][:32]
+        sample = kept[:: max(1, len(kept) // 32)][:32]
         # a graph cached before vectors were kept as bf16 holds their float32: as good
         return not len(sample) or np.allclose(np.asarray(graph.get_items(sample), np.float32),
                                               self.rows(sample), rtol=0, atol=BF16_TOLERANCE)
 
-    def _install(self, group: int, graph: hnswlib.Index) -> None:
-        """Adopt ``graph``; slots changed during the load are re-inserted from pending."""
+    def _install(self, group: int, loaded: _Loaded, kept: np.ndarray) -> None:
+        """Adopt a loaded graph keeping the nodes ``kept``; its other live nodes are
+        marked deleted (their slots changed, went, or moved group), and the live slots
+        it lacks stay pending, to be inserted."""
+        graph = loaded.graph
         graph.set_ef(self._ef)
         graph.set_num_threads(1)
-        labels = set(graph.get_ids_list())
-        for slot in self._touched & labels:
+        if loaded.listed is not None:  # the nodes live when it was saved (the others are marked already)
+            stale = np.setdiff1d(loaded.listed, kept).tolist()
+        else:
+            stale = sorted(self._touched & set(graph.get_ids_list()))
+        for slot in stale:
             with contextlib.suppress(RuntimeError):  # already marked deleted in the cached graph
                 graph.mark_deleted(slot)
-        stable = self._stable(group)
         self._graphs[group] = graph
-        self._in_graph_count[group] = len(stable)
-        self.in_graph[stable] = True
-        self.pending.difference_update(stable.tolist())
+        self._in_graph_count[group] = len(kept)
+        self.in_graph[kept] = True
+        self.pending.difference_update(kept.tolist())
 
     def load_vectors(self, data: memoryview | bytes, alive: np.ndarray, group: np.ndarray, fmt: str) -> None:
         """Restore the vector matrix (from a snapshot's block in format ``fmt``, a key of
@@ -557,6 +626,27 @@ class VectorIndex:
         return {"vectors": self.count, "slots": len(self.alive), "pending": len(self.pending),
                 "unmarked": len(self._unmarked),
                 "graph_elements": sum(g.element_count for g in self._graphs.values())}
+
+
+class _Loaded(NamedTuple):
+    """A cached graph as the loader thread read it."""
+
+    graph: hnswlib.Index
+    listed: np.ndarray | None  # the nodes live when it was saved (None: a cache without that list)
+    right: np.ndarray | None  # of those, the ones whose slot held the same vector at the load
+
+
+def _listed(nodes: Any, group: Any) -> tuple[np.ndarray, np.ndarray] | None:
+    """(slots, fingerprints) of ``group``'s node list in a cache meta; None when missing
+    or malformed (the graph is then not reused: nothing tells its right nodes)."""
+    try:
+        slots = np.frombuffer(nodes[group][0], "<i8").astype(np.int64)
+        prints = np.frombuffer(nodes[group][1], "<u8")
+    except (TypeError, ValueError, IndexError, KeyError):
+        return None
+    if len(slots) != len(prints) or (len(slots) and slots.min() < 0):
+        return None
+    return slots, prints
 
 
 def _extend(array: np.ndarray, size: int) -> np.ndarray:

@@ -5,6 +5,8 @@
     python tools/bench_engine.py --model-vectors  # the model's vectors of the texts, not random ones
     python tools/bench_engine.py --cleanup-only [--against OTHER_CHECKOUT]
                                             # the 100k expiry sweep, alternating with other code
+    python tools/bench_engine.py --crash-reopen [--against OTHER_CHECKOUT]
+                                            # reopening after a crash: until the graph serves again
 
 Prints store/search latency percentiles (median of 3 runs), open time,
 cleanup time, vector recall@10 against exact search and RSS.
@@ -182,6 +184,77 @@ def bench_cleanup(n: int, rounds: int, tmp: Path, against: Path | None) -> None:
               f"{np.median(first):.2f} ms; idle-time index work {np.median(idle):.0f} ms in all")
 
 
+_CRASH = """
+import os, sys
+sys.path.insert(0, ROOT)
+from tools.bench_engine import Precomputed, config
+from reachy_memory import MemoryStore
+store = MemoryStore(config=config(PATH), embedder=Precomputed(3))
+for half in range(2):  # a background compaction between (the daemon makes one per 32 MB of journal)
+    store.store_batch([{"content": f"written after the last close {half} {i}"} for i in range(NEW // 2)])
+    if not half:
+        with store._lock:
+            store._storage.compact_in_background()
+        store._storage.wait()
+for memory in store.export_page(None, GONE)[0]:
+    store.forget(memory.id)
+os._exit(0)  # a power cut: no close, so the graph cache on disk is the last close's
+"""
+
+_REOPEN = """
+import sys, time
+sys.path.insert(0, ROOT)
+from tools.bench_engine import Precomputed, config
+from reachy_memory import MemoryStore
+t0 = time.perf_counter()
+store = MemoryStore(config=config(PATH), embedder=Precomputed())
+opened = time.perf_counter() - t0
+vectors = store._state.vectors
+vectors._adopt_loaded(wait=True)
+adopted, pending = time.perf_counter() - t0, len(vectors.pending)
+t1, steps = time.perf_counter(), 0
+while store.maintain(budget=8):  # the daemon's idle-time steps, back to back
+    steps += 1
+print(opened, adopted, time.perf_counter() - t1, pending, vectors.count)
+store.close()
+"""
+
+
+def bench_crash_reopen(n: int, rounds: int, tmp: Path, against: Path | None) -> None:
+    """Reopening ``n`` memories after a crash that followed a clean close (1% written,
+    a background compaction, and 0.2% forgotten since): the time until the cached graph is in place, the vectors
+    left to insert then, and the idle-time work until the graphs hold every vector
+    (searches are exact until then).  Each round reopens a fresh copy in a fresh
+    process, alternating with the code of ``against`` when given."""
+    source = tmp / "crash-source"
+    fill(source, n)
+    with MemoryStore(config=config(source), embedder=Precomputed()):
+        pass  # the last clean close: a snapshot and a graph cache
+    here = Path(__file__).resolve().parents[1]
+    crash = _CRASH.replace("ROOT", repr(str(here))).replace("PATH", repr(str(source)))
+    subprocess.run([sys.executable, "-c", crash.replace("NEW", str(n // 100)).replace("GONE", str(n // 500))],
+                   check=True)
+    roots = {"this": here} | ({"against": against.resolve()} if against else {})
+    times: dict[str, list[list[float]]] = {name: [] for name in roots}
+    for r in range(rounds):
+        for name, root in roots.items():
+            work = tmp / f"reopen-{name}-{r}"
+            shutil.copytree(source, work)
+            code = _REOPEN.replace("ROOT", repr(str(root))).replace("PATH", repr(str(work)))
+            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+            times[name].append([float(x) for x in out.split()])
+            shutil.rmtree(work)
+            print(f"\r  round {r + 1}/{rounds} {name}: {times[name][-1][3]:.0f} vectors left at adoption",
+                  end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    for name, rows in times.items():
+        opened, adopted, idle, pending, count = (np.array(col) for col in zip(*rows, strict=True))
+        print(f"{name:8s} reopen after a crash at {n // 1000}k: open {np.median(opened):.2f} s, graph cache in "
+              f"place {np.median(adopted):.2f} s, {np.median(pending):.0f} of {np.median(count):.0f} vectors "
+              f"left to insert, idle-time work until the graphs hold all {np.median(idle):.1f} s "
+              f"(min {idle.min():.1f}, max {idle.max():.1f})")
+
+
 def recall_real(k: int = 10) -> tuple[float, int]:
     """Recall@10 of the graph vs exact on real MiniLM embeddings of LoCoMo turns."""
     from reachy_memory import load_config, load_embedder
@@ -236,8 +309,11 @@ def main() -> None:
                         help="the real model's vectors of the texts (embedded while filling) instead of random ones")
     parser.add_argument("--repeat", type=int, default=500)
     parser.add_argument("--cleanup-only", action="store_true", help="only the 100k expiry sweep")
-    parser.add_argument("--rounds", type=int, default=5, help="rounds of --cleanup-only")
-    parser.add_argument("--against", type=Path, help="another checkout to alternate with (--cleanup-only)")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of --cleanup-only and --crash-reopen")
+    parser.add_argument("--crash-reopen", action="store_true", help="only the reopening after a crash")
+    parser.add_argument("--memories", type=int, default=100_000, help="store size of --crash-reopen")
+    parser.add_argument("--against", type=Path,
+                        help="another checkout to alternate with (--cleanup-only, --crash-reopen)")
     args = parser.parse_args()
     global EMBEDDER
     EMBEDDER = ModelVectors if args.model_vectors else Precomputed
@@ -246,6 +322,9 @@ def main() -> None:
     try:
         if args.cleanup_only:
             bench_cleanup(100_000, args.rounds, tmp, args.against)
+            return
+        if args.crash_reopen:
+            bench_crash_reopen(args.memories, args.rounds, tmp, args.against)
             return
         for n in [10_000] if args.quick else [10_000, 100_000]:
             bench_size(n, args.repeat, tmp)
