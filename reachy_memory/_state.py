@@ -52,7 +52,8 @@ class Frozen:
     """The state at one instant, for a snapshot written in the background.
 
     ``records`` is a shallow copy of the record table (records are immutable but for
-    a ``ttl`` op's expiries, see :meth:`MemoryState.retime`),
+    a ``ttl`` op's expiries, see :meth:`MemoryState.retime`: ``expires`` holds them
+    by slot as they were, and the snapshot writes those),
     ``vectors`` the vector matrix rows ``[0, rows)`` (never written while the
     view is held: see the module docstring), ``window`` a copy.
     """
@@ -60,6 +61,7 @@ class Frozen:
     records: tuple[Record, ...]
     vectors: memoryview
     alive: np.ndarray
+    expires: np.ndarray  # by slot, a copy: the records' expiries when frozen (inf: none)
     window: tuple[tuple[Any, ...], ...]
     lexical: dict[str, Any] | None
     people: list[dict[str, Any]]
@@ -327,11 +329,11 @@ class MemoryState:
 
         The one change made to placed records in place (see ``_records``): a copy of
         each costs ~17 us, 1.7 s of engine time at 100k turns.  No index but the
-        per-slot expiry array holds the expiry, and a background compaction that
-        writes a mix of old and new expiries is corrected on replay, since this op
-        follows the snapshot it writes and gives the same expiries again.  That needs
-        the op on disk before the snapshot: ``apply_retention`` syncs its frame
-        whatever ``memory.fsync`` says."""
+        per-slot expiry array holds the expiry, and a frozen view keeps a copy of that
+        array (:attr:`Frozen.expires`): a snapshot written meanwhile (a background
+        compaction's, a backup's) holds the expiries as they were when it was frozen,
+        never a mix; a compaction's is brought up to date on replay, since this op
+        follows the snapshot in the journal."""
         if memory_type != _TURN:
             raise ValidationError(f"a ttl applies to conversation turns, not {memory_type!r}", field="ttl")
         for rec in self.records.values():
@@ -491,7 +493,7 @@ class MemoryState:
         """The state now, for a snapshot; until :meth:`thaw`, freed slots are not reused.
 
         Costs a shallow copy of the record table (records are immutable; see retime) and of the
-        vector liveness; the vector rows themselves are shared, not copied.
+        vector liveness and expiries by slot; the vector rows themselves are shared, not copied.
         """
         if with_lexical:
             self.bury(len(self._ghosts))  # the index's own snapshot must not hold unburied postings
@@ -502,8 +504,8 @@ class MemoryState:
         rows = len(vectors) // self.vectors.row_bytes
         self._hold_free_rows(rows)
         return Frozen(tuple(self.records.values()), vectors, self.vectors.alive[:rows].copy(),
-                      tuple(self._window), self.lexical.state() if with_lexical else None,
-                      self.people.snapshot_ops())
+                      self._expires[: self.next_slot].copy(), tuple(self._window),
+                      self.lexical.state() if with_lexical else None, self.people.snapshot_ops())
 
     def _hold_free_rows(self, rows: int) -> None:
         """Quarantine the free slots inside a frozen view's vector rows: a store reusing
@@ -569,7 +571,7 @@ def snapshot_sections(frozen: Frozen, head: dict[str, Any],
     yield {**head, "vector_format": VECTOR_FORMAT}  # the vector block's format goes with the block
     # Packed piece by piece: a background compaction must not hold the GIL for long;
     # rows are encoded as they are packed, so they are never all alive at once.
-    rows = Stream(len(frozen.records), (_snapshot_row(rec, frozen.alive) for rec in frozen.records))
+    rows = Stream(len(frozen.records), (_snapshot_row(rec, frozen) for rec in frozen.records))
     yield Packed(pack_gently({"records": rows, "people": frozen.people}))
     yield RawBin(frozen.vectors)
     yield Packed(pack_gently({"lexical": lexical() if callable(lexical) else lexical}))
@@ -577,11 +579,15 @@ def snapshot_sections(frozen: Frozen, head: dict[str, Any],
     yield {"end": len(frozen.records)}
 
 
-def _snapshot_row(rec: Record, alive: np.ndarray) -> dict[str, Any]:
-    """A record as a snapshot stores it: its vector key only if its vector is in the view."""
-    row = encode(rec)
+def _snapshot_row(rec: Record, frozen: Frozen) -> dict[str, Any]:
+    """A record as a snapshot stores it: its vector key only if its vector is in the
+    view, its expiry as it was when the view was frozen (a ``ttl`` op may have set
+    another in place since: :meth:`MemoryState.retime`)."""
+    row, alive = encode(rec), frozen.alive
     indexed = rec.vkey is not None and rec.slot < len(alive) and bool(alive[rec.slot])
     row["vkey"] = rec.vkey if indexed else None
+    expires = float(frozen.expires[rec.slot])
+    row["expires"] = None if expires == math.inf else expires
     return row
 
 

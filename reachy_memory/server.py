@@ -212,6 +212,10 @@ class Daemon:
         self._stopping = threading.Event()
         self._inflight = 0  # I/O thread writes; the engine thread only reads it (idle upkeep yields)
         self._enqueued = 0  # I/O thread only: requests queued so far (a trim is due only after some)
+        # Backups in flight are in _inflight too, but the engine's idle upkeep need not yield to
+        # them (they run beside it): queued (I/O thread only) and answered (background thread only).
+        self._background_queued = 0
+        self._background_answered = 0
         self._install_signals()  # first: a SIGTERM while the model loads must still stop cleanly
         log.info("starting (pid %d): SIGTERM/SIGINT now stop cleanly", os.getpid())
         self.config = config
@@ -448,12 +452,15 @@ class Daemon:
     def _enqueue(self, router: zmq.Socket, job: _Job) -> None:
         target: queue.Queue[Any] = (self._embed_q if job.op in EMBEDDED else
                                     self._background_q if job.op in BACKGROUND else self._engine_q)
+        background = target is self._background_q
         self._inflight += 1  # before the put: the engine must never see the job queued but not in flight
         self._enqueued += 1
+        self._background_queued += background
         try:
             target.put_nowait(job)
         except queue.Full:
             self._inflight -= 1
+            self._background_queued -= background
             self._record(job.op, time.monotonic() - job.received, failed=True)
             busy = BusyError("a backup is being written and another waits; try again when they are done"
                              if job.op in BACKGROUND else "daemon queues are full")
@@ -504,6 +511,7 @@ class Daemon:
         push = self._push_socket()
         while (job := self._background_q.get()) is not None:
             push.send_multipart([*job.envelope, self._run(job, self._handlers)])
+            self._background_answered += 1  # after the reply: until the I/O thread counts it, still in flight
         push.close()
 
     def _internal(self, task: Callable[[], None]) -> None:
@@ -533,8 +541,10 @@ class Daemon:
         return True
 
     def _quiet(self) -> bool:
-        """Nothing queued for the engine and no request in flight (idle work may run)."""
-        return self._engine_q.empty() and self._inflight <= 0
+        """Nothing queued for the engine and no request in flight but backups (idle work
+        may run: a backup is written beside the engine, and takes seconds to minutes)."""
+        background = self._background_queued - self._background_answered
+        return self._engine_q.empty() and self._inflight - background <= 0
 
     def _push_socket(self) -> zmq.Socket:
         push = self._ctx.socket(zmq.PUSH)

@@ -462,10 +462,10 @@ class MemoryStore(PeopleMixin):
         new lifetime would delete more than ``max_deletions`` turns (the consent of
         ``reachy-memory retention --apply`` without ``--yes``).
 
-        One frame (sweep, ``ttl`` op, sweep), synced whatever ``memory.fsync`` says:
-        the op sets expiries in place, which a background snapshot may write, so it
-        must be on disk before (``MemoryState.retime``).  A replay gives the same
-        expiries whatever config the store is reopened with.
+        One frame (sweep, ``ttl`` op, sweep), synced whatever ``memory.fsync`` says.
+        The op sets expiries in place; a snapshot or backup being written meanwhile
+        holds the ones of its frozen moment (``MemoryState.retime``).  A replay gives
+        the same expiries whatever config the store is reopened with.
         """
         self._require_open()
         at = _epoch(now)

@@ -8,6 +8,7 @@ import shutil
 import stat
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -272,6 +273,30 @@ def test_close_waits_for_a_backup_being_written_and_refuses_new_ones(
     assert not (tmp_path / "c.rms").exists()
     with pytest.raises(ClosedError):
         store.backup(tmp_path / "c.rms")
+
+
+@pytest.mark.timeout(60)
+def test_a_retention_change_during_a_backup_leaves_the_backup_at_its_moment(
+        config: Config, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A ``ttl`` op sets the turns' expiries in place, the one change made to placed
+    records, so the frozen view's records see it: a backup written meanwhile held the
+    new expiries (some of them, for a change that lands mid-write), a store that never
+    existed, and nothing after it in a journal puts it right.  Restored, the turn
+    alive when the backup was asked for was expired and swept with the next cleanup."""
+    now = time.time()
+    store = MemoryStore(config=config, embedder=None)  # 30 days
+    old, recent = store.store_batch([
+        {"content": "chat about kites", "memory_type": "conversation", "created_at": now - 20 * 86400},
+        {"content": "chat about trains", "memory_type": "conversation", "created_at": now - 2 * 86400}])
+    held = _HeldBackup(monkeypatch, store, tmp_path / "b.rms")
+    store._config = config.replace("memory", conversation_ttl_days=7)
+    assert store.apply_retention()["deleted"] == 1  # the kites chat: 20 days old, past a 7-day life
+    info = held.finish()
+    assert info["memories"] == 2
+    abandon(store)
+    bk.restore(info["path"], tmp_path / "restored")
+    with MemoryStore(config=config.replace("memory", path=str(tmp_path / "restored")), embedder=None) as back:
+        assert back.get(old.id) == old and back.get(recent.id) == recent  # expiries as they were: 30 days
 
 
 def test_overlapping_background_jobs_give_back_the_switch_interval() -> None:

@@ -630,6 +630,7 @@ def _idle_daemon(store: _UpkeepStore) -> Any:
 
     daemon = server.Daemon.__new__(server.Daemon)  # only what _idle reads
     daemon.store, daemon._engine_q, daemon._inflight = store, queue.Queue(), 0
+    daemon._background_queued = daemon._background_answered = 0
     daemon._trim_due, daemon._trims = threading.Event(), []
     return daemon
 
@@ -649,6 +650,62 @@ def test_a_due_heap_trim_waits_for_idle_time(inflight: int, queued: bool, trimme
     daemon._idle()
     assert (len(daemon._trims) == 1) is trimmed
     assert daemon._trim_due.is_set() is not trimmed  # still due when it did not run
+
+
+class _Pushed:
+    """A PUSH socket that keeps what is sent, and the PULL end the I/O thread reads it from."""
+
+    def __init__(self) -> None:
+        self.sent: list[list[bytes]] = []
+
+    def send_multipart(self, frames: list[bytes], *flags: Any) -> None:
+        self.sent.append(frames)
+
+    def recv_multipart(self, *flags: Any) -> list[bytes]:
+        if not self.sent:
+            raise zmq.Again()
+        return self.sent.pop(0)
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.timeout(30)
+def test_idle_upkeep_goes_on_while_a_backup_is_in_flight() -> None:
+    """A backup runs beside the engine for seconds (minutes on an SD card), and was counted
+    as a request in flight, so the engine's idle upkeep (pending vectors into the graphs, a
+    mass expiry's burial, the backfill, heap trims) stopped for all of it and the engine
+    polled every 5 ms.  Upkeep yields to engine requests, not to a backup, queued or
+    being written."""
+    import queue
+
+    from reachy_memory import server
+
+    daemon = _idle_daemon(_UpkeepStore([5, 5]))
+    daemon._embed_q, daemon._background_q = queue.Queue(), queue.Queue(2)  # room for the sentinel
+    daemon._enqueued, daemon._stats, pushed, router = 0, {}, _Pushed(), _Pushed()
+    daemon._push_socket = lambda: pushed
+    upkeep: list[bool] = []
+
+    def backup(d: Any, job: Any) -> dict[str, Any]:
+        upkeep.append(d._idle())  # the engine's idle time while the backup is written
+        return {"path": job.args["path"]}
+
+    daemon._handlers = {"backup": backup, "compact": lambda d, job: None}
+
+    def job(op: str, **args: Any) -> Any:
+        return server._Job([b"client"], 1, op, args, None, time.monotonic())
+
+    daemon._enqueue(router, job("backup", path="/b.rms"))
+    assert daemon._inflight == 1 and daemon._quiet(), "a queued backup stopped idle upkeep"
+    daemon._background_q.put(None)
+    daemon._background_loop()
+    assert upkeep == [False] and daemon.store.budgets == [server.IDLE_STEP] * 3, "no upkeep beside the backup"
+    daemon._forward(pushed, router)
+    assert daemon._inflight == 0 and len(router.sent) == 1 and daemon._quiet()
+    daemon._enqueue(router, job("compact"))
+    daemon._engine_q.get()  # the engine took it: in flight, not queued
+    assert not daemon._quiet(), "idle upkeep ran while an engine request was in flight"
 
 
 @pytest.mark.parametrize(("work", "calls"), [
