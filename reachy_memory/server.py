@@ -82,9 +82,9 @@ INLINE = LANES["inline"]  # answered on the I/O thread (lock-free views)
 EMBEDDED = LANES["embed"]  # embedded on the embedding thread, committed on the engine thread
 BACKGROUND = LANES["background"]  # long jobs on a thread of their own (a backup of 100k memories: seconds)
 # SIGTERM's worst case, part by part: the I/O loop lets in-flight requests finish for up to
-# server.drain_seconds; _shutdown gives both workers STOP_WORKERS_SECONDS in all (one deadline
+# server.drain_seconds; _shutdown gives the workers STOP_WORKERS_SECONDS in all (one deadline
 # for their sentinels and joins); the store's close (a closing compaction, after any background
-# one in flight: 4.3 s at 100k memories on the dev VM, README) is allowed STOP_CLOSE_SECONDS but
+# one and any backup in flight: 4.3 s / 7.9 s at 100k memories on the dev VM, README) is allowed STOP_CLOSE_SECONDS but
 # not cut short (a kill there is a crash, recovered at the next open).  TimeoutStopSec in
 # systemd/reachy-memory.service must stay above STOP_BUDGET_SECONDS (tests/test_systemd_units.py)
 # or systemd SIGKILLs a daemon still stopping: raise it with server.drain_seconds.
