@@ -187,13 +187,20 @@ def test_an_older_cache_that_cannot_tell_its_right_nodes_is_rebuilt(tmp_path: Pa
     assert len(again.pending) == again.count and not again._graphs  # every vector inserted afresh
 
 
-def test_fingerprints_tell_rows_apart() -> None:
+@pytest.mark.parametrize("dim", [
+    384,  # the model's: four components a 64-bit word
+    6,  # not a multiple of 4: one component a word
+])
+def test_fingerprints_tell_rows_apart(dim: int) -> None:
     rng = np.random.default_rng(4)
-    bits = to_bf16(unit(rng, 2000, 384))
+    bits = to_bf16(unit(rng, 2000, dim))
     prints = vector_index.fingerprints(bits)
     assert len(set(prints.tolist())) == 2000  # no two of 2,000 rows share one
     one_bit = bits.copy()
-    one_bit[:, 100] ^= 1  # the smallest change of one component
+    one_bit[:, 5] ^= 1  # the smallest change of one component
+    top_bit = bits.copy()
+    top_bit[:, 3] ^= 0x8000  # the largest shift inside a word: still never a collision
+    assert not np.any(vector_index.fingerprints(top_bit) == prints)
     assert not np.any(vector_index.fingerprints(one_bit) == prints)
     assert np.array_equal(vector_index.fingerprints(bits.copy()), prints)  # the same rows, the same prints
 
