@@ -452,7 +452,7 @@ class VectorIndex:
         for graph in self._graphs.values():
             graph.set_num_threads(os.cpu_count() or 1)
         self.flush()
-        meta: dict[str, Any] = {"tag": tag, "count": self.count, "groups": {}, "nodes": {}}
+        meta: dict[str, Any] = {"tag": tag, "count": self.count, "dim": self.dim, "groups": {}, "nodes": {}}
         try:
             for group, graph in self._graphs.items():
                 graph.set_num_threads(1)
@@ -465,11 +465,14 @@ class VectorIndex:
 
     def load_graph(self, path: Path, tag: str) -> None:
         """Start loading cached graphs in the background: a cache that lists its nodes'
-        fingerprints whatever its age (the nodes still right are kept), an older one
-        only if it matches ``tag`` and the vector count."""
+        fingerprints and has our dimension whatever its age (the nodes still right are
+        kept), any other only if it matches ``tag`` (model included) and the vector count.
+        hnswlib loads a graph of another dimension without a word, and inserting into it
+        overwrites its nodes' labels and links (a model of another size, then a crash)."""
         meta = _read_meta(path)
         exact = meta is not None and meta.get("tag") == tag and meta.get("count") == self.count
-        if meta is None or not (exact or "nodes" in meta):
+        listed = meta is not None and "nodes" in meta and meta.get("dim") == self.dim
+        if meta is None or not (exact or listed):
             log.warning("vector graph cache %s missing or stale; it will be rebuilt in the background", path)
             return
         self._touched = set()

@@ -198,6 +198,31 @@ def test_fingerprints_tell_rows_apart() -> None:
     assert np.array_equal(vector_index.fingerprints(bits.copy()), prints)  # the same rows, the same prints
 
 
+def test_a_cache_of_another_dimension_is_not_loaded(tmp_path: Path) -> None:
+    """A model of another size, then a crash: the cache of the old model lists nodes
+    whose fingerprints cannot match, but hnswlib loads a graph of another dimension
+    without a word, and inserting our longer vectors into it overwrote its labels
+    (searches then returned slots like -4.8e18)."""
+    vi, _ = filled()
+    vi.flush()
+    path = tmp_path / "g.hnsw"
+    vi.save_graph(path, "generation 1:model-16")
+    wide = VectorIndex(32, exact_below=50, exact_threshold=20)
+    vectors = unit(np.random.default_rng(5), 600, 32)
+    for slot, vector in enumerate(vectors):
+        wide.add(slot, vector, group=slot % 3)
+    again = VectorIndex(32, exact_below=50, exact_threshold=20)
+    again.load_vectors(wide.vector_bytes(), wide.alive[:600], wide.group[:600], "bf16")
+    again.load_graph(path, "generation 2:model-32")
+    assert again._adopt_loaded(wait=True)
+    assert not again._graphs and len(again.pending) == again.count  # rebuilt, as for any unusable cache
+    again.flush()
+    for group, graph in again._graphs.items():
+        held = again._members(group, None)
+        assert np.array_equal(graph.get_items(held), again.rows(held))
+    assert all(again.search(vectors[s], 1)[0][0] == s for s in range(0, 600, 7))
+
+
 def test_saving_skips_a_large_pending_set_instead_of_stalling(tmp_path: Path) -> None:
     vi, _ = filled()  # 600 pending, far above 4 x exact_threshold
     vi.save_graph(tmp_path / "g.hnsw", "t")
