@@ -502,13 +502,14 @@ class VectorIndex:
             loaded[int(group)] = _Loaded(graph, listed[0], self._still_right(*listed))
         self._loaded = loaded
 
-    def _node_prints(self, group: int) -> list[bytes]:
-        """[slots, fingerprints] of the live nodes of ``group``'s graph (after settle:
-        its only live nodes), as the cache's meta lists them."""
+    def _node_prints(self, group: int) -> list[bytes | int]:
+        """[slots, fingerprints, CRC-32 of both] of the live nodes of ``group``'s graph
+        (after settle: its only live nodes), as the cache's meta lists them."""
         slots = np.flatnonzero(self.in_graph & (self.group == group))
         prints = np.concatenate([fingerprints(self.matrix[slots[i : i + PRINT_ROWS]])
                                  for i in range(0, len(slots), PRINT_ROWS)] or [np.zeros(0, np.uint64)])
-        return [slots.astype("<i8").tobytes(), prints.astype("<u8").tobytes()]
+        listed = [slots.astype("<i8").tobytes(), prints.astype("<u8").tobytes()]
+        return [*listed, _list_crc(*listed)]
 
     def _still_right(self, slots: np.ndarray, prints: np.ndarray) -> np.ndarray:
         """Loader thread: the listed nodes whose slot still holds the vector the node
@@ -656,16 +657,26 @@ class _Loaded(NamedTuple):
 
 
 def _listed(nodes: Any, group: Any) -> tuple[np.ndarray, np.ndarray] | None:
-    """(slots, fingerprints) of ``group``'s node list in a cache meta; None when missing
-    or malformed (the graph is then not reused: nothing tells its right nodes)."""
+    """(slots, fingerprints) of ``group``'s node list in a cache meta; None when missing,
+    malformed or failing its checksum (the graph is then not reused: the list is what
+    tells its right nodes and which to mark deleted, and a slot damaged in it left the
+    node of a forgotten memory live)."""
     try:
-        slots = np.frombuffer(nodes[group][0], "<i8").astype(np.int64)
-        prints = np.frombuffer(nodes[group][1], "<u8")
+        raw_slots, raw_prints, crc = nodes[group]
+        if _list_crc(raw_slots, raw_prints) != crc:
+            return None
+        slots = np.frombuffer(raw_slots, "<i8").astype(np.int64)
+        prints = np.frombuffer(raw_prints, "<u8")
     except (TypeError, ValueError, IndexError, KeyError):
         return None
     if len(slots) != len(prints) or (len(slots) and slots.min() < 0):
         return None
     return slots, prints
+
+
+def _list_crc(slots: bytes, prints: bytes) -> int:
+    """The CRC-32 of a node list (its slots' bytes, then its fingerprints')."""
+    return zlib.crc32(prints, zlib.crc32(slots))
 
 
 def _extend(array: np.ndarray, size: int) -> np.ndarray:

@@ -176,8 +176,9 @@ def test_an_older_cache_that_cannot_tell_its_right_nodes_is_rebuilt(tmp_path: Pa
     if damage == "no node lists":
         del meta["nodes"]
     else:
-        slots, prints = meta["nodes"][0]
-        meta["nodes"][0] = [slots, prints[:-8]] if damage == "short list" else [1, 2]
+        slots, prints, _ = meta["nodes"][0]
+        short = [slots, prints[:-8], vector_index._list_crc(slots, prints[:-8])]  # with a right checksum
+        meta["nodes"][0] = short if damage == "short list" else [1, 2]
     vector_index._write_meta(path, meta)
     _changed_since_the_cache(vi, vectors)
     again = VectorIndex(16, exact_below=50, exact_threshold=20)
@@ -185,6 +186,32 @@ def test_an_older_cache_that_cannot_tell_its_right_nodes_is_rebuilt(tmp_path: Pa
     again.load_graph(path, "generation 2")
     assert again._adopt_loaded(wait=True)
     assert len(again.pending) == again.count and not again._graphs  # every vector inserted afresh
+
+
+def test_a_node_list_damaged_on_disk_is_not_trusted(tmp_path: Path) -> None:
+    """The node list decides which nodes are marked deleted, so it is checksummed like
+    the graphs: one flipped bit turning slot 40 into 41 left 40's node live while its
+    memory had been forgotten since the save, and searches returned it."""
+    vi, vectors = filled()
+    vi.flush()
+    path = tmp_path / "g.hnsw"
+    vi.save_graph(path, "generation 1")
+    meta_file = tmp_path / "g.hnsw.meta"
+    raw = bytearray(meta_file.read_bytes())
+    meta = vector_index._read_meta(path)
+    assert meta is not None
+    at = raw.find(bytes(meta["nodes"][0][0])) + 8 * 10 + 1  # group 0's 11th node: slot 30 (0, 3, ...)
+    assert raw[at - 1] == 30
+    raw[at - 1] ^= 1  # slot 31, of group 1: right, in the wrong graph
+    meta_file.write_bytes(bytes(raw))
+    vi.remove(30)  # forgotten after the save
+    again = VectorIndex(16, exact_below=50, exact_threshold=20)
+    again.load_vectors(vi.vector_bytes(), vi.alive[:600], vi.group[:600], "bf16")
+    again.load_graph(path, "generation 2")
+    assert again._adopt_loaded(wait=True)
+    again.flush()
+    assert 30 not in again.search(vectors[30], 10)[0]
+    assert 30 not in again.search(vectors[30], 10, groups=[0])[0]
 
 
 def test_fingerprints_tell_rows_apart() -> None:
