@@ -150,9 +150,10 @@ class Storage:
         finally:
             self.lock.release()
 
-    def backup(self, target: Path) -> tuple[int, int]:
+    def backup(self, target: Path, progress: Callable[[int], None] | None = None) -> tuple[int, int]:
         """Write a consistent snapshot of the state now to ``target`` (fsynced); returns
-        (bytes, memories).  The caller checked the target.
+        (bytes, memories).  The caller checked the target; ``progress`` is told the bytes
+        written so far, as they are written.
 
         Any thread: the lock is held only to freeze the state and to thaw it (a few
         ms at 100k memories); writes and searches go on while the file is written,
@@ -168,7 +169,8 @@ class Storage:
             self._backups.enter()
         try:
             with _short_gil_slices():
-                return jr.write_snapshot(target, snapshot_sections(frozen, head, lexical)), len(frozen.records)
+                sections = snapshot_sections(frozen, head, lexical)
+                return jr.write_snapshot(target, sections, progress=progress), len(frozen.records)
         finally:
             with self.lock:
                 self.state.thaw()

@@ -14,6 +14,7 @@ import errno
 import json
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -312,11 +313,54 @@ def cmd_backup(args: argparse.Namespace) -> int:
         # else the timestamped backups beside a named file were pruned, the named one never counted
         raise ValidationError("--keep rotates the backups in a directory: give DEST as a directory", field="keep")
     with _client(args) as c:
-        info = c.backup(str(dest), force=args.force, timeout=_slow_timeout(args, "backup"))
+        info = _showing_backup(args, lambda: c.backup(str(dest), force=args.force,
+                                                      timeout=_slow_timeout(args, "backup")))
     if args.keep is not None:
         info["pruned"] = bk.prune(Path(info["path"]).parent, args.keep, written=info["path"])
     _out(args, info, lambda i: f"backup of {i['memories']} memories written to {i['path']} ({i['bytes']} bytes)")
     return 0
+
+
+def _showing_backup(args: argparse.Namespace, call: Callable[[], Any]) -> Any:
+    """``call()`` (the backup request); on a terminal, the daemon's progress meanwhile,
+    from its ``health`` on a client of its own (a backup of 100k memories on an SD
+    card takes tens of seconds).  Raises what ``call`` raises."""
+    if args.json or not sys.stderr.isatty():
+        return call()
+    outcome: dict[str, Any] = {}
+    worker = threading.Thread(target=_keep_outcome, args=(call, outcome), daemon=True)
+    worker.start()
+    with _client(args) as watcher:
+        shown = False
+        worker.join(0.25)
+        while worker.is_alive():
+            shown = _show_backup(watcher) or shown
+            worker.join(0.5)
+    if shown:
+        print(file=sys.stderr)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+def _keep_outcome(call: Callable[[], Any], outcome: dict[str, Any]) -> None:
+    try:
+        outcome["value"] = call()
+    except BaseException as exc:  # handed to the main thread, which reports it as usual
+        outcome["error"] = exc
+
+
+def _show_backup(watcher: MemoryClient) -> bool:
+    """One line of the daemon's backup progress on stderr; False when it has none to tell."""
+    try:
+        running = watcher.health(timeout=1.0).get("backup_running")
+    except ReachyMemoryError:  # a slow answer: the backup itself is what is waited for
+        return False
+    if not running:
+        return False
+    print(f"\rwriting the backup: {running['bytes'] / 1e6:.1f} MB, {running['seconds']:.0f} s ",
+          end="", file=sys.stderr, flush=True)
+    return True
 
 
 def cmd_verify(args: argparse.Namespace) -> int:

@@ -42,7 +42,7 @@ import struct
 import threading
 import time
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -446,10 +446,22 @@ def storage_error(what: str, path: Path, exc: OSError) -> StorageError:
     return StorageError(f"{what}: {exc.strerror or exc}", path=str(path))
 
 
-def write_snapshot(path: Path, frames: Iterable[Any], version: int = SNAPSHOT_VERSION) -> int:
+def write_snapshot(path: Path, frames: Iterable[Any], version: int = SNAPSHOT_VERSION,
+                   progress: Callable[[int], None] | None = None) -> int:
     """Atomically replace ``path`` with a snapshot of ``frames`` in a file of format
-    ``version`` (tests write earlier ones); returns bytes written."""
-    return write_atomic(path, _snapshot_chunks(frames, version))
+    ``version`` (tests write earlier ones); returns bytes written.  ``progress`` is
+    told the bytes produced so far, chunk by chunk."""
+    chunks = _snapshot_chunks(frames, version)
+    return write_atomic(path, chunks if progress is None else _counted(chunks, progress))
+
+
+def _counted(chunks: Iterable[bytes | memoryview], progress: Callable[[int], None]) -> Iterator[bytes | memoryview]:
+    """``chunks``, telling ``progress`` the running byte count after each."""
+    total = 0
+    for chunk in chunks:
+        yield chunk
+        total += len(chunk)
+        progress(total)
 
 
 def _snapshot_chunks(frames: Iterable[Any], version: int) -> Iterator[bytes | memoryview]:

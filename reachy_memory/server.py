@@ -107,6 +107,20 @@ class _Job:
     stages: dict[str, float] = field(default_factory=dict)  # seconds spent per stage (see stats)
 
 
+class _BackupProgress:
+    """The backup being written, as ``health`` shows it: the background thread writes
+    ``written``, the I/O thread reads it (one int, replaced whole)."""
+
+    def __init__(self, path: str) -> None:
+        self.path, self.since, self.written = path, time.monotonic(), 0
+
+    def wrote(self, total: int) -> None:
+        self.written = total
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "seconds": round(time.monotonic() - self.since, 3), "bytes": self.written}
+
+
 class _Recent:
     """The latest ``size`` durations (seconds) in a float32 ring: a deque of Python
     floats cost ~32 bytes a sample (2 MB over a daemon's ops) and kept every sample
@@ -244,7 +258,7 @@ class Daemon:
         self._engine_beat = time.monotonic()
         self._upkeep_left = False  # engine thread: the last idle slice ended with index work left
         self.last_cleanup: dict[str, Any] | None = None
-        self.backup_running: tuple[str, float] | None = None  # background thread sets it: (path, since)
+        self.backup_running: _BackupProgress | None = None  # background thread sets and updates it
         self._trim_due = threading.Event()  # the I/O loop sets it every server.heap_trim_seconds
         self._trims: list[float] = []  # engine thread appends; durations (ms) of the last heap trims
         self._auth: Any = None
@@ -635,8 +649,7 @@ class Daemon:
         return {"status": status, "read_only": read_only,
                 "embedder": describe(self.store.embedder) | {"error": self.store.embedder_error},
                 "memories": len(self.store), "last_cleanup": self.last_cleanup,
-                "backup_running": running and {"path": running[0],
-                                               "seconds": round(time.monotonic() - running[1], 3)},
+                "backup_running": running and running.to_dict(),
                 "uptime_s": round(time.time() - self._started, 3), "endpoint": self.endpoint,
                 "data_dir": str(self.store.path.resolve())}  # absolute: a client compares it from elsewhere
 
@@ -776,9 +789,9 @@ def _backup(d: Daemon, job: _Job) -> dict[str, Any]:
         raise ValidationError("path must be a non-empty string", field="path")
     if not os.path.isabs(os.path.expanduser(path)):  # else it lands in the daemon's working directory
         raise ValidationError(f"backup path {path[:200]!r} must be absolute", field="path")
-    d.backup_running = (path, time.monotonic())
+    d.backup_running = running = _BackupProgress(path)
     try:
-        return d.store.backup(path, force=job.args["force"])
+        return d.store.backup(path, force=job.args["force"], progress=running.wrote)
     finally:
         d.backup_running = None
 

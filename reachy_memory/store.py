@@ -789,9 +789,12 @@ class MemoryStore(PeopleMixin):
         self._storage.wait()
         self._storage.compact(full)
 
-    def backup(self, dest: str | Path, *, force: bool = False) -> dict[str, Any]:
+    def backup(self, dest: str | Path, *, force: bool = False,
+               progress: Callable[[int], None] | None = None) -> dict[str, Any]:
         """Write a consistent snapshot of the whole store to the file ``dest`` (fsynced),
-        or to a timestamped file inside ``dest`` when it is a directory.
+        or to a timestamped file inside ``dest`` when it is a directory; ``progress`` is
+        told the bytes written so far.  Any thread: the store lock is held only to
+        freeze the state and to thaw it.
 
         Raises ValidationError (nothing written) for a target inside the data
         directory, a symlink, a missing directory, or an existing file that is
@@ -799,7 +802,7 @@ class MemoryStore(PeopleMixin):
         """
         self._require_open()
         target = files.backup_target(dest, self.path, force=force)
-        size, count = self._storage.backup(target)
+        size, count = self._storage.backup(target, progress)
         return {"path": str(target), "bytes": size, "memories": count}
 
     def reindex(self, progress: Callable[[int, int], None] | None = None, batch: int = 64) -> int:

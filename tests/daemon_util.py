@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 import zmq
 
-from reachy_memory import MemoryClient, load_config
+from reachy_memory import MemoryClient, MemoryStore, load_config
 from reachy_memory.errors import ReachyMemoryError
 from tests.conftest import model_cache
 
@@ -88,6 +88,17 @@ class DaemonProcess:
             except subprocess.TimeoutExpired:
                 self.kill()
         return self.proc.returncode
+
+
+def words_only_daemon(tmp: Path, memories: int) -> DaemonProcess:
+    """A daemon (not started) over ``memories`` facts, without the model (no embedding
+    to wait for): a store large enough that a backup of it takes about a second."""
+    d = DaemonProcess(tmp, embedding={"enabled": False})
+    with MemoryStore(d.data, config=d.config, embedder=None) as store:
+        for start in range(0, memories, 1000):
+            store.store_batch([{"content": f"the fox number {i} ran along the river bank at dawn"}
+                               for i in range(start, min(start + 1000, memories))])
+    return d
 
 
 def run_cli(daemon: DaemonProcess, *argv: str, stdin: bytes = b"") -> subprocess.CompletedProcess[str]:

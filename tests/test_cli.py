@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -18,7 +19,7 @@ import pytest
 from reachy_memory import MemoryStore
 from reachy_memory import backup as bk
 from reachy_memory import journal as jr
-from tests.daemon_util import DaemonProcess
+from tests.daemon_util import ROOT, DaemonProcess, words_only_daemon
 from tests.daemon_util import run_cli as cli
 
 pytestmark = pytest.mark.timeout(240)
@@ -195,6 +196,37 @@ def test_prune_removes_the_temp_files_of_backups_whose_writer_died(tmp_path: Pat
     written = _backup_file(tmp_path / "memory-20010101T000000Z.rms")
     assert bk.prune(tmp_path, 1, written=written) == [str(left)]
     assert writing.exists() and other.exists() and written.exists()
+
+
+def _on_a_terminal(d: DaemonProcess, *argv: str) -> tuple[subprocess.CompletedProcess[str], str]:
+    """``reachy-memory ARGV`` with its stderr on a pseudo-terminal: (result, what it wrote there)."""
+    master, slave = os.openpty()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("REACHY_MEMORY_ENDPOINT", None)
+    proc = subprocess.Popen([sys.executable, "-m", "reachy_memory.cli", *argv, "--config", str(d.config_path)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=slave, env=env)
+    os.close(slave)
+    seen = b""
+    with contextlib.suppress(OSError):  # EIO once the child closed its end
+        while chunk := os.read(master, 4096):
+            seen += chunk
+    os.close(master)
+    out, _ = proc.communicate(timeout=60)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out.decode(), ""), seen.decode(errors="replace")
+
+
+def test_a_backup_on_a_terminal_shows_its_progress(tmp_path: Path) -> None:
+    """A long job shows progress: on a terminal, the bytes the daemon has written so
+    far (from its health) until the backup's reply; piped, nothing but the result."""
+    d = words_only_daemon(tmp_path, 30_000).start()
+    try:
+        shown, progress = _on_a_terminal(d, "backup", str(tmp_path / "b.rms"))
+        piped = cli(d, "backup", str(tmp_path / "c.rms"))
+    finally:
+        assert d.stop() == 0
+    assert shown.returncode == 0 and "backup of 30000 memories written" in shown.stdout
+    assert "writing the backup: " in progress and " MB, " in progress
+    assert piped.returncode == 0 and piped.stderr == ""
 
 
 def test_prune_races_another_prune(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -198,11 +198,11 @@ class _HeldBackup:
         self.writing, self.release, self.result = threading.Event(), threading.Event(), {}
         real = jr.write_snapshot
 
-        def held(path: Path, frames: Any, *args: Any) -> int:
+        def held(path: Path, frames: Any, *args: Any, **kwargs: Any) -> int:
             if path == target:
                 self.writing.set()
                 assert self.release.wait(20)
-            return real(path, frames, *args)
+            return real(path, frames, *args, **kwargs)
 
         monkeypatch.setattr(jr, "write_snapshot", held)
         self.thread = threading.Thread(target=lambda: self.result.update(store.backup(target)), daemon=True)
@@ -297,6 +297,15 @@ def test_a_retention_change_during_a_backup_leaves_the_backup_at_its_moment(
     bk.restore(info["path"], tmp_path / "restored")
     with MemoryStore(config=config.replace("memory", path=str(tmp_path / "restored")), embedder=None) as back:
         assert back.get(old.id) == old and back.get(recent.id) == recent  # expiries as they were: 30 days
+
+
+def test_a_backup_tells_its_progress_in_bytes_written(config: Config, tmp_path: Path) -> None:
+    with MemoryStore(config=config, embedder=HashEmbedder()) as store:
+        store.store_batch([{"content": f"fact {i}"} for i in range(300)])
+        seen: list[int] = []
+        info = store.backup(tmp_path / "b.rms", progress=seen.append)
+    assert len(seen) > 3 and seen == sorted(seen) and seen[0] > 0  # piece by piece, growing
+    assert seen[-1] == info["bytes"] == (tmp_path / "b.rms").stat().st_size
 
 
 def test_overlapping_background_jobs_give_back_the_switch_interval() -> None:

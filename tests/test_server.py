@@ -30,7 +30,7 @@ from reachy_memory import (
 )
 from reachy_memory import backup as bk
 from reachy_memory._threads import release_free_heap
-from tests.daemon_util import ROOT, DaemonProcess
+from tests.daemon_util import ROOT, DaemonProcess, words_only_daemon
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -409,22 +409,12 @@ def test_backup_during_write_storm_verifies_and_restores(tmp_path: Path) -> None
         bk.restore(dest, restored)  # refuses to overwrite without --force
 
 
-def _words_only_daemon(tmp_path: Path, memories: int) -> DaemonProcess:
-    """A daemon (not started) over ``memories`` facts, without the model (no embedding to wait for)."""
-    d = DaemonProcess(tmp_path, embedding={"enabled": False})
-    with MemoryStore(d.data, config=d.config, embedder=None) as store:
-        for start in range(0, memories, 1000):
-            store.store_batch([{"content": f"the fox number {i} ran along the river bank at dawn"}
-                               for i in range(start, min(start + 1000, memories))])
-    return d
-
-
 def test_searches_and_writes_are_answered_while_a_backup_is_written(tmp_path: Path) -> None:
     """The backup runs on a thread of its own: while health says it is being written, a
     search and a store (engine ops) are answered (they used to queue behind it: at 100k
     memories ~1.2 s of a stopped engine, the control loop's searches waiting); the backup
     holds the store as it was when asked for."""
-    d = _words_only_daemon(tmp_path, 30_000).start()
+    d = words_only_daemon(tmp_path, 30_000).start()
     dest, out, seen = tmp_path / "backup.rms", {}, []
 
     def take_backup() -> None:
