@@ -157,8 +157,9 @@ class Storage:
 
         Any thread: the lock is held only to freeze the state and to thaw it (a few
         ms at 100k memories); writes and searches go on while the file is written,
-        and stay out of it.  :meth:`close` waits for a backup being written.
-        Raises ClosedError once the store is closing or closed.
+        and stay out of it.  Raises ClosedError once the store is closing or closed,
+        and abandons a backup being written when closing begins (:meth:`begin_closing`,
+        :meth:`close`): at its next chunk, its temp file removed, ``target`` untouched.
         """
         with self.lock:
             self._require_open()
@@ -170,11 +171,27 @@ class Storage:
         try:
             with _short_gil_slices():
                 sections = snapshot_sections(frozen, head, lexical)
-                return jr.write_snapshot(target, sections, progress=progress), len(frozen.records)
+                return jr.write_snapshot(target, sections, progress=self._ticking(progress)), len(frozen.records)
         finally:
             with self.lock:
                 self.state.thaw()
             self._backups.leave()
+
+    def _ticking(self, progress: Callable[[int], None] | None) -> Callable[[int], None]:
+        """A backup's progress callback that also abandons it once closing begins (a
+        backup of 100k memories on an SD card takes tens of seconds; a robot shutting
+        down must not wait for it, nor be killed by systemd while closing)."""
+        def tick(written: int) -> None:
+            if self.closing:
+                raise ClosedError("the store is closing: the backup was abandoned (nothing written)")
+            if progress is not None:
+                progress(written)
+        return tick
+
+    def begin_closing(self) -> None:
+        """Stop background work ahead of :meth:`close`: no compaction or backup starts,
+        and a backup being written is abandoned at its next chunk."""
+        self.closing = True
 
     def graph_tag(self) -> str:
         return f"{self.generation}:{self.state.current_key}"

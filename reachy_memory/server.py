@@ -84,7 +84,7 @@ BACKGROUND = LANES["background"]  # long jobs on a thread of their own (a backup
 # SIGTERM's worst case, part by part: the I/O loop lets in-flight requests finish for up to
 # server.drain_seconds; _shutdown gives the workers STOP_WORKERS_SECONDS in all (one deadline
 # for their sentinels and joins); the store's close (a closing compaction, after any background
-# one and any backup in flight: 4.3 s / 7.9 s at 100k memories on the dev VM, README) is allowed STOP_CLOSE_SECONDS but
+# one in flight: 4.3 s at 100k memories on the dev VM, README; a backup is abandoned) is allowed STOP_CLOSE_SECONDS but
 # not cut short (a kill there is a crash, recovered at the next open).  TimeoutStopSec in
 # systemd/reachy-memory.service must stay above STOP_BUDGET_SECONDS (tests/test_systemd_units.py)
 # or systemd SIGKILLs a daemon still stopping: raise it with server.drain_seconds.
@@ -689,9 +689,10 @@ class Daemon:
     def _shutdown(self, workers: list[threading.Thread], router: zmq.Socket, replies: zmq.Socket) -> None:
         """Stop the embed thread, then the engine and background threads (their sentinels
         and joins share one deadline, STOP_WORKERS_SECONDS from now; a worker still busy
-        then is left running, and the store's close waits for a backup being written),
+        then is left running; a backup being written is abandoned first),
         forward the last replies, close the store and release the endpoint."""
         deadline = time.monotonic() + STOP_WORKERS_SECONDS
+        self.store.begin_closing()  # a backup being written is abandoned now, not waited for
         queues: list[queue.Queue[Any]] = [self._embed_q, self._engine_q, self._background_q]
         stages = list(zip(queues, workers, strict=True))
         for jobs, worker in stages:

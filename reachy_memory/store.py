@@ -900,6 +900,12 @@ class MemoryStore(PeopleMixin):
         """True once :meth:`close` has run."""
         return self._closed
 
+    def begin_closing(self) -> None:
+        """Ahead of :meth:`close` (a daemon stopping): start no background compaction or
+        backup, and abandon a backup being written (its caller gets ClosedError, its
+        target is untouched).  Writes and searches go on until :meth:`close`."""
+        self._storage.begin_closing()
+
     def close(self) -> None:
         """Compact if the journal holds changes, flush, and release the lock; idempotent
         and safe while other threads use the store (a write in flight finishes first,

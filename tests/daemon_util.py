@@ -90,10 +90,10 @@ class DaemonProcess:
         return self.proc.returncode
 
 
-def words_only_daemon(tmp: Path, memories: int) -> DaemonProcess:
+def words_only_daemon(tmp: Path, memories: int, **sections: dict) -> DaemonProcess:
     """A daemon (not started) over ``memories`` facts, without the model (no embedding
     to wait for): a store large enough that a backup of it takes about a second."""
-    d = DaemonProcess(tmp, embedding={"enabled": False})
+    d = DaemonProcess(tmp, embedding={"enabled": False}, **sections)
     with MemoryStore(d.data, config=d.config, embedder=None) as store:
         for start in range(0, memories, 1000):
             store.store_batch([{"content": f"the fox number {i} ran along the river bank at dawn"}

@@ -24,6 +24,7 @@ from reachy_memory import (
     BusyError,
     MemoryClient,
     MemoryStore,
+    ReachyMemoryError,
     RequestTimeoutError,
     TooLargeError,
     ValidationError,
@@ -442,6 +443,38 @@ def test_searches_and_writes_are_answered_while_a_backup_is_written(tmp_path: Pa
     assert out["memories"] == 30_000 and bk.verify(dest).ok  # the late write is not in it
 
 
+def test_sigterm_abandons_a_backup_being_written_and_exits_cleanly(tmp_path: Path) -> None:
+    """Stopping the daemon waits for a backup no longer than for any request in flight
+    (server.drain_seconds, 0 here), then abandons it: its client is told so, no file
+    is left, and the daemon exits 0 with every memory kept (it waited for the whole
+    backup, tens of seconds at 100k memories on an SD card, and systemd kills a
+    daemon still stopping after 90 s)."""
+    d = words_only_daemon(tmp_path, 30_000, server={"drain_seconds": 0.0}).start()
+    dest, outcome = tmp_path / "backups", []
+    dest.mkdir()
+
+    def take_backup() -> None:
+        with d.client(timeout=60) as c:
+            try:
+                outcome.append(c.backup(str(dest)))
+            except ReachyMemoryError as exc:
+                outcome.append(exc)
+
+    taker = threading.Thread(target=take_backup, daemon=True)
+    with d.client(timeout=10) as c:
+        taker.start()
+        deadline = time.monotonic() + 20
+        while not (running := c.health()["backup_running"]) and time.monotonic() < deadline:
+            time.sleep(0.002)
+    assert running, "the backup never started"
+    code = d.stop()
+    taker.join(30)
+    assert code == 0 and len(outcome) == 1 and isinstance(outcome[0], ReachyMemoryError), outcome
+    assert "abandoned" in str(outcome[0]) and list(dest.iterdir()) == []
+    with MemoryStore(d.data, config=d.config, embedder=None) as store:
+        assert len(store) == 30_000
+
+
 def test_cheap_ops_answer_while_searches_run(daemon: DaemonProcess) -> None:
     with daemon.client() as c:
         c.store_batch([{"content": f"memory {i} about gardens and robots", "memory_type": "fact"}
@@ -741,6 +774,9 @@ class _Closable:
 
     def close(self, linger: int | None = None) -> None:
         self.closed = True
+
+    def begin_closing(self) -> None:
+        pass
 
     term = release = close
 
