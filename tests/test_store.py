@@ -539,29 +539,6 @@ class _WideHashEmbedder(HashEmbedder):
     dim = 16
 
 
-def test_a_crash_during_a_reindex_to_a_model_of_another_size_leaves_the_old_cache_alone(tmp_path: Path) -> None:
-    """The cache of the last clean close holds the old model's 8-dimensional graph; after
-    a reindex to a 16-dimensional model, a background compaction and a crash, it was
-    adopted (its node list made its age no matter) and inserting into it overwrote the
-    graph's labels: searches raised IndexError on slots like -4.8e18."""
-    cfg = Config().replace("memory", path=str(tmp_path)).replace("search", exact_below=40, exact_threshold=5)
-    with MemoryStore(config=cfg, embedder=HashEmbedder()) as s:
-        old = s.store_batch([{"content": f"fact {i}", "memory_type": "fact"} for i in range(200)])
-    s = MemoryStore(config=cfg, embedder=_WideHashEmbedder(), reindex=True)
-    assert s.reindex() == 200
-    with s._lock:  # a daemon's background compaction: the graph cache left as it was
-        s._storage.compact_in_background()
-    s._storage.wait()
-    store_util.abandon(s)
-    with MemoryStore(config=cfg, embedder=_WideHashEmbedder()) as s:
-        vectors = s._state.vectors
-        assert vectors._adopt_loaded(wait=True)
-        assert not vectors._graphs and len(vectors.pending) == vectors.count == 200
-        assert vectors.flush() == 200
-        for i in range(0, 200, 9):  # (digit permutations share a HashEmbedder vector: "fact 12", "fact 21")
-            assert old[i].id in {h.memory.id for h in s.search(f"fact {i}", mode="vector", limit=10)}
-
-
 class _OtherHashEmbedder(HashEmbedder):
     """Another model of the same size: other vectors in the same slots."""
 
@@ -569,25 +546,31 @@ class _OtherHashEmbedder(HashEmbedder):
         return -super().embed(texts)
 
 
-def test_a_crash_during_a_reindex_rebuilds_the_graph_afresh(tmp_path: Path) -> None:
-    """After a reindex, a background compaction and a crash, every node of the cache of
-    the last clean close is stale while its slot is live: that graph was adopted and
-    every vector then updated in place, 7-17x the idle work of building it afresh."""
+@pytest.mark.parametrize("model", [
+    _WideHashEmbedder,  # another size: the old 8-dimensional graph was adopted and inserting into
+                        # it overwrote its labels (searches raised IndexError on slots like -4.8e18)
+    _OtherHashEmbedder,  # the same size: every node stale, every vector then updated in place,
+                         # 7-17x the idle work of building the graph afresh
+])
+def test_a_crash_after_a_reindex_builds_the_graph_afresh(tmp_path: Path, model: type[HashEmbedder]) -> None:
+    """The cache of the last clean close holds the old model's graph; after a reindex,
+    a background compaction and a crash, it is not adopted: the graph is built afresh."""
     cfg = Config().replace("memory", path=str(tmp_path)).replace("search", exact_below=40, exact_threshold=5)
     with MemoryStore(config=cfg, embedder=HashEmbedder()) as s:
         old = s.store_batch([{"content": f"fact {i}", "memory_type": "fact"} for i in range(200)])
-    s = MemoryStore(config=cfg, embedder=_OtherHashEmbedder(), reindex=True)
+    s = MemoryStore(config=cfg, embedder=model(), reindex=True)
     assert s.reindex() == 200
     with s._lock:  # a daemon's background compaction: the graph cache left as it was
         s._storage.compact_in_background()
     s._storage.wait()
     store_util.abandon(s)
-    with MemoryStore(config=cfg, embedder=_OtherHashEmbedder()) as s:
+    with MemoryStore(config=cfg, embedder=model()) as s:
         vectors = s._state.vectors
         assert vectors._adopt_loaded(wait=True)
         assert not vectors._graphs and len(vectors.pending) == vectors.count == 200
         assert vectors.flush() == 200
-        assert old[7].id in {h.memory.id for h in s.search("fact 7", mode="vector", limit=10)}
+        for i in range(0, 200, 9):  # (digit permutations share a HashEmbedder vector: "fact 12", "fact 21")
+            assert old[i].id in {h.memory.id for h in s.search(f"fact {i}", mode="vector", limit=10)}
 
 
 def test_reindex_embeds_turns_exactly_as_storing_does(tmp_path: Path, embedder: object) -> None:

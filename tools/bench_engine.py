@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -156,6 +157,20 @@ store.close()
 """
 
 
+def _alternating(source: Path, against: Path | None, rounds: int, script: str) -> Iterator[tuple[str, str]]:
+    """(checkout, what ``script`` printed) for each round and checkout in turn: ``script``
+    run in a fresh process on a fresh copy of ``source`` (ROOT and PATH filled in)."""
+    roots = {"this": Path(__file__).resolve().parents[1]} | ({"against": against.resolve()} if against else {})
+    for r in range(rounds):
+        for name, root in roots.items():
+            work = source.with_name(f"{source.name}-{name}-{r}")
+            shutil.copytree(source, work)
+            code = script.replace("ROOT", repr(str(root))).replace("PATH", repr(str(work)))
+            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+            shutil.rmtree(work)
+            yield name, out
+
+
 def bench_cleanup(n: int, rounds: int, tmp: Path, against: Path | None) -> None:
     """The expiry sweep at ``n`` memories (two thirds expire), each round in a fresh
     process on a fresh copy, alternating with the code of ``against`` when given."""
@@ -163,19 +178,12 @@ def bench_cleanup(n: int, rounds: int, tmp: Path, against: Path | None) -> None:
     fill(source, n)
     with MemoryStore(config=config(source), embedder=Precomputed()):
         pass  # a snapshot and a graph cache, as a daemon that has run a while has
-    roots = {"this": Path(__file__).resolve().parents[1]} | ({"against": against.resolve()} if against else {})
-    times: dict[str, list[list[float]]] = {name: [] for name in roots}
-    for r in range(rounds):
-        for name, root in roots.items():
-            work = tmp / f"sweep-{name}-{r}"
-            shutil.copytree(source, work)
-            code = _SWEEP.replace("ROOT", repr(str(root))).replace("PATH", repr(str(work)))
-            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-            deleted, *figures = out.split()
-            times[name].append([float(x) for x in figures[:3]])
-            shutil.rmtree(work)
-            print(f"\r  round {r + 1}/{rounds} {name}: {deleted} expired, sweep {1000 * times[name][-1][0]:.0f} ms",
-                  end="", file=sys.stderr, flush=True)
+    times: dict[str, list[list[float]]] = {}
+    for name, out in _alternating(source, against, rounds, _SWEEP):
+        deleted, *figures = out.split()
+        times.setdefault(name, []).append([float(x) for x in figures[:3]])
+        print(f"\r  {name}: {deleted} expired, sweep {1000 * times[name][-1][0]:.0f} ms",
+              end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
     for name, rows in times.items():
         sweep, first, idle = (np.array(col) * 1000 for col in zip(*rows, strict=True))
@@ -234,18 +242,10 @@ def bench_crash_reopen(n: int, rounds: int, tmp: Path, against: Path | None) -> 
     crash = _CRASH.replace("ROOT", repr(str(here))).replace("PATH", repr(str(source)))
     subprocess.run([sys.executable, "-c", crash.replace("NEW", str(n // 100)).replace("GONE", str(n // 500))],
                    check=True)
-    roots = {"this": here} | ({"against": against.resolve()} if against else {})
-    times: dict[str, list[list[float]]] = {name: [] for name in roots}
-    for r in range(rounds):
-        for name, root in roots.items():
-            work = tmp / f"reopen-{name}-{r}"
-            shutil.copytree(source, work)
-            code = _REOPEN.replace("ROOT", repr(str(root))).replace("PATH", repr(str(work)))
-            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-            times[name].append([float(x) for x in out.split()])
-            shutil.rmtree(work)
-            print(f"\r  round {r + 1}/{rounds} {name}: {times[name][-1][3]:.0f} vectors left at adoption",
-                  end="", file=sys.stderr, flush=True)
+    times: dict[str, list[list[float]]] = {}
+    for name, out in _alternating(source, against, rounds, _REOPEN):
+        times.setdefault(name, []).append([float(x) for x in out.split()])
+        print(f"\r  {name}: {times[name][-1][3]:.0f} vectors left at adoption", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
     for name, rows in times.items():
         opened, adopted, idle, pending, count = (np.array(col) for col in zip(*rows, strict=True))
