@@ -89,6 +89,7 @@ BACKGROUND = LANES["background"]  # long jobs on a thread of their own (a backup
 # systemd/reachy-memory.service must stay above STOP_BUDGET_SECONDS (tests/test_systemd_units.py)
 # or systemd SIGKILLs a daemon still stopping: raise it with server.drain_seconds.
 STOP_WORKERS_SECONDS = 30.0
+FINAL_REPLIES_LINGER_MS = 500  # how long the last replies may take to leave when the ROUTER closes
 STOP_CLOSE_SECONDS = 30.0
 STOP_BUDGET_SECONDS = ServerConfig.drain_seconds + STOP_WORKERS_SECONDS + STOP_CLOSE_SECONDS
 
@@ -359,6 +360,8 @@ class Daemon:
                 next_beat = now + beat
             self.bad_requests.summarise()
             if self._stopping.is_set():
+                if drain_until is None:  # a backup being written is abandoned now, its reply sent while
+                    self.store.begin_closing()  # the loop still runs (one left to _shutdown could be lost)
                 drain_until = drain_until or now + self.config.server.drain_seconds
                 if self._inflight <= 0 or now > drain_until:
                     return
@@ -702,7 +705,10 @@ class Daemon:
                 log.error("%s queue did not drain; stopping anyway", worker.name)
             worker.join(timeout=max(0.0, deadline - time.monotonic()))
         self._forward(replies, router)
-        router.close(linger=0)
+        # Replies forwarded just before the loop ended may still be queued in the ROUTER:
+        # linger 0 dropped them (one in ~8 abandoned backups' replies under load; a write's
+        # acknowledgement could go the same way, its client then timing out and retrying).
+        router.close(linger=FINAL_REPLIES_LINGER_MS)
         replies.close(linger=0)
         if self._auth is not None:
             self._auth.stop()
