@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from . import backup as bk
 from .client import MemoryClient
@@ -353,14 +353,29 @@ def _keep_outcome(call: Callable[[], Any], outcome: dict[str, Any]) -> None:
 def _show_backup(watcher: MemoryClient) -> bool:
     """One line of the daemon's backup progress on stderr; False when it has none to tell."""
     try:
-        running = watcher.health(timeout=1.0).get("backup_running")
+        health = watcher.health(timeout=1.0)
     except ReachyMemoryError:  # a slow answer: the backup itself is what is waited for
         return False
-    if not running:
+    line = _backup_line(health.get("backup_running") if isinstance(health, dict) else None)
+    if line is None:
         return False
-    print(f"\rwriting the backup: {running['bytes'] / 1e6:.1f} MB, {running['seconds']:.0f} s ",
-          end="", file=sys.stderr, flush=True)
+    print(f"\r{line} ", end="", file=sys.stderr, flush=True)
     return True
+
+
+def _backup_line(running: Any) -> str | None:
+    """The progress line for a health's ``backup_running``, None when there is none.  Of
+    another shape, what it holds is shown: a daemon started before an upgrade tells the
+    seconds and no bytes (its ``KeyError`` ended the command with a traceback)."""
+    if not isinstance(running, dict) or not _number(running.get("seconds")):
+        return None
+    written = running.get("bytes")
+    size = f"{written / 1e6:.1f} MB, " if _number(written) else ""
+    return f"writing the backup: {size}{running['seconds']:.0f} s"
+
+
+def _number(value: Any) -> TypeGuard[int | float]:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
