@@ -313,30 +313,30 @@ def cmd_backup(args: argparse.Namespace) -> int:
         # else the timestamped backups beside a named file were pruned, the named one never counted
         raise ValidationError("--keep rotates the backups in a directory: give DEST as a directory", field="keep")
     with _client(args) as c:
-        info = _showing_backup(args, lambda: c.backup(str(dest), force=args.force,
-                                                      timeout=_slow_timeout(args, "backup")))
+        info = _showing_backup(args, str(dest), lambda: c.backup(str(dest), force=args.force,
+                                                                 timeout=_slow_timeout(args, "backup")))
     if args.keep is not None:
         info["pruned"] = bk.prune(Path(info["path"]).parent, args.keep, written=info["path"])
     _out(args, info, lambda i: f"backup of {i['memories']} memories written to {i['path']} ({i['bytes']} bytes)")
     return 0
 
 
-def _showing_backup(args: argparse.Namespace, call: Callable[[], Any]) -> Any:
-    """``call()`` (the backup request); on a terminal, the daemon's progress meanwhile,
-    from its ``health`` on a client of its own (a backup of 100k memories on an SD
-    card takes tens of seconds).  Raises what ``call`` raises."""
+def _showing_backup(args: argparse.Namespace, dest: str, call: Callable[[], Any]) -> Any:
+    """``call()`` (the backup request to ``dest``); on a terminal, the daemon's progress
+    meanwhile, from its ``health`` on a client of its own (a backup of 100k memories on
+    an SD card takes tens of seconds).  Raises what ``call`` raises."""
     if args.json or not sys.stderr.isatty():
         return call()
     outcome: dict[str, Any] = {}
     worker = threading.Thread(target=_keep_outcome, args=(call, outcome), daemon=True)
     worker.start()
     with _client(args) as watcher:
-        shown = False
+        width = 0
         worker.join(0.25)
         while worker.is_alive():
-            shown = _show_backup(watcher) or shown
+            width = _show_backup(watcher, dest, width)
             worker.join(0.5)
-    if shown:
+    if width:
         print(file=sys.stderr)
     if "error" in outcome:
         raise outcome["error"]
@@ -350,25 +350,30 @@ def _keep_outcome(call: Callable[[], Any], outcome: dict[str, Any]) -> None:
         outcome["error"] = exc
 
 
-def _show_backup(watcher: MemoryClient) -> bool:
-    """One line of the daemon's backup progress on stderr; False when it has none to tell."""
+def _show_backup(watcher: MemoryClient, dest: str, width: int) -> int:
+    """The daemon's progress with the backup to ``dest``, on stderr over the line shown
+    before (``width`` characters, 0 for none: a shorter line blanks the rest); the
+    width of the line now shown."""
     try:
         health = watcher.health(timeout=1.0)
     except ReachyMemoryError:  # a slow answer: the backup itself is what is waited for
-        return False
-    line = _backup_line(health.get("backup_running") if isinstance(health, dict) else None)
+        return width
+    line = _backup_line(health.get("backup_running") if isinstance(health, dict) else None, dest)
     if line is None:
-        return False
-    print(f"\r{line} ", end="", file=sys.stderr, flush=True)
-    return True
+        return width
+    print(f"\r{line.ljust(width)}", end="", file=sys.stderr, flush=True)
+    return max(width, len(line))
 
 
-def _backup_line(running: Any) -> str | None:
-    """The progress line for a health's ``backup_running``, None when there is none.  Of
-    another shape, what it holds is shown: a daemon started before an upgrade tells the
-    seconds and no bytes (its ``KeyError`` ended the command with a traceback)."""
+def _backup_line(running: Any, dest: str) -> str | None:
+    """The progress line for a health's ``backup_running``, None when there is none.
+    The daemon writes one backup at a time: one to another path is not ours, which
+    waits.  Of another shape, what it holds is shown: a daemon started before an
+    upgrade tells the seconds and no bytes (its ``KeyError`` ended the command)."""
     if not isinstance(running, dict) or not _number(running.get("seconds")):
         return None
+    if running.get("path") != dest:
+        return f"waiting for another backup ({running['seconds']:.0f} s so far)"
     written = running.get("bytes")
     size = f"{written / 1e6:.1f} MB, " if _number(written) else ""
     return f"writing the backup: {size}{running['seconds']:.0f} s"

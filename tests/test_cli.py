@@ -316,6 +316,21 @@ def test_a_backup_on_a_terminal_shows_what_a_daemon_of_an_earlier_version_tells(
 
 
 @pytest.mark.timeout(30)
+def test_a_backup_waiting_behind_another_does_not_show_the_others_progress_as_its_own(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """One backup is written at a time: while ours waits, health shows the other's path and
+    bytes, which were shown as ours (45 MB, then back to 0.1 MB, and the shorter line left
+    the longer one's last characters on the screen)."""
+    dest = str(tmp_path.resolve() / "b.rms")
+    healths = [{"backup_running": {"path": "/srv/other.rms", "seconds": 12.0, "bytes": 45_000_000}},
+               {"backup_running": {"path": dest, "seconds": 0.4, "bytes": 100_000}}]
+    code, out, err, _ = _backup_on_a_fake_terminal(monkeypatch, capsys, tmp_path, healths, WRITTEN | {"path": dest})
+    assert code == 0 and "backup of 30000 memories written" in out
+    assert "45.0 MB" not in err and "waiting for another backup (12 s so far)" in err
+    assert _screen(err) == ["writing the backup: 0.1 MB, 0 s", ""]
+
+
+@pytest.mark.timeout(30)
 @pytest.mark.parametrize("error", [ValidationError("backup target is inside the data directory", field="path"),
                                    RequestTimeoutError("no reply to 'backup' within 120 s"),
                                    DaemonUnavailableError("no reachy-memory daemon at ipc:///x"),
