@@ -330,14 +330,15 @@ def _showing_backup(args: argparse.Namespace, dest: str, call: Callable[[], Any]
     outcome: dict[str, Any] = {}
     worker = threading.Thread(target=_keep_outcome, args=(call, outcome), daemon=True)
     worker.start()
-    with _client(args) as watcher:
-        width = 0
-        worker.join(0.25)
-        while worker.is_alive():
-            width = _show_backup(watcher, dest, width)
-            worker.join(0.5)
-    if width:
-        print(file=sys.stderr)
+    line = _StatusLine()
+    try:
+        with _client(args) as watcher:
+            worker.join(0.25)
+            while worker.is_alive():
+                _show_backup(watcher, dest, line)
+                worker.join(0.5)
+    finally:  # the progress line ends before the result, an error or "interrupted" (Ctrl-C)
+        line.end()
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
@@ -350,19 +351,33 @@ def _keep_outcome(call: Callable[[], Any], outcome: dict[str, Any]) -> None:
         outcome["error"] = exc
 
 
-def _show_backup(watcher: MemoryClient, dest: str, width: int) -> int:
-    """The daemon's progress with the backup to ``dest``, on stderr over the line shown
-    before (``width`` characters, 0 for none: a shorter line blanks the rest); the
-    width of the line now shown."""
+class _StatusLine:
+    """One line of stderr rewritten in place (a carriage return, the rest blanked)."""
+
+    def __init__(self) -> None:
+        self.width = 0  # set before the line is written: a Ctrl-C during the write still ends it
+
+    def show(self, text: str) -> None:
+        shown, self.width = self.width, max(self.width, len(text))
+        print(f"\r{text.ljust(shown)}", end="", file=sys.stderr, flush=True)
+
+    def end(self) -> None:
+        """Move past the line, if one was shown (once)."""
+        if self.width:
+            self.width = 0
+            print(file=sys.stderr)
+
+
+def _show_backup(watcher: MemoryClient, dest: str, line: _StatusLine) -> None:
+    """The daemon's progress with the backup to ``dest`` on ``line`` (left as it is when
+    health tells none, or does not answer within a second)."""
     try:
         health = watcher.health(timeout=1.0)
     except ReachyMemoryError:  # a slow answer: the backup itself is what is waited for
-        return width
-    line = _backup_line(health.get("backup_running") if isinstance(health, dict) else None, dest)
-    if line is None:
-        return width
-    print(f"\r{line.ljust(width)}", end="", file=sys.stderr, flush=True)
-    return max(width, len(line))
+        return
+    text = _backup_line(health.get("backup_running") if isinstance(health, dict) else None, dest)
+    if text is not None:
+        line.show(text)
 
 
 def _backup_line(running: Any, dest: str) -> str | None:

@@ -331,6 +331,29 @@ def test_a_backup_waiting_behind_another_does_not_show_the_others_progress_as_it
 
 
 @pytest.mark.timeout(30)
+@pytest.mark.parametrize("when", ["polling", "writing the line"])
+def test_ctrl_c_during_a_backup_on_a_terminal_exits_130_on_a_line_of_its_own(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path, when: str) -> None:
+    """Ctrl-C while the progress line is shown, waiting for health or as the line is
+    written: exit 130 and 'interrupted' on a line of its own, as for any command (it was
+    appended to the progress line), and the request on the worker thread ends (its
+    client closed), so nothing waits at exit."""
+    dest = str(tmp_path.resolve() / "b.rms")
+    running = {"backup_running": {"path": dest, "seconds": 1.0, "bytes": 2_000_000}}
+    healths: list[Any] = [running, KeyboardInterrupt()] if when == "polling" else [running]
+    if when == "writing the line":
+        flushes = iter([KeyboardInterrupt()])
+        monkeypatch.setattr(sys.stderr, "flush", lambda: next(flushes, None) and _raise(KeyboardInterrupt()))
+    code, out, err, taker = _backup_on_a_fake_terminal(monkeypatch, capsys, tmp_path, healths, None)
+    assert code == 130 and out == "" and taker.ended.wait(5)
+    assert _screen(err) == ["writing the backup: 2.0 MB, 1 s", "interrupted", ""]
+
+
+def _raise(exc: BaseException) -> None:
+    raise exc
+
+
+@pytest.mark.timeout(30)
 @pytest.mark.parametrize("error", [ValidationError("backup target is inside the data directory", field="path"),
                                    RequestTimeoutError("no reply to 'backup' within 120 s"),
                                    DaemonUnavailableError("no reachy-memory daemon at ipc:///x"),
