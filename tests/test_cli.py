@@ -316,6 +316,16 @@ def test_a_backup_on_a_terminal_shows_what_a_daemon_of_an_earlier_version_tells(
 
 
 @pytest.mark.timeout(30)
+def test_a_backup_answered_at_once_on_a_terminal_shows_no_line(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A backup answered before the first health poll (a small store): nothing on stderr,
+    not even a blank line."""
+    dest = str(tmp_path.resolve() / "b.rms")
+    code, out, err, _ = _backup_on_a_fake_terminal(monkeypatch, capsys, tmp_path, [], WRITTEN | {"path": dest})
+    assert code == 0 and "backup of 30000 memories written" in out and err == ""
+
+
+@pytest.mark.timeout(30)
 def test_a_backup_waiting_behind_another_does_not_show_the_others_progress_as_its_own(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     """One backup is written at a time: while ours waits, health shows the other's path and
