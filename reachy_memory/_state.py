@@ -562,21 +562,36 @@ class MemoryState:
 
 
 def snapshot_sections(frozen: Frozen, head: dict[str, Any],
-                      lexical: dict[str, Any] | Callable[[], dict[str, Any]]) -> Iterator[Any]:
+                      lexical: dict[str, Any] | Callable[[], dict[str, Any]],
+                      check: Callable[[], None] | None = None) -> Iterator[Any]:
     """The frames of a snapshot of ``frozen`` (``docs/FORMAT.md``, "Snapshot"), each
     produced when the writer reaches it; ``lexical`` is the index's state or what
-    builds it (after the records are written and freed)."""
+    builds it (after the records are written and freed).  ``check`` is called every
+    :data:`CHECK_EVERY` records while they are packed (what it raises stops the snapshot)."""
     from .journal import Packed, RawBin, Stream, pack_gently  # late: journal is I/O; the state only names frames
 
     yield {**head, "vector_format": VECTOR_FORMAT}  # the vector block's format goes with the block
     # Packed piece by piece: a background compaction must not hold the GIL for long;
     # rows are encoded as they are packed, so they are never all alive at once.
-    rows = Stream(len(frozen.records), (_snapshot_row(rec, frozen) for rec in frozen.records))
+    records = frozen.records if check is None else checked(frozen.records, check)
+    rows = Stream(len(frozen.records), (_snapshot_row(rec, frozen) for rec in records))
     yield Packed(pack_gently({"records": rows, "people": frozen.people}))
     yield RawBin(frozen.vectors)
     yield Packed(pack_gently({"lexical": lexical() if callable(lexical) else lexical}))
     yield {"window": [list(turn) for turn in frozen.window]}
     yield {"end": len(frozen.records)}
+
+
+CHECK_EVERY = 256  # records between two calls of a snapshot's check (~1 ms of packing or tokenizing)
+
+
+def checked(records: Iterable[Record], check: Callable[[], None]) -> Iterator[Record]:
+    """``records``, calling ``check`` before the first and every :data:`CHECK_EVERY`-th
+    (a backup abandoned when its store begins closing: ``check`` raises)."""
+    for i, rec in enumerate(records):
+        if i % CHECK_EVERY == 0:
+            check()
+        yield rec
 
 
 def _snapshot_row(rec: Record, frozen: Frozen) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from . import _persistence as files
 from . import journal as jr
 from ._persistence import GRAPH_FILE, JOURNAL_FILE
 from ._records import RECORD_VERSION
-from ._state import Frozen, MemoryState, snapshot_sections, words_state
+from ._state import Frozen, MemoryState, checked, snapshot_sections, words_state
 from ._threads import gc_paused
 from .config import Config
 from .errors import ClosedError, CorruptionError, ReachyMemoryError, ReadOnlyError, StorageError
@@ -166,11 +166,12 @@ class Storage:
             if self.closing:
                 raise ClosedError("this MemoryStore is closing")
             frozen = self.state.freeze(with_lexical=False)
-            head, lexical = self._snapshot_head(self.generation), self._lexical_of(frozen)
+            head = self._snapshot_head(self.generation)
+            lexical = self._lexical_of(frozen, self._abandon_if_closing)
             self._backups.enter()
         try:
             with _short_gil_slices():
-                sections = snapshot_sections(frozen, head, lexical)
+                sections = snapshot_sections(frozen, head, lexical, self._abandon_if_closing)
                 return jr.write_snapshot(target, sections, progress=self._ticking(progress)), len(frozen.records)
         finally:
             with self.lock:
@@ -182,11 +183,17 @@ class Storage:
         backup of 100k memories on an SD card takes tens of seconds; a robot shutting
         down must not wait for it, nor be killed by systemd while closing)."""
         def tick(written: int) -> None:
-            if self.closing:
-                raise ClosedError("the store is closing: the backup was abandoned (nothing written)")
+            self._abandon_if_closing()
             if progress is not None:
                 progress(written)
         return tick
+
+    def _abandon_if_closing(self) -> None:
+        """ClosedError once closing began: a backup's check at each chunk of its file, and
+        every few hundred records while it packs them and builds their lexical state
+        (seconds at 100k memories with no chunk written)."""
+        if self.closing:
+            raise ClosedError("the store is closing: the backup was abandoned (nothing written)")
 
     def begin_closing(self) -> None:
         """Stop background work ahead of :meth:`close`: no compaction or backup starts,
@@ -315,13 +322,15 @@ class Storage:
         lexical = frozen.lexical if frozen.lexical is not None else job.lexical
         files.write_snapshot_keeping_previous(self.path, snapshot_sections(frozen, job.head, lexical))
 
-    def _lexical_of(self, frozen: Frozen) -> Callable[[], dict[str, Any]]:
+    def _lexical_of(self, frozen: Frozen, check: Callable[[], None] | None = None) -> Callable[[], dict[str, Any]]:
         """Under the lock: what builds the lexical state of ``frozen`` on any thread.
         The live index keeps changing while a snapshot is written in the background, so
         the snapshot's is built from the frozen records once they are written (sharing
-        the live tokenizer, which is thread-safe, and its stem cache)."""
+        the live tokenizer, which is thread-safe, and its stem cache).  ``check`` is
+        called every few hundred records (what it raises stops the build)."""
         weight, tokenizer = self.state.lexical.previous_weight, self.state.lexical.tokenizer
-        return lambda: words_state(frozen.records, weight, tokenizer)
+        records = frozen.records
+        return lambda: words_state(records if check is None else checked(records, check), weight, tokenizer)
 
     def _carry_unlocked(self, job: _Compaction) -> None:
         """Compaction thread, no lock: copy the frames appended since the freeze so far

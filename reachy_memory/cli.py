@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from . import backup as bk
 from .client import MemoryClient
@@ -313,31 +313,32 @@ def cmd_backup(args: argparse.Namespace) -> int:
         # else the timestamped backups beside a named file were pruned, the named one never counted
         raise ValidationError("--keep rotates the backups in a directory: give DEST as a directory", field="keep")
     with _client(args) as c:
-        info = _showing_backup(args, lambda: c.backup(str(dest), force=args.force,
-                                                      timeout=_slow_timeout(args, "backup")))
+        info = _showing_backup(args, str(dest), lambda: c.backup(str(dest), force=args.force,
+                                                                 timeout=_slow_timeout(args, "backup")))
     if args.keep is not None:
         info["pruned"] = bk.prune(Path(info["path"]).parent, args.keep, written=info["path"])
     _out(args, info, lambda i: f"backup of {i['memories']} memories written to {i['path']} ({i['bytes']} bytes)")
     return 0
 
 
-def _showing_backup(args: argparse.Namespace, call: Callable[[], Any]) -> Any:
-    """``call()`` (the backup request); on a terminal, the daemon's progress meanwhile,
-    from its ``health`` on a client of its own (a backup of 100k memories on an SD
-    card takes tens of seconds).  Raises what ``call`` raises."""
+def _showing_backup(args: argparse.Namespace, dest: str, call: Callable[[], Any]) -> Any:
+    """``call()`` (the backup request to ``dest``); on a terminal, the daemon's progress
+    meanwhile, from its ``health`` on a client of its own (a backup of 100k memories on
+    an SD card takes tens of seconds).  Raises what ``call`` raises."""
     if args.json or not sys.stderr.isatty():
         return call()
     outcome: dict[str, Any] = {}
     worker = threading.Thread(target=_keep_outcome, args=(call, outcome), daemon=True)
     worker.start()
-    with _client(args) as watcher:
-        shown = False
-        worker.join(0.25)
-        while worker.is_alive():
-            shown = _show_backup(watcher) or shown
-            worker.join(0.5)
-    if shown:
-        print(file=sys.stderr)
+    line = _StatusLine()
+    try:
+        with _client(args) as watcher:
+            worker.join(0.25)
+            while worker.is_alive():
+                _show_backup(watcher, dest, line)
+                worker.join(0.5)
+    finally:  # the progress line ends before the result, an error or "interrupted" (Ctrl-C)
+        line.end()
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
@@ -350,17 +351,51 @@ def _keep_outcome(call: Callable[[], Any], outcome: dict[str, Any]) -> None:
         outcome["error"] = exc
 
 
-def _show_backup(watcher: MemoryClient) -> bool:
-    """One line of the daemon's backup progress on stderr; False when it has none to tell."""
+class _StatusLine:
+    """One line of stderr rewritten in place (a carriage return, the rest blanked)."""
+
+    def __init__(self) -> None:
+        self.width = 0  # set before the line is written: a Ctrl-C during the write still ends it
+
+    def show(self, text: str) -> None:
+        shown, self.width = self.width, max(self.width, len(text))
+        print(f"\r{text.ljust(shown)}", end="", file=sys.stderr, flush=True)
+
+    def end(self) -> None:
+        """Move past the line, if one was shown (once)."""
+        if self.width:
+            self.width = 0
+            print(file=sys.stderr)
+
+
+def _show_backup(watcher: MemoryClient, dest: str, line: _StatusLine) -> None:
+    """The daemon's progress with the backup to ``dest`` on ``line`` (left as it is when
+    health tells none, or does not answer within a second)."""
     try:
-        running = watcher.health(timeout=1.0).get("backup_running")
+        health = watcher.health(timeout=1.0)
     except ReachyMemoryError:  # a slow answer: the backup itself is what is waited for
-        return False
-    if not running:
-        return False
-    print(f"\rwriting the backup: {running['bytes'] / 1e6:.1f} MB, {running['seconds']:.0f} s ",
-          end="", file=sys.stderr, flush=True)
-    return True
+        return
+    text = _backup_line(health.get("backup_running") if isinstance(health, dict) else None, dest)
+    if text is not None:
+        line.show(text)
+
+
+def _backup_line(running: Any, dest: str) -> str | None:
+    """The progress line for a health's ``backup_running``, None when there is none.
+    The daemon writes one backup at a time: one to another path is not ours, which
+    waits.  Of another shape, what it holds is shown: a daemon started before an
+    upgrade tells the seconds and no bytes (its ``KeyError`` ended the command)."""
+    if not isinstance(running, dict) or not _number(running.get("seconds")):
+        return None
+    if running.get("path") != dest:
+        return f"waiting for another backup ({running['seconds']:.0f} s so far)"
+    written = running.get("bytes")
+    size = f"{written / 1e6:.1f} MB, " if _number(written) else ""
+    return f"writing the backup: {size}{running['seconds']:.0f} s"
+
+
+def _number(value: Any) -> TypeGuard[int | float]:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def cmd_verify(args: argparse.Namespace) -> int:

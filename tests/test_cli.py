@@ -9,14 +9,23 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from reachy_memory import MemoryStore
+from reachy_memory import (
+    ClosedError,
+    DaemonUnavailableError,
+    MemoryStore,
+    ReachyMemoryError,
+    RequestTimeoutError,
+    ValidationError,
+)
 from reachy_memory import backup as bk
 from reachy_memory import journal as jr
 from tests.daemon_util import ROOT, DaemonProcess, words_only_daemon
@@ -227,6 +236,149 @@ def test_a_backup_on_a_terminal_shows_its_progress(tmp_path: Path) -> None:
     assert shown.returncode == 0 and "backup of 30000 memories written" in shown.stdout
     assert "writing the backup: " in progress and " MB, " in progress
     assert piped.returncode == 0 and piped.stderr == ""
+
+
+class _FakeClient:
+    """What ``reachy-memory backup`` sees of a daemon, in process: the backup is answered
+    ``outcome`` once every health answer in ``healths`` was given (a ReachyMemoryError or
+    KeyboardInterrupt in either is raised; None: never answered); closed, a call in
+    flight raises ClosedError."""
+
+    def __init__(self, healths: list[Any], outcome: Any) -> None:
+        self.healths, self.outcome, self.closed, self.ended = healths, outcome, threading.Event(), threading.Event()
+
+    def __enter__(self) -> _FakeClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.closed.set()
+
+    def backup(self, path: str, force: bool, timeout: float) -> Any:
+        try:
+            while (self.healths or self.outcome is None) and not self.closed.wait(0.01):
+                pass
+            if self.closed.is_set():
+                raise ClosedError("MemoryClient closed during the call")
+            if isinstance(self.outcome, BaseException):
+                raise self.outcome
+            return self.outcome
+        finally:
+            self.ended.set()
+
+    def health(self, timeout: float) -> Any:
+        answer = self.healths.pop(0) if self.healths else {"backup_running": None}
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+
+def _backup_on_a_fake_terminal(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                               healths: list[Any], outcome: Any, tty: bool = True) -> tuple[int, str, str, _FakeClient]:
+    """``reachy-memory backup DEST`` in process against fake clients, stderr a terminal or
+    not: (exit code, stdout, stderr, the client that took the backup)."""
+    from reachy_memory import cli
+
+    clients = [_FakeClient(healths, outcome), _FakeClient(healths, outcome)]  # the backup's, the watcher's
+    made = iter(clients)
+    monkeypatch.setattr(cli, "_client", lambda args: next(made))
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: tty)
+    code = cli.main(["backup", str(tmp_path / "b.rms"), "--data-dir", str(tmp_path / "data")])
+    out, err = capsys.readouterr()
+    return code, out, err, clients[0]
+
+
+def _screen(text: str) -> list[str]:
+    """The lines a terminal shows for ``text`` (a carriage return overwrites from the line's start)."""
+    lines = []
+    for line in text.split("\n"):
+        shown = ""
+        for part in line.split("\r"):
+            shown = part + shown[len(part):]
+        lines.append(shown.rstrip())
+    return lines
+
+
+WRITTEN = {"path": "", "bytes": 7_000_000, "memories": 30_000}
+
+
+@pytest.mark.timeout(30)
+def test_a_backup_on_a_terminal_shows_what_a_daemon_of_an_earlier_version_tells(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A daemon started before the upgrade (its health has no 'bytes': ``pip install -U``,
+    daemon not restarted yet) or a malformed answer: the seconds are shown, and the backup
+    is reported as written (it was a KeyError traceback, exit 1, the backup's own client
+    closed under it while the daemon went on writing)."""
+    dest = str(tmp_path.resolve() / "b.rms")
+    healths = [{"backup_running": {"path": dest, "seconds": 2.2}}, {"backup_running": ["not", "a", "map"]}, []]
+    code, out, err, _ = _backup_on_a_fake_terminal(monkeypatch, capsys, tmp_path, healths, WRITTEN | {"path": dest})
+    assert code == 0 and "backup of 30000 memories written" in out, err
+    assert _screen(err) == ["writing the backup: 2 s", ""]
+
+
+@pytest.mark.timeout(30)
+def test_a_backup_answered_at_once_on_a_terminal_shows_no_line(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A backup answered before the first health poll (a small store): nothing on stderr,
+    not even a blank line."""
+    dest = str(tmp_path.resolve() / "b.rms")
+    code, out, err, _ = _backup_on_a_fake_terminal(monkeypatch, capsys, tmp_path, [], WRITTEN | {"path": dest})
+    assert code == 0 and "backup of 30000 memories written" in out and err == ""
+
+
+@pytest.mark.timeout(30)
+def test_a_backup_waiting_behind_another_does_not_show_the_others_progress_as_its_own(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """One backup is written at a time: while ours waits, health shows the other's path and
+    bytes, which were shown as ours (45 MB, then back to 0.1 MB, and the shorter line left
+    the longer one's last characters on the screen)."""
+    dest = str(tmp_path.resolve() / "b.rms")
+    healths = [{"backup_running": {"path": "/srv/other.rms", "seconds": 12.0, "bytes": 45_000_000}},
+               {"backup_running": {"path": dest, "seconds": 0.4, "bytes": 100_000}}]
+    code, out, err, _ = _backup_on_a_fake_terminal(monkeypatch, capsys, tmp_path, healths, WRITTEN | {"path": dest})
+    assert code == 0 and "backup of 30000 memories written" in out
+    assert "45.0 MB" not in err and "waiting for another backup (12 s so far)" in err
+    assert _screen(err) == ["writing the backup: 0.1 MB, 0 s", ""]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("when", ["polling", "writing the line"])
+def test_ctrl_c_during_a_backup_on_a_terminal_exits_130_on_a_line_of_its_own(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path, when: str) -> None:
+    """Ctrl-C while the progress line is shown, waiting for health or as the line is
+    written: exit 130 and 'interrupted' on a line of its own, as for any command (it was
+    appended to the progress line), and the request on the worker thread ends (its
+    client closed), so nothing waits at exit."""
+    dest = str(tmp_path.resolve() / "b.rms")
+    running = {"backup_running": {"path": dest, "seconds": 1.0, "bytes": 2_000_000}}
+    healths: list[Any] = [running, KeyboardInterrupt()] if when == "polling" else [running]
+    if when == "writing the line":
+        flushes = iter([KeyboardInterrupt()])
+        monkeypatch.setattr(sys.stderr, "flush", lambda: next(flushes, None) and _raise(KeyboardInterrupt()))
+    code, out, err, taker = _backup_on_a_fake_terminal(monkeypatch, capsys, tmp_path, healths, None)
+    assert code == 130 and out == "" and taker.ended.wait(5)
+    assert _screen(err) == ["writing the backup: 2.0 MB, 1 s", "interrupted", ""]
+
+
+def _raise(exc: BaseException) -> None:
+    raise exc
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("error", [ValidationError("backup target is inside the data directory", field="path"),
+                                   RequestTimeoutError("no reply to 'backup' within 120 s"),
+                                   DaemonUnavailableError("no reachy-memory daemon at ipc:///x"),
+                                   ClosedError("the store is closing: the backup was abandoned (nothing written)")])
+def test_a_failed_backup_is_reported_alike_on_a_terminal_and_piped(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path,
+        error: ReachyMemoryError) -> None:
+    """The worker thread hands the backup's error to the main thread: the same exit code
+    and message as without a terminal, the progress line ended first."""
+    dest = str(tmp_path.resolve() / "b.rms")
+    running = {"backup_running": {"path": dest, "seconds": 3.0, "bytes": 1_000_000}}
+    shown = _backup_on_a_fake_terminal(monkeypatch, capsys, tmp_path, [running], error)
+    piped = _backup_on_a_fake_terminal(monkeypatch, capsys, tmp_path, [], error, tty=False)
+    assert shown[0] == piped[0] != 0 and shown[1] == piped[1] == ""
+    assert _screen(shown[2]) == ["writing the backup: 1.0 MB, 3 s", *_screen(piped[2])]
 
 
 def test_prune_races_another_prune(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
