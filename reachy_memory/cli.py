@@ -25,6 +25,7 @@ from .client import MemoryClient
 from .config import Config, load_config
 from .endpoint import ipc_listener_gone
 from .errors import (
+    ClosedError,
     ConfigError,
     DaemonUnavailableError,
     NotFoundError,
@@ -37,7 +38,7 @@ from .errors import (
 from .model import SEARCH_LIMIT, SEARCH_MIN_SCORE, Memory, SearchResult
 
 EXIT = {ValidationError: 2, ConfigError: 2, NotFoundError: 3, RequestTimeoutError: 4, ServiceError: 4,
-        StoreLockedError: 4}
+        StoreLockedError: 4, ClosedError: 4}  # ClosedError: the daemon stopping abandoned the request
 DEFAULT_TIMEOUT = 10.0  # seconds a command waits for the daemon's reply, unless --timeout says
 SLOW_TIMEOUTS = {"backup": 120.0, "import": 60.0}  # ...for one request of these, unless --timeout says
 

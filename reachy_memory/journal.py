@@ -217,6 +217,9 @@ def frames_from(path: Path, offset: int, version: int, end: int | None = None) -
 ALIGN = 64
 
 
+RAW_PIECE = 4 << 20  # bytes of a RawBin's data written at a time
+
+
 class RawBin:
     """A large binary frame written without copying, its data 64-byte aligned
     in the file so it can be used in place.  On disk it is the msgpack array
@@ -226,12 +229,15 @@ class RawBin:
         self.data = memoryview(data)
 
     def chunks(self, offset: int) -> list[bytes | memoryview]:
-        """The frame's bytes when it starts at file ``offset`` (always a v2 frame)."""
+        """The frame's bytes when it starts at file ``offset`` (always a v2 frame), the
+        data in ``RAW_PIECE`` views: a backup's progress moves, and a daemon stopping can
+        abandon it, while its vector block (77 MB at 100k memories) is written."""
         fixed = _V2.size + 1 + 2 + 5  # frame header, array, bin8 header, bin32 header
         pad = -(offset + fixed) % ALIGN
         head = b"\x92\xc4" + bytes([pad]) + bytes(pad) + b"\xc6" + struct.pack(">I", len(self.data))
         crc = zlib.crc32(self.data, zlib.crc32(head))
-        return [frame_header(len(head) + len(self.data), crc) + head, self.data]
+        pieces = [self.data[i : i + RAW_PIECE] for i in range(0, len(self.data), RAW_PIECE)]
+        return [frame_header(len(head) + len(self.data), crc) + head, *pieces]
 
 
 def raw_bin(payload: memoryview) -> memoryview:

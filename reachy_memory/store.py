@@ -903,7 +903,9 @@ class MemoryStore(PeopleMixin):
     def begin_closing(self) -> None:
         """Ahead of :meth:`close` (a daemon stopping): start no background compaction or
         backup, and abandon a backup being written (its caller gets ClosedError, its
-        target is untouched).  Writes and searches go on until :meth:`close`."""
+        target is untouched).  Writes and searches go on until :meth:`close`, which
+        should follow soon: this cannot be undone, and without background compactions
+        the journal only grows."""
         self._storage.begin_closing()
 
     def close(self) -> None:

@@ -364,20 +364,23 @@ def _raise(exc: BaseException) -> None:
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("error", [ValidationError("backup target is inside the data directory", field="path"),
-                                   RequestTimeoutError("no reply to 'backup' within 120 s"),
-                                   DaemonUnavailableError("no reachy-memory daemon at ipc:///x"),
-                                   ClosedError("the store is closing: the backup was abandoned (nothing written)")])
+@pytest.mark.parametrize(("error", "exit_code"), [
+    (ValidationError("backup target is inside the data directory", field="path"), 2),  # bad input
+    (RequestTimeoutError("no reply to 'backup' within 120 s"), 4),  # try again later
+    (DaemonUnavailableError("no reachy-memory daemon at ipc:///x"), 4),
+    # the daemon stopping abandoned it: try again later (it was exit 1, a plain error)
+    (ClosedError("the store is closing: the backup was abandoned (nothing written)"), 4),
+])
 def test_a_failed_backup_is_reported_alike_on_a_terminal_and_piped(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path,
-        error: ReachyMemoryError) -> None:
+        error: ReachyMemoryError, exit_code: int) -> None:
     """The worker thread hands the backup's error to the main thread: the same exit code
     and message as without a terminal, the progress line ended first."""
     dest = str(tmp_path.resolve() / "b.rms")
     running = {"backup_running": {"path": dest, "seconds": 3.0, "bytes": 1_000_000}}
     shown = _backup_on_a_fake_terminal(monkeypatch, capsys, tmp_path, [running], error)
     piped = _backup_on_a_fake_terminal(monkeypatch, capsys, tmp_path, [], error, tty=False)
-    assert shown[0] == piped[0] != 0 and shown[1] == piped[1] == ""
+    assert shown[0] == piped[0] == exit_code and shown[1] == piped[1] == ""
     assert _screen(shown[2]) == ["writing the backup: 1.0 MB, 3 s", *_screen(piped[2])]
 
 
