@@ -164,7 +164,7 @@ class Storage:
         with self.lock:
             self._require_open()
             if self.closing:
-                raise ClosedError("this MemoryStore is closing")
+                raise ClosedError("the store is closing: no backup started (nothing written)")
             frozen = self.state.freeze(with_lexical=False)
             head = self._snapshot_head(self.generation)
             lexical = self._lexical_of(frozen, self._abandon_if_closing)
