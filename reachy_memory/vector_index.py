@@ -497,13 +497,13 @@ class VectorIndex:
             if graph is None:
                 return
             if "nodes" not in meta:  # a cache from before node lists, matching the snapshot
-                loaded[int(group)] = _Loaded(graph, None, None)
+                loaded[int(group)] = _Loaded(graph, _labels(graph), None, None)
                 continue
             listed = _listed(meta["nodes"], group)
             if listed is None:
                 log.warning("vector graph cache %s lists its nodes wrongly; rebuilding in the background", path)
                 return
-            loaded[int(group)] = _Loaded(graph, listed[0], self._still_right(*listed))
+            loaded[int(group)] = _Loaded(graph, _labels(graph), listed[0], self._still_right(*listed))
         self._loaded = loaded
 
     def _node_prints(self, group: int) -> list[bytes | int]:
@@ -553,20 +553,20 @@ class VectorIndex:
         self._loader = None
         loaded, self._loaded = self._loaded, {}
         kept = {group: self._kept(group, one.right) for group, one in loaded.items()}
-        if loaded and all(self._verify(one.graph, kept[group]) for group, one in loaded.items()):
+        if loaded and all(self._verify(one, kept[group]) for group, one in loaded.items()):
             for group, one in loaded.items():
-                if self._worth_keeping(group, one.graph, kept[group]):
+                if self._worth_keeping(group, one.labels, kept[group]):
                     self._install(group, one, kept[group])
         self._touched = set()
         return True
 
-    def _worth_keeping(self, group: int, graph: hnswlib.Index, kept: np.ndarray) -> bool:
+    def _worth_keeping(self, group: int, labels: np.ndarray, kept: np.ndarray) -> bool:
         """Whether adopting ``group``'s cached graph, keeping ``kept``, saves idle work
         over building it afresh: the group's live slots the graph holds a node for but
         does not keep (a changed vector; every slot after a reindex) would be updated in
         place, ``UPDATE_COST`` insertions each.  A graph keeping nothing never is."""
         live = np.flatnonzero(self.alive & (self.group == group))
-        updates = np.count_nonzero(np.isin(np.setdiff1d(live, kept), np.asarray(graph.get_ids_list(), np.int64)))
+        updates = np.count_nonzero(np.isin(np.setdiff1d(live, kept), labels))
         return len(kept) > UPDATE_COST * int(updates)
 
     def _kept(self, group: int, right: np.ndarray | None) -> np.ndarray:
@@ -580,9 +580,9 @@ class VectorIndex:
             candidates = inside[self.alive[inside] & (self.group[inside] == group)]
         return np.setdiff1d(candidates, np.fromiter(self._touched, np.int64, len(self._touched)))
 
-    def _verify(self, graph: hnswlib.Index, kept: np.ndarray) -> bool:
+    def _verify(self, loaded: _Loaded, kept: np.ndarray) -> bool:
         """The graph must hold every node to keep, with our vector (a sample is compared)."""
-        labels = np.asarray(graph.get_ids_list(), np.int64)
+        graph, labels = loaded.graph, loaded.labels
         if len(labels) < len(kept) or not np.isin(kept, labels).all():
             return False
         sample = kept[:: max(1, len(kept) // 32)][:32]
@@ -600,7 +600,7 @@ class VectorIndex:
         if loaded.listed is not None:  # the nodes live when it was saved (the others are marked already)
             stale = np.setdiff1d(loaded.listed, kept).tolist()
         else:
-            stale = sorted(self._touched & set(graph.get_ids_list()))
+            stale = sorted(self._touched & set(loaded.labels.tolist()))
         for slot in stale:
             with contextlib.suppress(RuntimeError):  # already marked deleted in the cached graph
                 graph.mark_deleted(slot)
@@ -656,8 +656,13 @@ class _Loaded(NamedTuple):
     """A cached graph as the loader thread read it."""
 
     graph: hnswlib.Index
+    labels: np.ndarray  # every node's label, deleted ones too (read once, on the loader thread)
     listed: np.ndarray | None  # the nodes live when it was saved (None: a cache without that list)
     right: np.ndarray | None  # of those, the ones whose slot held the same vector at the load
+
+
+def _labels(graph: hnswlib.Index) -> np.ndarray:
+    return np.asarray(graph.get_ids_list(), np.int64)
 
 
 def _listed(nodes: Any, group: Any) -> tuple[np.ndarray, np.ndarray] | None:
