@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -33,7 +32,7 @@ from . import journal as jr
 from ._persistence import GRAPH_FILE, JOURNAL_FILE
 from ._records import RECORD_VERSION
 from ._state import Frozen, MemoryState, checked, snapshot_sections, words_state
-from ._threads import gc_paused
+from ._threads import gc_paused, short_switch_interval
 from .config import Config
 from .errors import ClosedError, CorruptionError, ReachyMemoryError, ReadOnlyError, StorageError
 
@@ -400,30 +399,16 @@ def _log_kept(exc: ReachyMemoryError) -> None:
     log.warning("journal kept in use after a compaction (%s); the next compaction retries", exc)
 
 
-_slices_lock = threading.Lock()
-_slices: list[float] = [0, 0.0]  # [jobs inside, the switch interval before the first]
-
-
 @contextlib.contextmanager
-def _short_gil_slices(seconds: float = 0.0005) -> Iterator[None]:
+def _short_gil_slices() -> Iterator[None]:
     """Shorten the interpreter's thread switch interval while a CPU-bound background job
     runs: a thread that holds the store lock and waits for the GIL after a system call
     would otherwise wait up to the default 5 ms each time, and a commit makes several.
     The garbage collector waits too (the rows made here hold no cycles).  Jobs may
-    overlap (a backup during a compaction): the last one out restores the interval."""
-    with _slices_lock:
-        if _slices[0] == 0:
-            _slices[1] = sys.getswitchinterval()
-            sys.setswitchinterval(min(_slices[1], seconds))
-        _slices[0] += 1
-    try:
-        with gc_paused():  # the snapshot's 100k short-lived rows would trigger full collections
-            yield
-    finally:
-        with _slices_lock:
-            _slices[0] -= 1
-            if _slices[0] == 0:
-                sys.setswitchinterval(_slices[1])
+    overlap (a backup during a compaction): the last one out restores both."""
+    # the snapshot's 100k short-lived rows would trigger full collections
+    with short_switch_interval(), gc_paused():
+        yield
 
 
 class _Tally:

@@ -30,39 +30,77 @@ import gc
 import logging
 import mmap
 import os
+import sys
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
 log = logging.getLogger(__name__)
 _pinned: Any = None  # the threadpoolctl limiter: kept alive so the limit stays
-_gc_lock = threading.Lock()
-_gc_pauses = [0, False]  # [holders, whether the collector was enabled before the first]
+class _WhileAny:
+    """A process-wide setting held while any thread is inside (nesting and threads
+    allowed, leaving in any order): ``enter`` runs for the first one in and returns
+    what ``leave`` is given when the last one goes out."""
+
+    def __init__(self, enter: Callable[[], Any], leave: Callable[[Any], None]) -> None:
+        self._enter, self._leave = enter, leave
+        self._lock = threading.Lock()
+        self._inside, self._saved = 0, None
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        with self._lock:
+            if self._inside == 0:
+                self._saved = self._enter()
+            self._inside += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._inside -= 1
+                if self._inside == 0:
+                    self._leave(self._saved)
 
 
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
+def _gc_off() -> bool:
+    was = gc.isenabled()
+    gc.disable()
+    return was
+
+
+_NO_GC = _WhileAny(_gc_off, lambda was: gc.enable() if was else None)
+
+
+def gc_paused() -> contextlib.AbstractContextManager[None]:
     """No garbage collection while any thread is inside (nesting and threads allowed).
 
     For bulk work that allocates tens of thousands of objects without cycles (a
     mass expiry, a snapshot): with a store of 100k memories every full collection
     walks ~400k objects, and creating 66k small lists took 234 ms with the
     collector on against 16 ms with it off (issue 11)."""
-    with _gc_lock:
-        if _gc_pauses[0] == 0:
-            _gc_pauses[1] = gc.isenabled()
-            gc.disable()
-        _gc_pauses[0] += 1
-    try:
-        yield
-    finally:
-        with _gc_lock:
-            _gc_pauses[0] -= 1
-            if _gc_pauses[0] == 0 and _gc_pauses[1]:
-                gc.enable()
+    return _NO_GC.held()
+
+
+SHORT_SWITCH_SECONDS = 0.0005
+
+
+def _switch_short() -> float:
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(min(before, SHORT_SWITCH_SECONDS))
+    return before
+
+
+_SHORT_SWITCH = _WhileAny(_switch_short, sys.setswitchinterval)
+
+
+def short_switch_interval() -> contextlib.AbstractContextManager[None]:
+    """The interpreter's thread switch interval at most ``SHORT_SWITCH_SECONDS`` while any
+    thread is inside; the last one out restores it (a backup and a compaction may
+    overlap and end in either order)."""
+    return _SHORT_SWITCH.held()
 
 
 def pin_native_threads(blas_threads: int) -> dict[str, int]:
