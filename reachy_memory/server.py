@@ -226,6 +226,7 @@ class Daemon:
                  insecure_tcp: bool = False) -> None:
         self._stopping = threading.Event()
         self._inflight = 0  # I/O thread writes; the engine thread only reads it (idle upkeep yields)
+        self._last_request = time.monotonic()  # I/O thread writes (monotonic, a request's arrival); engine reads
         self._enqueued = 0  # I/O thread only: requests queued so far (a trim is due only after some)
         # Backups in flight are in _inflight too, but the engine's idle upkeep need not yield to
         # them (they run beside it): queued (I/O thread only) and answered (background thread only).
@@ -471,6 +472,7 @@ class Daemon:
                                     self._background_q if job.op in BACKGROUND else self._engine_q)
         background = target is self._background_q
         self._inflight += 1  # before the put: the engine must never see the job queued but not in flight
+        self._last_request = job.received
         self._enqueued += 1
         self._background_queued += background
         try:
@@ -550,12 +552,17 @@ class Daemon:
         until = time.monotonic() + IDLE_SLICE
         try:
             while self._quiet() and time.monotonic() < until:
-                if not self.store.maintain(budget=IDLE_STEP):
+                if not self.store.maintain(budget=IDLE_STEP, save_cache=self._quiet_for_a_while()):
                     return False  # nothing left, or nothing doable yet (graphs still loading)
         except ReachyMemoryError as exc:
             log.warning("index maintenance failed: %s", exc)
             return False
         return True
+
+    def _quiet_for_a_while(self) -> bool:
+        """No request for ``server.graph_cache_quiet_seconds``: a graph cache save (tens of
+        milliseconds at 100k memories, holding the GIL) may run without meeting one."""
+        return time.monotonic() - self._last_request >= self.config.server.graph_cache_quiet_seconds
 
     def _quiet(self) -> bool:
         """Nothing queued for the engine and no request in flight but backups (idle work

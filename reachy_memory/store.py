@@ -189,6 +189,8 @@ class MemoryStore(PeopleMixin):
             self._storage.apply(base.ops)
             self._storage.rebuilt_from(base.generation)
         self._storage.open(rebuilding=base is not None)
+        if snapshot is None:  # never compacted (a robot never shut down cleanly): idle time may have cached a graph
+            self._load_graph()
         try:
             self._check_model(reindex)
         except BaseException:
@@ -694,14 +696,18 @@ class MemoryStore(PeopleMixin):
 
     # -- maintenance -------------------------------------------------------------------
 
-    def maintain(self, budget: int = 256) -> int:
+    def maintain(self, budget: int = 256, *, save_cache: bool = True) -> int:
         """Idle-time upkeep (the daemon calls it between requests): finishes a step of
         a mass expiry's index work (:meth:`MemoryState.bury`), inserts a batch of pending
         vectors into the graph, and journals the decay clock refreshes at most once a
         minute; with none of that left, embeds memories that have no vector (a few
-        milliseconds' worth, see :mod:`._backfill`).  Returns how much it did (vectors
-        inserted, deletions buried, graph nodes marked, memories embedded): 0 when
-        nothing is left, or nothing can be done yet."""
+        milliseconds' worth, see :mod:`._backfill`), and then, when ``save_cache``,
+        saves one memory type's vector graph to the graph cache if enough of it changed
+        since it was cached (a crash then leaves little to insert again; up to ~80 ms
+        for a graph of 33k vectors: the daemon asks for it only after some quiet).
+        Returns how much it did (vectors inserted, deletions buried, graph nodes marked,
+        memories embedded, graph nodes saved): 0 when nothing is left, or nothing can
+        be done yet."""
         self._require_open()
         with self._lock:
             if self._touched and time.monotonic() - self._touches_flushed > TOUCH_FLUSH_SECONDS:
@@ -709,7 +715,13 @@ class MemoryStore(PeopleMixin):
             left = self._state.bury(0)  # how much deletion work waits (none is done by 0)
             buried = left - self._state.bury(budget)
             done = buried + self._state.vectors.maintain(budget)
-            return done or self._backfill_step()
+            return done or self._backfill_step() or (self._cache_step() if save_cache else 0)
+
+    def _cache_step(self) -> int:
+        """Save one graph to the cache when it is due (:meth:`VectorIndex.cache_step`)."""
+        if self._storage.closing:
+            return 0  # the closing compaction saves them all
+        return self._state.vectors.cache_step(self.path / GRAPH_FILE, self._storage.graph_tag(), time.monotonic())
 
     def _backfill_step(self, seconds: float = BACKFILL_STEP_SECONDS) -> int:
         """Embed queued memories one at a time for about ``seconds`` (at least one),

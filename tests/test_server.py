@@ -23,15 +23,19 @@ from reachy_memory import (
     AsyncMemoryClient,
     BusyError,
     ClosedError,
+    Config,
     MemoryClient,
     MemoryStore,
     ReachyMemoryError,
     RequestTimeoutError,
     TooLargeError,
     ValidationError,
+    vector_index,
 )
 from reachy_memory import backup as bk
 from reachy_memory._threads import release_free_heap
+from reachy_memory.config import ServerConfig
+from reachy_memory.store import GRAPH_FILE
 from tests.daemon_util import ROOT, DaemonProcess, words_only_daemon
 
 pytestmark = pytest.mark.timeout(240)
@@ -372,6 +376,36 @@ def test_sigkill_during_store_storm_loses_nothing_and_retries_do_not_duplicate(t
         assert d.stop() == 0
 
 
+def _cached_nodes(data: Path) -> int:
+    """The nodes the graph cache's meta in ``data`` lists, over every group (0: no cache)."""
+    meta = vector_index._read_meta(data / GRAPH_FILE)
+    return sum(len(slots) // 8 for slots, _, _ in meta["nodes"].values()) if meta else 0
+
+
+def test_a_daemon_killed_after_a_quiet_spell_keeps_the_graph_it_cached(tmp_path: Path, embedder: Any) -> None:
+    """A power cut (SIGKILL) of a daemon never stopped cleanly: it had no graph cache,
+    and the next start rebuilt every graph in idle time.  After a quiet spell it now
+    saves a graph that changed enough, and after the kill only what was stored since
+    the save is inserted again."""
+    d = DaemonProcess(tmp_path, search={"exact_below": 40, "exact_threshold": 5},
+                      server={"graph_cache_quiet_seconds": 0.3}).start()
+    try:
+        with d.client(timeout=60) as c:
+            c.store_batch([{"content": f"the robot learned fact number {i}", "memory_type": "fact"}
+                           for i in range(300)])  # over CACHE_MIN_CHANGES in one memory type
+            deadline = time.monotonic() + 60
+            while _cached_nodes(d.data) < 300 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert _cached_nodes(d.data) == 300
+            later = c.store_batch([{"content": f"a later fact {i}", "memory_type": "fact"} for i in range(3)])
+    finally:
+        d.kill()
+    with MemoryStore(d.data, config=d.config, embedder=embedder) as store:
+        vectors = store._state.vectors
+        assert vectors._adopt_loaded(wait=True)
+        assert {store._state.by_slot[slot].id for slot in vectors.pending} == {m.id for m in later}
+
+
 def test_sigterm_during_store_storm_exits_cleanly_and_keeps_every_acknowledged_write(tmp_path: Path) -> None:
     """SIGTERM while four clients store flat out, with background compactions every
     few KB: the daemon drains, compacts and exits 0 in time, and the data dir opens
@@ -640,9 +674,11 @@ class _UpkeepStore:
     def __init__(self, work: list[int], on_call: Callable[[int], None] = lambda n: None) -> None:
         self.work, self.on_call = work, on_call
         self.budgets: list[int] = []
+        self.save_cache: list[bool] = []
 
-    def maintain(self, budget: int) -> int:
+    def maintain(self, budget: int, *, save_cache: bool = True) -> int:
         self.budgets.append(budget)
+        self.save_cache.append(save_cache)
         self.on_call(len(self.budgets))
         return self.work.pop(0) if self.work else 0
 
@@ -656,7 +692,20 @@ def _idle_daemon(store: _UpkeepStore) -> Any:
     daemon.store, daemon._engine_q, daemon._inflight = store, queue.Queue(), 0
     daemon._background_queued = daemon._background_answered = 0
     daemon._trim_due, daemon._trims = threading.Event(), []
+    daemon.config, daemon._last_request = Config(), time.monotonic()
     return daemon
+
+
+@pytest.mark.parametrize(("quiet_for", "saves"), [
+    (0.0, False),  # a request just came: a graph save (tens of ms at 100k) could meet the next one
+    (ServerConfig.graph_cache_quiet_seconds - 1, False),  # not quiet for long enough yet
+    (ServerConfig.graph_cache_quiet_seconds + 1, True),  # a quiet spell: a due graph may be cached
+])
+def test_idle_upkeep_saves_the_graph_cache_only_after_a_quiet_spell(quiet_for: float, saves: bool) -> None:
+    daemon = _idle_daemon(_UpkeepStore([1]))
+    daemon._last_request = time.monotonic() - quiet_for
+    daemon._idle()
+    assert daemon.store.save_cache == [saves, saves]
 
 
 @pytest.mark.skipif(not release_free_heap(), reason="no malloc_trim in this C library (glibc only)")

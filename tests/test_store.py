@@ -18,7 +18,9 @@ from reachy_memory import (
     StoreLockedError,
     TooLargeError,
     ValidationError,
+    vector_index,
 )
+from reachy_memory.store import GRAPH_FILE
 from reachy_memory.vector_index import BF16_TOLERANCE
 from tests import store_util
 from tests.conftest import HashEmbedder
@@ -531,6 +533,33 @@ def test_after_a_crash_the_graph_cache_of_the_last_close_is_reused(tmp_path: Pat
         assert s.search("fact 7", mode="vector", limit=1)[0].memory.id == old[7].id
         assert all(h.memory.id not in {m.id for m in old[:5]}
                    for h in s.search("fact 2", mode="vector", limit=30, min_score=0))
+
+
+def test_a_store_never_closed_cleanly_caches_its_graph_in_idle_time(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A robot switched off at the plug never closes its store: there was no graph
+    cache at all, and every start rebuilt the whole graph in idle time (exact search
+    meanwhile).  ``maintain`` now saves a graph that changed enough; after a crash
+    only what was written since is inserted."""
+    monkeypatch.setattr(vector_index, "CACHE_MIN_CHANGES", 16)
+    cfg = Config().replace("memory", path=str(tmp_path)).replace("search", exact_below=40, exact_threshold=5)
+    emb = HashEmbedder()
+    s = MemoryStore(config=cfg, embedder=emb)
+    old = s.store_batch([{"content": f"fact {i}", "memory_type": "fact"} for i in range(200)])
+    assert s.maintain(budget=1000, save_cache=False) == 200  # inserted; not saved when not asked
+    assert s.maintain(save_cache=False) == 0 and not (tmp_path / f"{GRAPH_FILE}.meta").exists()
+    assert s.maintain() == 200  # the saved graph's nodes
+    new = s.store_batch([{"content": f"later fact {i}", "memory_type": "fact"} for i in range(5)])
+    assert s.forget(old[3].id)
+    while s.maintain():  # 5 inserted, 1 marked: not enough to save again
+        pass
+    store_util.abandon(s)
+    with MemoryStore(config=cfg, embedder=emb) as s:
+        vectors = s._state.vectors
+        assert vectors._adopt_loaded(wait=True)
+        assert {s._state.by_slot[slot].id for slot in vectors.pending} == {m.id for m in new}
+        assert s.search("fact 7", mode="vector", limit=1)[0].memory.id == old[7].id
+        assert all(h.memory.id != old[3].id for h in s.search("fact 3", mode="vector", limit=30, min_score=0))
 
 
 class _WideHashEmbedder(HashEmbedder):

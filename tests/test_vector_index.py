@@ -163,8 +163,8 @@ def test_an_older_cache_keeps_its_right_nodes_and_only_the_rest_is_inserted(tmp_
 
 @pytest.mark.parametrize("damage", [
     "no node lists",  # a cache saved before node lists: taken only when it matches the snapshot
-    "short list",  # fewer fingerprints than slots
-    "not bytes",  # a list of the wrong type
+    "short list",  # group 0: fewer fingerprints than slots
+    "not bytes",  # group 0: a list of the wrong type
 ])
 def test_an_older_cache_that_cannot_tell_its_right_nodes_is_rebuilt(tmp_path: Path, damage: str) -> None:
     vi, vectors = filled()
@@ -180,12 +180,18 @@ def test_an_older_cache_that_cannot_tell_its_right_nodes_is_rebuilt(tmp_path: Pa
         short = [slots, prints[:-8], vector_index._list_crc(slots, prints[:-8])]  # with a right checksum
         meta["nodes"][0] = short if damage == "short list" else [1, 2]
     vector_index._write_meta(path, meta)
-    _changed_since_the_cache(vi, vectors)
+    changed = _changed_since_the_cache(vi, vectors)
     again = VectorIndex(16, exact_below=50, exact_threshold=20)
     again.load_vectors(vi.vector_bytes(), vi.alive[:620], vi.group[:620], "bf16")
     again.load_graph(path, "generation 2")
     assert again._adopt_loaded(wait=True)
-    assert len(again.pending) == again.count and not again._graphs  # every vector inserted afresh
+    group0 = set(np.flatnonzero(again.alive & (again.group == 0)).tolist())
+    if damage == "no node lists":
+        assert len(again.pending) == again.count and not again._graphs  # every vector inserted afresh
+    else:  # only group 0's list is bad: its graph is rebuilt, the others kept (groups stand alone)
+        assert sorted(again._graphs) == [1, 2] and group0 <= again.pending
+        assert again.pending - group0 == {slot for slot in changed if again.group[slot] != 0}
+        assert_counts_consistent(again)
 
 
 def test_a_node_list_damaged_on_disk_is_not_trusted(tmp_path: Path) -> None:
@@ -537,3 +543,118 @@ def test_bf16_rounds_to_the_nearest_and_widens_exactly(values: np.ndarray) -> No
 def test_bf16_ties_round_to_even() -> None:
     halfway = np.array([0x3F808000, 0x3F818000], np.uint32).view(np.float32)  # 1.0 + half a bf16 step, and the next
     assert to_bf16(halfway).tolist() == [0x3F80, 0x3F82]  # down to the even 0x3F80, up to the even 0x3F82
+
+
+def _crashed_copy(vi: VectorIndex, path: Path) -> VectorIndex:
+    """A fresh index over ``vi``'s vectors (as a reopen after a crash has them), loading
+    the graph cache at ``path``, adopted."""
+    top = len(vi.alive)
+    again = VectorIndex(16, exact_below=50, exact_threshold=20)
+    again.load_vectors(vi.vector_bytes(), vi.alive[:top], vi.group[:top], "bf16")
+    again.load_graph(path, "after a crash")
+    assert again._adopt_loaded(wait=True)
+    return again
+
+
+def _save_due(vi: VectorIndex, path: Path, now: float = 0.0) -> list[int]:
+    """Idle-time cache steps until none is due; the nodes each one saved."""
+    saved = []
+    while (nodes := vi.cache_step(path, "t", now)) and len(saved) < 10:
+        saved.append(nodes)
+    return saved
+
+
+@pytest.fixture
+def small_cache_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Groups of 200 nodes: a save is due after 16 changes (256 by default)."""
+    monkeypatch.setattr(vector_index, "CACHE_MIN_CHANGES", 16)
+
+
+@pytest.mark.usefixtures("small_cache_steps")
+def test_idle_time_caches_each_changed_graph_so_a_crash_keeps_it(tmp_path: Path) -> None:
+    """A store never closed cleanly (a robot switched off at the plug) had no graph
+    cache at all, and each crash left the whole graph to rebuild in idle time (221 s
+    of CPU at 100k memories here).  Idle time now saves each group's graph once
+    enough of it changed; after a crash only what changed since is inserted."""
+    vi, vectors = filled()
+    path = tmp_path / "g.hnsw"
+    assert _save_due(vi, path) == []  # nothing inserted yet: nothing to save
+    vi.maintain(budget=1000)
+    assert _save_due(vi, path) == [200, 200, 200]  # one group a step
+    changed = _changed_since_the_cache(vi, vectors)  # 2 removals, 22 new or moved: under 16 a group
+    vi.maintain(budget=1000)
+    assert _save_due(vi, path) == []
+    again = _crashed_copy(vi, path)
+    assert again.pending == changed
+    assert_counts_consistent(again)
+    again.flush()
+    assert 7 not in again.search(vectors[7], 10)[0]
+    assert all(again.search(again.rows(np.array([s]))[0], 1)[0][0] == s for s in np.flatnonzero(again.alive))
+
+
+@pytest.mark.usefixtures("small_cache_steps")
+def test_idle_saves_wait_for_pending_and_unmarked_nodes(tmp_path: Path) -> None:
+    """A graph is saved only when it holds exactly the live nodes its list names:
+    not while vectors wait to be inserted or deleted nodes wait to be marked."""
+    vi, _ = filled()
+    vi.maintain(budget=590)  # 10 still pending
+    assert _save_due(vi, tmp_path / "g.hnsw") == []
+    vi.maintain(budget=1000)
+    vi.remove_many(np.arange(0, 60, 3))  # 20 of group 0, marked deleted later (settle)
+    assert _save_due(vi, tmp_path / "g.hnsw") == []
+    vi.settle()
+    assert _save_due(vi, tmp_path / "g.hnsw") == [180, 200, 200]
+
+
+@pytest.mark.usefixtures("small_cache_steps")
+def test_a_group_saved_after_its_meta_was_not_kept_alone_is_rebuilt(tmp_path: Path) -> None:
+    """A crash between an idle save's graph rename and its meta write leaves a graph
+    its meta's checksum does not match: that group is rebuilt, the others kept (a
+    group that failed used to throw the whole cache away)."""
+    vi, vectors = filled()
+    path = tmp_path / "g.hnsw"
+    vi.maintain(budget=1000)
+    _save_due(vi, path)
+    meta_before = (tmp_path / "g.hnsw.meta").read_bytes()
+    for slot in range(0, 90, 3):  # 30 changes to group 0
+        vi.add(slot, -vectors[slot], group=0)
+    vi.maintain(budget=1000)
+    assert _save_due(vi, path) == [200]
+    (tmp_path / "g.hnsw.meta").write_bytes(meta_before)  # the crash: the new graph, the old meta
+    again = _crashed_copy(vi, path)
+    assert sorted(again._graphs) == [1, 2]
+    assert again.pending == set(np.flatnonzero(again.alive & (again.group == 0)).tolist())
+    again.flush()
+    assert all(again.search(again.rows(np.array([s]))[0], 1)[0][0] == s for s in range(0, 600, 7))
+
+
+@pytest.mark.usefixtures("small_cache_steps")
+def test_a_failed_idle_save_is_tried_again_later_not_at_every_step(tmp_path: Path,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    vi, _ = filled()
+    vi.maintain(budget=1000)
+    path = tmp_path / "gone" / "g.hnsw"  # its folder does not exist: every save fails
+    assert vi.cache_step(path, "t", 100.0) == 0
+    assert "could not save the vector graph cache" in caplog.text
+    caplog.clear()
+    assert vi.cache_step(path, "t", 100.0 + vector_index.CACHE_RETRY_SECONDS / 2) == 0
+    assert not caplog.text  # not tried: a failing disk is not hit every 50 ms
+    path.parent.mkdir()
+    assert vi.cache_step(path, "t", 101.0 + vector_index.CACHE_RETRY_SECONDS) == 200
+    assert (tmp_path / "gone" / "g.hnsw.meta").exists()
+
+
+@pytest.mark.parametrize(("changes", "due"), [
+    (15, False),  # under CACHE_MIN_CHANGES (16 here)
+    (16, True),  # CACHE_MIN_CHANGES, above a twentieth of 200
+])
+@pytest.mark.usefixtures("small_cache_steps")
+def test_an_idle_save_is_due_after_enough_changes(tmp_path: Path, changes: int, due: bool) -> None:
+    vi, _ = filled()
+    path = tmp_path / "g.hnsw"
+    vi.maintain(budget=1000)
+    _save_due(vi, path)
+    for slot in range(1, 1 + 3 * changes, 3):  # group 1: each forgotten slot is a node marked deleted
+        vi.remove(slot)
+    vi.settle()
+    assert (vi.cache_step(path, "t", 0.0) == 200 - changes) is due

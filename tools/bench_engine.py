@@ -5,8 +5,10 @@
     python tools/bench_engine.py --model-vectors  # the model's vectors of the texts, not random ones
     python tools/bench_engine.py --cleanup-only [--against OTHER_CHECKOUT]
                                             # the 100k expiry sweep, alternating with other code
-    python tools/bench_engine.py --crash-reopen [--against OTHER_CHECKOUT]
+    python tools/bench_engine.py --crash-reopen [--never-closed] [--against OTHER_CHECKOUT]
                                             # reopening after a crash: until the graph serves again
+    python tools/bench_engine.py --cache-step --memories N
+                                            # the pause of an idle-time graph cache save, per group
 
 Prints store/search latency percentiles (median of 3 runs), open time,
 cleanup time, vector recall@10 against exact search and RSS.
@@ -15,12 +17,14 @@ cleanup time, vector recall@10 against exact search and RSS.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import itertools
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +34,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from reachy_memory import Config, MemoryStore
+from reachy_memory.store import GRAPH_FILE
 from tools._bench import dialogue_lines, questions, row, rss_mb, runs, sentences
 
 
@@ -157,16 +162,18 @@ store.close()
 """
 
 
-def _alternating(source: Path, against: Path | None, rounds: int, script: str) -> Iterator[tuple[str, str]]:
-    """(checkout, what ``script`` printed) for each round and checkout in turn: ``script``
-    run in a fresh process on a fresh copy of ``source`` (ROOT and PATH filled in)."""
+def _alternating(source: Path, against: Path | None, rounds: int, *scripts: str) -> Iterator[tuple[str, str]]:
+    """(checkout, what the last of ``scripts`` printed) for each round and checkout in
+    turn: the scripts run one after the other, each in a fresh process, on a fresh copy
+    of ``source`` (ROOT and PATH filled in)."""
     roots = {"this": Path(__file__).resolve().parents[1]} | ({"against": against.resolve()} if against else {})
     for r in range(rounds):
         for name, root in roots.items():
             work = source.with_name(f"{source.name}-{name}-{r}")
             shutil.copytree(source, work)
-            code = script.replace("ROOT", repr(str(root))).replace("PATH", repr(str(work)))
-            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+            for script in scripts:
+                code = script.replace("ROOT", repr(str(root))).replace("PATH", repr(str(work)))
+                out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
             shutil.rmtree(work)
             yield name, out
 
@@ -198,6 +205,8 @@ sys.path.insert(0, ROOT)
 from tools.bench_engine import Precomputed, config
 from reachy_memory import MemoryStore
 store = MemoryStore(config=config(PATH), embedder=Precomputed(3))
+while IDLE and store.maintain():  # --never-closed: a quiet spell first, the graphs built from scratch
+    pass
 for half in range(2):  # a background compaction between (the daemon makes one per 32 MB of journal)
     store.store_batch([{"content": f"written after the last close {half} {i}"} for i in range(NEW // 2)])
     if not half:
@@ -206,7 +215,7 @@ for half in range(2):  # a background compaction between (the daemon makes one p
         store._storage.wait()
 for memory in store.export_page(None, GONE)[0]:
     store.forget(memory.id)
-os._exit(0)  # a power cut: no close, so the graph cache on disk is the last close's
+os._exit(0)  # a power cut: no close, so the graph cache on disk is the last close's (or idle time's)
 """
 
 _REOPEN = """
@@ -228,22 +237,28 @@ store.close()
 """
 
 
-def bench_crash_reopen(n: int, rounds: int, tmp: Path, against: Path | None) -> None:
+def bench_crash_reopen(n: int, rounds: int, tmp: Path, against: Path | None, never_closed: bool = False) -> None:
     """Reopening ``n`` memories after a crash that followed a clean close (1% written,
     a background compaction, and 0.2% forgotten since): the time until the cached graph is in place, the vectors
     left to insert then, and the idle-time work until the graphs hold every vector
     (searches are exact until then).  Each round reopens a fresh copy in a fresh
-    process, alternating with the code of ``against`` when given."""
+    process, alternating with the code of ``against`` when given.  ``never_closed``:
+    a store that never closed cleanly (no graph cache), whose graphs were built in a
+    quiet spell before those writes, by each checkout's own code, then the crash."""
     source = tmp / "crash-source"
     fill(source, n)
     with MemoryStore(config=config(source), embedder=Precomputed()):
         pass  # the last clean close: a snapshot and a graph cache
+    if never_closed:
+        for cached in source.glob(f"{GRAPH_FILE}*"):
+            cached.unlink()
     here = Path(__file__).resolve().parents[1]
-    crash = _CRASH.replace("ROOT", repr(str(here))).replace("PATH", repr(str(source)))
-    subprocess.run([sys.executable, "-c", crash.replace("NEW", str(n // 100)).replace("GONE", str(n // 500))],
-                   check=True)
+    crash = _CRASH.replace("NEW", str(n // 100)).replace("GONE", str(n // 500)).replace("IDLE", str(never_closed))
+    if not never_closed:  # the same crashed store for both checkouts
+        code = crash.replace("ROOT", repr(str(here))).replace("PATH", repr(str(source)))
+        subprocess.run([sys.executable, "-c", code], check=True)
     times: dict[str, list[list[float]]] = {}
-    for name, out in _alternating(source, against, rounds, _REOPEN):
+    for name, out in _alternating(source, against, rounds, *([crash] if never_closed else []), _REOPEN):
         times.setdefault(name, []).append([float(x) for x in out.split()])
         print(f"\r  {name}: {times[name][-1][3]:.0f} vectors left at adoption", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
@@ -253,6 +268,56 @@ def bench_crash_reopen(n: int, rounds: int, tmp: Path, against: Path | None) -> 
               f"place {np.median(adopted):.2f} s, {np.median(pending):.0f} of {np.median(count):.0f} vectors "
               f"left to insert, idle-time work until the graphs hold all {np.median(idle):.1f} s "
               f"(min {idle.min():.1f}, max {idle.max():.1f})")
+
+
+def bench_cache_step(n: int, rounds: int, tmp: Path) -> None:
+    """The engine-thread pause of an idle-time graph cache save at ``n`` memories: each
+    memory type's graph saved ``rounds`` times (each made due by hand), and the longest
+    gap another thread saw meanwhile (the save holds the GIL: the daemon's I/O thread
+    waits as long)."""
+    source = tmp / "cache-step"
+    fill(source, n)
+    with MemoryStore(config=config(source), embedder=Precomputed()) as store:
+        vectors = store._state.vectors
+        vectors._adopt_loaded(wait=True)
+        while store.maintain(save_cache=False):
+            pass
+        steps: dict[int, list[float]] = {}
+        for _ in range(rounds):
+            for group in vectors._graphs:
+                vectors._changed = {group: n}
+                with _longest_gap() as gap:
+                    t0 = time.perf_counter()
+                    saved = store.maintain()
+                    steps.setdefault(saved, []).append(time.perf_counter() - t0)
+                steps.setdefault(-saved, []).append(gap[0])
+    for nodes in sorted(k for k in steps if k > 0):
+        took, gaps = np.array(steps[nodes]) * 1000, np.array(steps[-nodes]) * 1000
+        print(f"cache step at {n // 1000}k, a graph of {nodes} nodes: median {np.median(took):.1f} ms "
+              f"(max {took.max():.1f}); longest gap of a 1 ms ticker thread meanwhile {np.median(gaps):.1f} ms "
+              f"(max {gaps.max():.1f})")
+
+
+@contextlib.contextmanager
+def _longest_gap() -> Iterator[list[float]]:
+    """A thread that sleeps 1 ms at a time while the block runs; yields [its longest gap]."""
+    gap, done = [0.0], threading.Event()
+
+    def tick() -> None:
+        last = time.perf_counter()
+        while not done.is_set():
+            time.sleep(0.001)
+            now = time.perf_counter()
+            gap[0], last = max(gap[0], now - last), now
+
+    ticker = threading.Thread(target=tick)
+    ticker.start()
+    time.sleep(0.01)
+    try:
+        yield gap
+    finally:
+        done.set()
+        ticker.join()
 
 
 def recall_real(k: int = 10) -> tuple[float, int]:
@@ -311,6 +376,9 @@ def main() -> None:
     parser.add_argument("--cleanup-only", action="store_true", help="only the 100k expiry sweep")
     parser.add_argument("--rounds", type=int, default=5, help="rounds of --cleanup-only and --crash-reopen")
     parser.add_argument("--crash-reopen", action="store_true", help="only the reopening after a crash")
+    parser.add_argument("--cache-step", action="store_true", help="the pause of an idle-time graph cache save")
+    parser.add_argument("--never-closed", action="store_true",
+                        help="--crash-reopen of a store never closed cleanly (no graph cache but idle time's)")
     parser.add_argument("--memories", type=int, default=100_000, help="store size of --crash-reopen")
     parser.add_argument("--against", type=Path,
                         help="another checkout to alternate with (--cleanup-only, --crash-reopen)")
@@ -323,8 +391,11 @@ def main() -> None:
         if args.cleanup_only:
             bench_cleanup(100_000, args.rounds, tmp, args.against)
             return
+        if args.cache_step:
+            bench_cache_step(args.memories, args.rounds, tmp)
+            return
         if args.crash_reopen:
-            bench_crash_reopen(args.memories, args.rounds, tmp, args.against)
+            bench_crash_reopen(args.memories, args.rounds, tmp, args.against, args.never_closed)
             return
         for n in [10_000] if args.quick else [10_000, 100_000]:
             bench_size(n, args.repeat, tmp)
