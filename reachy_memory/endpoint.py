@@ -9,6 +9,11 @@ replace the socket).  Precedence, for the daemon and the clients alike: an
 explicit endpoint (``--endpoint``) > ``$REACHY_MEMORY_ENDPOINT`` >
 ``server.endpoint`` in the config file > the default above.
 
+An ``ipc://`` socket path given in any of those ways is expanded as ``memory.path``
+is: ``$VAR`` / ``${VAR}`` first, then a leading ``~``; daemon and clients resolve it
+through :func:`resolve_endpoint` alike.  A path that only becomes a path through
+``~`` or a variable must expand to an absolute one (see :func:`expand_endpoint`).
+
 ``tcp://`` needs CURVE keys (``server.curve_secret_key`` and
 ``server.curve_authorized_dir``): without them any local user could read and
 erase every memory.  ``--insecure-tcp`` allows plain tcp on loopback only, with
@@ -21,6 +26,7 @@ import fcntl
 import ipaddress
 import logging
 import os
+import re
 import socket
 import stat
 from pathlib import Path
@@ -36,16 +42,59 @@ ENV_ENDPOINT = "REACHY_MEMORY_ENDPOINT"
 
 def resolve_endpoint(explicit: str | None, config: Config) -> str:
     """The endpoint to use: ``explicit`` (a flag) > ``$REACHY_MEMORY_ENDPOINT`` >
-    ``server.endpoint`` > the private default."""
-    return explicit or default_endpoint(config)
+    ``server.endpoint`` > the private default, its ipc path expanded
+    (:func:`expand_endpoint`, whose ConfigError it raises)."""
+    return expand_endpoint(explicit) if explicit else default_endpoint(config)
 
 
 def default_endpoint(config: Config) -> str:
-    """The endpoint daemon and clients use when none is given explicitly."""
+    """The endpoint daemon and clients use when none is given explicitly (expanded as
+    :func:`resolve_endpoint` says; raises its ConfigError)."""
     configured = os.environ.get(ENV_ENDPOINT) or config.server.endpoint
     if configured:
-        return configured
+        return expand_endpoint(configured)
+    # built from directories that are already expanded: a '$' in them is a real character
     return f"ipc://{runtime_dir(config)}/memory.sock"
+
+
+_IPC = "ipc://"
+_VARIABLE = re.compile(r"\$(?:(\w+)|\{([^}]*)\})", re.ASCII)  # what os.path.expandvars replaces
+
+
+def expand_endpoint(endpoint: str) -> str:
+    """``endpoint`` with its ipc socket path expanded like ``memory.path``: environment
+    variables (``$VAR``, ``${VAR}``), then a leading ``~`` or ``~user``.  tcp:// endpoints
+    and Linux abstract sockets (``ipc://@name``) are returned unchanged, and so is a path
+    with neither.
+
+    Raises ConfigError (key ``server.endpoint``) when the path names a variable that is
+    unset or empty (``ipc://$XDG_RUNTIME_DIR/m.sock`` would be ``/m.sock``, or a file
+    named ``$XDG_RUNTIME_DIR``), and when a path that starts with ``~`` or ``$`` still is
+    relative after expansion (``~`` of an unknown user, ``REL=run``): the daemon under
+    systemd works in ``/`` and a client in its shell's folder, so that socket would be two
+    different files, each side waiting for the other.  A path written relative
+    (``ipc://run/m.sock``) keeps its meaning: from the config file's folder, or for a flag
+    or ``$REACHY_MEMORY_ENDPOINT`` from the working directory.
+    """
+    if not endpoint.startswith(_IPC) or endpoint.startswith(_IPC + "@"):
+        return endpoint
+    written = endpoint[len(_IPC):]
+    unset = [name for name in _variables(written) if not os.environ.get(name)]
+    if unset:
+        raise ConfigError(f"endpoint {endpoint!r}: ${unset[0]} is not set (or is empty) in this environment; "
+                          "set it for the daemon and its clients alike, or write the socket's absolute path",
+                          key="server.endpoint")
+    path = os.path.expanduser(os.path.expandvars(written))
+    if written.startswith(("~", "$")) and not os.path.isabs(path):
+        raise ConfigError(f"endpoint {endpoint!r} expands to the relative path {path!r}: the daemon and its "
+                          "clients work in different folders, so write a path that expands to an absolute one",
+                          key="server.endpoint")
+    return _IPC + path
+
+
+def _variables(text: str) -> list[str]:
+    """The names of the environment variables ``text`` refers to ($NAME or ${NAME})."""
+    return [m[1] if m[1] is not None else m[2] for m in _VARIABLE.finditer(text)]
 
 
 def runtime_dir(config: Config) -> Path:
