@@ -42,6 +42,7 @@ instead of blocking start-up.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import mmap
 import os
@@ -766,6 +767,10 @@ def _save_one(graph: hnswlib.Index, path: Path, *, durable: bool = True) -> int:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         graph.save_index(str(tmp))
+        # hnswlib writes through a std::ofstream it never checks: a full disk leaves a short
+        # file and no error (it was checksummed as it was and renamed over the good graph)
+        if os.path.getsize(tmp) != graph.index_file_size():
+            raise OSError(errno.ENOSPC, "the graph was written short (the disk is full?)", str(tmp))
         os.chmod(tmp, 0o600)  # hnswlib creates it with the umask's mode; the data dir's files are private
         crc = 0
         with open(tmp, "rb") as fh:

@@ -2,6 +2,7 @@
 
 import errno
 import mmap
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -658,3 +659,51 @@ def test_an_idle_save_is_due_after_enough_changes(tmp_path: Path, changes: int, 
         vi.remove(slot)
     vi.settle()
     assert (vi.cache_step(path, "t", 0.0) == 200 - changes) is due
+
+
+class _ShortSaving:
+    """A graph whose file comes out short, as hnswlib leaves it on a full disk: it writes
+    through a std::ofstream and never checks it, so save_index returns as if whole."""
+
+    def __init__(self, graph: object) -> None:
+        self._graph = graph
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._graph, name)
+
+    def save_index(self, path: str) -> None:
+        self._graph.save_index(path)  # type: ignore[attr-defined]
+        os.truncate(path, os.path.getsize(path) // 2)  # what fitted before the disk was full
+
+
+@pytest.mark.parametrize("save", [
+    "idle",  # cache_step, in idle time: tried again CACHE_RETRY_SECONDS later
+    "close",  # save_graph, at a clean close or an explicit compaction
+])
+@pytest.mark.usefixtures("small_cache_steps")
+def test_a_graph_written_short_by_a_full_disk_is_not_taken_for_saved(tmp_path: Path, save: str,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """A full disk cut the graph file short without a word from hnswlib: it was checksummed
+    as it was and renamed over the group's good cached graph (that group was rebuilt
+    whole after the next crash), the save was counted as done (not tried again), and the
+    short file kept the last of the disk's space, which the journal needs."""
+    vi, _ = filled()
+    path = tmp_path / "g.hnsw"
+    vi.maintain(budget=1000)
+    assert _save_due(vi, path) == [200, 200, 200]
+    good = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    for slot, vector in zip(range(600, 660, 3), unit(np.random.default_rng(9), 20), strict=True):
+        vi.add(slot, vector, group=0)  # 20 new memories of group 0: due again
+    vi.maintain(budget=1000)
+    vi._graphs[0] = _ShortSaving(vi._graphs[0])  # type: ignore[assignment]
+    if save == "idle":
+        assert vi.cache_step(path, "t", 1000.0) == 0
+        assert vi.cache_step(path, "t", 1001.0) == 0  # not hit again at once
+    else:
+        vi.save_graph(path, "t")
+    assert "could not save the vector graph cache" in caplog.text
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == good  # the old cache whole, no temp file
+    assert vi._changed[0] == 20  # still due
+    again = _crashed_copy(vi, path)
+    assert sorted(again._graphs) == [0, 1, 2]  # group 0's old graph: only the 20 new ones to insert
+    assert again.pending == set(range(600, 660, 3))
