@@ -793,8 +793,16 @@ def _write_meta(path: Path, meta: dict[str, Any]) -> None:
 
 
 def _read_meta(path: Path) -> dict[str, Any] | None:
+    """The cache's meta; None when missing, damaged or of another shape.  It has no
+    checksum of its own, and one that decoded to another shape (its groups or node lists
+    not maps) raised out of an idle save, or in the loader thread, losing every group:
+    an entry not named by a group number is left out, the others kept."""
     try:
         meta = unpack(_meta_path(path).read_bytes())
     except Exception:  # missing or damaged sidecar: the cache is simply unusable
         return None
-    return meta if isinstance(meta, dict) else None
+    if not isinstance(meta, dict) or not isinstance(meta.get("groups", {}), dict) \
+            or not isinstance(meta.get("nodes", {}), dict):
+        return None
+    meta["groups"] = {group: crc for group, crc in meta.get("groups", {}).items() if type(group) is int}
+    return meta
