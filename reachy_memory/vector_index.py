@@ -42,6 +42,7 @@ instead of blocking start-up.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import mmap
 import os
@@ -766,6 +767,10 @@ def _save_one(graph: hnswlib.Index, path: Path, *, durable: bool = True) -> int:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         graph.save_index(str(tmp))
+        # hnswlib writes through a std::ofstream it never checks: a full disk leaves a short
+        # file and no error (it was checksummed as it was and renamed over the good graph)
+        if os.path.getsize(tmp) != graph.index_file_size():
+            raise OSError(errno.ENOSPC, "the graph was written short (the disk is full?)", str(tmp))
         os.chmod(tmp, 0o600)  # hnswlib creates it with the umask's mode; the data dir's files are private
         crc = 0
         with open(tmp, "rb") as fh:
@@ -779,6 +784,18 @@ def _save_one(graph: hnswlib.Index, path: Path, *, durable: bool = True) -> int:
         tmp.unlink(missing_ok=True)
 
 
+def remove_temp_files(path: Path) -> None:
+    """Remove the temp files of graph cache saves next to ``path`` that never finished
+    (a crash or a power cut mid-save: idle time saves while the robot runs, and each
+    left up to tens of MB, named after a pid that never writes again).  Only for the
+    holder of the store's lock, before it saves: no one else writes the cache."""
+    for tmp in path.parent.glob(f".{path.name}*.tmp-*"):
+        try:
+            tmp.unlink()
+        except OSError as exc:
+            log.warning("cannot remove %s, left by a graph cache save that never finished: %s", tmp, exc.strerror)
+
+
 def _meta_path(path: Path) -> Path:
     return path.with_name(path.name + ".meta")
 
@@ -788,8 +805,16 @@ def _write_meta(path: Path, meta: dict[str, Any]) -> None:
 
 
 def _read_meta(path: Path) -> dict[str, Any] | None:
+    """The cache's meta; None when missing, damaged or of another shape.  It has no
+    checksum of its own, and one that decoded to another shape (its groups or node lists
+    not maps) raised out of an idle save, or in the loader thread, losing every group:
+    an entry not named by a group number is left out, the others kept."""
     try:
         meta = unpack(_meta_path(path).read_bytes())
     except Exception:  # missing or damaged sidecar: the cache is simply unusable
         return None
-    return meta if isinstance(meta, dict) else None
+    if not isinstance(meta, dict) or not isinstance(meta.get("groups", {}), dict) \
+            or not isinstance(meta.get("nodes", {}), dict):
+        return None
+    meta["groups"] = {group: crc for group, crc in meta.get("groups", {}).items() if type(group) is int}
+    return meta

@@ -11,11 +11,14 @@ import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 from store_util import abandon, present_after_crash
 
 from reachy_memory import Config, MemoryStore, ReadOnlyError, StorageError, StorageFullError
 from reachy_memory import journal as jr
+from reachy_memory.store import GRAPH_FILE
+from reachy_memory.vector_index import VectorIndex
 
 
 class Faults:
@@ -171,6 +174,24 @@ def test_real_full_disk_loses_no_acknowledged_write(tmp_path: Path, base_config:
         with MemoryStore(config=cfg, embedder=None) as reopened:
             missing = [i for i in acked if reopened.get(i) is None]
             assert missing == [] and len(acked) > 100
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True, timeout=10)
+
+
+def test_real_full_disk_during_an_idle_graph_save_leaves_no_file_behind(tmp_path: Path) -> None:
+    """hnswlib's save of a graph larger than the free space returned without an error:
+    the short file was renamed in as the group's cached graph and kept the disk full."""
+    disk = tmp_path / "disk"
+    if not _mount_tmpfs(disk, "64k"):
+        pytest.skip("needs root and a mountable tmpfs for a real full disk")
+    try:
+        vi = VectorIndex(8, exact_below=40, exact_threshold=10)
+        rows = np.random.default_rng(3).standard_normal((2000, 8)).astype(np.float32)
+        for slot, row in enumerate(rows):
+            vi.add(slot, row / np.linalg.norm(row))
+        vi.flush()  # a graph of ~350 KB
+        assert vi.cache_step(disk / GRAPH_FILE, "t", 0.0) == 0
+        assert list(disk.iterdir()) == [] and vi._changed[0] == 2000  # nothing left; still due
     finally:
         subprocess.run(["umount", "-l", str(disk)], capture_output=True, timeout=10)
 

@@ -562,6 +562,24 @@ def test_a_store_never_closed_cleanly_caches_its_graph_in_idle_time(tmp_path: Pa
         assert all(h.memory.id != old[3].id for h in s.search("fact 3", mode="vector", limit=30, min_score=0))
 
 
+@pytest.mark.parametrize(("name", "removed"), [
+    (f".{GRAPH_FILE}.2.tmp-999999", True),  # a group's graph being saved when the robot lost power
+    (f".{GRAPH_FILE}.meta.tmp-999999-1", True),  # the meta being written then
+    (".notes.tmp-999999-1", False),  # not the graph cache's
+])
+def test_a_graph_save_cut_short_by_a_crash_leaves_no_temp_file_for_good(tmp_path: Path, name: str,
+                                                                        removed: bool) -> None:
+    """Idle time now saves graphs while the robot runs (before, only a clean close did):
+    a power cut or a kill mid-save left its temp file (55 MB for a graph of 33k), named
+    after a pid that never writes again, and nothing removed it.  Under the store's lock
+    no one else writes the cache: an open removes them."""
+    cfg = Config().replace("memory", path=str(tmp_path))
+    MemoryStore(config=cfg, embedder=HashEmbedder()).close()
+    (tmp_path / name).write_bytes(b"half a graph")
+    with MemoryStore(config=cfg, embedder=HashEmbedder()):
+        assert (tmp_path / name).exists() is not removed
+
+
 class _WideHashEmbedder(HashEmbedder):
     """Another model: vectors of another dimension."""
 

@@ -2,6 +2,8 @@
 
 import errno
 import mmap
+import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -548,8 +550,8 @@ def test_bf16_ties_round_to_even() -> None:
 def _crashed_copy(vi: VectorIndex, path: Path) -> VectorIndex:
     """A fresh index over ``vi``'s vectors (as a reopen after a crash has them), loading
     the graph cache at ``path``, adopted."""
-    top = len(vi.alive)
-    again = VectorIndex(16, exact_below=50, exact_threshold=20)
+    top = len(vi.vector_bytes()) // vi.row_bytes  # as a snapshot holds them (not every slot: the
+    again = VectorIndex(16, exact_below=50, exact_threshold=20)  # matrix would not grow past them)
     again.load_vectors(vi.vector_bytes(), vi.alive[:top], vi.group[:top], "bf16")
     again.load_graph(path, "after a crash")
     assert again._adopt_loaded(wait=True)
@@ -658,3 +660,91 @@ def test_an_idle_save_is_due_after_enough_changes(tmp_path: Path, changes: int, 
         vi.remove(slot)
     vi.settle()
     assert (vi.cache_step(path, "t", 0.0) == 200 - changes) is due
+
+
+class _ShortSaving:
+    """A graph whose file comes out short, as hnswlib leaves it on a full disk: it writes
+    through a std::ofstream and never checks it, so save_index returns as if whole."""
+
+    def __init__(self, graph: object) -> None:
+        self._graph = graph
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._graph, name)
+
+    def save_index(self, path: str) -> None:
+        self._graph.save_index(path)  # type: ignore[attr-defined]
+        os.truncate(path, os.path.getsize(path) // 2)  # what fitted before the disk was full
+
+
+@pytest.mark.parametrize("save", [
+    "idle",  # cache_step, in idle time: tried again CACHE_RETRY_SECONDS later
+    "close",  # save_graph, at a clean close or an explicit compaction
+])
+@pytest.mark.usefixtures("small_cache_steps")
+def test_a_graph_written_short_by_a_full_disk_is_not_taken_for_saved(tmp_path: Path, save: str,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """A full disk cut the graph file short without a word from hnswlib: it was checksummed
+    as it was and renamed over the group's good cached graph (that group was rebuilt
+    whole after the next crash), the save was counted as done (not tried again), and the
+    short file kept the last of the disk's space, which the journal needs."""
+    vi, _ = filled()
+    path = tmp_path / "g.hnsw"
+    vi.maintain(budget=1000)
+    assert _save_due(vi, path) == [200, 200, 200]
+    good = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    for slot, vector in zip(range(600, 660, 3), unit(np.random.default_rng(9), 20), strict=True):
+        vi.add(slot, vector, group=0)  # 20 new memories of group 0: due again
+    vi.maintain(budget=1000)
+    vi._graphs[0] = _ShortSaving(vi._graphs[0])  # type: ignore[assignment]
+    if save == "idle":
+        assert vi.cache_step(path, "t", 1000.0) == 0
+        assert vi.cache_step(path, "t", 1001.0) == 0  # not hit again at once
+    else:
+        vi.save_graph(path, "t")
+    assert "could not save the vector graph cache" in caplog.text
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == good  # the old cache whole, no temp file
+    assert vi._changed[0] == 20  # still due
+    again = _crashed_copy(vi, path)
+    assert sorted(again._graphs) == [0, 1, 2]  # group 0's old graph: only the 20 new ones to insert
+    assert again.pending == set(range(600, 660, 3))
+
+
+@pytest.mark.parametrize(("damage", "kept"), [
+    ("groups a list", []),  # a meta that decodes, in the wrong shape: read as no cache
+    ("groups nil", []),
+    ("nodes a list", []),  # was read by position, then the idle save's merge raised TypeError
+    ("a group named by text", [0, 1, 2]),  # that entry is left out, the real groups kept
+])
+@pytest.mark.usefixtures("small_cache_steps")
+def test_a_cache_meta_of_the_wrong_shape_is_not_a_crash(tmp_path: Path, damage: str, kept: list[int],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The meta has no checksum of its own: one that decodes to another shape raised
+    TypeError out of the next idle save (through maintain: the daemon's engine thread
+    died), and AttributeError or ValueError in the loader thread, losing every group."""
+    died: list[BaseException | None] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: died.append(args.exc_value))
+    vi, _ = filled()
+    path = tmp_path / "g.hnsw"
+    vi.maintain(budget=1000)
+    vi.save_graph(path, "t")
+    meta = vector_index._read_meta(path)
+    assert meta is not None
+    groups = meta["groups"]
+    meta.update({"groups a list": {"groups": list(groups.values())}, "groups nil": {"groups": None},
+                 "nodes a list": {"nodes": list(meta["nodes"].values())},
+                 "a group named by text": {"groups": {**groups, "x": 1}}}[damage])
+    vector_index._write_meta(path, meta)
+    again = _crashed_copy(vi, path)
+    assert sorted(again._graphs) == kept and not died
+    for slot, vector in zip(range(600, 660, 3), unit(np.random.default_rng(9), 20), strict=True):
+        again.add(slot, vector, group=0)  # enough changes to group 0 for an idle save
+    again.maintain(budget=1000)
+    assert again.cache_step(path, "t", 0.0) > 0
+    latest = _crashed_copy(again, path)
+    others = set(np.flatnonzero(latest.alive & (latest.group != 0)).tolist())
+    if kept:  # group 0 saved again, the others as they were
+        assert sorted(latest._graphs) == [0, 1, 2] and not latest.pending
+    else:  # one group a step: group 0 (220 new nodes) went first
+        assert sorted(latest._graphs) == [0] and latest.pending == others
+    assert_counts_consistent(latest)
