@@ -77,6 +77,7 @@ REPLY_HWM = 256
 CAPPED = frozenset({"search", "recall", "export", "history", "context_for", "people"})
 IDLE_STEP = 8  # vectors (or buried records) per upkeep step: 2-4 ms of graph insertion on this VM
 IDLE_SLICE = 0.04  # seconds of upkeep per idle tick (the engine then checks its queue again)
+UPKEEP_PAUSE_SECONDS = 60.0  # after an unexpected fault in idle upkeep (not retried every 50 ms)
 MODEL_POLL_SECONDS = 5.0  # a daemon started before 'model fetch' looks for the weights this often (stat calls)
 INLINE = LANES["inline"]  # answered on the I/O thread (lock-free views)
 EMBEDDED = LANES["embed"]  # embedded on the embedding thread, committed on the engine thread
@@ -221,6 +222,7 @@ class Daemon:
     """A running reachy-memory service. ``serve()`` blocks until stopped."""
 
     _handlers: ClassVar[dict[str, Callable[[Daemon, _Job], Any]]]
+    _upkeep_paused_until = 0.0  # engine thread: idle upkeep stays off until then (monotonic) after a fault
 
     def __init__(self, config: Config, *, store: MemoryStore | None = None, endpoint: str | None = None,
                  insecure_tcp: bool = False) -> None:
@@ -546,6 +548,8 @@ class Daemon:
         it (p99 43.5 ms, max 76 ms while 3,000 new vectors went into the graphs).
         A heap trim that is due goes first (:meth:`_trim_heap`).
         Returns True when work is left (the engine then comes back sooner)."""
+        if time.monotonic() < self._upkeep_paused_until:
+            return False
         if self._trim_due.is_set() and self._quiet():
             self._trim_due.clear()
             self._trim_heap()
@@ -556,6 +560,10 @@ class Daemon:
                     return False  # nothing left, or nothing doable yet (graphs still loading)
         except ReachyMemoryError as exc:
             log.warning("index maintenance failed: %s", exc)
+            return False
+        except Exception:  # a fault in upkeep must not end the engine thread: no request would be answered
+            log.exception("index maintenance failed; idle upkeep pauses for %.0f s", UPKEEP_PAUSE_SECONDS)
+            self._upkeep_paused_until = time.monotonic() + UPKEEP_PAUSE_SECONDS
             return False
         return True
 

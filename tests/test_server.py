@@ -696,6 +696,23 @@ def _idle_daemon(store: _UpkeepStore) -> Any:
     return daemon
 
 
+def test_a_fault_in_idle_upkeep_pauses_it_instead_of_ending_the_engine_thread(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Idle upkeep caught only ReachyMemoryError: any other fault (a bug, a foreign
+    exception) ended the engine thread, and the daemon answered no request again."""
+    def broken(calls: int) -> None:
+        raise TypeError("a bug in upkeep")
+
+    store = _UpkeepStore([1], broken)
+    daemon = _idle_daemon(store)
+    assert daemon._idle() is False  # no exception out of it
+    assert "idle upkeep pauses" in caplog.text
+    assert daemon._idle() is False and len(store.budgets) == 1  # paused: not retried every 50 ms
+    daemon._upkeep_paused_until = time.monotonic() - 1
+    daemon._idle()
+    assert len(store.budgets) == 2  # back after the pause
+
+
 @pytest.mark.parametrize(("quiet_for", "saves"), [
     (0.0, False),  # a request just came: a graph save (tens of ms at 100k) could meet the next one
     (ServerConfig.graph_cache_quiet_seconds - 1, False),  # not quiet for long enough yet
