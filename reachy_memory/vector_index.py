@@ -29,7 +29,8 @@ hnswlib traps designed around here (and never surfaced to callers):
 Cached graphs are verified (checksum, sampled vectors) and loaded in a
 background thread; until then search is exact.  The cache lists each graph's
 nodes with a fingerprint of the vector each holds, so a cache older than the
-store (saved at the last clean close, before a crash or a power cut) is
+store (saved at the last clean close, or by :meth:`VectorIndex.cache_step` in
+idle time once a group's graph changed enough, then a crash or a power cut) is
 reused: nodes whose slot still holds that vector are kept, the others marked
 deleted, and only the vectors the cache lacks are inserted in idle-time
 batches (a group whose graph keeps too little to pay for the updates in place
