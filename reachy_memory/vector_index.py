@@ -484,8 +484,7 @@ class VectorIndex:
         try:
             for group, graph in self._graphs.items():
                 graph.set_num_threads(1)
-                meta["groups"][group] = _save_one(graph, _group_path(path, group))
-                meta["nodes"][group] = self._node_prints(group)
+                meta = self._with_group(meta, path, tag, group, durable=True)
             _write_meta(path, meta)
             fsync_dir(path.parent)
         except (OSError, RuntimeError, StorageError) as exc:
@@ -507,11 +506,8 @@ class VectorIndex:
         group = self._cache_due(now)
         if group is None:
             return 0
-        meta = dict(self._cache_meta or {"groups": {}, "nodes": {}})
         try:
-            crc = _save_one(self._graphs[group], _group_path(path, group), durable=False)
-            meta.update(tag=tag, count=self.count, dim=self.dim, groups={**meta.get("groups", {}), group: crc},
-                        nodes={**meta.get("nodes", {}), group: self._node_prints(group)})
+            meta = self._with_group(self._cache_meta or {}, path, tag, group, durable=False)
             _write_meta(path, meta)
         except (OSError, RuntimeError, StorageError) as exc:
             log.warning("could not save the vector graph cache %s (trying again in %.0f s): %s",
@@ -520,6 +516,15 @@ class VectorIndex:
             return 0
         self._cache_meta, self._changed[group] = meta, 0
         return self._in_graph_count.get(group, 0)
+
+    def _with_group(self, meta: dict[str, Any], path: Path, tag: str, group: int, *, durable: bool) -> dict[str, Any]:
+        """``group``'s graph saved next to ``path``; returns a copy of ``meta`` (the
+        cache's sidecar) naming it, with its checksum and node list, and the other
+        groups' entries as they were."""
+        crc = _save_one(self._graphs[group], _group_path(path, group), durable=durable)
+        return {**meta, "tag": tag, "count": self.count, "dim": self.dim,
+                "groups": {**meta.get("groups", {}), group: crc},
+                "nodes": {**meta.get("nodes", {}), group: self._node_prints(group)}}
 
     def _cache_due(self, now: float) -> int | None:
         """The group whose graph :meth:`cache_step` should save now, if any."""
@@ -554,18 +559,18 @@ class VectorIndex:
         that names it (a crash between the two renames)."""
         loaded = {}
         for group, crc in meta.get("groups", {}).items():
-            graph = self._load_one(_group_path(path, int(group)), crc)
+            graph = self._load_one(_group_path(path, group), crc)  # _read_meta keeps numbered groups only
             if graph is None:
                 continue
             if "nodes" not in meta:  # a cache from before node lists, matching the snapshot
-                loaded[int(group)] = _Loaded(graph, _labels(graph), None, None)
+                loaded[group] = _Loaded(graph, _labels(graph), None, None)
                 continue
             listed = _listed(meta["nodes"], group)
             if listed is None:
                 log.warning("vector graph cache %s lists group %s's nodes wrongly; rebuilding it in the background",
                             path, group)
                 continue
-            loaded[int(group)] = _Loaded(graph, _labels(graph), listed[0], self._still_right(*listed))
+            loaded[group] = _Loaded(graph, _labels(graph), listed[0], self._still_right(*listed))
         self._loaded = loaded
 
     def _node_prints(self, group: int) -> list[bytes | int]:
