@@ -48,7 +48,7 @@ class _Compaction:
     follows: tuple[int, int]  # (journal generation, offset): where the ops after the snapshot start
     frozen: Frozen
     head: dict[str, Any]
-    lexical: Callable[[], dict[str, Any]]  # builds the snapshot's lexical state when frozen holds none
+    lexical: dict[str, Any] | Callable[[], dict[str, Any]]  # the snapshot's lexical state, or what builds it
     carried_to: int | None = None  # the journal offset up to which ops are already in the next journal
 
 
@@ -313,13 +313,12 @@ class Storage:
         files.write_next_journal(self.path, generation, follows)
         frozen = self.state.freeze(with_lexical=not background)
         head = self._snapshot_head(generation) | {"follows": list(follows)}
-        return _Compaction(generation, follows, frozen, head, self._lexical_of(frozen))
+        lexical = frozen.lexical if frozen.lexical is not None else self._lexical_of(frozen)
+        return _Compaction(generation, follows, frozen, head, lexical)
 
     def _write_snapshot(self, job: _Compaction) -> None:
         """Write the snapshot of the frozen view durably, keeping the previous one (any thread)."""
-        frozen = job.frozen
-        lexical = frozen.lexical if frozen.lexical is not None else job.lexical
-        files.write_snapshot_keeping_previous(self.path, snapshot_sections(frozen, job.head, lexical))
+        files.write_snapshot_keeping_previous(self.path, snapshot_sections(job.frozen, job.head, job.lexical))
 
     def _lexical_of(self, frozen: Frozen, check: Callable[[], None] | None = None) -> Callable[[], dict[str, Any]]:
         """Under the lock: what builds the lexical state of ``frozen`` on any thread.

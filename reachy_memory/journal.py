@@ -414,8 +414,11 @@ def temp_pattern(name_pattern: str) -> re.Pattern[str]:
     return re.compile(rf"\.{name_pattern}\.tmp-(\d+)-\d+")
 
 
-def write_atomic(path: Path, chunks: Iterable[bytes | memoryview], *, durable: bool = True) -> int:
-    """Write ``chunks`` to ``path`` (mode 0600) through a temp file, fsync and rename.
+def write_atomic(path: Path, chunks: Iterable[bytes | memoryview], *, durable: bool = True,
+                 progress: Callable[[int], None] | None = None) -> int:
+    """Write ``chunks`` to ``path`` (mode 0600) through a temp file, fsync and rename;
+    ``progress`` is told the bytes written so far after each chunk (what it raises stops
+    the write, as a failing chunk does).
 
     Returns the byte count. Raises :class:`StorageError` on I/O failure
     (:class:`StorageFullError` when the disk is full); the old file, if any, is
@@ -429,6 +432,8 @@ def write_atomic(path: Path, chunks: Iterable[bytes | memoryview], *, durable: b
             for chunk in chunks:
                 out.write(chunk)
                 written += len(chunk)
+                if progress is not None:
+                    progress(written)
             out.flush()
             if durable:
                 os.fsync(out.fileno())
@@ -456,18 +461,8 @@ def write_snapshot(path: Path, frames: Iterable[Any], version: int = SNAPSHOT_VE
                    progress: Callable[[int], None] | None = None) -> int:
     """Atomically replace ``path`` with a snapshot of ``frames`` in a file of format
     ``version`` (tests write earlier ones); returns bytes written.  ``progress`` is
-    told the bytes produced so far, chunk by chunk."""
-    chunks = _snapshot_chunks(frames, version)
-    return write_atomic(path, chunks if progress is None else _counted(chunks, progress))
-
-
-def _counted(chunks: Iterable[bytes | memoryview], progress: Callable[[int], None]) -> Iterator[bytes | memoryview]:
-    """``chunks``, telling ``progress`` the running byte count after each."""
-    total = 0
-    for chunk in chunks:
-        yield chunk
-        total += len(chunk)
-        progress(total)
+    told the bytes written so far, chunk by chunk."""
+    return write_atomic(path, _snapshot_chunks(frames, version), progress=progress)
 
 
 def _snapshot_chunks(frames: Iterable[Any], version: int) -> Iterator[bytes | memoryview]:

@@ -484,7 +484,7 @@ class Daemon:
             self._background_queued -= background
             self._record(job.op, time.monotonic() - job.received, failed=True)
             busy = BusyError("a backup is being written and another waits; try again when they are done"
-                             if job.op in BACKGROUND else "daemon queues are full")
+                             if background else "daemon queues are full")
             self._reply(router, [*job.envelope, proto.error_from(job.request_id, busy)])
 
     def _enqueue_internal(self, task: Callable[[], None]) -> None:

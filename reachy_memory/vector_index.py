@@ -544,7 +544,7 @@ class VectorIndex:
         meta = _read_meta(path)
         exact = meta is not None and meta.get("tag") == tag and meta.get("count") == self.count
         listed = meta is not None and "nodes" in meta and meta.get("dim") == self.dim
-        if meta is None or not (exact or listed):
+        if not (exact or listed):
             log.warning("vector graph cache %s missing or stale; it will be rebuilt in the background", path)
             return
         self._touched = set()

@@ -37,6 +37,8 @@ from reachy_memory import Config, MemoryStore
 from reachy_memory.store import GRAPH_FILE
 from tools._bench import dialogue_lines, questions, row, rss_mb, runs, sentences
 
+ROOT = Path(__file__).resolve().parents[1]  # this checkout
+
 
 class Precomputed:
     """An 'embedder' returning random unit vectors: the engine is measured alone."""
@@ -128,7 +130,7 @@ def open_time(path: Path, n_runs: int = 3) -> list[float]:
                 "from tools.bench_engine import %s as E, config; from reachy_memory import MemoryStore\n"
                 "e=E(); t0=time.perf_counter(); s=MemoryStore(config=config(%r), embedder=e); "
                 "t1=time.perf_counter(); print(t1-t0, len(s)); s._dir_lock.release()")
-        root = str(Path(__file__).resolve().parents[1])
+        root = str(ROOT)
         done = subprocess.run([sys.executable, "-c", code % (root, EMBEDDER.__name__, str(path))],
                               capture_output=True, text=True, check=True)
         out.append(float(done.stdout.split()[0]))
@@ -166,16 +168,21 @@ def _alternating(source: Path, against: Path | None, rounds: int, *scripts: str)
     """(checkout, what the last of ``scripts`` printed) for each round and checkout in
     turn: the scripts run one after the other, each in a fresh process, on a fresh copy
     of ``source`` (ROOT and PATH filled in)."""
-    roots = {"this": Path(__file__).resolve().parents[1]} | ({"against": against.resolve()} if against else {})
+    roots = {"this": ROOT} | ({"against": against.resolve()} if against else {})
     for r in range(rounds):
         for name, root in roots.items():
             work = source.with_name(f"{source.name}-{name}-{r}")
             shutil.copytree(source, work)
             for script in scripts:
-                code = script.replace("ROOT", repr(str(root))).replace("PATH", repr(str(work)))
-                out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+                out = subprocess.run([sys.executable, "-c", _filled_in(script, root, work)],
+                                     capture_output=True, text=True, check=True).stdout
             shutil.rmtree(work)
             yield name, out
+
+
+def _filled_in(script: str, root: Path, path: Path) -> str:
+    """``script`` with ROOT (the checkout to import) and PATH (the store) as literals."""
+    return script.replace("ROOT", repr(str(root))).replace("PATH", repr(str(path)))
 
 
 def bench_cleanup(n: int, rounds: int, tmp: Path, against: Path | None) -> None:
@@ -229,9 +236,9 @@ opened = time.perf_counter() - t0
 vectors = store._state.vectors
 vectors._adopt_loaded(wait=True)
 adopted, pending = time.perf_counter() - t0, len(vectors.pending)
-t1, steps = time.perf_counter(), 0
+t1 = time.perf_counter()
 while store.maintain(budget=8):  # the daemon's idle-time steps, back to back
-    steps += 1
+    pass
 print(opened, adopted, time.perf_counter() - t1, pending, vectors.count)
 store.close()
 """
@@ -252,11 +259,9 @@ def bench_crash_reopen(n: int, rounds: int, tmp: Path, against: Path | None, nev
     if never_closed:
         for cached in source.glob(f"{GRAPH_FILE}*"):
             cached.unlink()
-    here = Path(__file__).resolve().parents[1]
     crash = _CRASH.replace("NEW", str(n // 100)).replace("GONE", str(n // 500)).replace("IDLE", str(never_closed))
     if not never_closed:  # the same crashed store for both checkouts
-        code = crash.replace("ROOT", repr(str(here))).replace("PATH", repr(str(source)))
-        subprocess.run([sys.executable, "-c", code], check=True)
+        subprocess.run([sys.executable, "-c", _filled_in(crash, ROOT, source)], check=True)
     times: dict[str, list[list[float]]] = {}
     for name, out in _alternating(source, against, rounds, *([crash] if never_closed else []), _REOPEN):
         times.setdefault(name, []).append([float(x) for x in out.split()])
@@ -282,20 +287,21 @@ def bench_cache_step(n: int, rounds: int, tmp: Path) -> None:
         vectors._adopt_loaded(wait=True)
         while store.maintain(save_cache=False):
             pass
-        steps: dict[int, list[float]] = {}
+        took: dict[int, list[float]] = {}  # nodes of the graph saved -> seconds of each save
+        gaps: dict[int, list[float]] = {}  # the same -> the ticker's longest gap during each
         for _ in range(rounds):
             for group in vectors._graphs:
                 vectors._changed = {group: n}
                 with _longest_gap() as gap:
                     t0 = time.perf_counter()
                     saved = store.maintain()
-                    steps.setdefault(saved, []).append(time.perf_counter() - t0)
-                steps.setdefault(-saved, []).append(gap[0])
-    for nodes in sorted(k for k in steps if k > 0):
-        took, gaps = np.array(steps[nodes]) * 1000, np.array(steps[-nodes]) * 1000
-        print(f"cache step at {n // 1000}k, a graph of {nodes} nodes: median {np.median(took):.1f} ms "
-              f"(max {took.max():.1f}); longest gap of a 1 ms ticker thread meanwhile {np.median(gaps):.1f} ms "
-              f"(max {gaps.max():.1f})")
+                    took.setdefault(saved, []).append(time.perf_counter() - t0)
+                gaps.setdefault(saved, []).append(gap[0])
+    for nodes in sorted(took):
+        took_ms, gaps_ms = np.array(took[nodes]) * 1000, np.array(gaps[nodes]) * 1000
+        print(f"cache step at {n // 1000}k, a graph of {nodes} nodes: median {np.median(took_ms):.1f} ms "
+              f"(max {took_ms.max():.1f}); longest gap of a 1 ms ticker thread meanwhile "
+              f"{np.median(gaps_ms):.1f} ms (max {gaps_ms.max():.1f})")
 
 
 @contextlib.contextmanager
