@@ -27,6 +27,7 @@ import contextlib
 import logging
 import math
 import os
+import re
 import stat
 import time
 from collections.abc import Iterator
@@ -47,6 +48,8 @@ PREV_JOURNAL_FILE = "journal.prev.rmj"
 NEXT_JOURNAL_FILE = "journal.next.rmj"  # the next generation's empty journal, during a compaction
 GRAPH_FILE = "vectors.hnsw"
 STORE_FILES = ("LOCK", SNAPSHOT_FILE, JOURNAL_FILE, PREV_SNAPSHOT_FILE, PREV_JOURNAL_FILE, GRAPH_FILE)
+# A temp file of journal.write_atomic (.<name>.tmp-<pid>-<thread>) or of a graph cache save (.<name>.tmp-<pid>)
+_TEMP_NAME = re.compile(r"\.(.+)\.tmp-\d+(?:-\d+)?")
 
 
 def secure_dir(path: Path) -> None:
@@ -74,6 +77,24 @@ def tighten_files(path: Path) -> None:
                     os.chmod(file, 0o600)
             except OSError as exc:
                 log.warning("cannot tighten the mode of %s: %s", file, exc.strerror)
+
+
+def remove_unfinished_writes(path: Path) -> None:
+    """Remove the temp files of the store's own writes that never finished: a crash
+    or a power cut in the middle of a snapshot, a journal switch, a repair or a graph
+    cache save leaves one (as large as the file it was replacing: tens of MB at 100k
+    memories), named after a pid that never writes again.  Only for the holder of the
+    store's lock, before it writes: no one else writes these names.  What cannot be
+    removed is logged, never raised: the store opens without it."""
+    owned = {*STORE_FILES, NEXT_JOURNAL_FILE}
+    for tmp in path.glob(".*.tmp-*"):
+        named = _TEMP_NAME.fullmatch(tmp.name)
+        if named is None or not any(named[1] == n or named[1].startswith(f"{n}.") for n in owned):
+            continue
+        try:
+            tmp.unlink()
+        except OSError as exc:
+            log.warning("cannot remove %s, left by a write that never finished: %s", tmp, exc.strerror)
 
 
 def read_snapshot(path: Path) -> dict[str, Any]:

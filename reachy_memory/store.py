@@ -67,7 +67,6 @@ from .model import (
     to_datetime,
     to_epoch,
 )
-from .vector_index import remove_temp_files
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +156,7 @@ class MemoryStore(PeopleMixin):
         self._dir_lock.acquire()
         try:
             files.tighten_files(self.path)
-            remove_temp_files(self.path / GRAPH_FILE)  # of a save a crash cut short
+            files.remove_unfinished_writes(self.path)  # temp files of writes a crash cut short
             with files.damage_is_corruption(self.path):
                 self._open(embedder, reindex, recover)
         except BaseException:

@@ -798,18 +798,6 @@ def _crc(fh: BinaryIO) -> int:
     return crc
 
 
-def remove_temp_files(path: Path) -> None:
-    """Remove the temp files of graph cache saves next to ``path`` that never finished
-    (a crash or a power cut mid-save: idle time saves while the robot runs, and each
-    left up to tens of MB, named after a pid that never writes again).  Only for the
-    holder of the store's lock, before it saves: no one else writes the cache."""
-    for tmp in path.parent.glob(f".{path.name}*.tmp-*"):
-        try:
-            tmp.unlink()
-        except OSError as exc:
-            log.warning("cannot remove %s, left by a graph cache save that never finished: %s", tmp, exc.strerror)
-
-
 def _meta_path(path: Path) -> Path:
     return path.with_name(path.name + ".meta")
 

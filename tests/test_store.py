@@ -20,7 +20,7 @@ from reachy_memory import (
     ValidationError,
     vector_index,
 )
-from reachy_memory.store import GRAPH_FILE
+from reachy_memory._persistence import GRAPH_FILE, JOURNAL_FILE, NEXT_JOURNAL_FILE, SNAPSHOT_FILE
 from reachy_memory.vector_index import BF16_TOLERANCE
 from tests import store_util
 from tests.conftest import HashEmbedder
@@ -565,14 +565,21 @@ def test_a_store_never_closed_cleanly_caches_its_graph_in_idle_time(tmp_path: Pa
 @pytest.mark.parametrize(("name", "removed"), [
     (f".{GRAPH_FILE}.2.tmp-999999", True),  # a group's graph being saved when the robot lost power
     (f".{GRAPH_FILE}.meta.tmp-999999-1", True),  # the meta being written then
-    (".notes.tmp-999999-1", False),  # not the graph cache's
+    (f".{SNAPSHOT_FILE}.tmp-999999-1", True),  # a compaction's snapshot cut short (as large as the store)
+    (f".{NEXT_JOURNAL_FILE}.tmp-999999-1", True),  # a compaction's next journal, cut short
+    (f".{JOURNAL_FILE}.tmp-999999-1", True),  # a repaired journal being written
+    (f".{JOURNAL_FILE}.damaged-1700000000.tmp-999999-1", True),  # a damaged journal's copy set aside
+    (".notes.tmp-999999-1", False),  # not the store's
+    (f".{SNAPSHOT_FILE}x.tmp-999999-1", False),  # another name that only starts like the store's
+    (f".{SNAPSHOT_FILE}.tmp-mine", False),  # not a temp file's name
 ])
-def test_a_graph_save_cut_short_by_a_crash_leaves_no_temp_file_for_good(tmp_path: Path, name: str,
-                                                                        removed: bool) -> None:
+def test_a_write_cut_short_by_a_crash_leaves_no_temp_file_for_good(tmp_path: Path, name: str,
+                                                                   removed: bool) -> None:
     """Idle time now saves graphs while the robot runs (before, only a clean close did):
     a power cut or a kill mid-save left its temp file (55 MB for a graph of 33k), named
-    after a pid that never writes again, and nothing removed it.  Under the store's lock
-    no one else writes the cache: an open removes them."""
+    after a pid that never writes again, and nothing removed it; a snapshot, a journal
+    switch or a repair cut short did the same.  Under the store's lock no one else
+    writes these names: an open removes them."""
     cfg = Config().replace("memory", path=str(tmp_path))
     MemoryStore(config=cfg, embedder=HashEmbedder()).close()
     (tmp_path / name).write_bytes(b"half a graph")
