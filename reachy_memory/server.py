@@ -37,6 +37,7 @@ import numpy as np
 import zmq
 
 from . import protocol as proto
+from ._clock import STEP_SECONDS, ClockWatch
 from ._operations import LANES, OPERATIONS, check_args
 from ._systemd import notify, watchdog_interval
 from ._threads import bound_native_heap, release_free_heap
@@ -243,7 +244,7 @@ class Daemon:
         self._endpoint_lock.acquire()
         try:
             bound_native_heap()  # before the model loads and the threads start (arenas are per thread)
-            self.store = store or MemoryStore(config=config)
+            self.store = store if store is not None else MemoryStore(config=config)  # an empty one is falsy
         except BaseException:
             self._endpoint_lock.release()
             raise
@@ -258,7 +259,8 @@ class Daemon:
         self._stats: dict[str, _OpStats] = {}  # op -> stats; threads add ops by setdefault
         self.bad_requests = BadRequestLog()
         self.replies_dropped = 0  # I/O thread only
-        self._started = time.time()
+        self._started = time.monotonic()  # uptime: not moved by a step of the wall clock
+        self._clock = ClockWatch()  # engine thread (the sweep): a forward step defers a sweep
         self._engine_beat = time.monotonic()
         self._upkeep_left = False  # engine thread: the last idle slice ended with index work left
         self.last_cleanup: dict[str, Any] | None = None
@@ -640,6 +642,14 @@ class Daemon:
         return store.prepare(_store_items(job.op, a))
 
     def _cleanup(self) -> None:
+        """The scheduled expiry sweep, deferred by one interval when the wall clock just
+        stepped forward (see ``_clock``): a step undone meanwhile deletes nothing then."""
+        step = self._clock.step()
+        if step > STEP_SECONDS:
+            self.last_cleanup = {"time": time.time(), "deleted": 0, "duration_ms": None, "deferred_s": round(step, 3)}
+            log.warning("the wall clock stepped forward by %.0f s since the last expiry sweep: sweep deferred by "
+                        "one cleanup_interval (a clock glitch would otherwise delete memories for good)", step)
+            return
         started = time.monotonic()
         deleted = self.store.cleanup_expired()
         took = (time.monotonic() - started) * 1000
@@ -668,7 +678,7 @@ class Daemon:
                 "embedder": describe(self.store.embedder) | {"error": self.store.embedder_error},
                 "memories": len(self.store), "last_cleanup": self.last_cleanup,
                 "backup_running": running and running.to_dict(),
-                "uptime_s": round(time.time() - self._started, 3), "endpoint": self.endpoint,
+                "uptime_s": round(time.monotonic() - self._started, 3), "endpoint": self.endpoint,
                 "data_dir": str(self.store.path.resolve())}  # absolute: a client compares it from elsewhere
 
     def stats(self) -> dict[str, Any]:
@@ -681,7 +691,7 @@ class Daemon:
             if s.stages:
                 ops[op]["stages_p50_ms"] = {name: round(1000 * float(np.percentile(v.values(), 50)), 3)
                                             for name, v in sorted(s.stages.items())}
-        return {"ops": ops, "store": self.store.stats(), "uptime_s": round(time.time() - self._started, 3),
+        return {"ops": ops, "store": self.store.stats(), "uptime_s": round(time.monotonic() - self._started, 3),
                 "queues": {"embed": self._embed_q.qsize(), "engine": self._engine_q.qsize(),
                            "background": self._background_q.qsize()},
                 "replies_dropped": self.replies_dropped, "heap_trims": _trim_summary(self._trims)}
