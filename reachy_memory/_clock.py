@@ -8,14 +8,70 @@ expired, for good, even when the step is undone a minute later.  The daemon
 asks :class:`ClockWatch` before each sweep and defers a sweep that follows a
 forward step of more than :data:`STEP_SECONDS` by one ``cleanup_interval``
 (reads hide expired memories meanwhile, as always).
+
+Memories written before that first sync carry the stale time.  :class:`SyncWatch`
+tells NTP's first sync from any other step by the kernel's own flag
+(:func:`clock_synchronized`, what ``timedatectl`` shows as "System clock
+synchronized"): a step of more than :data:`STEP_SECONDS` seen while the flag went
+from unsynchronised to synchronised yields a :class:`Redate` of the memories written
+since boot, which the daemon journals (``MemoryStore.redate``).  A step without that
+transition (a glitch, a hand-set date, a system without the flag) yields nothing.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
+import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 STEP_SECONDS = 300.0  # a forward step larger than this defers the next sweep (NTP slews smaller errors)
+
+
+SYNC_GRACE_SECONDS = 60.0  # a step waits this long for the kernel's flag to say synchronised
+FLAG_EVERY_SECONDS = 1.0  # the flag is read at most this often while the clock does not step
+_TIME_ERROR = 5  # adjtimex's return: the clock is not synchronised
+_STA_UNSYNC = 0x0040  # struct timex status bit: the clock is not synchronised
+
+
+class _Timex(ctypes.Structure):
+    """The head of Linux's ``struct timex`` (``long`` fields, as the C library's
+    ``adjtimex`` takes it), then room for the rest, which is never read."""
+
+    _fields_ = [("modes", ctypes.c_uint), ("offset", ctypes.c_long), ("freq", ctypes.c_long),
+                ("maxerror", ctypes.c_long), ("esterror", ctypes.c_long), ("status", ctypes.c_int),
+                ("rest", ctypes.c_char * 256)]
+
+
+def clock_synchronized() -> bool | None:
+    """The kernel's view of the wall clock: True once an NTP daemon (systemd-timesyncd,
+    chrony) has synchronised it, False before, None when it cannot be read (not Linux,
+    no C library, the call failed).  Reads only (``adjtimex`` with modes 0); never raises."""
+    adjtimex = _adjtimex()
+    if adjtimex is None:
+        return None
+    timex = _Timex()  # modes 0: read, change nothing
+    state = adjtimex(ctypes.byref(timex))
+    if state < 0:
+        return None
+    return state != _TIME_ERROR and not timex.status & _STA_UNSYNC
+
+
+@functools.cache
+def _adjtimex() -> Any:
+    """The C library's ``adjtimex``, or None (not Linux, no such library or symbol)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        function = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").adjtimex
+    except (OSError, AttributeError):
+        return None
+    function.argtypes, function.restype = [ctypes.POINTER(_Timex)], ctypes.c_int
+    return function
 
 
 def steady_clock() -> float:
@@ -42,3 +98,67 @@ class ClockWatch:
         offset = self._offset_now()
         moved, self._offset = offset - self._offset, offset
         return moved
+
+
+@dataclass(frozen=True)
+class Redate:
+    """Memories created in ``[since, until)`` by the stale clock move by ``delta`` seconds."""
+
+    since: float
+    until: float
+    delta: float
+
+
+class SyncWatch:
+    """Tells NTP's first sync (a step of the wall clock while the kernel's flag goes from
+    unsynchronised to synchronised) from other steps.  Owned by one thread (the daemon's
+    engine thread): :meth:`check` is cheap enough for every idle tick (two clock reads;
+    the flag only when a step is seen or a second has passed)."""
+
+    def __init__(self, wall: Callable[[], float] | None = None, steady: Callable[[], float] = steady_clock,
+                 synced: Callable[[], bool | None] = clock_synchronized) -> None:
+        self._wall = wall or (lambda: time.time())  # looked up per call: tests move time
+        self._steady, self._synced = steady, synced
+        now = self._steady()
+        self._offset = self._wall() - now  # wall minus steady, as last read
+        self._checked_at = now  # steady time of that reading
+        self._flag, self._flag_at = synced(), now
+        self._pending: Redate | None = None  # a step seen while unsynchronised, waiting for the flag
+        self._pending_until = 0.0  # steady time: the pending step is dropped after this
+
+    def check(self) -> Redate | None:
+        """A :class:`Redate` when NTP's first sync stepped the clock since the last call
+        (or within :data:`SYNC_GRACE_SECONDS` of a step seen unsynchronised), else None."""
+        now = self._steady()
+        offset = self._wall() - now
+        step, old, since_last = offset - self._offset, self._offset, now - self._checked_at
+        self._offset, self._checked_at = offset, now
+        if abs(step) > STEP_SECONDS:
+            self._step_seen(old, step, now, attributable=abs(step) > since_last)
+        elif now - self._flag_at >= FLAG_EVERY_SECONDS:
+            self._read_flag(now)
+        return self._take_pending(now)
+
+    def _step_seen(self, old: float, step: float, now: float, *, attributable: bool) -> None:
+        """A step of ``step`` seconds from offset ``old``: pending when the flag read
+        unsynchronised before it.  The stale period runs from boot (steady 0) to now,
+        both by the old clock.  Not ``attributable`` (the step is smaller than the time
+        since the last reading): times written after it could fall in that period."""
+        before = self._flag
+        self._read_flag(now)
+        stale = before is False and attributable
+        self._pending = Redate(max(old, 0.0), max(old + now, 0.0), step) if stale else None
+        self._pending_until = now + SYNC_GRACE_SECONDS
+
+    def _read_flag(self, now: float) -> None:
+        self._flag, self._flag_at = self._synced(), now
+
+    def _take_pending(self, now: float) -> Redate | None:
+        """The pending redate once the flag reads synchronised; dropped after the grace."""
+        pending = self._pending
+        if pending is not None and now > self._pending_until:
+            self._pending = pending = None  # the flag came too late to be this step's
+        if pending is None or self._flag is not True:
+            return None
+        self._pending = None
+        return pending

@@ -14,6 +14,8 @@ Journal operations (``docs/FORMAT.md``, "Operations")::
     ["expire", time]                 delete every memory expired at ``time`` (a sweep)
     ["ttl", type, seconds]           every stored memory of ``type`` (conversation) expires
                                      ``seconds`` after its creation (a retention change)
+    ["redate", since, until, delta]  every memory and window turn dated in ``[since, until)``
+                                     moves by ``delta`` (a clock set right by NTP's first sync)
     ["win", role, content, time]     append a turn to the context window
     ["winclr"]                       clear the context window
     ["model", key]                   the vector space of the stored vectors
@@ -41,7 +43,7 @@ __all__ = ["MUTABLE_FIELDS", "OP_KINDS", "RECORD_FIELDS", "RECORD_VERSION", "Rec
            "first_vkey", "is_put", "record_id"]
 
 RECORD_VERSION = 2
-OP_KINDS = frozenset({"put", "del", "expire", "ttl", "win", "winclr", "model", "update"})
+OP_KINDS = frozenset({"put", "del", "expire", "ttl", "redate", "win", "winclr", "model", "update"})
 
 _V1_FIELDS = ("id", "content", "type", "created", "expires", "metadata", "slot", "vkey")
 # Optional fields and their defaults: left out of the encoded map when at the default.

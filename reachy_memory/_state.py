@@ -152,6 +152,8 @@ class MemoryState:
                 self.expire(_instant(op[1]))
             elif kind == "ttl":
                 self.retime(op[1], _lifetime(op[2]))
+            elif kind == "redate":
+                self.redate(*redate_args(op[1:]))
             elif kind == "win":
                 self._window.append(tuple(op[1:]))
                 self.window_view = tuple(self._window)
@@ -340,6 +342,32 @@ class MemoryState:
             if rec.type == _TURN:
                 rec.expires = _retimed(rec.created, ttl)
                 self._expires[rec.slot] = rec.expires
+
+    def redate(self, since: float, until: float, delta: float) -> int:
+        """The ``redate`` op: every memory created in ``[since, until)`` gets ``created +
+        delta`` and, when it expires, ``expires + delta`` (kept at or before ``MAX_TIME``);
+        every window turn of that period its time moved the same way.  Returns how many
+        memories moved.
+
+        Each moved memory is a new record put in the old one's place (``_replace``: same
+        slot, same place in the record table), so a frozen view never sees a moved one.
+        The newest turn is then found again by a pass over the records, as a reload finds it.
+        """
+        moved = [rec for rec in self.records.values() if since <= rec.created < until]
+        for rec in moved:
+            expires = None if rec.expires is None else min(rec.expires + delta, MAX_TIME)
+            self._replace(rec, rec.replace(created=rec.created + delta, expires=expires))
+        self._redate_window(since, until, delta)
+        if any(rec.type == _TURN for rec in moved):
+            self._turn_gone = True  # the moved turns may now be newer, or older, than others
+        return len(moved)
+
+    def _redate_window(self, since: float, until: float, delta: float) -> None:
+        """The window turns with a time in ``[since, until)`` moved by ``delta``."""
+        turns = [(*turn[:2], turn[2] + delta, *turn[3:]) if _dated_in(turn, since, until) else turn
+                 for turn in self._window]
+        self._window = deque(turns, maxlen=self._window.maxlen)
+        self.window_view = tuple(self._window)
 
     def retime_plan(self, ttl: float, at: float) -> dict[str, int]:
         """What :meth:`retime` with ``ttl`` would change for the turns alive at ``at``
@@ -618,6 +646,28 @@ def _lifetime(value: Any) -> float:
         raise ValidationError(f"a ttl must be a positive number of seconds up to {MAX_TTL_SECONDS:g}, got {value!r}",
                               field="ttl")
     return float(value)
+
+
+def redate_args(values: Any) -> tuple[float, float, float]:
+    """A ``redate`` op's ``since, until, delta``: finite numbers with ``0 <= since <= until``
+    and both ends, moved by ``delta``, in ``[0, MAX_TIME]`` (every moved time stays one a
+    record may carry), else ValidationError."""
+    if len(values) != 3 or not all(map(_finite, values)):
+        raise ValidationError(f"a redate is three finite numbers, not {values!r}", field="redate")
+    since, until, delta = map(float, values)
+    if not 0 <= since <= until <= MAX_TIME or not 0 <= since + delta <= until + delta <= MAX_TIME:
+        raise ValidationError(f"a redate of [{since!r}, {until!r}) by {delta!r} leaves 1970..2200", field="redate")
+    return since, until, delta
+
+
+def _finite(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+
+
+def _dated_in(turn: tuple[Any, ...], since: float, until: float) -> bool:
+    """True when a window turn's time is in ``[since, until)`` (a turn without a
+    number for its time, which no writer writes, is left alone)."""
+    return len(turn) > 2 and _finite(turn[2]) and since <= turn[2] < until
 
 
 def _memory_id(value: Any) -> str:

@@ -37,7 +37,7 @@ import numpy as np
 import zmq
 
 from . import protocol as proto
-from ._clock import STEP_SECONDS, ClockWatch
+from ._clock import STEP_SECONDS, ClockWatch, Redate, SyncWatch, clock_synchronized
 from ._operations import LANES, OPERATIONS, check_args
 from ._systemd import notify, watchdog_interval
 from ._threads import bound_native_heap, release_free_heap
@@ -226,7 +226,7 @@ class Daemon:
     _upkeep_paused_until = 0.0  # engine thread: idle upkeep stays off until then (monotonic) after a fault
 
     def __init__(self, config: Config, *, store: MemoryStore | None = None, endpoint: str | None = None,
-                 insecure_tcp: bool = False) -> None:
+                 insecure_tcp: bool = False, clock_sync: Callable[[], bool | None] = clock_synchronized) -> None:
         self._stopping = threading.Event()
         self._inflight = 0  # I/O thread writes; the engine thread only reads it (idle upkeep yields)
         self._last_request = time.monotonic()  # I/O thread writes (monotonic, a request's arrival); engine reads
@@ -261,6 +261,8 @@ class Daemon:
         self.replies_dropped = 0  # I/O thread only
         self._started = time.monotonic()  # uptime: not moved by a step of the wall clock
         self._clock = ClockWatch()  # engine thread (the sweep): a forward step defers a sweep
+        self._sync = SyncWatch(synced=clock_sync)  # engine thread: NTP's first sync redates the stale period
+        self.last_redate: dict[str, Any] | None = None  # engine thread swaps it whole; health reads it
         self._engine_beat = time.monotonic()
         self._upkeep_left = False  # engine thread: the last idle slice ended with index work left
         self.last_cleanup: dict[str, Any] | None = None
@@ -519,10 +521,12 @@ class Daemon:
             try:  # with upkeep left, idle time starts 5 ms after the last request, not 50
                 item = self._engine_q.get(timeout=0.005 if self._upkeep_left else 0.05)
             except queue.Empty:
+                self._check_sync()
                 self._upkeep_left = self._idle()
                 continue
             if item is None:
                 break
+            self._check_sync()  # before each job too: a write after a sync lands after its redate
             if isinstance(item, _Job):
                 push.send_multipart([*item.envelope, self._run(item, self._handlers)])
             else:
@@ -641,9 +645,30 @@ class Daemon:
             return store.prepare_turn(a["role"], a["content"], a.get("metadata"), owner=a.get("owner"))
         return store.prepare(_store_items(job.op, a))
 
+    def _check_sync(self) -> None:
+        """Engine thread: redate the memories written since boot when NTP's first sync
+        has just stepped the wall clock (``_clock.SyncWatch``); two clock reads otherwise.
+        Never raises: a failure is logged and the memories keep their times."""
+        try:
+            redate = self._sync.check()
+            if redate is not None:
+                self._redate(redate)
+        except Exception:  # the engine thread must go on answering
+            log.exception("redating the memories written before the clock's first sync failed")
+
+    def _redate(self, redate: Redate) -> None:
+        """Journal and apply ``redate`` (``MemoryStore.redate``), log it, show it in ``health``."""
+        moved = self.store.redate(redate.since, redate.until, redate.delta)
+        self.last_redate = {"time": time.time(), "memories": moved, "delta_s": round(redate.delta, 3),
+                            "since": redate.since, "until": redate.until}
+        log.warning("NTP's first sync stepped the wall clock by %+.0f s: %d memories written since boot by the "
+                    "stale clock redated by that much", redate.delta, moved)
+
     def _cleanup(self) -> None:
         """The scheduled expiry sweep, deferred by one interval when the wall clock just
-        stepped forward (see ``_clock``): a step undone meanwhile deletes nothing then."""
+        stepped forward (see ``_clock``): a step undone meanwhile deletes nothing then.
+        NTP's first sync, seen first, redates what the stale clock dated (``_check_sync``)."""
+        self._check_sync()
         step = self._clock.step()
         if step > STEP_SECONDS:
             self.last_cleanup = {"time": time.time(), "deleted": 0, "duration_ms": None, "deferred_s": round(step, 3)}
@@ -676,7 +701,7 @@ class Daemon:
         status = "stopping" if self._stopping.is_set() else "read_only" if read_only else "ok"
         return {"status": status, "read_only": read_only,
                 "embedder": describe(self.store.embedder) | {"error": self.store.embedder_error},
-                "memories": len(self.store), "last_cleanup": self.last_cleanup,
+                "memories": len(self.store), "last_cleanup": self.last_cleanup, "last_redate": self.last_redate,
                 "backup_running": running and running.to_dict(),
                 "uptime_s": round(time.monotonic() - self._started, 3), "endpoint": self.endpoint,
                 "data_dir": str(self.store.path.resolve())}  # absolute: a client compares it from elsewhere

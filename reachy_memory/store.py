@@ -42,7 +42,7 @@ from ._backfill import Backfill, lacking_vector
 from ._people_ops import PeopleMixin
 from ._persistence import GRAPH_FILE, JOURNAL_FILE, SNAPSHOT_FILE, read_snapshot
 from ._records import Record, encode, first_dim, first_vkey
-from ._state import GROUP, MemoryState
+from ._state import GROUP, MemoryState, redate_args
 from ._storage import Storage
 from ._temporal import query_window, window_bonus
 from ._threads import gc_paused, pin_native_threads
@@ -487,6 +487,22 @@ class MemoryStore(PeopleMixin):
                 self._commit([["expire", at]])
             deleted = before - len(self._state.records)
         return {"conversation_days": ttl / 86400.0, **plan, "applied": applied, "deleted": deleted}
+
+    def redate(self, since: float, until: float, delta: float) -> int:
+        """Move every memory created in ``[since, until)`` (epoch seconds) by ``delta``
+        seconds, its expiry with it, and every window turn of that period: the memories
+        written while the wall clock was wrong by ``-delta`` (the daemon calls it when NTP's
+        first sync steps a stale clock).  One ``redate`` op, synced whatever
+        ``memory.fsync`` says; a replay gives the same times, whatever the clock or config.
+        Returns how many memories moved.  Raises ValidationError, writing nothing, for
+        values that are not finite, ``since > until``, or times moved out of 1970..2200."""
+        self._require_open()
+        op = ["redate", *redate_args([since, until, delta])]
+        with self._lock:
+            moving = sum(since <= rec.created < until for rec in self._state.records.values())
+            if moving or any(since <= turn[2] < until for turn in self._state.window_view):
+                self._commit([op], durable=True)
+        return moving
 
     # -- reading ---------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ import pytest
 
 from reachy_memory import Config, MemoryStore, MemoryType
 from reachy_memory import backup as bk
-from reachy_memory._clock import STEP_SECONDS, ClockWatch
+from reachy_memory._clock import STEP_SECONDS, SYNC_GRACE_SECONDS, ClockWatch, SyncWatch, clock_synchronized
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -55,6 +55,30 @@ def daemon(store: MemoryStore, tmp_path: Path, wall: WallClock) -> Iterator[Any]
     yield made[0]
     made[0]._endpoint_lock.release()
     made[0]._ctx.term()
+
+
+class SyncedClock:
+    """The steady clock (seconds since boot) and the kernel's sync flag, set by hand."""
+
+    def __init__(self) -> None:
+        self.steady = 1000.0
+        self.synced: bool | None = False
+
+
+@pytest.fixture
+def kernel() -> SyncedClock:
+    return SyncedClock()
+
+
+def _watch(daemon: Any, wall: WallClock, kernel: SyncedClock) -> None:
+    """The daemon's clock watches on the test's clocks."""
+    daemon._sync = SyncWatch(lambda: wall.at, lambda: kernel.steady, lambda: kernel.synced)
+    daemon._clock = ClockWatch(lambda: wall.at, lambda: kernel.steady)
+
+
+def _later(wall: WallClock, kernel: SyncedClock, seconds: float) -> None:
+    wall.at += seconds
+    kernel.steady += seconds
 
 
 def _turns(store: MemoryStore, n: int) -> list[str]:
@@ -160,3 +184,135 @@ def test_a_store_written_across_clock_steps_replays_to_the_same_state_and_verifi
         assert s.get_context("task") == f"at {wall.at}"
         assert len([m for m in s.export_page()[0] if m.memory_type is MemoryType.FACT]) == len(steps)
     assert bk.verify(cfg.memory.path).problems == []
+
+
+# -- NTP's first sync: the stale period redated --------------------------------------------------
+
+def _stale_boot(store: MemoryStore, daemon: Any, wall: WallClock, kernel: SyncedClock, step: float,
+                synced: bool | None) -> dict[str, str]:
+    """A boot 1000 s ago with the clock ``step`` behind, the flag reading ``synced``; a fact
+    of an earlier boot (dated before this boot by the stale clock), then a context and
+    two turns written by the stale clock."""
+    wall.at, kernel.steady, kernel.synced = NOW - step, 1000.0, synced
+    _watch(daemon, wall, kernel)
+    earlier = store.store_batch([{"content": "a fact of an earlier boot", "created_at": NOW - step - 1005.0}])
+    _later(wall, kernel, 10.0)
+    ids = {"earlier": earlier[0].id, "context": store.set_context("task", "water the garden").id}
+    ids.update({f"turn{i}": t for i, t in enumerate(_turns(store, 2))})
+    _later(wall, kernel, 10.0)
+    daemon._check_sync()  # an idle tick: no step yet
+    return ids
+
+
+def _times(store: MemoryStore) -> dict[str, tuple[float, float | None]]:
+    return {r.id: (r.created, r.expires) for r in store._state.records.values()}
+
+
+@pytest.mark.parametrize(("step", "before", "after", "redated"), [
+    (3 * DAY, False, True, True),  # NTP's first sync after a stale boot: the stale period set right
+    (-DAY, False, True, True),  # the first sync sets a clock that ran a day ahead back
+    (3 * DAY, True, True, False),  # a step while synchronised: a glitch, or a date set by hand
+    (YEARS_14, True, True, False),  # a glitch years ahead while synchronised
+    (3 * DAY, False, False, False),  # a date set by hand before any sync: the flag stays unsynchronised
+    (3 * DAY, None, None, False),  # no flag to read (not Linux): never redated
+    (60.0, False, True, False),  # the first sync without a large step: NTP slews, nothing to set right
+])
+def test_only_a_large_step_at_the_flags_first_sync_redates_the_stale_period(
+        store: MemoryStore, daemon: Any, wall: WallClock, kernel: SyncedClock, step: float,
+        before: bool | None, after: bool | None, redated: bool) -> None:
+    ids = _stale_boot(store, daemon, wall, kernel, step, before)
+    stale = _times(store)
+    wall.at += step
+    kernel.synced = after
+    _later(wall, kernel, 0.05)  # the next idle tick, 50 ms on
+    daemon._check_sync()
+    moved = {i for i, times in _times(store).items() if times != stale[i]}
+    assert moved == ({ids["context"], ids["turn0"], ids["turn1"]} if redated else set())
+    for memory_id in moved:
+        created, expires = stale[memory_id]
+        assert _times(store)[memory_id] == (created + step, expires + step)
+    assert (daemon.last_redate is not None) is redated
+    assert (daemon.health()["last_redate"] or {}).get("memories") == (3 if redated else None)
+    assert daemon._check_sync() is None and _times(store) == (_times(store) if redated else stale)
+
+
+def test_a_context_set_before_the_sync_outlives_it_and_ends_with_its_corrected_day(
+        store: MemoryStore, daemon: Any, wall: WallClock, kernel: SyncedClock) -> None:
+    """Before the redate, the sync hid the context at once (its stale day had ended) and
+    the sweep one interval later deleted it; turns were three days old (out of the window)."""
+    ids = _stale_boot(store, daemon, wall, kernel, 3 * DAY, False)
+    daemon._cleanup()  # the start-up sweep, by the stale clock
+    wall.at += 3 * DAY
+    kernel.synced = True
+    daemon._cleanup()  # the sweep after the sync: the sync seen first, then the sweep deferred
+    assert "deferred_s" in daemon.last_cleanup and daemon.last_redate["delta_s"] == 3 * DAY
+    assert store.get_context("task") == "water the garden"
+    assert len(store.get_context_window()) == 2
+    _later(wall, kernel, 3600.0)
+    daemon._cleanup()  # the next interval: swept, the context still in its day
+    assert daemon.last_cleanup["deleted"] == 0 and store.get_context("task") == "water the garden"
+    end_of_day = NOW - NOW % DAY + DAY
+    assert store.get(ids["context"]).expires_at.timestamp() == end_of_day
+    _later(wall, kernel, end_of_day - wall.at)
+    daemon._cleanup()
+    assert daemon.last_cleanup["deleted"] == 1 and store.get_context("task") is None
+    assert bk.verify(store.path).problems == []
+
+
+@pytest.mark.parametrize(("flag_after", "redated"), [
+    (0.0, True),  # systemd-timesyncd: the step and the flag in one call
+    (5.0, True),  # chrony may set the flag after its step: the step waits for it
+    (SYNC_GRACE_SECONDS + 1.0, False),  # too late to tie the flag to this step
+])
+def test_a_step_waits_a_while_for_the_flag(store: MemoryStore, daemon: Any, wall: WallClock,
+                                           kernel: SyncedClock, flag_after: float, redated: bool) -> None:
+    _stale_boot(store, daemon, wall, kernel, 3 * DAY, False)
+    wall.at += 3 * DAY
+    daemon._check_sync()  # the step seen, the flag still unsynchronised
+    assert daemon.last_redate is None or flag_after == 0.0
+    _later(wall, kernel, flag_after)
+    kernel.synced = True
+    _later(wall, kernel, 1.0)  # the flag is read at most once a second
+    daemon._check_sync()
+    assert (daemon.last_redate is not None) is redated
+
+
+@pytest.mark.parametrize(("since_last_check", "step", "pending"), [
+    (0.05, 3 * DAY, True),  # an idle tick later: only the stale clock dated what came before
+    (400.0, 350.0, False),  # a step smaller than the time since the last reading: times written
+                            # after it could fall in the stale period, so it is not attributed
+    (400.0, 3 * DAY, True),  # a long job between the readings, but a step far larger than it
+])
+def test_sync_watch_attributes_a_step_only_when_the_periods_cannot_mix(
+        since_last_check: float, step: float, pending: bool) -> None:
+    clocks: dict[str, Any] = {"wall": NOW, "steady": 500.0, "synced": False}
+    watch = SyncWatch(lambda: clocks["wall"], lambda: clocks["steady"], lambda: clocks["synced"])
+    clocks["wall"] += since_last_check + step
+    clocks["steady"] += since_last_check
+    clocks["synced"] = True
+    redate = watch.check()
+    assert (redate is not None) is pending
+    if redate is not None:  # boot and the reading's moment, by the old clock
+        assert (redate.since, redate.until, redate.delta) == pytest.approx(
+            (NOW - 500.0, NOW + since_last_check, step))
+
+
+def test_the_engine_thread_redates_at_an_idle_tick(
+        store: MemoryStore, daemon: Any, wall: WallClock, kernel: SyncedClock) -> None:
+    _stale_boot(store, daemon, wall, kernel, 3 * DAY, False)
+    wall.at += 3 * DAY
+    kernel.synced = True
+    engine = threading.Thread(target=daemon._engine_loop)
+    engine.start()
+    try:
+        deadline = time.monotonic() + 10
+        while daemon.last_redate is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        daemon._engine_q.put(None)
+        engine.join(10)
+    assert daemon.last_redate is not None and daemon.last_redate["memories"] == 3
+
+
+def test_the_kernel_flag_reads_as_a_bool_or_none() -> None:
+    assert clock_synchronized() in (True, False, None)
