@@ -48,8 +48,8 @@ def daemon(store: MemoryStore, tmp_path: Path, wall: WallClock) -> Iterator[Any]
     from reachy_memory.server import Daemon
 
     made: list[Daemon] = []
-    maker = threading.Thread(target=lambda: made.append(Daemon(store._config, store=store,
-                                                                endpoint=f"ipc://{tmp_path}/run/m.sock")))
+    maker = threading.Thread(target=lambda: made.append(Daemon(  # no sync flag: the host's own is not the test's
+        store._config, store=store, endpoint=f"ipc://{tmp_path}/run/m.sock", clock_sync=lambda: None)))
     maker.start()
     maker.join(30)
     yield made[0]
