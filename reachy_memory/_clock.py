@@ -23,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -116,9 +117,13 @@ class SyncWatch:
     the flag only when a step is seen or a second has passed)."""
 
     def __init__(self, wall: Callable[[], float] | None = None, steady: Callable[[], float] = steady_clock,
-                 synced: Callable[[], bool | None] = clock_synchronized) -> None:
+                 synced: Callable[[], bool | None] = clock_synchronized, *, after: float = 0.0) -> None:
+        """``after``: the latest time the store held when the daemon started.  A stale period
+        starts after it: a clock restored at boot from a time saved before the last boot's
+        end (a power cut) starts below that boot's last memories, which were dated right."""
         self._wall = wall or (lambda: time.time())  # looked up per call: tests move time
         self._steady, self._synced = steady, synced
+        self._after = math.nextafter(after, math.inf)
         now = self._steady()
         self._offset = self._wall() - now  # wall minus steady, as last read
         self._checked_at = now  # steady time of that reading
@@ -141,13 +146,15 @@ class SyncWatch:
 
     def _step_seen(self, old: float, step: float, now: float, *, attributable: bool) -> None:
         """A step of ``step`` seconds from offset ``old``: pending when the flag read
-        unsynchronised before it.  The stale period runs from boot (steady 0) to now,
-        both by the old clock.  Not ``attributable`` (the step is smaller than the time
+        unsynchronised before it.  The stale period runs from boot (steady 0), or from
+        just after the store's latest time at the daemon's start if later, to now, both by
+        the old clock.  Not ``attributable`` (the step is smaller than the time
         since the last reading): times written after it could fall in that period."""
         before = self._flag
         self._read_flag(now)
-        stale = before is False and attributable
-        self._pending = Redate(max(old, 0.0), max(old + now, 0.0), step) if stale else None
+        since, until = max(old, self._after, 0.0), max(old + now, 0.0)
+        stale = before is False and attributable and since < until
+        self._pending = Redate(since, until, step) if stale else None
         self._pending_until = now + SYNC_GRACE_SECONDS
 
     def _read_flag(self, now: float) -> None:

@@ -261,7 +261,8 @@ class Daemon:
         self.replies_dropped = 0  # I/O thread only
         self._started = time.monotonic()  # uptime: not moved by a step of the wall clock
         self._clock = ClockWatch()  # engine thread (the sweep): a forward step defers a sweep
-        self._sync = SyncWatch(synced=clock_sync)  # engine thread: NTP's first sync redates the stale period
+        # engine thread: NTP's first sync redates the stale period (after what the store held at start)
+        self._sync = SyncWatch(synced=clock_sync, after=self.store.latest_time())
         self.last_redate: dict[str, Any] | None = None  # engine thread swaps it whole; health reads it
         self._engine_beat = time.monotonic()
         self._upkeep_left = False  # engine thread: the last idle slice ended with index work left

@@ -488,6 +488,14 @@ class MemoryStore(PeopleMixin):
             deleted = before - len(self._state.records)
         return {"conversation_days": ttl / 86400.0, **plan, "applied": applied, "deleted": deleted}
 
+    def latest_time(self) -> float:
+        """The latest time a memory was created or a window turn added (epoch seconds;
+        0.0 for an empty store)."""
+        self._require_open()
+        with self._lock:
+            created = [rec.created for rec in self._state.records.values()]
+            return max([*created, *(turn[2] for turn in self._state.window_view)], default=0.0)
+
     def redate(self, since: float, until: float, delta: float) -> int:
         """Move every memory created in ``[since, until)`` (epoch seconds) by ``delta``
         seconds, its expiry with it, and every window turn of that period: the memories

@@ -314,5 +314,28 @@ def test_the_engine_thread_redates_at_an_idle_tick(
     assert daemon.last_redate is not None and daemon.last_redate["memories"] == 3
 
 
+def test_a_previous_boots_memories_inside_the_stale_period_keep_their_times(
+        store: MemoryStore, daemon: Any, wall: WallClock, kernel: SyncedClock) -> None:
+    """After a power cut the clock is restored from a time saved before the last boot
+    ended: this boot's stale period then starts below that boot's last memories, which
+    were dated right.  The period starts after what the store held at the daemon's start."""
+    wall.at, kernel.steady, kernel.synced = NOW - 3 * DAY, 30.0, False  # restored 10 min behind the last boot's end
+    last_boot = store.store_batch([{"content": "said just before the power cut", "created_at": wall.at + 600.0}])
+    daemon._sync = SyncWatch(lambda: wall.at, lambda: kernel.steady, lambda: kernel.synced,
+                             after=store.latest_time())  # as the daemon makes it at its start
+    _later(wall, kernel, 300.0)
+    early = _turns(store, 1)[0]  # this boot's, but dated among the last boot's: left as it is
+    _later(wall, kernel, 600.0)
+    late = _turns(store, 1)[0]  # dated after everything of the last boot: this boot's
+    stale = _times(store)
+    wall.at += 3 * DAY
+    kernel.synced = True
+    _later(wall, kernel, 0.05)
+    daemon._check_sync()
+    moved = {i for i, times in _times(store).items() if times != stale[i]}
+    assert moved == {late} and last_boot[0].id not in moved and early not in moved
+    assert daemon.last_redate["since"] > stale[last_boot[0].id][0]
+
+
 def test_the_kernel_flag_reads_as_a_bool_or_none() -> None:
     assert clock_synchronized() in (True, False, None)
