@@ -185,13 +185,13 @@ class MemoryStore(PeopleMixin):
         self._storage = Storage(self.path, self._config, self._state, self._lock, snapshot)
         if snapshot is not None:
             self._state.load(snapshot)
-            self._load_graph()
         if base is not None:  # rebuild: the previous generation's ops, then the current journal
             self._storage.apply(base.ops)
             self._storage.rebuilt_from(base.generation)
         self._storage.open(rebuilding=base is not None)
-        if snapshot is None:  # never compacted (a robot never shut down cleanly): idle time may have cached a graph
-            self._load_graph()
+        # After the replay: a slot written while the cache loads is never kept, and the
+        # journal's writes since the snapshot (nodes idle time may have cached) are not that.
+        self._load_graph()
         try:
             self._check_model(reindex)
         except BaseException:

@@ -167,6 +167,7 @@ class VectorIndex:
         self._cache_meta: dict[str, Any] | None = None
         self._cache_failed_at = -CACHE_RETRY_SECONDS
         self._version = 0  # bumped by every change of the vectors (invalidates the scan memo)
+        self._snapshot_version: int | None = None  # _version right after load_vectors (see load_graph)
         self._memo: tuple[int, np.ndarray, np.ndarray] | None = None  # (version, query, sims) of the last scan
         # see _gather_dot (engine thread only): gathered bits, then the same rows widened
         self._gather_bits = np.empty((GATHER_ROWS, dim), np.uint16)
@@ -538,11 +539,16 @@ class VectorIndex:
     def load_graph(self, path: Path, tag: str) -> None:
         """Start loading cached graphs in the background: a cache that lists its nodes'
         fingerprints and has our dimension whatever its age (the nodes still right are
-        kept), any other only if it matches ``tag`` (model included) and the vector count.
+        kept), any other only if it matches ``tag`` (model included) and the vector count
+        and no vector changed since :meth:`load_vectors` (nothing tells which nodes a
+        journal's replay changed).  The store calls it after that replay: a slot changed
+        while the cache loads is never kept, and the replay's slots (idle time may have
+        cached their nodes since the snapshot) would all have counted as changed.
         hnswlib loads a graph of another dimension without a word, and inserting into it
         overwrites its nodes' labels and links (a model of another size, then a crash)."""
         meta = _read_meta(path)
-        exact = meta is not None and meta.get("tag") == tag and meta.get("count") == self.count
+        exact = meta is not None and meta.get("tag") == tag and meta.get("count") == self.count \
+            and self._version == self._snapshot_version
         listed = meta is not None and "nodes" in meta and meta.get("dim") == self.dim
         if not (exact or listed):
             log.warning("vector graph cache %s missing or stale; it will be rebuilt in the background", path)
@@ -707,6 +713,7 @@ class VectorIndex:
         self._unmarked = set()
         self._changed, self._cache_meta = {}, None
         self.pending = set(np.flatnonzero(alive).tolist())
+        self._snapshot_version = self._version
         self.count = int(np.count_nonzero(alive))
 
     def vector_bytes(self) -> memoryview:

@@ -562,6 +562,61 @@ def test_a_store_never_closed_cleanly_caches_its_graph_in_idle_time(tmp_path: Pa
         assert all(h.memory.id != old[3].id for h in s.search("fact 3", mode="vector", limit=30, min_score=0))
 
 
+def test_a_crash_keeps_the_cached_nodes_of_what_the_journal_replays(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Memories written after the last snapshot are replayed from the journal at open.
+    The cached graph was loaded while that replay ran, and every slot the replay wrote
+    counted as changed while the cache loaded: none of them was kept, even when idle time
+    had cached its node.  Under a saturated CPU (a daemon killed 14 times, its snapshot
+    older than 3k-6k writes) that threw each type's whole graph away at every reopen."""
+    monkeypatch.setattr(vector_index, "CACHE_MIN_CHANGES", 16)
+    cfg = Config().replace("memory", path=str(tmp_path)).replace("search", exact_below=40, exact_threshold=5)
+    emb = HashEmbedder()
+    with MemoryStore(config=cfg, embedder=emb) as s:  # a snapshot and a graph cache
+        old = s.store_batch([{"content": f"fact {i}", "memory_type": "fact"} for i in range(200)])
+    s = MemoryStore(config=cfg, embedder=emb)
+    cached = s.store_batch([{"content": f"journal fact {i}", "memory_type": "fact"} for i in range(40)])
+    assert s.forget(old[3].id)
+    while s.maintain():  # inserted, marked, then the graph cached in idle time
+        pass
+    new = s.store_batch([{"content": f"later fact {i}", "memory_type": "fact"} for i in range(5)])
+    store_util.abandon(s)  # a crash: the journal holds every write since the snapshot
+    with MemoryStore(config=cfg, embedder=emb) as s:
+        vectors = s._state.vectors
+        assert vectors._adopt_loaded(wait=True)
+        assert {s._state.by_slot[slot].id for slot in vectors.pending} == {m.id for m in new}
+        assert s.search("journal fact 7", mode="vector", limit=1)[0].memory.id == cached[7].id
+        assert all(h.memory.id != old[3].id for h in s.search("fact 3", mode="vector", limit=30, min_score=0))
+
+
+def test_a_cache_without_node_lists_is_not_taken_after_a_journal_replay(tmp_path: Path) -> None:
+    """A cache saved before node lists is taken only when it matches the snapshot.  The
+    graph now loads after the journal's replay, which no longer counts as changes made
+    while it loads, so nothing would tell a slot forgotten and reused since (the count
+    the same): it kept the node of its old vector.  Such a cache is now rebuilt (before,
+    its unchanged nodes were kept)."""
+    cfg = Config().replace("memory", path=str(tmp_path)).replace("search", exact_below=40, exact_threshold=5)
+    emb = HashEmbedder()
+    with MemoryStore(config=cfg, embedder=emb) as s:
+        old = s.store_batch([{"content": f"fact {i}", "memory_type": "fact"} for i in range(200)])
+    meta = vector_index._read_meta(tmp_path / GRAPH_FILE)
+    assert meta is not None
+    del meta["nodes"]
+    vector_index._write_meta(tmp_path / GRAPH_FILE, meta)
+    s = MemoryStore(config=cfg, embedder=emb)
+    assert s.forget(old[3].id)
+    new = s.store("a parrot named Kiwi", memory_type="fact")  # slot 3 again: 200 memories, as cached
+    store_util.abandon(s)
+    with MemoryStore(config=cfg, embedder=emb) as s:
+        vectors = s._state.vectors
+        assert vectors._adopt_loaded(wait=True)
+        s.maintain(budget=1000, save_cache=False)
+        for group, graph in vectors._graphs.items():  # no node keeps a vector its slot no longer holds
+            held = vectors._members(group, None)
+            assert np.allclose(graph.get_items(held), vectors.rows(held), rtol=0, atol=BF16_TOLERANCE)
+        assert s.search("a parrot named Kiwi", mode="vector", limit=1)[0].memory.id == new.id
+
+
 @pytest.mark.parametrize(("name", "removed"), [
     (f".{GRAPH_FILE}.2.tmp-999999", True),  # a group's graph being saved when the robot lost power
     (f".{GRAPH_FILE}.meta.tmp-999999-1", True),  # the meta being written then
