@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+import pytest
 
 from reachy_memory import Config, MemoryStore
 
@@ -36,3 +39,11 @@ def frequent_switches(interval: float = 1e-5) -> Iterator[None]:
         yield
     finally:
         sys.setswitchinterval(before)
+
+
+class WallClock:
+    """``time.time`` for the test's process, set by hand (``at``)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, at: float) -> None:
+        self.at = at
+        monkeypatch.setattr(time, "time", lambda: self.at)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from store_util import WallClock
 
 from reachy_memory import Config, MemoryStore, MemoryType
 from reachy_memory import backup as bk
@@ -20,14 +21,6 @@ pytestmark = pytest.mark.timeout(60)
 NOW = 1_795_000_000.0  # 2026-11-18 (a fixed "real" time: the tests move the wall clock around it)
 DAY = 86_400.0
 YEARS_14 = 14 * 365 * DAY
-
-
-class WallClock:
-    """``time.time`` for the test's process, set by hand."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, at: float) -> None:
-        self.at = at
-        monkeypatch.setattr(time, "time", lambda: self.at)
 
 
 @pytest.fixture

@@ -6,11 +6,10 @@ journals one) is in ``tests/test_clock.py``."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
-from store_util import abandon
+from store_util import WallClock, abandon
 
 from reachy_memory import Config, CorruptionError, MemoryStore, ValidationError
 from reachy_memory import backup as bk
@@ -24,14 +23,6 @@ NOW = 1_795_000_000.0  # 2026-11-18 11:06:40 UTC: the real time once NTP has syn
 DAY = 86_400.0
 STALE = NOW - 3 * DAY  # what a robot's clock read after a boot without an RTC battery
 SINCE, UNTIL = STALE - 600.0, STALE + 3600.0  # boot and the sync's moment, by the stale clock
-
-
-class WallClock:
-    """``time.time`` for the test's process, set by hand."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, at: float) -> None:
-        self.at = at
-        monkeypatch.setattr(time, "time", lambda: self.at)
 
 
 @pytest.fixture

@@ -554,12 +554,18 @@ def test_a_store_never_closed_cleanly_caches_its_graph_in_idle_time(tmp_path: Pa
     while s.maintain():  # 5 inserted, 1 marked: not enough to save again
         pass
     store_util.abandon(s)
+    _reopen_with_cache(cfg, emb, left={m.id for m in new}, found=("fact 7", old[7].id), gone=old[3].id)
+
+
+def _reopen_with_cache(cfg: Config, emb: HashEmbedder, *, left: set[str], found: tuple[str, str], gone: str) -> None:
+    """Reopen after a crash: once the cached graph is adopted, exactly the memories ``left``
+    wait to be inserted, ``found[0]`` finds ``found[1]`` first, and ``gone`` never comes back."""
     with MemoryStore(config=cfg, embedder=emb) as s:
         vectors = s._state.vectors
         assert vectors._adopt_loaded(wait=True)
-        assert {s._state.by_slot[slot].id for slot in vectors.pending} == {m.id for m in new}
-        assert s.search("fact 7", mode="vector", limit=1)[0].memory.id == old[7].id
-        assert all(h.memory.id != old[3].id for h in s.search("fact 3", mode="vector", limit=30, min_score=0))
+        assert {s._state.by_slot[slot].id for slot in vectors.pending} == left
+        assert s.search(found[0], mode="vector", limit=1)[0].memory.id == found[1]
+        assert all(h.memory.id != gone for h in s.search("fact 3", mode="vector", limit=30, min_score=0))
 
 
 def test_a_crash_keeps_the_cached_nodes_of_what_the_journal_replays(tmp_path: Path,
@@ -581,12 +587,8 @@ def test_a_crash_keeps_the_cached_nodes_of_what_the_journal_replays(tmp_path: Pa
         pass
     new = s.store_batch([{"content": f"later fact {i}", "memory_type": "fact"} for i in range(5)])
     store_util.abandon(s)  # a crash: the journal holds every write since the snapshot
-    with MemoryStore(config=cfg, embedder=emb) as s:
-        vectors = s._state.vectors
-        assert vectors._adopt_loaded(wait=True)
-        assert {s._state.by_slot[slot].id for slot in vectors.pending} == {m.id for m in new}
-        assert s.search("journal fact 7", mode="vector", limit=1)[0].memory.id == cached[7].id
-        assert all(h.memory.id != old[3].id for h in s.search("fact 3", mode="vector", limit=30, min_score=0))
+    _reopen_with_cache(cfg, emb, left={m.id for m in new}, found=("journal fact 7", cached[7].id),
+                       gone=old[3].id)
 
 
 def test_a_cache_without_node_lists_is_not_taken_after_a_journal_replay(tmp_path: Path) -> None:
