@@ -88,16 +88,15 @@ class ClockWatch:
     def __init__(self, wall: Callable[[], float] | None = None, steady: Callable[[], float] = steady_clock) -> None:
         self._wall = wall or (lambda: time.time())  # looked up per call: tests move time
         self._steady = steady
-        self._offset = self._offset_now()
-
-    def _offset_now(self) -> float:
-        return self._wall() - self._steady()
+        self.at = steady()  # steady time of the last reading
+        self.offset = self._wall() - self.at  # wall minus steady at that reading
 
     def step(self) -> float:
         """Seconds the wall clock jumped since the last call (or creation): positive
         forward, negative back, ~0 when nobody set it.  Counts from now on."""
-        offset = self._offset_now()
-        moved, self._offset = offset - self._offset, offset
+        self.at = self._steady()
+        offset = self._wall() - self.at
+        moved, self.offset = offset - self.offset, offset
         return moved
 
 
@@ -121,23 +120,19 @@ class SyncWatch:
         """``after``: the latest time the store held when the daemon started.  A stale period
         starts after it: a clock restored at boot from a time saved before the last boot's
         end (a power cut) starts below that boot's last memories, which were dated right."""
-        self._wall = wall or (lambda: time.time())  # looked up per call: tests move time
-        self._steady, self._synced = steady, synced
+        self._clock = ClockWatch(wall, steady)
+        self._synced = synced
         self._after = math.nextafter(after, math.inf)
-        now = self._steady()
-        self._offset = self._wall() - now  # wall minus steady, as last read
-        self._checked_at = now  # steady time of that reading
-        self._flag, self._flag_at = synced(), now
+        self._flag, self._flag_at = synced(), self._clock.at
         self._pending: Redate | None = None  # a step seen while unsynchronised, waiting for the flag
         self._pending_until = 0.0  # steady time: the pending step is dropped after this
 
     def check(self) -> Redate | None:
         """A :class:`Redate` when NTP's first sync stepped the clock since the last call
         (or within :data:`SYNC_GRACE_SECONDS` of a step seen unsynchronised), else None."""
-        now = self._steady()
-        offset = self._wall() - now
-        step, old, since_last = offset - self._offset, self._offset, now - self._checked_at
-        self._offset, self._checked_at = offset, now
+        old, last_at = self._clock.offset, self._clock.at
+        step = self._clock.step()
+        now, since_last = self._clock.at, self._clock.at - last_at
         if abs(step) > STEP_SECONDS:
             self._step_seen(old, step, now, attributable=abs(step) > since_last)
         elif now - self._flag_at >= FLAG_EVERY_SECONDS:

@@ -353,7 +353,7 @@ class MemoryState:
         slot, same place in the record table), so a frozen view never sees a moved one.
         The newest turn is then found again by a pass over the records, as a reload finds it.
         """
-        moved = [rec for rec in self.records.values() if since <= rec.created < until]
+        moved = self._created_in(since, until)
         for rec in moved:
             expires = None if rec.expires is None else min(rec.expires + delta, MAX_TIME)
             self._replace(rec, rec.replace(created=rec.created + delta, expires=expires))
@@ -361,6 +361,13 @@ class MemoryState:
         if any(rec.type == _TURN for rec in moved):
             self._turn_gone = True  # the moved turns may now be newer, or older, than others
         return len(moved)
+
+    def dated_in(self, since: float, until: float) -> tuple[int, int]:
+        """How many memories and window turns :meth:`redate` would move."""
+        return len(self._created_in(since, until)), sum(_dated_in(turn, since, until) for turn in self._window)
+
+    def _created_in(self, since: float, until: float) -> list[Record]:
+        return [rec for rec in self.records.values() if since <= rec.created < until]
 
     def _redate_window(self, since: float, until: float, delta: float) -> None:
         """The window turns with a time in ``[since, until)`` moved by ``delta``."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import itertools
 import logging
 import math
 import threading
@@ -493,8 +494,8 @@ class MemoryStore(PeopleMixin):
         0.0 for an empty store)."""
         self._require_open()
         with self._lock:
-            created = [rec.created for rec in self._state.records.values()]
-            return max([*created, *(turn[2] for turn in self._state.window_view)], default=0.0)
+            created = (rec.created for rec in self._state.records.values())
+            return max(itertools.chain(created, (turn[2] for turn in self._state.window_view)), default=0.0)
 
     def redate(self, since: float, until: float, delta: float) -> int:
         """Move every memory created in ``[since, until)`` (epoch seconds) by ``delta``
@@ -507,8 +508,8 @@ class MemoryStore(PeopleMixin):
         self._require_open()
         op = ["redate", *redate_args([since, until, delta])]
         with self._lock:
-            moving = sum(since <= rec.created < until for rec in self._state.records.values())
-            if moving or any(since <= turn[2] < until for turn in self._state.window_view):
+            moving, turns = self._state.dated_in(since, until)
+            if moving or turns:
                 self._commit([op], durable=True)
         return moving
 
