@@ -366,14 +366,30 @@ class PeopleMixin:
             return self._state.records[rec.id].memory()
 
     def supersede(self, old_id: str, new_id: str) -> Memory:
-        """Explicitly mark ``old_id`` as replaced by ``new_id`` (both kept). Raises NotFoundError."""
+        """Explicitly mark ``old_id`` as replaced by ``new_id`` (both kept). Raises NotFoundError;
+        ValidationError when ``new_id`` is ``old_id`` or already replaced, down its chain, by
+        ``old_id``: a loop would hide every memory in it (and an import refuses one)."""
         self._require_open()
         with self._lock:
             old, new = self._require_memory(old_id), self._require_memory(new_id)
             if old.id == new.id:
                 raise ValidationError("a memory cannot supersede itself", field="new_id")
+            if old.id in self._replaced_by(new):
+                raise ValidationError(f"{new.id} is already superseded, down its chain, by {old.id}: "
+                                      "the link would loop", field="new_id")
             self._commit([_supersede_op(old.id, new.id, time.time())])
             return self._state.records[old.id].memory()
+
+    def _replaced_by(self, rec: Record) -> list[str]:
+        """The ids down ``rec``'s supersession chain (``superseded_by``, then its own...)."""
+        chain: list[str] = []
+        while rec.superseded_by is not None and rec.superseded_by not in chain:
+            chain.append(rec.superseded_by)
+            nxt = self._state.records.get(rec.superseded_by)
+            if nxt is None:
+                break
+            rec = nxt
+        return chain
 
     def history(self, memory_id: str) -> list[Memory]:
         """The supersession chain through ``memory_id``, oldest first (superseded ones included)."""

@@ -741,3 +741,26 @@ def test_owner_less_writes_are_unscoped_as_before(lexical_store: MemoryStore) ->
     memory = lexical_store.store("a plain fact", id="f1")
     assert (turn.owner, turn.shared, memory.owner, memory.shared) == (None, False, None, False)
     assert lexical_store.store("a plain fact", id="f1").id == "f1"  # its retry, as before
+
+
+# -- the people attack (2026-11-26) ------------------------------------------------------------
+
+@pytest.mark.parametrize("links", [
+    [("a", "b"), ("b", "a")],  # by each other
+    [("a", "b"), ("b", "c"), ("c", "a")],  # a longer loop closed by the last link
+])
+def test_a_supersede_that_would_close_a_loop_is_refused(lexical_store: MemoryStore,
+                                                        links: list[tuple[str, str]]) -> None:
+    """Explicit ``supersede`` closed loops an import refuses (a memory hidden behind
+    another that is hidden behind it): every memory of the loop was hidden, and the
+    store's own export could not be imported again."""
+    ids = {k: lexical_store.store(f"Ida fact {k}", "fact").id for k in "abc"}
+    *chain, closing = links
+    for old, new in chain:
+        lexical_store.supersede(ids[old], ids[new])
+    with pytest.raises(ValidationError, match="loop") as err:
+        lexical_store.supersede(ids[closing[0]], ids[closing[1]])
+    assert err.value.field == "new_id" and lexical_store.get(ids[closing[0]]).superseded_by is None  # type: ignore[union-attr]
+    exported = [m.to_dict() for m in lexical_store.export_page()[0]]
+    with MemoryStore(f"{lexical_store.path}-copy", config=lexical_store.config, embedder=None) as copy:
+        assert copy.import_memories(exported)["memories"] == 3
