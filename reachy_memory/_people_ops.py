@@ -267,11 +267,13 @@ class PeopleMixin:
         return self._people.subjects_in(item["content"], owner, recent)
 
     def _name_fields(self, name: str | None, aliases: Sequence[str]) -> dict[str, Any]:
+        """The record fields of a note name and its aliases (none without either). Raises
+        ValidationError: aliases without a name or not a list, a label taken by a memory."""
         if name is None and not aliases:
             return {}
         if name is None:
             raise ValidationError("aliases need a note name", field="aliases")
-        if isinstance(aliases, str) or len(aliases) > MAX_ALIASES:
+        if not isinstance(aliases, list | tuple) or len(aliases) > MAX_ALIASES:  # a string: its letters
             raise ValidationError(f"aliases must be a list of at most {MAX_ALIASES} names", field="aliases")
         for label in (name, *aliases):
             taken = self._state.names.get(_label(label).casefold())
@@ -762,7 +764,7 @@ def _fact_items(content: str | None, facts: Sequence[Mapping[str, Any]] | None, 
     if (content is None) == (facts is None):
         raise ValidationError("give either content or facts", field="content")
     if facts is None:
-        facts = [{"content": content, "name": name, "aliases": list(aliases)}]
+        facts = [{"content": content, "name": name, "aliases": aliases}]
     elif name is not None or aliases:
         raise ValidationError("with facts, a note name and aliases go inside the fact they name", field="name")
     if isinstance(facts, str | bytes | Mapping) or not facts:

@@ -385,6 +385,9 @@ def test_a_store_written_before_people_aware_memory_opens(tmp_path: Path, base_c
     ({"content": "a", "expires_in_days": -1}, "expires_in_days"),  # negative
     ({"content": "a", "aliases": ["x"]}, "aliases"),  # aliases without a name
     ({"content": "a", "name": "n", "aliases": ["x"] * 33}, "aliases"),  # too many aliases
+    ({"content": "a", "name": "n", "aliases": 5}, "aliases"),  # not a list: was a TypeError
+    ({"facts": [{"content": "a", "name": "n", "aliases": 5}]}, "aliases"),  # the same in a batch (the LLM tool)
+    ({"facts": [{"content": "a", "name": "n", "aliases": {"x": 1}}]}, "aliases"),  # a map: was its keys
 ])
 def test_bad_remember_calls_are_refused_and_store_nothing(lexical_store: MemoryStore, kwargs: dict[str, object],
                                                           field: str) -> None:
