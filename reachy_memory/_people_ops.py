@@ -514,8 +514,23 @@ class PeopleMixin:
         """Every memory checked (their supersession links too) as record fields, oldest
         first: a conversation turn links to the turn before it as it is stored."""
         check_supersession("import", memories)
-        return sorted((check_import_memory(f"memory {n}", m, self._config) for n, m in enumerate(memories)),
-                      key=lambda r: r["created"])
+        check_note_names("import", memories)
+        rows = [check_import_memory(f"memory {n}", m, self._config) for n, m in enumerate(memories)]
+        self._check_names_free(rows)
+        return sorted(rows, key=lambda r: r["created"])
+
+    def _check_names_free(self, rows: list[dict[str, Any]]) -> None:
+        """Raise ValidationError if a row not stored yet names its note by a name or alias
+        a stored memory holds: two notes of one name, ``note()`` answering whichever the
+        names index saw last (not the same after a reload)."""
+        for row in rows:
+            if row["id"] in self._state.records:
+                continue  # kept as it is
+            for label in _note_labels(row):
+                taken = self._state.names.get(label.casefold())
+                if taken is not None and taken != row["id"]:
+                    raise ValidationError(f"import: memory {row['id']}: the note name or alias {label!r} is "
+                                          f"already used by memory {taken}", field="name")
 
     def _prepare_rows(self, rows: list[dict[str, Any]], person_ops: list[dict[str, Any]]) -> _Import:
         """Embed the checked ``rows`` not stored yet (those present are kept as they are)."""
@@ -531,6 +546,7 @@ class PeopleMixin:
         since, in one frame each.  Returns the counts imported."""
         self._require_open()
         with self._lock:
+            self._check_names_free(prepared.rows)  # again: a note may have been named since prepare_import
             fresh_people = [op for op in prepared.person_ops if self._people.get(op["id"]) is None]
             if fresh_people:
                 self._commit(fresh_people)
@@ -665,6 +681,28 @@ def check_supersession(source: str, memories: Sequence[Any]) -> None:
             raise ValidationError(f"{source}: superseded_by links loop ({' -> '.join(loop)}): every memory in it "
                                   "would be superseded by another of them", field="superseded_by")
         cleared.update(path)
+
+
+def check_note_names(source: str, memories: Sequence[Any]) -> None:
+    """Refuse a note name or alias (case aside) given to two memories of ``memories``:
+    ValidationError naming ``source``, the label and both ids.  Names stored already
+    are the store's to check (``import_memories``)."""
+    holders: dict[str, str] = {}
+    for m in memories:
+        if not isinstance(m, Mapping) or not isinstance(m.get("id"), str):
+            continue  # refused by check_import_memory
+        for label in _note_labels(m):
+            holder = holders.setdefault(label.casefold(), m["id"])
+            if holder != m["id"]:
+                raise ValidationError(f"{source}: the note name or alias {label!r} is given to memories {holder} "
+                                      f"and {m['id']}", field="name")
+
+
+def _note_labels(memory: Mapping[str, Any]) -> list[str]:
+    """A memory's note name and aliases (the strings among them), as its record keeps them."""
+    aliases = memory.get("aliases")
+    labels = [memory.get("name"), *(aliases if isinstance(aliases, list | tuple) else ())]
+    return [label for label in labels if isinstance(label, str) and label]
 
 
 def check_import_memory(where: str, memory: Any, config: Config) -> dict[str, Any]:

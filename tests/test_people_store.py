@@ -4,6 +4,7 @@ archives, one-call context, persistence of all of it, lexical-only mode."""
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import shutil
@@ -15,6 +16,7 @@ import msgpack
 import pytest
 
 from reachy_memory import Config, MemoryStore, NotFoundError, TooLargeError, ValidationError
+from reachy_memory._export import read_jsonl
 from reachy_memory.embedding import OnnxEmbedder
 
 FIXTURE_V1 = Path(__file__).parent / "fixtures" / "v1_store"
@@ -767,3 +769,34 @@ def test_a_supersede_that_would_close_a_loop_is_refused(lexical_store: MemorySto
     exported = [m.to_dict() for m in lexical_store.export_page()[0]]
     with MemoryStore(f"{lexical_store.path}-copy", config=lexical_store.config, embedder=None) as copy:
         assert copy.import_memories(exported)["memories"] == 3
+
+
+@pytest.mark.parametrize(("name", "aliases"), [("WIFI", []), ("router", ["Wifi"])])
+def test_an_import_naming_a_note_by_a_stored_notes_name_writes_nothing(config: Config, name: str,
+                                                                        aliases: list[str]) -> None:
+    """An imported note took a name (or alias) a stored note holds: two notes of one
+    name, ``note()`` answering the imported one, and after an update of the stored one and
+    a clean close, the other again (the names index rebuilt in table order)."""
+    with MemoryStore(config=config, embedder=None) as store:
+        [wifi] = store.remember("The wifi password is hunter2", subjects=[], name="wifi")
+        clash = {"id": "imported", "content": "another note", "created_at": 1.7e9, "name": name, "aliases": aliases}
+        with pytest.raises(ValidationError, match="already used by memory") as err:
+            store.import_memories([{"id": "ok", "content": "kept out too", "created_at": 1.7e9}, clash])
+        assert err.value.field == "name" and len(store) == 1
+        assert store.import_memories([wifi.to_dict()])["memories"] == 0  # the note itself: present, kept
+        store.confirm(wifi.id)
+    with MemoryStore(config=config, embedder=None) as store:
+        assert store.note("wifi").id == wifi.id  # type: ignore[union-attr]
+
+
+def test_an_import_giving_one_note_name_to_two_memories_writes_nothing(lexical_store: MemoryStore,
+                                                                       tmp_path: Path) -> None:
+    twins = [{"id": i, "content": f"note {i}", "created_at": 1.7e9, "name": n}
+             for i, n in (("a", "Gate"), ("b", "gate"))]
+    with pytest.raises(ValidationError, match="'gate'") as err:
+        lexical_store.import_memories(twins, batch=1)
+    assert err.value.field == "name" and len(lexical_store) == 0
+    exported = tmp_path / "twins.jsonl"  # the CLI's check, before the first request is sent
+    exported.write_text("".join(json.dumps(t) + "\n" for t in twins))
+    with pytest.raises(ValidationError, match=r"twins\.jsonl: the note name"):
+        read_jsonl(exported, lexical_store.config)
