@@ -532,8 +532,24 @@ class PeopleMixin:
                     raise ValidationError(f"import: memory {row['id']}: the note name or alias {label!r} is "
                                           f"already used by memory {taken}", field="name")
 
+    def _check_anchors(self, person_ops: list[dict[str, Any]]) -> None:
+        """Raise ValidationError if a person not stored yet would take an external id a
+        stored person, or an earlier one of ``person_ops``, holds: two persons for one face,
+        and every later update of one of them refused (``external_id`` must be unique)."""
+        seen: dict[str, str] = {}
+        for op in person_ops:
+            external = op.get("external_id")
+            if external is None or self._people.get(op["id"]) is not None:
+                continue  # a stored person is kept as it is
+            holder = self._people.find_by_external_id(external)
+            holder_id = holder.id if holder is not None else seen.setdefault(external, op["id"])
+            if holder_id != op["id"]:
+                raise ValidationError(f"import: person {op['id']}: external_id {external!r} already belongs to "
+                                      f"{holder_id}", field="external_id")
+
     def _prepare_rows(self, rows: list[dict[str, Any]], person_ops: list[dict[str, Any]]) -> _Import:
         """Embed the checked ``rows`` not stored yet (those present are kept as they are)."""
+        self._check_anchors(person_ops)
         rows = [r for r in rows if r["id"] not in self._state.records]
         items = [{"content": r["content"], "memory_type": r["type"], "metadata": r.get("metadata"), "id": r["id"],
                   "created_at": r["created"], "owner": r.get("owner"), "shared": r.get("shared", False)}
@@ -547,6 +563,7 @@ class PeopleMixin:
         self._require_open()
         with self._lock:
             self._check_names_free(prepared.rows)  # again: a note may have been named since prepare_import
+            self._check_anchors(prepared.person_ops)  # and a face anchored
             fresh_people = [op for op in prepared.person_ops if self._people.get(op["id"]) is None]
             if fresh_people:
                 self._commit(fresh_people)

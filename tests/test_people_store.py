@@ -800,3 +800,19 @@ def test_an_import_giving_one_note_name_to_two_memories_writes_nothing(lexical_s
     exported.write_text("".join(json.dumps(t) + "\n" for t in twins))
     with pytest.raises(ValidationError, match=r"twins\.jsonl: the note name"):
         read_jsonl(exported, lexical_store.config)
+
+
+def test_an_import_anchoring_a_person_to_a_held_external_id_writes_nothing(lexical_store: MemoryStore) -> None:
+    """An imported person took an external id a stored person holds: two persons for one
+    face, ``person_by_external_id`` answering one of them, and every later update of the
+    other refused ("external_id 'face:1' already belongs to ...")."""
+    ann = lexical_store.add_person("Ann", external_id="face:1")
+    cat = {"id": "c" * 32, "name": "Cat", "external_id": "face:1", "created_at": 1.7e9}
+    with pytest.raises(ValidationError, match="already belongs to") as err:
+        lexical_store.import_memories([{"id": "ok", "content": "kept out too", "created_at": 1.7e9}], [cat])
+    assert err.value.field == "external_id" and len(lexical_store) == 0 and lexical_store.people() == [ann]
+    twins = [cat | {"external_id": "face:2"}, cat | {"id": "d" * 32, "name": "Dee", "external_id": "face:2"}]
+    with pytest.raises(ValidationError, match="face:2") as err:
+        lexical_store.import_memories([], twins)
+    assert err.value.field == "external_id" and lexical_store.people() == [ann]
+    assert lexical_store.import_memories([], [ann.to_dict()])["people"] == 0  # Ann herself: present, kept
