@@ -134,12 +134,14 @@ class PeopleMixin:
     def find_person(self, reference: str, owner: str | None = None) -> Person | None:
         """The person a reference means ("my wife", "Sarah", "sarah", an id), or None."""
         self._require_open()
-        return self._people.find_person(_text(reference, "reference"), owner)
+        with self._lock:  # the registry is read by iteration: not while another thread writes
+            return self._people.find_person(_text(reference, "reference"), owner)
 
     def person_by_external_id(self, external_id: str) -> Person | None:
         """The person anchored to an outside identity (face or voice recognition), or None."""
         self._require_open()
-        return self._people.find_by_external_id(_text(external_id, "external_id"))
+        with self._lock:
+            return self._people.find_by_external_id(_text(external_id, "external_id"))
 
     def resolve_person(self, reference: str, owner: str | None = None,
                        create: bool = True) -> tuple[Person | None, bool]:
@@ -154,7 +156,8 @@ class PeopleMixin:
     def people(self, owner: str | None = None) -> list[Person]:
         """The persons ``owner`` knows (theirs and the household's); everyone for None."""
         self._require_open()
-        return self._people.people(owner)
+        with self._lock:
+            return self._people.people(owner)
 
     def update_person(self, person_id: str, **fields: Any) -> Person:
         """Change a person's name, relation, aliases, external_id, metadata or owner.
@@ -420,9 +423,10 @@ class PeopleMixin:
     def note(self, name: str) -> Memory | None:
         """The live note with this name or alias (case-insensitive), or None."""
         self._require_open()
-        memory_id = self._state.names.get(_text(name, "name").casefold())
-        rec = self._state.records.get(memory_id) if memory_id else None
-        return rec.memory() if rec is not None else None
+        with self._lock:
+            memory_id = self._state.names.get(_text(name, "name").casefold())
+            rec = self._state.records.get(memory_id) if memory_id else None
+            return rec.memory() if rec is not None else None
 
     def rename_note(self, name: str, new_name: str) -> Memory:
         """Give a note a new name (its words become searchable). Raises NotFoundError, ValidationError."""

@@ -4,10 +4,12 @@ archives, one-call context, persistence of all of it, lexical-only mode."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
 import shutil
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ import pytest
 from reachy_memory import Config, MemoryStore, NotFoundError, TooLargeError, ValidationError
 from reachy_memory._export import read_jsonl
 from reachy_memory.embedding import OnnxEmbedder
+from tests.store_util import frequent_switches
 
 FIXTURE_V1 = Path(__file__).parent / "fixtures" / "v1_store"
 
@@ -816,3 +819,40 @@ def test_an_import_anchoring_a_person_to_a_held_external_id_writes_nothing(lexic
         lexical_store.import_memories([], twins)
     assert err.value.field == "external_id" and lexical_store.people() == [ann]
     assert lexical_store.import_memories([], [ann.to_dict()])["people"] == 0  # Ann herself: present, kept
+
+
+def test_person_and_note_lookups_on_another_thread_than_the_writer(lexical_store: MemoryStore) -> None:
+    """``people``, ``find_person``, ``person_by_external_id`` and ``note`` read the registry
+    and the names index without the store lock (``search`` and ``get`` take it): beside a
+    thread adding and deleting persons and notes they raised "dictionary changed size
+    during iteration" within a second."""
+    done, errors = threading.Event(), []
+
+    def write() -> None:
+        for i in itertools.count():
+            if done.is_set():
+                return
+            person = lexical_store.add_person(f"Person{i}", external_id=f"face:{i}")
+            lexical_store.remember(f"note {i}", subjects=[], name=f"note{i}")
+            if i % 2:
+                lexical_store.delete_person(person.id)
+                lexical_store.remove_note(f"note{i}")
+
+    def read() -> None:
+        while not done.is_set():
+            try:
+                lexical_store.people(), lexical_store.find_person("Person5")
+                lexical_store.person_by_external_id("face:none"), lexical_store.note("nothing")
+            except Exception as exc:  # any exception is the failure reported
+                errors.append(exc)
+                return
+
+    threads = [threading.Thread(target=write), threading.Thread(target=read)]
+    with frequent_switches():
+        for thread in threads:
+            thread.start()
+        done.wait(1.5)
+        done.set()
+        for thread in threads:
+            thread.join()
+    assert errors == []
