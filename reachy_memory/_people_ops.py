@@ -577,6 +577,7 @@ class PeopleMixin:
                 if op is None or row["id"] in self._state.records:
                     continue
                 fields = {k: v for k, v in row.items() if k not in ("content", "type", "metadata", "created")}
+                fields["subjects"] = self._current_ids(row.get("subjects", []))
                 ops.append(["put", dict(op[1]) | fields, op[2]])
             hidden = {row["id"] for row in prepared.rows if row.get("superseded_at") is not None}
             for op in ops:  # a turn imported superseded lends no text to the one after it
@@ -585,6 +586,11 @@ class PeopleMixin:
             if ops:
                 self._commit(ops)
             return {"people": len(fresh_people), "memories": len(ops)}
+
+    def _current_ids(self, person_ids: Iterable[str]) -> list[str]:
+        """Person ids as they are now: one merged into another since is the kept one's (as
+        ``merge_people`` relinks the stored memories); ids the store does not know stay."""
+        return _unique(p.id if (p := self._people.get(i)) is not None else i for i in person_ids)
 
     # -- one-call context ---------------------------------------------------------------------
 

@@ -856,3 +856,20 @@ def test_person_and_note_lookups_on_another_thread_than_the_writer(lexical_store
         for thread in threads:
             thread.join()
     assert errors == []
+
+
+def test_an_import_from_before_a_merge_links_its_memories_to_the_kept_person(lexical_store: MemoryStore) -> None:
+    """A memory exported before Sarah was merged into Sally came back about Sarah's old id:
+    ``recall(about="Sally")`` (or "Sarah", now her alias) left it out, and once Sally was
+    deleted it kept a link to nobody (merge_people relinks stored memories, not later ones)."""
+    sarah, sally = lexical_store.add_person("Sarah"), lexical_store.add_person("Sally")
+    [tea] = lexical_store.remember("Sarah likes tea", subjects=[sarah.id])
+    exported, people = [tea.to_dict()], [p.to_dict() for p in lexical_store.people()]
+    lexical_store.forget(tea.id)
+    lexical_store.merge_people(sally.id, sarah.id)
+    assert lexical_store.import_memories(exported, people) == {"people": 0, "memories": 1}
+    assert lexical_store.get(tea.id).subjects == (sally.id,)  # type: ignore[union-attr]
+    for about in ("Sally", "Sarah"):
+        assert [h.memory.id for h in lexical_store.recall("tea", about=about)] == [tea.id]
+    lexical_store.delete_person(sally.id)
+    assert lexical_store.get(tea.id).subjects == ()  # type: ignore[union-attr]
