@@ -439,13 +439,18 @@ class PeopleMixin:
             return self._state.records[rec.id].memory()
 
     def alias_note(self, name: str, alias: str) -> Memory:
-        """Add an alias (resolution only, not searchable). Raises NotFoundError, ValidationError."""
+        """Add an alias (resolution only, not searchable). Raises NotFoundError, ValidationError
+        (the alias is a name or alias of a memory, this one's included)."""
         with self._lock:
             rec = self._require_note(name)
             if len(rec.aliases) >= MAX_ALIASES:
                 raise ValidationError(f"a note has at most {MAX_ALIASES} aliases", field="alias")
-            self._name_fields("_", [alias])  # raises if the alias is taken
-            self._commit([["update", rec.id, {"aliases": [*rec.aliases, _label(alias)]}]])
+            label = _label(alias)
+            taken = self._state.names.get(label.casefold())
+            if taken is not None:
+                raise ValidationError(f"the note name or alias {alias!r} is already used by memory {taken}",
+                                      field="name")
+            self._commit([["update", rec.id, {"aliases": [*rec.aliases, label]}]])
             return self._state.records[rec.id].memory()
 
     def rewrite_note(self, name: str, content: str) -> Memory:

@@ -873,3 +873,13 @@ def test_an_import_from_before_a_merge_links_its_memories_to_the_kept_person(lex
         assert [h.memory.id for h in lexical_store.recall("tea", about=about)] == [tea.id]
     lexical_store.delete_person(sally.id)
     assert lexical_store.get(tea.id).subjects == ()  # type: ignore[union-attr]
+
+
+def test_a_note_named_underscore_does_not_block_every_alias(lexical_store: MemoryStore) -> None:
+    """alias_note checked the alias as ``_name_fields("_", [alias])``: the placeholder name
+    "_" was checked too, so once a note was named "_" no note could take an alias."""
+    lexical_store.remember("The spare key is under the mat", subjects=[], name="_")
+    lexical_store.remember("The router is in the hall", subjects=[], name="wifi")
+    assert lexical_store.alias_note("wifi", "router").aliases == ("router",)
+    with pytest.raises(ValidationError, match="already used by memory"):
+        lexical_store.alias_note("wifi", "_")  # a name another note holds stays refused
