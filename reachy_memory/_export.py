@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ._people_ops import check_import_memory, check_import_person, check_supersession
+from ._people_ops import check_import_memory, check_import_person, check_note_names, check_supersession
 from .config import Config
 from .errors import ValidationError
 
@@ -35,7 +35,7 @@ def read_jsonl(path: Path, config: Config) -> tuple[list[dict[str, Any]], list[d
     at); a UTF-8 BOM and ``\\r\\n`` are accepted.  Raises ValidationError naming the
     file and line: not UTF-8, not JSON, not an exported entry, refused by import, or
     an id given twice with different fields; or naming the file, for supersession
-    links that loop.
+    links that loop or a note name given to two memories.
     """
     try:
         text = path.read_bytes().decode("utf-8-sig")
@@ -50,6 +50,7 @@ def read_jsonl(path: Path, config: Config) -> tuple[list[dict[str, Any]], list[d
             _once(seen, n, entry, path.name)
             (people if entry.get("kind") == "person" else memories).append(entry)
     check_supersession(path.name, memories)
+    check_note_names(path.name, memories)
     return memories, people
 
 
@@ -62,6 +63,7 @@ def check_entries(memories: list[dict[str, Any]], people: list[dict[str, Any]], 
     for memory in memories:
         check_import_memory(f"{source}: memory {str(memory.get('content', ''))[:40]!r}", memory, config)
     check_supersession(source, memories)
+    check_note_names(source, memories)
 
 
 def _entry(where: str, line: str, config: Config) -> dict[str, Any]:

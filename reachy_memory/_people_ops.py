@@ -134,12 +134,14 @@ class PeopleMixin:
     def find_person(self, reference: str, owner: str | None = None) -> Person | None:
         """The person a reference means ("my wife", "Sarah", "sarah", an id), or None."""
         self._require_open()
-        return self._people.find_person(_text(reference, "reference"), owner)
+        with self._lock:  # the registry is read by iteration: not while another thread writes
+            return self._people.find_person(_text(reference, "reference"), owner)
 
     def person_by_external_id(self, external_id: str) -> Person | None:
         """The person anchored to an outside identity (face or voice recognition), or None."""
         self._require_open()
-        return self._people.find_by_external_id(_text(external_id, "external_id"))
+        with self._lock:
+            return self._people.find_by_external_id(_text(external_id, "external_id"))
 
     def resolve_person(self, reference: str, owner: str | None = None,
                        create: bool = True) -> tuple[Person | None, bool]:
@@ -154,7 +156,8 @@ class PeopleMixin:
     def people(self, owner: str | None = None) -> list[Person]:
         """The persons ``owner`` knows (theirs and the household's); everyone for None."""
         self._require_open()
-        return self._people.people(owner)
+        with self._lock:
+            return self._people.people(owner)
 
     def update_person(self, person_id: str, **fields: Any) -> Person:
         """Change a person's name, relation, aliases, external_id, metadata or owner.
@@ -267,11 +270,13 @@ class PeopleMixin:
         return self._people.subjects_in(item["content"], owner, recent)
 
     def _name_fields(self, name: str | None, aliases: Sequence[str]) -> dict[str, Any]:
+        """The record fields of a note name and its aliases (none without either). Raises
+        ValidationError: aliases without a name or not a list, a label taken by a memory."""
         if name is None and not aliases:
             return {}
         if name is None:
             raise ValidationError("aliases need a note name", field="aliases")
-        if isinstance(aliases, str) or len(aliases) > MAX_ALIASES:
+        if not isinstance(aliases, list | tuple) or len(aliases) > MAX_ALIASES:  # a string: its letters
             raise ValidationError(f"aliases must be a list of at most {MAX_ALIASES} names", field="aliases")
         for label in (name, *aliases):
             taken = self._state.names.get(_label(label).casefold())
@@ -366,14 +371,30 @@ class PeopleMixin:
             return self._state.records[rec.id].memory()
 
     def supersede(self, old_id: str, new_id: str) -> Memory:
-        """Explicitly mark ``old_id`` as replaced by ``new_id`` (both kept). Raises NotFoundError."""
+        """Explicitly mark ``old_id`` as replaced by ``new_id`` (both kept). Raises NotFoundError;
+        ValidationError when ``new_id`` is ``old_id`` or already replaced, down its chain, by
+        ``old_id``: a loop would hide every memory in it (and an import refuses one)."""
         self._require_open()
         with self._lock:
             old, new = self._require_memory(old_id), self._require_memory(new_id)
             if old.id == new.id:
                 raise ValidationError("a memory cannot supersede itself", field="new_id")
+            if old.id in self._replaced_by(new):
+                raise ValidationError(f"{new.id} is already superseded, down its chain, by {old.id}: "
+                                      "the link would loop", field="new_id")
             self._commit([_supersede_op(old.id, new.id, time.time())])
             return self._state.records[old.id].memory()
+
+    def _replaced_by(self, rec: Record) -> list[str]:
+        """The ids down ``rec``'s supersession chain (``superseded_by``, then its own...)."""
+        chain: list[str] = []
+        while rec.superseded_by is not None and rec.superseded_by not in chain:
+            chain.append(rec.superseded_by)
+            nxt = self._state.records.get(rec.superseded_by)
+            if nxt is None:
+                break
+            rec = nxt
+        return chain
 
     def history(self, memory_id: str) -> list[Memory]:
         """The supersession chain through ``memory_id``, oldest first (superseded ones included)."""
@@ -402,9 +423,10 @@ class PeopleMixin:
     def note(self, name: str) -> Memory | None:
         """The live note with this name or alias (case-insensitive), or None."""
         self._require_open()
-        memory_id = self._state.names.get(_text(name, "name").casefold())
-        rec = self._state.records.get(memory_id) if memory_id else None
-        return rec.memory() if rec is not None else None
+        with self._lock:
+            memory_id = self._state.names.get(_text(name, "name").casefold())
+            rec = self._state.records.get(memory_id) if memory_id else None
+            return rec.memory() if rec is not None else None
 
     def rename_note(self, name: str, new_name: str) -> Memory:
         """Give a note a new name (its words become searchable). Raises NotFoundError, ValidationError."""
@@ -417,13 +439,18 @@ class PeopleMixin:
             return self._state.records[rec.id].memory()
 
     def alias_note(self, name: str, alias: str) -> Memory:
-        """Add an alias (resolution only, not searchable). Raises NotFoundError, ValidationError."""
+        """Add an alias (resolution only, not searchable). Raises NotFoundError, ValidationError
+        (the alias is a name or alias of a memory, this one's included)."""
         with self._lock:
             rec = self._require_note(name)
             if len(rec.aliases) >= MAX_ALIASES:
                 raise ValidationError(f"a note has at most {MAX_ALIASES} aliases", field="alias")
-            self._name_fields("_", [alias])  # raises if the alias is taken
-            self._commit([["update", rec.id, {"aliases": [*rec.aliases, _label(alias)]}]])
+            label = _label(alias)
+            taken = self._state.names.get(label.casefold())
+            if taken is not None:
+                raise ValidationError(f"the note name or alias {alias!r} is already used by memory {taken}",
+                                      field="name")
+            self._commit([["update", rec.id, {"aliases": [*rec.aliases, label]}]])
             return self._state.records[rec.id].memory()
 
     def rewrite_note(self, name: str, content: str) -> Memory:
@@ -496,11 +523,42 @@ class PeopleMixin:
         """Every memory checked (their supersession links too) as record fields, oldest
         first: a conversation turn links to the turn before it as it is stored."""
         check_supersession("import", memories)
-        return sorted((check_import_memory(f"memory {n}", m, self._config) for n, m in enumerate(memories)),
-                      key=lambda r: r["created"])
+        check_note_names("import", memories)
+        rows = [check_import_memory(f"memory {n}", m, self._config) for n, m in enumerate(memories)]
+        self._check_names_free(rows)
+        return sorted(rows, key=lambda r: r["created"])
+
+    def _check_names_free(self, rows: list[dict[str, Any]]) -> None:
+        """Raise ValidationError if a row not stored yet names its note by a name or alias
+        a stored memory holds: two notes of one name, ``note()`` answering whichever the
+        names index saw last (not the same after a reload)."""
+        for row in rows:
+            if row["id"] in self._state.records:
+                continue  # kept as it is
+            for label in _note_labels(row):
+                taken = self._state.names.get(label.casefold())
+                if taken is not None and taken != row["id"]:
+                    raise ValidationError(f"import: memory {row['id']}: the note name or alias {label!r} is "
+                                          f"already used by memory {taken}", field="name")
+
+    def _check_anchors(self, person_ops: list[dict[str, Any]]) -> None:
+        """Raise ValidationError if a person not stored yet would take an external id a
+        stored person, or an earlier one of ``person_ops``, holds: two persons for one face,
+        and every later update of one of them refused (``external_id`` must be unique)."""
+        seen: dict[str, str] = {}
+        for op in person_ops:
+            external = op.get("external_id")
+            if external is None or self._people.get(op["id"]) is not None:
+                continue  # a stored person is kept as it is
+            holder = self._people.find_by_external_id(external)
+            holder_id = holder.id if holder is not None else seen.setdefault(external, op["id"])
+            if holder_id != op["id"]:
+                raise ValidationError(f"import: person {op['id']}: external_id {external!r} already belongs to "
+                                      f"{holder_id}", field="external_id")
 
     def _prepare_rows(self, rows: list[dict[str, Any]], person_ops: list[dict[str, Any]]) -> _Import:
         """Embed the checked ``rows`` not stored yet (those present are kept as they are)."""
+        self._check_anchors(person_ops)
         rows = [r for r in rows if r["id"] not in self._state.records]
         items = [{"content": r["content"], "memory_type": r["type"], "metadata": r.get("metadata"), "id": r["id"],
                   "created_at": r["created"], "owner": r.get("owner"), "shared": r.get("shared", False)}
@@ -513,6 +571,8 @@ class PeopleMixin:
         since, in one frame each.  Returns the counts imported."""
         self._require_open()
         with self._lock:
+            self._check_names_free(prepared.rows)  # again: a note may have been named since prepare_import
+            self._check_anchors(prepared.person_ops)  # and a face anchored
             fresh_people = [op for op in prepared.person_ops if self._people.get(op["id"]) is None]
             if fresh_people:
                 self._commit(fresh_people)
@@ -522,6 +582,7 @@ class PeopleMixin:
                 if op is None or row["id"] in self._state.records:
                     continue
                 fields = {k: v for k, v in row.items() if k not in ("content", "type", "metadata", "created")}
+                fields["subjects"] = self._current_ids(row.get("subjects", []))
                 ops.append(["put", dict(op[1]) | fields, op[2]])
             hidden = {row["id"] for row in prepared.rows if row.get("superseded_at") is not None}
             for op in ops:  # a turn imported superseded lends no text to the one after it
@@ -530,6 +591,11 @@ class PeopleMixin:
             if ops:
                 self._commit(ops)
             return {"people": len(fresh_people), "memories": len(ops)}
+
+    def _current_ids(self, person_ids: Iterable[str]) -> list[str]:
+        """Person ids as they are now: one merged into another since is the kept one's (as
+        ``merge_people`` relinks the stored memories); ids the store does not know stay."""
+        return _unique(p.id if (p := self._people.get(i)) is not None else i for i in person_ids)
 
     # -- one-call context ---------------------------------------------------------------------
 
@@ -649,6 +715,28 @@ def check_supersession(source: str, memories: Sequence[Any]) -> None:
         cleared.update(path)
 
 
+def check_note_names(source: str, memories: Sequence[Any]) -> None:
+    """Refuse a note name or alias (case aside) given to two memories of ``memories``:
+    ValidationError naming ``source``, the label and both ids.  Names stored already
+    are the store's to check (``import_memories``)."""
+    holders: dict[str, str] = {}
+    for m in memories:
+        if not isinstance(m, Mapping) or not isinstance(m.get("id"), str):
+            continue  # refused by check_import_memory
+        for label in _note_labels(m):
+            holder = holders.setdefault(label.casefold(), m["id"])
+            if holder != m["id"]:
+                raise ValidationError(f"{source}: the note name or alias {label!r} is given to memories {holder} "
+                                      f"and {m['id']}", field="name")
+
+
+def _note_labels(memory: Mapping[str, Any]) -> list[str]:
+    """A memory's note name and aliases (the strings among them), as its record keeps them."""
+    aliases = memory.get("aliases")
+    labels = [memory.get("name"), *(aliases if isinstance(aliases, list | tuple) else ())]
+    return [label for label in labels if isinstance(label, str) and label]
+
+
 def check_import_memory(where: str, memory: Any, config: Config) -> dict[str, Any]:
     """One exported memory as the record fields import writes, checked as a store would
     (text, type, metadata, times, links); ValidationError starting with ``where`` otherwise."""
@@ -746,7 +834,7 @@ def _fact_items(content: str | None, facts: Sequence[Mapping[str, Any]] | None, 
     if (content is None) == (facts is None):
         raise ValidationError("give either content or facts", field="content")
     if facts is None:
-        facts = [{"content": content, "name": name, "aliases": list(aliases)}]
+        facts = [{"content": content, "name": name, "aliases": aliases}]
     elif name is not None or aliases:
         raise ValidationError("with facts, a note name and aliases go inside the fact they name", field="name")
     if isinstance(facts, str | bytes | Mapping) or not facts:

@@ -126,6 +126,8 @@ def test_store_search_forget_through_the_dispatcher(daemon: DaemonProcess) -> No
     (StoreMemory, '{"content": "x", "metadata": "person=Sarah"}', "metadata must be an object"),  # not a dict
     (StoreMemory, '{"content": "x", "metadata": {"nested": {"a": 1}}}', "ValidationError"),  # refused by the daemon
     (ForgetMemory, '{"memory_id": 42}', "memory_id must be a string"),  # wrong JSON type
+    # a note's aliases not a list: was "RemoteError: TypeError: object of type 'int' has no len()"
+    (Remember, '{"facts": [{"content": "x", "name": "n", "aliases": 5}]}', "ValidationError: aliases must be a list"),
 ])
 def test_bad_arguments_come_back_as_error_dicts(daemon: DaemonProcess, tool_cls: type[MemoryTool],
                                                 args_json: str, expect: str) -> None:

@@ -4,9 +4,12 @@ archives, one-call context, persistence of all of it, lexical-only mode."""
 
 from __future__ import annotations
 
+import itertools
+import json
 import math
 import re
 import shutil
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +18,9 @@ import msgpack
 import pytest
 
 from reachy_memory import Config, MemoryStore, NotFoundError, TooLargeError, ValidationError
+from reachy_memory._export import read_jsonl
 from reachy_memory.embedding import OnnxEmbedder
+from tests.store_util import frequent_switches
 
 FIXTURE_V1 = Path(__file__).parent / "fixtures" / "v1_store"
 
@@ -385,6 +390,9 @@ def test_a_store_written_before_people_aware_memory_opens(tmp_path: Path, base_c
     ({"content": "a", "expires_in_days": -1}, "expires_in_days"),  # negative
     ({"content": "a", "aliases": ["x"]}, "aliases"),  # aliases without a name
     ({"content": "a", "name": "n", "aliases": ["x"] * 33}, "aliases"),  # too many aliases
+    ({"content": "a", "name": "n", "aliases": 5}, "aliases"),  # not a list: was a TypeError
+    ({"facts": [{"content": "a", "name": "n", "aliases": 5}]}, "aliases"),  # the same in a batch (the LLM tool)
+    ({"facts": [{"content": "a", "name": "n", "aliases": {"x": 1}}]}, "aliases"),  # a map: was its keys
 ])
 def test_bad_remember_calls_are_refused_and_store_nothing(lexical_store: MemoryStore, kwargs: dict[str, object],
                                                           field: str) -> None:
@@ -741,3 +749,137 @@ def test_owner_less_writes_are_unscoped_as_before(lexical_store: MemoryStore) ->
     memory = lexical_store.store("a plain fact", id="f1")
     assert (turn.owner, turn.shared, memory.owner, memory.shared) == (None, False, None, False)
     assert lexical_store.store("a plain fact", id="f1").id == "f1"  # its retry, as before
+
+
+# -- the people attack (2026-11-26) ------------------------------------------------------------
+
+@pytest.mark.parametrize("links", [
+    [("a", "b"), ("b", "a")],  # by each other
+    [("a", "b"), ("b", "c"), ("c", "a")],  # a longer loop closed by the last link
+])
+def test_a_supersede_that_would_close_a_loop_is_refused(lexical_store: MemoryStore,
+                                                        links: list[tuple[str, str]]) -> None:
+    """Explicit ``supersede`` closed loops an import refuses (a memory hidden behind
+    another that is hidden behind it): every memory of the loop was hidden, and the
+    store's own export could not be imported again."""
+    ids = {k: lexical_store.store(f"Ida fact {k}", "fact").id for k in "abc"}
+    *chain, closing = links
+    for old, new in chain:
+        lexical_store.supersede(ids[old], ids[new])
+    with pytest.raises(ValidationError, match="loop") as err:
+        lexical_store.supersede(ids[closing[0]], ids[closing[1]])
+    assert err.value.field == "new_id" and lexical_store.get(ids[closing[0]]).superseded_by is None  # type: ignore[union-attr]
+    exported = [m.to_dict() for m in lexical_store.export_page()[0]]
+    with MemoryStore(f"{lexical_store.path}-copy", config=lexical_store.config, embedder=None) as copy:
+        assert copy.import_memories(exported)["memories"] == 3
+
+
+@pytest.mark.parametrize(("name", "aliases"), [("WIFI", []), ("router", ["Wifi"])])
+def test_an_import_naming_a_note_by_a_stored_notes_name_writes_nothing(config: Config, name: str,
+                                                                        aliases: list[str]) -> None:
+    """An imported note took a name (or alias) a stored note holds: two notes of one
+    name, ``note()`` answering the imported one, and after an update of the stored one and
+    a clean close, the other again (the names index rebuilt in table order)."""
+    with MemoryStore(config=config, embedder=None) as store:
+        [wifi] = store.remember("The wifi password is hunter2", subjects=[], name="wifi")
+        clash = {"id": "imported", "content": "another note", "created_at": 1.7e9, "name": name, "aliases": aliases}
+        with pytest.raises(ValidationError, match="already used by memory") as err:
+            store.import_memories([{"id": "ok", "content": "kept out too", "created_at": 1.7e9}, clash])
+        assert err.value.field == "name" and len(store) == 1
+        assert store.import_memories([wifi.to_dict()])["memories"] == 0  # the note itself: present, kept
+        store.confirm(wifi.id)
+    with MemoryStore(config=config, embedder=None) as store:
+        assert store.note("wifi").id == wifi.id  # type: ignore[union-attr]
+
+
+def test_an_import_giving_one_note_name_to_two_memories_writes_nothing(lexical_store: MemoryStore,
+                                                                       tmp_path: Path) -> None:
+    twins = [{"id": i, "content": f"note {i}", "created_at": 1.7e9, "name": n}
+             for i, n in (("a", "Gate"), ("b", "gate"))]
+    with pytest.raises(ValidationError, match="'gate'") as err:
+        lexical_store.import_memories(twins, batch=1)
+    assert err.value.field == "name" and len(lexical_store) == 0
+    exported = tmp_path / "twins.jsonl"  # the CLI's check, before the first request is sent
+    exported.write_text("".join(json.dumps(t) + "\n" for t in twins))
+    with pytest.raises(ValidationError, match=r"twins\.jsonl: the note name"):
+        read_jsonl(exported, lexical_store.config)
+
+
+def test_an_import_anchoring_a_person_to_a_held_external_id_writes_nothing(lexical_store: MemoryStore) -> None:
+    """An imported person took an external id a stored person holds: two persons for one
+    face, ``person_by_external_id`` answering one of them, and every later update of the
+    other refused ("external_id 'face:1' already belongs to ...")."""
+    ann = lexical_store.add_person("Ann", external_id="face:1")
+    cat = {"id": "c" * 32, "name": "Cat", "external_id": "face:1", "created_at": 1.7e9}
+    with pytest.raises(ValidationError, match="already belongs to") as err:
+        lexical_store.import_memories([{"id": "ok", "content": "kept out too", "created_at": 1.7e9}], [cat])
+    assert err.value.field == "external_id" and len(lexical_store) == 0 and lexical_store.people() == [ann]
+    twins = [cat | {"external_id": "face:2"}, cat | {"id": "d" * 32, "name": "Dee", "external_id": "face:2"}]
+    with pytest.raises(ValidationError, match="face:2") as err:
+        lexical_store.import_memories([], twins)
+    assert err.value.field == "external_id" and lexical_store.people() == [ann]
+    assert lexical_store.import_memories([], [ann.to_dict()])["people"] == 0  # Ann herself: present, kept
+
+
+def test_person_and_note_lookups_on_another_thread_than_the_writer(lexical_store: MemoryStore) -> None:
+    """``people``, ``find_person``, ``person_by_external_id`` and ``note`` read the registry
+    and the names index without the store lock (``search`` and ``get`` take it): beside a
+    thread adding and deleting persons and notes they raised "dictionary changed size
+    during iteration" within a second."""
+    done, errors = threading.Event(), []
+
+    def write() -> None:
+        for i in itertools.count():
+            if done.is_set():
+                return
+            person = lexical_store.add_person(f"Person{i}", external_id=f"face:{i}")
+            lexical_store.remember(f"note {i}", subjects=[], name=f"note{i}")
+            if i % 2:
+                lexical_store.delete_person(person.id)
+                lexical_store.remove_note(f"note{i}")
+
+    def read() -> None:
+        while not done.is_set():
+            try:
+                lexical_store.people(), lexical_store.find_person("Person5")
+                lexical_store.person_by_external_id("face:none"), lexical_store.note("nothing")
+            except Exception as exc:  # any exception is the failure reported
+                errors.append(exc)
+                return
+
+    threads = [threading.Thread(target=write), threading.Thread(target=read)]
+    with frequent_switches():
+        for thread in threads:
+            thread.start()
+        done.wait(1.5)
+        done.set()
+        for thread in threads:
+            thread.join()
+    assert errors == []
+
+
+def test_an_import_from_before_a_merge_links_its_memories_to_the_kept_person(lexical_store: MemoryStore) -> None:
+    """A memory exported before Sarah was merged into Sally came back about Sarah's old id:
+    ``recall(about="Sally")`` (or "Sarah", now her alias) left it out, and once Sally was
+    deleted it kept a link to nobody (merge_people relinks stored memories, not later ones)."""
+    sarah, sally = lexical_store.add_person("Sarah"), lexical_store.add_person("Sally")
+    [tea] = lexical_store.remember("Sarah likes tea", subjects=[sarah.id])
+    exported, people = [tea.to_dict()], [p.to_dict() for p in lexical_store.people()]
+    lexical_store.forget(tea.id)
+    lexical_store.merge_people(sally.id, sarah.id)
+    assert lexical_store.import_memories(exported, people) == {"people": 0, "memories": 1}
+    assert lexical_store.get(tea.id).subjects == (sally.id,)  # type: ignore[union-attr]
+    for about in ("Sally", "Sarah"):
+        assert [h.memory.id for h in lexical_store.recall("tea", about=about)] == [tea.id]
+    lexical_store.delete_person(sally.id)
+    assert lexical_store.get(tea.id).subjects == ()  # type: ignore[union-attr]
+
+
+def test_a_note_named_underscore_does_not_block_every_alias(lexical_store: MemoryStore) -> None:
+    """alias_note checked the alias as ``_name_fields("_", [alias])``: the placeholder name
+    "_" was checked too, so once a note was named "_" no note could take an alias."""
+    lexical_store.remember("The spare key is under the mat", subjects=[], name="_")
+    lexical_store.remember("The router is in the hall", subjects=[], name="wifi")
+    assert lexical_store.alias_note("wifi", "router").aliases == ("router",)
+    with pytest.raises(ValidationError, match="already used by memory"):
+        lexical_store.alias_note("wifi", "_")  # a name another note holds stays refused
