@@ -8,7 +8,7 @@ journaled as ops: persons as ``person_*`` dicts (``people.py``), memories as
 in one frame, so a crash never leaves one without the other.
 
 Supersession (automatic, when a FACT is remembered): the candidates are the
-live, unprotected facts in the same owner scope whose subjects are exactly the
+live, unprotected, unnamed facts in the same owner scope whose subjects are exactly the
 new fact's, the ten closest by cosine; :func:`._supersession.decide` says
 which of them the new fact replaces.  Lexical-only stores (no vectors) do not
 supersede automatically: a wrong supersession hides a true fact, and the rule
@@ -301,9 +301,10 @@ class PeopleMixin:
 
     def _superseded_by(self, new: Record, similar: list[tuple[Record, float]]) -> list[list[Any]]:
         """``update`` ops marking the older facts ``new`` replaces (automatic rule), among
-        the CANDIDATES most similar that can be (confirmed facts never are: taken before the
-        cut, they would push a conflicting fact out)."""
-        similar = [(rec, sim) for rec, sim in similar if not rec.protected][:CANDIDATES]
+        the CANDIDATES most similar that can be (confirmed facts and named notes never are:
+        taken before the cut, they would push a conflicting fact out; a note is kept by its
+        name, and ``note()`` would answer the hidden version; ``rewrite_note`` replaces it)."""
+        similar = [(rec, sim) for rec, sim in similar if not rec.protected and rec.name is None][:CANDIDATES]
         if not new.subjects:  # facts about nobody: the same only when their sentences name the same persons
             named = _named_in(new.content)
             similar = [(rec, sim) for rec, sim in similar if _named_in(rec.content) == named]

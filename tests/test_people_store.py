@@ -150,6 +150,16 @@ def test_confirmed_facts_are_never_superseded_automatically(people_store: Memory
     assert people_store.get(red.id).superseded_by is None  # type: ignore[union-attr]
 
 
+def test_named_notes_are_never_superseded_automatically(people_store: MemoryStore) -> None:
+    # note() answers by name: a note hidden by a new fact would be answered hidden
+    red = people_store.remember("User's favorite color is red", name="colour")[0]
+    blue = people_store.remember("User's favorite color is blue")[0]
+    assert people_store.get(red.id).superseded_by is None  # type: ignore[union-attr]
+    assert people_store.note("colour").id == red.id  # type: ignore[union-attr]
+    assert people_store.rewrite_note("colour", "User's favorite color is green").content.endswith("green")
+    assert people_store.get(blue.id).superseded_by is None  # type: ignore[union-attr]
+
+
 def test_correct_replaces_with_same_subjects_and_history(people_store: MemoryStore) -> None:
     old = people_store.remember("Sarah works at the bakery", subjects=["Sarah"])[0]
     new = people_store.correct(old.id, "Sarah works at the library")
