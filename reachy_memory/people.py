@@ -506,15 +506,25 @@ def _aliases(aliases: Any) -> tuple[str, ...]:
         raise ValidationError("aliases must be a list of strings", field="aliases")
     if len(aliases) > MAX_ALIASES:
         raise TooLargeError(f"at most {MAX_ALIASES} aliases", field="aliases", size=len(aliases), limit=MAX_ALIASES)
-    return tuple(" ".join(str(a).split()) if isinstance(a, str) else a for a in aliases)
+    return tuple(_shown(" ".join(a.split()), "aliases") if isinstance(a, str) else a for a in aliases)
 
 
 def _display(name: str) -> str:
-    """"sarah" -> "Sarah" (a name typed in lowercase); other capitalisations are kept."""
+    """"sarah" -> "Sarah" (a name typed in lowercase); other capitalisations are kept.
+    Raises ValidationError for a name that is not a string or shows nothing."""
     if not isinstance(name, str):
         raise ValidationError("name must be a string", field="name")
-    name = " ".join(unicodedata.normalize("NFC", name).split())
+    name = _shown(" ".join(unicodedata.normalize("NFC", name).split()), "name")
     return name.title() if name.islower() else name
+
+
+def _shown(text: str, field: str) -> str:
+    """``text``, unless it is not empty and yet shows nothing (only zero-width or other
+    format characters, or marks with no letter): ValidationError.  Checked on input only:
+    a stored person keeps loading."""
+    if text and not any(unicodedata.category(ch)[0] in "LNPS" for ch in text):
+        raise ValidationError(f"{field} shows no character (only invisible ones): {text!r}", field=field)
+    return text
 
 
 def _relation(relation: str | None) -> str | None:

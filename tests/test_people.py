@@ -264,6 +264,9 @@ def test_people_are_scoped_by_owner() -> None:
     ({"name": "Sarah", "aliases": "Sassy"}, ValidationError),  # a string is not a list of aliases
     ({"name": ""}, ValidationError),  # neither name nor relation
     ({"name": "Sa\x00rah"}, ValidationError),  # control character
+    ({"name": "\u200b"}, ValidationError),  # only a zero-width space: shown as nothing
+    ({"name": "\u200d\u0301", "relation": "wife"}, ValidationError),  # a joiner and a lone accent
+    ({"name": "Sarah", "aliases": ["\u2060"]}, ValidationError),  # an invisible alias
     ({"name": "Sarah", "metadata": {"blob": "x" * 5000}}, TooLargeError),  # metadata too large
     ({"name": "Sarah", "metadata": {1: "x"}}, ValidationError),  # non-string metadata key
     ({"name": "Sarah", "aliases": [3]}, ValidationError),  # non-string alias
