@@ -461,14 +461,30 @@ class PeopleMixin:
             return self.correct(rec.id, content)
 
     def remove_note(self, name: str) -> bool:
-        """Forget a note by name or alias; False if there is none."""
+        """Forget a note by name or alias, and every earlier version of it (what it
+        superseded, down the chain: a removed note's old contents must not linger,
+        hidden, in exports and ``include_superseded`` results); False if there is none."""
         self._require_open()
         with self._lock:
             memory_id = self._state.names.get(_text(name, "name").casefold())
             if memory_id is None:
                 return False
-            self._commit([["del", memory_id]])
+            self._commit([["del", i] for i in [memory_id, *self._replaced(memory_id)]])
             return True
+
+    def _replaced(self, memory_id: str) -> list[str]:
+        """The ids of the memories ``memory_id`` superseded, directly or down their chains."""
+        replaced_by: dict[str, list[str]] = {}
+        for rec in self._state.records.values():
+            if rec.superseded_by is not None:
+                replaced_by.setdefault(rec.superseded_by, []).append(rec.id)
+        found, todo = [], list(replaced_by.get(memory_id, ()))
+        while todo:
+            old = todo.pop()
+            if old != memory_id and old not in found:
+                found.append(old)
+                todo.extend(replaced_by.get(old, ()))
+        return found
 
     def _require_note(self, name: str) -> Record:
         self._require_open()

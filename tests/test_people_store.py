@@ -334,6 +334,19 @@ def test_named_notes_by_name_and_alias(people_store: MemoryStore) -> None:
     assert people_store.remove_note("garden routine") and people_store.note("green thumb") is None
 
 
+def test_removing_a_note_forgets_its_earlier_versions_and_nothing_else(lexical_store: MemoryStore) -> None:
+    first = lexical_store.remember("The wifi password is tulip42", name="wifi")[0]
+    second = lexical_store.rewrite_note("wifi", "The wifi password is daisy17")
+    third = lexical_store.rewrite_note("wifi", "The wifi password is rose99")
+    other = lexical_store.remember("The door code is 1234", name="door")[0]
+    unrelated = lexical_store.remember("The wifi router is in the hall")[0]
+    assert lexical_store.remove_note("wifi")
+    assert [lexical_store.get(m.id) for m in (first, second, third)] == [None, None, None]
+    assert lexical_store.get(other.id) is not None and lexical_store.get(unrelated.id) is not None
+    hits = lexical_store.search("wifi password", mode="lexical", min_score=0, include_superseded=True)
+    assert [h.memory.id for h in hits] == [unrelated.id]  # no old password is left to find
+
+
 def test_archive_conversation_is_searched_like_facts_and_marks_the_window(people_store: MemoryStore) -> None:
     people_store.add_to_context_window("user", "Let's plan the trip to Lisbon")
     archive = people_store.archive_conversation("We planned a trip to Lisbon in June: flights booked.")
