@@ -469,10 +469,10 @@ class PeopleMixin:
             memory_id = self._state.names.get(_text(name, "name").casefold())
             if memory_id is None:
                 return False
-            self._commit([["del", i] for i in [memory_id, *self._replaced(memory_id)]])
+            self._commit([["del", i] for i in [memory_id, *self._earlier_versions(memory_id)]])
             return True
 
-    def _replaced(self, memory_id: str) -> list[str]:
+    def _earlier_versions(self, memory_id: str) -> list[str]:
         """The ids of the memories ``memory_id`` superseded, directly or down their chains."""
         replaced_by: dict[str, list[str]] = {}
         for rec in self._state.records.values():
