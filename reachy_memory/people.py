@@ -518,11 +518,16 @@ def _display(name: str) -> str:
     return name.title() if name.islower() else name
 
 
+# Format characters (zero-width space, joiners), marks and separators: alone, they show
+# nothing.  Unassigned and private-use code points may show on another system: not these.
+_INVISIBLE = frozenset({"Cf", "Mn", "Mc", "Me", "Zs", "Zl", "Zp"})
+
+
 def _shown(text: str, field: str) -> str:
     """``text``, unless it is not empty and yet shows nothing (only zero-width or other
     format characters, or marks with no letter): ValidationError.  Checked on input only:
     a stored person keeps loading."""
-    if text and not any(unicodedata.category(ch)[0] in "LNPS" for ch in text):
+    if text and all(unicodedata.category(ch) in _INVISIBLE for ch in text):
         raise ValidationError(f"{field} shows no character (only invisible ones): {text!r}", field=field)
     return text
 
