@@ -617,7 +617,10 @@ def _tell_about_daemon(args: argparse.Namespace, say: Callable[[str], None]) -> 
 def cmd_reindex(args: argparse.Namespace) -> int:
     from .store import MemoryStore
 
-    with MemoryStore(config=_config(args), reindex=True) as store:
+    config = _config(args)
+    if not config.data_dir.is_dir():  # a mistyped --data-dir became a new, empty store: "0 memories"
+        raise FileNotFoundError(errno.ENOENT, "no data directory (no store to re-embed)", str(config.data_dir))
+    with MemoryStore(config=config, reindex=True) as store:
         if store.embedder is None:
             raise ReachyMemoryError(f"no embedding model: {store.embedder_error}")
         n = store.reindex(progress=_progress("re-embedding"))

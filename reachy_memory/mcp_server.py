@@ -51,7 +51,7 @@ from ._http_auth import TOKEN_FILE, BearerAuth, http_token
 from ._ingest import check_owner
 from .config import Config
 from .endpoint import prepare_ipc_dir, runtime_dir
-from .errors import ConfigError, ReachyMemoryError, ValidationError
+from .errors import ConfigError, ReachyMemoryError, StoreLockedError, ValidationError
 from .integrations.tools import TOOLS, Backend, DaemonBackend, LocalBackend, ToolDef, error_text
 
 DEFAULT_PORT = 8765
@@ -220,7 +220,12 @@ def run(config: Config, *, in_process: bool = False, http: bool = False, port: i
         token_at = token_path(config, token_file) if http else None
         token = http_token(token_at) if token_at is not None else None
         if in_process:
-            local = LocalBackend.open(config, owner=owner)  # fail now, not at the first tool call
+            try:
+                local = LocalBackend.open(config, owner=owner)  # fail now, not at the first tool call
+            except StoreLockedError as exc:  # --data-dir checks the daemon's store in every other command
+                raise StoreLockedError(f"{exc.message}: for mcp, --data-dir opens the store in this process; "
+                                       "to serve the running daemon's store, leave --data-dir out",
+                                       **exc.fields) from exc
             service = _Service(lambda: local)
         else:
             service = _Service(lambda: DaemonBackend.from_config(config, timeout, owner=owner, endpoint=endpoint))

@@ -601,6 +601,7 @@ def test_serve_never_deletes_a_file_at_its_endpoint(tmp_path: Path) -> None:
     (["serve", "--endpoint", "ipc://"], 2, "needs a socket path"),  # was a ValueError traceback
     (["import", "/nonexistent/dump.jsonl"], 3, "No such file"),  # was exit 1
     (["restore", "/nonexistent/backup.rms"], 3, "No such file"),  # was exit 1, "does not verify"
+    (["reindex"], 3, "no data directory"),  # a mistyped --data-dir: made an empty store, "re-embedded 0", exit 0
 ])
 def test_first_run_mistakes_get_an_error_not_a_traceback(tmp_path: Path, argv: list[str], code: int,
                                                          says: str) -> None:
