@@ -13,6 +13,7 @@ import contextlib
 import errno
 import json
 import os
+import shlex
 import sys
 import threading
 import time
@@ -99,14 +100,21 @@ def _client(args: argparse.Namespace) -> MemoryClient:
         gone = ipc_listener_gone(client.endpoint)
         if gone is not None:
             raise DaemonUnavailableError(f"no reachy-memory daemon at {client.endpoint} ({gone}): start it with "
-                                         "`reachy-memory serve` (on the robot: sudo systemctl start reachy-memory)",
-                                         endpoint=client.endpoint)
+                                         f"`{_serve_command(args)}` (on the robot: sudo systemctl start "
+                                         "reachy-memory)", endpoint=client.endpoint)
         if getattr(args, "data_dir", None):
             _check_serves(client, config.data_dir)
     except BaseException:
         client.close()
         raise
     return client
+
+
+def _serve_command(args: argparse.Namespace) -> str:
+    """The ``serve`` command for the daemon this command looked for: with the --config,
+    --data-dir and --endpoint it was given (a bare ``serve`` would serve elsewhere)."""
+    given = [(f"--{name.replace('_', '-')}", getattr(args, name, None)) for name in ("config", "data_dir", "endpoint")]
+    return " ".join(["reachy-memory serve", *(f"{flag} {shlex.quote(str(value))}" for flag, value in given if value)])
 
 
 def _check_serves(client: MemoryClient, data_dir: Path) -> None:
@@ -275,8 +283,10 @@ def cmd_context(args: argparse.Namespace) -> int:
             c.add_to_context_window(args.role, args.content)
         elif args.action == "clear":
             c.clear_context_window()
-        elif args.action == "set":
+        elif args.action == "set":  # says what it set (the window it printed was "(empty)": it looked ignored)
             c.set_context(args.key, args.value)
+            _out(args, {"key": args.key, "value": args.value}, lambda d: f"{d['key']} set to {d['value']}")
+            return 0
         elif args.action == "get":
             value = c.get_context(args.key)
             _out(args, {"key": args.key, "value": value}, lambda _: value if value is not None else "(not set)")
@@ -421,6 +431,8 @@ def _verify_text(r: dict[str, Any]) -> str:
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
+    if not Path(args.backup).expanduser().exists():  # exit 3 as verify and import say it, not 1 ("does not verify")
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), args.backup)
     info = bk.restore(args.backup, _config(args).data_dir, force=args.force)
     _out(args, info, lambda i: "\n".join([f"restored {i['memories']} memories into {i['data_dir']}",
                                            *(f"  moved aside: {p}" for p in i["moved_aside"])]))
@@ -605,7 +617,10 @@ def _tell_about_daemon(args: argparse.Namespace, say: Callable[[str], None]) -> 
 def cmd_reindex(args: argparse.Namespace) -> int:
     from .store import MemoryStore
 
-    with MemoryStore(config=_config(args), reindex=True) as store:
+    config = _config(args)
+    if not config.data_dir.is_dir():  # a mistyped --data-dir became a new, empty store: "0 memories"
+        raise FileNotFoundError(errno.ENOENT, "no data directory (no store to re-embed)", str(config.data_dir))
+    with MemoryStore(config=config, reindex=True) as store:
         if store.embedder is None:
             raise ReachyMemoryError(f"no embedding model: {store.embedder_error}")
         n = store.reindex(progress=_progress("re-embedding"))

@@ -35,7 +35,7 @@ if TYPE_CHECKING:  # imported when an AsyncMemoryClient is made: asyncio costs t
 from . import protocol as proto
 from ._operations import IDEMPOTENT
 from .config import Config, load_config
-from .endpoint import check_tcp_port, load_certificate, resolve_endpoint
+from .endpoint import check_tcp_port, ipc_path, load_certificate, resolve_endpoint
 from .errors import ClosedError, ConfigError, ProtocolError, RequestTimeoutError, TooLargeError, ValidationError
 from .model import SEARCH_LIMIT, SEARCH_MIN_SCORE, Memory, MemoryType, SearchResult, merged_metadata
 
@@ -345,6 +345,15 @@ class _Base(_Api):
         self.retries = retries
         self._closed = False
 
+    def _no_reply(self, op: str, timeout: float) -> RequestTimeoutError:
+        """The error for a call that got no reply in time; when the ipc socket is not
+        there at all, it says so (one stat, after the deadline: the wait is not longer)."""
+        path = ipc_path(self.endpoint)
+        hint = ("; no socket there: is the daemon running? (`reachy-memory serve`; on the robot: "
+                "sudo systemctl start reachy-memory)") if path is not None and not path.exists() else ""
+        return RequestTimeoutError(f"no reply to {op!r} from {self.endpoint} within {timeout:.3g} s{hint}",
+                                   op=op, endpoint=self.endpoint)
+
     def _socket(self, ctx: zmq.Context) -> zmq.Socket:
         """A DEALER connected to the endpoint. ConfigError (the socket closed again) for an
         endpoint zmq refuses ("nonsense", "tcp://") or CURVE files that are not certificates."""
@@ -501,8 +510,7 @@ class MemoryClient(_Base):
                 if reply.get("id") is None and not reply.get("ok"):
                     proto.raise_for(reply)  # an error the daemon could not tie to a request
         self._replace_socket()
-        raise RequestTimeoutError(f"no reply to {op!r} from {self.endpoint} within {timeout:.3g} s",
-                                  op=op, endpoint=self.endpoint)
+        raise self._no_reply(op, timeout)
 
     def _send(self, frame: bytes, deadline: float) -> bool:
         """Send ``frame`` without blocking; False if there is no room before ``deadline``.
@@ -590,8 +598,7 @@ class AsyncMemoryClient(_Base):
                 await cast(Awaitable[Any], self._sock.send(frame))
                 return await future
         except TimeoutError:
-            raise RequestTimeoutError(f"no reply to {op!r} from {self.endpoint} within {timeout:.3g} s",
-                                      op=op, endpoint=self.endpoint) from None
+            raise self._no_reply(op, timeout) from None
         except (asyncio.CancelledError, zmq.ZMQError) as exc:
             # close() from another task cancels a send in progress (pyzmq); a cancellation
             # of this task itself is passed on as it is

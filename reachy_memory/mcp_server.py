@@ -51,7 +51,7 @@ from ._http_auth import TOKEN_FILE, BearerAuth, http_token
 from ._ingest import check_owner
 from .config import Config
 from .endpoint import prepare_ipc_dir, runtime_dir
-from .errors import ConfigError, ReachyMemoryError, ValidationError
+from .errors import ConfigError, ReachyMemoryError, StoreLockedError, ValidationError
 from .integrations.tools import TOOLS, Backend, DaemonBackend, LocalBackend, ToolDef, error_text
 
 DEFAULT_PORT = 8765
@@ -195,11 +195,13 @@ def token_path(config: Config, given: str | os.PathLike[str] | None) -> Path:
 
 
 def run(config: Config, *, in_process: bool = False, http: bool = False, port: int = DEFAULT_PORT,
-        timeout: float = 10.0, owner: str | None = None, token_file: str | os.PathLike[str] | None = None) -> int:
+        timeout: float = 10.0, owner: str | None = None, token_file: str | os.PathLike[str] | None = None,
+        endpoint: str | None = None) -> int:
     """Serve until stdin closes (stdio) or SIGINT/SIGTERM (HTTP); returns the exit code.
 
     ``in_process`` opens ``config.data_dir`` here (raises StoreLockedError if a
-    daemon holds it); otherwise tools talk to the daemon at the configured endpoint.
+    daemon holds it); otherwise tools talk to the daemon at ``endpoint`` (the command's
+    --endpoint), else the configured one ($REACHY_MEMORY_ENDPOINT, ``server.endpoint``).
     ``owner`` binds every call to that user (raises ValidationError, before serving,
     for a name the store would not take as an owner).
     """
@@ -218,10 +220,15 @@ def run(config: Config, *, in_process: bool = False, http: bool = False, port: i
         token_at = token_path(config, token_file) if http else None
         token = http_token(token_at) if token_at is not None else None
         if in_process:
-            local = LocalBackend.open(config, owner=owner)  # fail now, not at the first tool call
+            try:
+                local = LocalBackend.open(config, owner=owner)  # fail now, not at the first tool call
+            except StoreLockedError as exc:  # --data-dir checks the daemon's store in every other command
+                raise StoreLockedError(f"{exc.message}: for mcp, --data-dir opens the store in this process; "
+                                       "to serve the running daemon's store, leave --data-dir out",
+                                       **exc.fields) from exc
             service = _Service(lambda: local)
         else:
-            service = _Service(lambda: DaemonBackend.from_config(config, timeout, owner=owner))
+            service = _Service(lambda: DaemonBackend.from_config(config, timeout, owner=owner, endpoint=endpoint))
         where = f"store {config.data_dir}" if in_process else "the daemon"
         where += f" as user {owner!r}" if owner is not None else ""
         print(f"reachy-memory mcp: serving {', '.join(t.name for t in TOOLS)} on "
@@ -240,7 +247,8 @@ def run_from_args(args: Any, config: Config) -> int:
     """What ``reachy-memory mcp`` runs: ``--data-dir`` means a store in this process; ``--owner``
     the user every call is bound to."""
     return run(config, in_process=bool(getattr(args, "data_dir", None)), http=args.http, port=args.port,
-               timeout=args.timeout, owner=getattr(args, "owner", None), token_file=getattr(args, "token_file", None))
+               timeout=args.timeout, owner=getattr(args, "owner", None), token_file=getattr(args, "token_file", None),
+               endpoint=getattr(args, "endpoint", None))  # it was ignored: the tools asked the default daemon
 
 
 __all__ = ["DEFAULT_PORT", "build_server", "run", "run_from_args"]

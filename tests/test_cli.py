@@ -100,7 +100,10 @@ def test_exit_codes(daemon: DaemonProcess, args: list[str], code: int) -> None:
 def test_context_commands(daemon: DaemonProcess) -> None:
     assert cli(daemon, "context", "add", "user", "hello robot").returncode == 0
     assert "user: hello robot" in cli(daemon, "context", "show").stdout
-    assert cli(daemon, "context", "set", "task", "tidy up").returncode == 0
+    out = cli(daemon, "context", "set", "task", "tidy up")
+    assert out.returncode == 0 and out.stdout.strip() == "task set to tidy up"  # it printed the window: "(empty)"
+    assert json.loads(cli(daemon, "context", "set", "task", "tidy up", "--json").stdout) == {
+        "key": "task", "value": "tidy up"}
     assert cli(daemon, "context", "get", "task").stdout.strip() == "tidy up"
     assert cli(daemon, "context", "get", "absent").returncode == 3
     assert cli(daemon, "context", "clear").returncode == 0
@@ -578,6 +581,10 @@ def test_no_daemon_is_said_at_once_with_how_to_start_one(tmp_path: Path) -> None
         out = _run("stats", "--endpoint", endpoint, "--timeout", "600", "--json", timeout=30)
         assert out.returncode == 4 and says in out.stderr and "reachy-memory serve" in out.stderr, out.stderr
         assert json.loads(out.stdout)["error"]["exit_code"] == 4  # --json: the error as JSON too
+    # the way to start the daemon the command looked for: a bare `serve` served another endpoint and store
+    out = _run("store", "x", "--endpoint", f"ipc://{tmp_path}/none.sock", "--data-dir", str(tmp_path / "my data"))
+    assert f"`reachy-memory serve --data-dir '{tmp_path}/my data' --endpoint ipc://{tmp_path}/none.sock`" \
+        in out.stderr, out.stderr
 
 
 def test_serve_never_deletes_a_file_at_its_endpoint(tmp_path: Path) -> None:
@@ -593,6 +600,8 @@ def test_serve_never_deletes_a_file_at_its_endpoint(tmp_path: Path) -> None:
     (["serve", "--log-level", "verbose"], 2, "invalid choice"),  # was a ValueError traceback
     (["serve", "--endpoint", "ipc://"], 2, "needs a socket path"),  # was a ValueError traceback
     (["import", "/nonexistent/dump.jsonl"], 3, "No such file"),  # was exit 1
+    (["restore", "/nonexistent/backup.rms"], 3, "No such file"),  # was exit 1, "does not verify"
+    (["reindex"], 3, "no data directory"),  # a mistyped --data-dir: made an empty store, "re-embedded 0", exit 0
 ])
 def test_first_run_mistakes_get_an_error_not_a_traceback(tmp_path: Path, argv: list[str], code: int,
                                                          says: str) -> None:

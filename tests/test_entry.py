@@ -97,6 +97,15 @@ def test_the_command_runs_as_python_m(tmp_path: Path) -> None:
     assert done.returncode == 4 and "no reachy-memory daemon" in done.stderr  # reached the command itself
 
 
+def test_every_package_is_installed_by_pip() -> None:
+    """pyproject.toml named only ``reachy_memory``: ``pip install`` (not ``-e``) left out
+    ``reachy_memory.integrations``, so ``reachy-memory mcp`` and ``MemoryBridge`` failed
+    with ModuleNotFoundError on the robot's install."""
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(init.parent.relative_to(ROOT).parts) for init in (ROOT / "reachy_memory").rglob("__init__.py")}
+    assert found == listed
+
+
 def test_importing_the_package_loads_nothing_heavy(tmp_path: Path) -> None:
     # what lets __main__ catch the Ctrl-C: it runs before numpy, zmq and onnxruntime load
     code = ("import sys, reachy_memory\n"

@@ -71,6 +71,24 @@ def test_daemon_message_and_no_daemon(daemon: DaemonProcess, tmp_path: Path) -> 
     assert res.is_error and "reachy-memory serve" in res.content[0].text
 
 
+def test_endpoint_option_names_the_daemon(daemon: DaemonProcess, tmp_path: Path) -> None:
+    """``mcp --endpoint`` was ignored: the tools asked the configured (here: absent) daemon."""
+    elsewhere = DaemonProcess(tmp_path)  # a config whose endpoint no daemon serves
+    _, (stored,) = session_run(["--config", str(elsewhere.config_path), "--endpoint", daemon.endpoint],
+                               [("store_memory", {"content": "The bike pump is in the shed"})])
+    assert not stored.is_error, stored.content[0].text
+    with daemon.client() as c:
+        assert c.get(stored.structured_content["id"]) is not None
+
+
+def test_data_dir_of_the_running_daemon_says_to_leave_it_out(daemon: DaemonProcess) -> None:
+    """Everywhere else --data-dir names the daemon's store; for mcp it opens one in-process,
+    and the refusal said only 'in use by another process'."""
+    out = run_cli(daemon, "mcp", "--data-dir", str(daemon.data))
+    assert out.returncode == 4 and "in use by another process" in out.stderr, out.stderr
+    assert "leave --data-dir out" in out.stderr and "Traceback" not in out.stderr
+
+
 def test_in_process_data_dir(tmp_path: Path) -> None:
     cfg = DaemonProcess(tmp_path)
     _, (stored, found) = session_run(["--config", str(cfg.config_path), "--data-dir", str(tmp_path / "local")], [

@@ -259,6 +259,27 @@ def test_a_socket_with_no_peer_to_send_to_times_out_instead_of_hanging(
     assert isinstance(outcome.get("error"), RequestTimeoutError), outcome
 
 
+def test_a_timeout_with_no_socket_says_no_daemon_is_there(tmp_path: Path) -> None:
+    """It said only "no reply ... within 0.05 s": a first try of the README's client example,
+    before starting the daemon, gave no clue that nothing was listening."""
+    d = DaemonProcess(tmp_path)  # not started: no socket at its endpoint
+    with MemoryClient(d.endpoint, config=d.config, timeout=0.05) as c, \
+            pytest.raises(RequestTimeoutError, match="no socket there: is the daemon running"):
+        c.get_context_window()
+
+    async def scenario() -> None:
+        async with AsyncMemoryClient(d.endpoint, config=d.config, timeout=0.05) as c:
+            with pytest.raises(RequestTimeoutError, match="no socket there: is the daemon running"):
+                await c.get_context_window()
+    asyncio.run(scenario())
+    socket_path = Path(d.endpoint.removeprefix("ipc://"))
+    socket_path.parent.mkdir(parents=True, exist_ok=True)
+    socket_path.touch()  # something there (a stalled daemon's socket): no guess about why
+    with MemoryClient(d.endpoint, config=d.config, timeout=0.05) as c, pytest.raises(RequestTimeoutError) as raised:
+        c.get_context_window()
+    assert "no socket" not in str(raised.value)
+
+
 def test_an_async_call_that_timed_out_never_reaches_a_later_daemon(tmp_path: Path) -> None:
     # AsyncMemoryClient kept one socket, and a DEALER queues a request while no daemon
     # listens: after RequestTimeoutError the request still went out to the next daemon

@@ -20,6 +20,8 @@ if [ ! -f "$stamp" ]; then
   else
     echo "note: robot tests will be skipped; to run them: sudo apt-get install $APT_PACKAGES" >&2
   fi
+  # --quiet: say what the silent minute or two is (a first run looked stuck)
+  echo "installing reachy-memory[$extras] into $VENV (once per change of pyproject.toml)..." >&2
   "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[$extras]"
   touch "$stamp"
 fi

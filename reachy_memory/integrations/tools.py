@@ -442,11 +442,12 @@ class DaemonBackend(_OwnerBound):
         self.owner = owner
 
     @classmethod
-    def from_config(cls, config: Config, timeout: float = 10.0, *, owner: str | None = None) -> DaemonBackend:
-        """A backend with its own client on the configured endpoint, bound to ``owner``.
-        Raises ValidationError for a bad owner."""
+    def from_config(cls, config: Config, timeout: float = 10.0, *, owner: str | None = None,
+                    endpoint: str | None = None) -> DaemonBackend:
+        """A backend with its own client on ``endpoint`` (default: the configured one),
+        bound to ``owner``. Raises ValidationError for a bad owner."""
         owner = None if owner is None else check_owner(owner)  # before a client (a socket) exists
-        return cls(AsyncMemoryClient(config=config, timeout=timeout), owner=owner)
+        return cls(AsyncMemoryClient(endpoint, config=config, timeout=timeout), owner=owner)
 
     def _unavailable(self, why: str) -> DaemonUnavailableError:
         return DaemonUnavailableError(f"no reachy-memory daemon {why} at {self.client.endpoint}: {START_HINT}",
