@@ -278,12 +278,16 @@ class PeopleMixin:
             raise ValidationError("aliases need a note name", field="aliases")
         if not isinstance(aliases, list | tuple) or len(aliases) > MAX_ALIASES:  # a string: its letters
             raise ValidationError(f"aliases must be a list of at most {MAX_ALIASES} names", field="aliases")
-        for label in (name, *aliases):
-            taken = self._state.names.get(_label(label).casefold())
-            if taken is not None:
-                raise ValidationError(f"the note name or alias {label!r} is already used by memory {taken}",
-                                      field="name")
-        return {"name": _label(name), "aliases": [_label(a) for a in aliases]}
+        return {"name": self._free_label(name), "aliases": [self._free_label(a) for a in aliases]}
+
+    def _free_label(self, label: str) -> str:
+        """``label`` as a note name or alias is kept; ValidationError if a memory holds it."""
+        kept = _label(label)
+        taken = self._state.names.get(kept.casefold())
+        if taken is not None:
+            raise ValidationError(f"the note name or alias {label!r} is already used by memory {taken}",
+                                  field="name")
+        return kept
 
     def _similar_facts(self, new: Record, vector: bytes | None) -> list[tuple[Record, float]]:
         """The live facts about exactly ``new``'s persons (same owner), with their cosine,
@@ -406,9 +410,9 @@ class PeopleMixin:
             chain = [rec]
             while chain[0].id in before and before[chain[0].id] not in chain:
                 chain.insert(0, before[chain[0].id])
-            while chain[-1].superseded_by in self._state.records and len(chain) <= len(self._state.records):
-                nxt = self._state.records[chain[-1].superseded_by]  # type: ignore[index]
-                if nxt in chain:
+            for later in self._replaced_by(rec):
+                nxt = self._state.records.get(later)
+                if nxt is None or nxt in chain:
                     break
                 chain.append(nxt)
             return [r.memory() for r in chain]
@@ -446,12 +450,7 @@ class PeopleMixin:
             rec = self._require_note(name)
             if len(rec.aliases) >= MAX_ALIASES:
                 raise ValidationError(f"a note has at most {MAX_ALIASES} aliases", field="alias")
-            label = _label(alias)
-            taken = self._state.names.get(label.casefold())
-            if taken is not None:
-                raise ValidationError(f"the note name or alias {alias!r} is already used by memory {taken}",
-                                      field="name")
-            self._commit([["update", rec.id, {"aliases": [*rec.aliases, label]}]])
+            self._commit([["update", rec.id, {"aliases": [*rec.aliases, self._free_label(alias)]}]])
             return self._state.records[rec.id].memory()
 
     def rewrite_note(self, name: str, content: str) -> Memory:
