@@ -48,7 +48,7 @@ class DiskAtPowerCut:
     disks: list[Disk] = field(default_factory=list)
     _synced: dict[int, bytes] = field(default_factory=dict)  # inode -> content at its last fsync
     _entries: dict[str, int] = field(default_factory=dict)  # name -> inode at the directory's last fsync
-    _pending: list[tuple[dict[str, int], dict[str, int], str]] = field(default_factory=list)
+    _open_cut: tuple[dict[str, int], dict[str, int], str] | None = None  # since the last fsync
     _events: int = 0
     _finished: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -67,7 +67,7 @@ class DiskAtPowerCut:
             else:
                 with open(f"/proc/self/fd/{fd}", "rb") as f:
                     self._synced[info.st_ino] = f.read()
-            self._pending.append((dict(self._entries), self._listing(), f"fsync #{self._events}"))
+            self._open_cut = (dict(self._entries), self._listing(), f"fsync #{self._events}")
 
     def seed(self) -> None:
         """Take what ``directory`` holds now as on disk (the start of a recovery's recording)."""
@@ -90,11 +90,13 @@ class DiskAtPowerCut:
     def _close_cut(self) -> None:
         # A cut point lasts until the next fsync: the acknowledgements given in
         # between are all owed by a power cut at its end.
-        for entries, current, label in self._pending:
-            for names, variant in ((entries, "synced names"), (current, "names as they stand")):
-                files = {n: self._synced.get(ino, b"") for n, ino in names.items()}
-                self.disks.append(Disk(files, self.acked, f"{label}, {variant}"))
-        self._pending.clear()
+        if self._open_cut is None:
+            return
+        entries, current, label = self._open_cut
+        for names, variant in ((entries, "synced names"), (current, "names as they stand")):
+            files = {n: self._synced.get(ino, b"") for n, ino in names.items()}
+            self.disks.append(Disk(files, self.acked, f"{label}, {variant}"))
+        self._open_cut = None
 
     def _listing(self) -> dict[str, int]:
         # Another thread (a background compaction) may remove a temp file meanwhile: skipped.
