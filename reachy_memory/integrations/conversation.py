@@ -8,10 +8,13 @@ them against the schema.  :class:`SearchMemories`, :class:`StoreMemory` and
 :class:`ForgetMemory` follow that interface without importing the app; they are
 generated from the one tool table (:mod:`.tools`), so they match the MCP tools.
 
-Plugging them into a profile: the app
-registers subclasses of its own ``Tool`` base, so a profile file mixes it in::
+Plugging them into a profile: the app (checked at its commit 8c3005a) imports
+one module per line of the profile's ``tools.txt`` and registers every concrete
+subclass of its own ``Tool`` base, made with no arguments; so a file in the profile
+folder mixes it in (where that folder is, and what later app versions changed:
+``docs/ROBOT.md``)::
 
-    # profiles/<profile>/search_memories.py
+    # src/reachy_mini_conversation_app/profiles/<profile>/search_memories.py
     from reachy_mini_conversation_app.tools.core_tools import Tool
     from reachy_memory.integrations.conversation import SearchMemories
 
@@ -22,8 +25,10 @@ Behaviour the app relies on:
 
 * bad arguments and memory errors come back as ``{"error": "..."}`` (the
   dispatcher's own convention, at most :data:`MAX_ERROR_CHARS` characters), never
-  as exceptions; keys the dispatcher adds (``tool_manager``) and any other key the
-  tool does not take (even ``deps`` or ``self``) are ignored;
+  as exceptions; the dispatcher passes ``{}`` for arguments that are not a JSON
+  object (a "required" error here); keys it adds (``tool_manager``, in later app
+  versions) and any other key the tool does not take (even ``deps`` or ``self``)
+  are ignored; a result must survive ``json.dumps`` (the app sends it so);
 * the memory used is, in order: the ``backend`` given to the constructor,
   ``deps.memory`` if the app provides one (a :class:`~.tools.Backend` or an
   :class:`~reachy_memory.AsyncMemoryClient`), else one daemon client per event
@@ -213,15 +218,18 @@ class Recall(MemoryTool):
 #: The tools in the specs' order (000's three, then 004's two).
 TOOL_CLASSES: tuple[type[MemoryTool], ...] = (SearchMemories, StoreMemory, ForgetMemory, Remember, Recall)
 
-#: Lines for a profile's ``tools.txt`` (or names for ``default_tools`` in ``profile.md``).
+#: Lines for a profile's ``tools.txt`` (each names the profile module holding one tool; later
+#: app versions list tools in ``default_tools`` of a ``profile.md`` instead: ``docs/ROBOT.md``).
 TOOLS_TXT = "\n".join(["# reachy-memory: long-term memory", *(c.definition.name for c in TOOL_CLASSES)]) + "\n"
 
 
 def app_tool_classes(tool_base: type) -> list[type]:
     """Subclasses of the app's ``Tool`` base (so its registry finds them), one per memory tool.
 
-    Keep the returned list referenced (a module global): the app discovers tools
-    through ``Tool.__subclasses__()``, which does not keep classes alive.
+    Keep the returned list referenced (a module global): the app (at its commit 8c3005a)
+    discovers tools through ``Tool.__subclasses__()``, which does not keep classes alive.
+    Later app versions register only the classes defined in a tool's own file, which
+    these are not: there, use one file per tool as in ``docs/ROBOT.md``.
     """
     return [type(c.__name__, (c, tool_base), {"__module__": __name__}) for c in TOOL_CLASSES]
 
