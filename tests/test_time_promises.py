@@ -119,7 +119,8 @@ ops = st.one_of(
     st.tuples(st.just("context"), st.sampled_from(["task", "topic"])),
     st.tuples(st.just("fact")),
     st.tuples(st.just("sweep")),
-    st.tuples(st.just("reopen"), st.booleans(), st.sampled_from([None, *ZONES]), st.sampled_from([None, 1.0, 30.0, 45.0])),
+    st.tuples(st.just("reopen"), st.booleans(), st.sampled_from([None, *ZONES]),
+              st.sampled_from([None, 1.0, 30.0, 45.0])),
     st.tuples(st.just("retention")),
 )
 
