@@ -164,10 +164,11 @@ class Expiry:
         if memory_type is MemoryType.CONVERSATION:
             return created + self._conversation_ttl
         local = datetime.fromtimestamp(created, self._tz)
+        # The next day's midnight, by the zone's rules for that day (a DST change is honoured).
         midnight = datetime(local.year, local.month, local.day, tzinfo=self._tz) + timedelta(days=1)
-        # Re-attach the zone so a DST change during that day is honoured.
-        midnight = midnight.replace(tzinfo=None).replace(tzinfo=self._tz)
-        return midnight.timestamp()
+        end = midnight.timestamp()
+        # A clock set back over midnight (00:01 -> 23:01) shows it twice: the first may be past.
+        return end if end > created else midnight.replace(fold=1).timestamp()
 
 
 # The range of timestamps a memory may carry (created_at, expires_at): 2000-01-01 .. 2200-01-01 UTC.

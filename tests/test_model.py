@@ -81,3 +81,22 @@ def test_local_zone_follows_tz_as_the_c_library_does(monkeypatch: pytest.MonkeyP
     finally:
         monkeypatch.undo()
         time.tzset()
+
+
+@pytest.mark.parametrize(("zone", "local", "ends"), [
+    # St. John's set its clock back from 00:01 to 23:01 until 2011: midnight came twice, and a
+    # context set after the step (23:30, second pass) ended at the first one, before it was set
+    ("America/St_Johns", (2010, 11, 6, 23, 30), (2010, 11, 7, 0, 0)),
+    # Havana sets it back from 01:00 to 00:00: a context of the day before ends at the first midnight
+    ("America/Havana", (2026, 10, 31, 23, 30), (2026, 11, 1, 0, 0)),
+])
+@pytest.mark.parametrize("fold", [0, 1])
+def test_context_ends_at_the_first_midnight_after_it(zone: str, local: tuple[int, ...], ends: tuple[int, ...],
+                                                     fold: int) -> None:
+    tz = ZoneInfo(zone)
+    created = datetime(*local, tzinfo=tz, fold=fold).timestamp()
+    expires = Expiry(30, tz).expires(MemoryType.CONTEXT, created)
+    assert expires is not None and created < expires <= created + 86400
+    end = datetime.fromtimestamp(expires, tz)
+    assert end.replace(tzinfo=None, fold=0) == datetime(*ends)
+    assert datetime.fromtimestamp(expires - 1, tz).date() < end.date()
