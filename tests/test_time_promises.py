@@ -224,3 +224,25 @@ def test_time_promises_hold_over_weeks_of_robot_life(base_config: Config, zone: 
                 check(store, model, clock.at)
         finally:
             store.close()
+
+
+# Found by the attack, fixed outside this module's reach (reachy_memory/_people_ops.py was being
+# edited elsewhere): strict xfails, to drop with the fix.
+@pytest.mark.xfail(strict=True, reason="_people_ops.note()/_free_label()/history() read expired, unswept notes")
+def test_an_expired_note_is_gone_before_the_sweep(base_config: Config, tmp_path: Path) -> None:
+    cfg = base_config.replace("memory", path=str(tmp_path / "data"), timezone="UTC")
+    with wall_clock(STARTS[0]) as clock, MemoryStore(config=cfg, embedder=None) as store:
+        [note] = store.remember("the wifi password is hunter2", name="wifi", expires_in_days=1, subjects=[])
+        clock.at += 2 * DAY  # expired, the hourly sweep not run yet
+        assert store.get(note.id) is None
+        assert store.note("wifi") is None  # it returned the expired note
+        store.remember("the wifi password is swordfish", name="wifi", subjects=[])  # "already used by" it
+
+
+@pytest.mark.xfail(strict=True, reason="_people_ops.context_for does not pass tz=self._tz to build_context")
+def test_prompt_context_dates_memories_in_the_configured_zone(base_config: Config, tmp_path: Path) -> None:
+    cfg = base_config.replace("memory", path=str(tmp_path / "data"), timezone="Asia/Tokyo")
+    at = datetime(2026, 11, 2, 8, 0, tzinfo=ZoneInfo("Asia/Tokyo")).timestamp()  # 2026-11-01 23:00 UTC
+    with wall_clock(at), MemoryStore(config=cfg, embedder=None) as store:
+        store.remember_fact("Sarah likes Italian food")
+        assert "[fact, 2026-11-02] Sarah likes Italian food" in store.context_for("Italian food").text
