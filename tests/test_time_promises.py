@@ -1,5 +1,5 @@
 """The time promises over weeks of simulated robot life: random sequences of writes,
-clock advances (to expiry boundaries too), sweeps, reopens (clean or after a crash,
+clock advances (to expiry boundaries too), sweeps, compactions, reopens (clean or after a crash,
 with another zone or TTL), retention changes, checked against a small model.
 
 The model: a CONVERSATION turn lives ``conversation_ttl_days`` from its creation, a
@@ -119,6 +119,7 @@ ops = st.one_of(
     st.tuples(st.just("context"), st.sampled_from(["task", "topic"])),
     st.tuples(st.just("fact")),
     st.tuples(st.just("sweep")),
+    st.tuples(st.just("compact"), st.booleans()),
     st.tuples(st.just("reopen"), st.booleans(), st.sampled_from([None, *ZONES]),
               st.sampled_from([None, 1.0, 30.0, 45.0])),
     st.tuples(st.just("retention")),
@@ -198,6 +199,8 @@ def test_time_promises_hold_over_weeks_of_robot_life(base_config: Config, zone: 
                     gone = sum(not m.alive(at) for m in model.memories.values())
                     assert store.cleanup_expired() == gone
                     model.memories = {i: m for i, m in model.memories.items() if m.alive(at)}
+                elif op == "compact":  # a snapshot: what follows is replayed over it at the next open
+                    store.compact(full=step[1])
                 elif op == "retention":
                     store.apply_retention()
                     ttl = model.ttl_days * DAY
