@@ -60,7 +60,9 @@ def parse_window(query: str, now: datetime) -> TimeWindow | None:
 
 
 def _midnight(at: datetime) -> datetime:
-    return at.replace(hour=0, minute=0, second=0, microsecond=0)
+    # fold 0: the first midnight of a day that has two (a zone that sets its clock back
+    # from 01:00 to 00:00), whatever occurrence of the repeated hour ``at`` is in
+    return at.replace(hour=0, minute=0, second=0, microsecond=0, fold=0)
 
 
 def _day(at: datetime) -> tuple[datetime, datetime]:
@@ -101,8 +103,8 @@ def _rule_last(text: str, now: datetime) -> tuple[datetime, datetime] | None:
     if unit == "month":
         return _month(now, which)
     year = now.year - (which != "this")
-    return now.replace(year=year, month=1, day=1, hour=0, minute=0, second=0, microsecond=0), \
-        now.replace(year=year + 1, month=1, day=1, hour=0, minute=0, second=0, microsecond=0)
+    start = _midnight(now).replace(year=year, month=1, day=1)
+    return start, start.replace(year=year + 1)
 
 
 def _week(now: datetime, which: str, *, weekend: bool) -> tuple[datetime, datetime]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import math
+import os
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta, tzinfo
 from typing import Any
@@ -116,14 +117,37 @@ class SearchResult:
 
 
 def resolve_timezone(name: str) -> tzinfo:
-    """The tzinfo for a config value: an IANA name, or "local"."""
+    """The tzinfo for a config value: an IANA name, or "local" (:func:`system_zone`)."""
     if name == "local":
-        local = datetime.now().astimezone().tzinfo
-        return local if local is not None else UTC
+        return system_zone()
     try:
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError) as exc:
         raise ConfigError(f"memory.timezone: unknown time zone {name!r}", key="memory.timezone") from exc
+
+
+def system_zone() -> tzinfo:
+    """The system's zone with its rules, daylight saving included, as the C library finds
+    it: ``$TZ`` naming a zone or a zone file (an optional leading ``:``; empty: UTC), else
+    ``/etc/localtime``.  A ``$TZ`` that is no zone file (a POSIX rule such as
+    ``CET-1CEST,M3.5.0,M10.5.0/3``) or no readable ``/etc/localtime`` gives the offset in
+    force now, fixed: without its rules a daemon started in winter would end every summer
+    day at 01:00 (``datetime.now().astimezone()`` alone did that with every system zone)."""
+    spec = os.environ.get("TZ")
+    try:
+        if spec is None:
+            with open("/etc/localtime", "rb") as file:
+                return ZoneInfo.from_file(file, key="localtime")
+        spec = spec.removeprefix(":")
+        if not spec:
+            return UTC
+        if os.path.isabs(spec):
+            with open(spec, "rb") as file:
+                return ZoneInfo.from_file(file, key=spec)
+        return ZoneInfo(spec)
+    except (OSError, ValueError, ZoneInfoNotFoundError):
+        local = datetime.now().astimezone().tzinfo
+        return local if local is not None else UTC
 
 
 class Expiry:
@@ -140,10 +164,11 @@ class Expiry:
         if memory_type is MemoryType.CONVERSATION:
             return created + self._conversation_ttl
         local = datetime.fromtimestamp(created, self._tz)
+        # The next day's midnight, by the zone's rules for that day (a DST change is honoured).
         midnight = datetime(local.year, local.month, local.day, tzinfo=self._tz) + timedelta(days=1)
-        # Re-attach the zone so a DST change during that day is honoured.
-        midnight = midnight.replace(tzinfo=None).replace(tzinfo=self._tz)
-        return midnight.timestamp()
+        end = midnight.timestamp()
+        # A clock set back over midnight (00:01 -> 23:01) shows it twice: the first may be past.
+        return end if end > created else midnight.replace(fold=1).timestamp()
 
 
 # The range of timestamps a memory may carry (created_at, expires_at): 2000-01-01 .. 2200-01-01 UTC.

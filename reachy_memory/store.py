@@ -462,7 +462,8 @@ class MemoryStore(PeopleMixin):
         Returns the configured days and the plan (``turns`` alive; how many expire
         ``earlier`` or ``later`` than before; ``expire_now``: expired with the new
         lifetime), ``applied``, and ``deleted`` (every expired memory swept).
-        ``dry_run`` counts only.  Raises ValidationError, changing nothing, when the
+        ``dry_run`` counts only.  A ``now`` before the clock counts as the clock (a turn
+        expired in between must not come back).  Raises ValidationError, changing nothing, when the
         new lifetime would delete more than ``max_deletions`` turns (the consent of
         ``reachy-memory retention --apply`` without ``--yes``).
 
@@ -472,7 +473,7 @@ class MemoryStore(PeopleMixin):
         the same expiries whatever config the store is reopened with.
         """
         self._require_open()
-        at = _epoch(now)
+        at = max(_epoch(now), time.time())  # a past ``now`` must not revive a turn expired since
         ttl = self._config.memory.conversation_ttl_days * 86400.0
         with self._lock, gc_paused():
             plan = self._state.retime_plan(ttl, at)

@@ -259,6 +259,20 @@ def test_a_longer_ttl_revives_no_expired_turn_and_consent_bounds_deletions(tmp_p
         assert s.apply_retention(max_deletions=1)["deleted"] == 1 and s.get(kept.id) is None
 
 
+def test_a_longer_ttl_applied_as_of_a_past_time_revives_no_turn_expired_since(tmp_path: Path) -> None:
+    """``now`` earlier than the clock (the wire op takes one) counts as the clock: a turn
+    that expired in between came back with the longer TTL."""
+    now = time.time()
+    cfg7 = Config().replace("memory", path=str(tmp_path), conversation_ttl_days=7)
+    with MemoryStore(config=cfg7, embedder=None) as s:
+        [gone] = s.store_batch([{"content": "my bank PIN is 4321", "memory_type": "conversation",
+                                 "created_at": now - 10 * 86400}])  # expired 3 days ago, not swept
+    with MemoryStore(config=cfg7.replace("memory", conversation_ttl_days=30), embedder=None) as s:
+        assert s.get(gone.id) is None
+        assert s.apply_retention(now=now - 5 * 86400)["deleted"] == 1
+        assert s.get(gone.id) is None and s.search("PIN", min_score=0) == []
+
+
 def test_a_retention_change_is_synced_whatever_the_fsync_policy(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """The ttl op sets expiries in place, which a background snapshot may write: its

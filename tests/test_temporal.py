@@ -1,9 +1,12 @@
 """The temporal-expression parser (reachy_memory._temporal) and its ranking hook."""
 
-from datetime import UTC, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta, timezone
+from zoneinfo import ZoneInfo
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from reachy_memory import MemoryStore
 from reachy_memory._temporal import parse_window, query_window, window_bonus
@@ -107,3 +110,52 @@ def test_in_window_memory_ranks_above_equal_out_of_window(store: MemoryStore) ->
         hits = store.search(query, limit=3, min_score=0, now=NOW)
         assert hits[0].memory.id == expected
         assert hits[0].score > hits[1].score
+
+
+def _first_second(day: date, tz: ZoneInfo) -> float:
+    """The first whole second whose local date is ``day`` (bisection: no wall-time arithmetic)."""
+    lo = int(datetime(day.year, day.month, day.day, tzinfo=UTC).timestamp()) - 2 * 86400
+    hi = lo + 4 * 86400
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if datetime.fromtimestamp(mid, tz).date() < day else (lo, mid)
+    return float(hi)
+
+
+def _check_calendar_windows(now: float, tz: ZoneInfo) -> None:
+    today = datetime.fromtimestamp(now, tz).date()
+    monday = today - timedelta(days=today.weekday())
+    first = today.replace(day=1)
+    days = {"today": (today, today + timedelta(days=1)), "yesterday": (today - timedelta(days=1), today),
+            "3 days ago": (today - timedelta(days=3), today - timedelta(days=2)),
+            "last week": (monday - timedelta(days=7), monday),
+            "last month": ((first - timedelta(days=1)).replace(day=1), first)}
+    for query, (start, end) in days.items():
+        window = query_window(query, now, tz)
+        assert window is not None
+        assert (window.start, window.end) == (_first_second(start, tz), _first_second(end, tz)), \
+            (query, datetime.fromtimestamp(now, tz))
+
+
+@pytest.mark.parametrize(("zone", "local"), [
+    ("America/Havana", (2026, 11, 1, 0, 30)),  # 01:00 back to 00:00: midnight comes twice
+    ("America/Santiago", (2026, 4, 4, 23, 30)),  # 00:00 back to 23:00
+    ("America/Santiago", (2026, 9, 6, 1, 30)),  # 00:00 on to 01:00: no midnight
+    ("Europe/Paris", (2026, 10, 25, 2, 30)),
+    ("Australia/Lord_Howe", (2026, 4, 5, 1, 45)),  # half an hour back
+])
+@pytest.mark.parametrize("fold", [0, 1])
+def test_calendar_days_begin_at_their_first_second_across_clock_changes(zone: str, local: tuple[int, ...],
+                                                                        fold: int) -> None:
+    # asked in the second of a repeated hour that holds midnight (fold 1), "today" began
+    # at the second midnight and "yesterday" ended at the first: an hour in neither
+    tz = ZoneInfo(zone)
+    _check_calendar_windows(datetime(*local, tzinfo=tz, fold=fold).timestamp(), tz)
+
+
+@settings(max_examples=300, deadline=None)
+@given(zone=st.sampled_from(["Europe/Paris", "America/Santiago", "America/Havana", "Australia/Lord_Howe",
+                             "Asia/Beirut", "Pacific/Apia", "UTC"]),
+       now=st.integers(1_293_840_000, 1_830_297_600))  # 2011..2027
+def test_calendar_windows_follow_the_zones_days(zone: str, now: int) -> None:
+    _check_calendar_windows(float(now), ZoneInfo(zone))
