@@ -47,6 +47,7 @@ PREV_SNAPSHOT_FILE = "snapshot.prev.rms"
 PREV_JOURNAL_FILE = "journal.prev.rmj"
 NEXT_JOURNAL_FILE = "journal.next.rmj"  # the next generation's empty journal, during a compaction
 GRAPH_FILE = "vectors.hnsw"
+RESTORE_INTENT_FILE = "restore.intent"  # a restore's decided swap, only while it runs (see _restore)
 STORE_FILES = ("LOCK", SNAPSHOT_FILE, JOURNAL_FILE, PREV_SNAPSHOT_FILE, PREV_JOURNAL_FILE, GRAPH_FILE)
 # A temp file of journal.write_atomic (.<name>.tmp-<pid>-<thread>) or of a graph cache save (.<name>.tmp-<pid>)
 _TEMP_NAME = re.compile(r"\.(.+)\.tmp-\d+(?:-\d+)?")
@@ -81,12 +82,12 @@ def tighten_files(path: Path) -> None:
 
 def remove_unfinished_writes(path: Path) -> None:
     """Remove the temp files of the store's own writes that never finished: a crash
-    or a power cut in the middle of a snapshot, a journal switch, a repair or a graph
-    cache save leaves one (as large as the file it was replacing: tens of MB at 100k
+    or a power cut in the middle of a snapshot, a journal switch, a repair, a restore
+    or a graph cache save leaves one (as large as the file it was replacing: tens of MB at 100k
     memories), named after a pid that never writes again.  Only for the holder of the
     store's lock, before it writes: no one else writes these names.  What cannot be
     removed is logged, never raised: the store opens without it."""
-    owned = {*STORE_FILES, NEXT_JOURNAL_FILE}
+    owned = {*STORE_FILES, NEXT_JOURNAL_FILE, RESTORE_INTENT_FILE}  # a restore's staged files: <name>.restoring
     for tmp in path.glob(".*.tmp-*"):
         named = _TEMP_NAME.fullmatch(tmp.name)
         if named is None or not any(named[1] == n or named[1].startswith(f"{n}.") for n in owned):

@@ -19,11 +19,12 @@ from typing import Any
 import numpy as np
 
 from . import _persistence as files
+from . import _restore as swap
 from . import journal as jr
 from ._persistence import JOURNAL_FILE, PREV_JOURNAL_FILE, SNAPSHOT_FILE, damage_is_corruption, read_snapshot
 from ._records import Record, decode, first_dim, first_vkey
 from .config import Config
-from .errors import CorruptionError, ReachyMemoryError, StorageError, ValidationError
+from .errors import CorruptionError, ReachyMemoryError, StorageError, StoreLockedError, ValidationError
 from .vector_index import BF16_TOLERANCE, ITEM_BYTES, widen
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,8 @@ class VerifyReport:
 def verify(path: str | Path, progress: Progress | None = None) -> VerifyReport:
     """Check a data directory or a backup file: checksums, counts, index consistency.
 
+    A restore cut short in a data directory is settled first, as the next open
+    would (:func:`_settle_restore`); nothing else is written.
     Never raises for damage: every finding goes into the report.
     """
     path = Path(path).expanduser()
@@ -74,6 +77,7 @@ def verify(path: str | Path, progress: Progress | None = None) -> VerifyReport:
 
 
 def _verify_dir(path: Path, report: VerifyReport, progress: Progress | None) -> None:
+    _settle_restore(path, report)
     snapshot_path = path / SNAPSHOT_FILE
     snapshot = _verify_snapshot(snapshot_path, report, progress) if snapshot_path.exists() else None
     generation = int(snapshot.get("generation", 0)) if snapshot else (-1 if snapshot_path.exists() else 0)
@@ -91,6 +95,30 @@ def _verify_dir(path: Path, report: VerifyReport, progress: Progress | None) -> 
         report.notes.append("no snapshot yet (a new store, or one never compacted): counted from the journal")
     if jr.is_locked(path):
         report.notes.append("the store is open in a running daemon; files were checked read-only")
+
+
+def _settle_restore(path: Path, report: VerifyReport) -> None:
+    """A restore cut short in ``path``: finish it (or drop its staged files) as the next
+    open would, so that what is verified is what opens.  Left as it is, with a note,
+    while a restore holds the lock; a failure becomes a problem."""
+    if not swap.pending(path):
+        return  # the usual case: no lock taken, nothing written (verify is read-only then)
+    lock = jr.DirLock(path)
+    try:
+        lock.acquire()
+    except StoreLockedError:
+        report.notes.append("a restore into this directory is running; its files were checked as they stand")
+        return
+    except StorageError as exc:
+        report.problems.append(f"a restore was cut short here and cannot be finished: {exc.message}")
+        return
+    try:
+        swap.settle(path)
+        report.notes.append("a restore cut short by a crash was settled (as the next open would)")
+    except StorageError as exc:
+        report.problems.append(exc.message)
+    finally:
+        lock.release()
 
 
 def _journal_of(path: Path, generation: int, report: VerifyReport) -> Path:
@@ -332,6 +360,7 @@ def repair(path: str | Path, config: Config | None = None) -> list[jr.RepairRepo
     lock = jr.DirLock(path)
     lock.acquire()
     try:
+        swap.settle(path)  # a restore cut short: the store it leaves is the one repaired
         reports = _finish_switch(path)
         reports += [jr.repair_file(path / name, jr.JOURNAL) for name in (JOURNAL_FILE, PREV_JOURNAL_FILE)
                     if (path / name).exists()]
@@ -382,12 +411,14 @@ def _rebuild_snapshot(path: Path, config: Config) -> jr.RepairReport:
 
 
 def restore(backup_file: str | Path, data_dir: str | Path, *, force: bool = False) -> dict[str, Any]:
-    """Rebuild ``data_dir`` from a backup file.
+    """Rebuild ``data_dir`` from a backup file, whole or not at all: a crash or a power
+    cut at any point leaves the old store or the restored one (see :mod:`._restore`).
 
     Refuses a data directory in use by a running daemon (StoreLockedError), and
     one holding data unless ``force`` (ValidationError; with it, its files are moved
     aside, not deleted).
-    Raises StorageError when the backup does not verify.
+    Raises StorageError when the backup does not verify, or when writing its copy
+    fails (the old store is then untouched).
     """
     backup_file, data_dir = Path(backup_file).expanduser(), Path(data_dir).expanduser()
     if data_dir.resolve() in backup_file.resolve().parents:
@@ -401,66 +432,22 @@ def restore(backup_file: str | Path, data_dir: str | Path, *, force: bool = Fals
     lock = jr.DirLock(data_dir)
     lock.acquire()  # StoreLockedError for a live store
     try:
-        moved: list[tuple[Path, Path]] = []
-        copied = False
-        try:
-            _move_aside(data_dir, force, moved)
-            jr.write_atomic(data_dir / SNAPSHOT_FILE, _chunks(backup_file))
-            copied = True
-            jr.write_atomic(data_dir / JOURNAL_FILE, [jr.header(jr.JOURNAL), jr.encode_frame(
-                {"kind": "journal", "generation": report.generation})])
-        except BaseException:
-            # Put the old store back: with every generation file moved aside, the half-restored
-            # directory opened as a new, empty store (a daemon restarted on it served no memory).
-            _put_back(moved, data_dir / SNAPSHOT_FILE if copied else None)
-            raise
+        swap.settle(data_dir)  # a restore cut short before this one: finished (or undone) first
+        files.remove_unfinished_writes(data_dir)
+        moves = swap.plan(data_dir)
+        if moves and not force:
+            # Bad usage (exit 2), not a store in use (exit 4): nothing holds it, --force is missing.
+            raise ValidationError(f"{data_dir} already holds a store; pass --force to move it aside and restore",
+                                  field="force")
+        swap.stage(data_dir, _chunks(backup_file), report.generation)
+        swap.swap(data_dir, moves)
     finally:
         lock.release()
-    return {"data_dir": str(data_dir), "memories": report.memories, "moved_aside": [str(a) for _, a in moved]}
+    return {"data_dir": str(data_dir), "memories": report.memories,
+            "moved_aside": [str(data_dir / aside) for _, aside in moves]}
 
 
 def _chunks(path: Path) -> Iterator[bytes]:
     """A file in 1 MiB pieces (a backup can be larger than we want in memory twice)."""
     with open(path, "rb") as fh:
         yield from iter(lambda: fh.read(1 << 20), b"")
-
-
-# Every file of a store's generations: a restore moves them all aside, so the restored
-# snapshot is never rebuilt (verify --repair) from another store's previous generation.
-_RESTORE_REPLACES = (SNAPSHOT_FILE, JOURNAL_FILE, files.PREV_SNAPSHOT_FILE, PREV_JOURNAL_FILE,
-                     files.NEXT_JOURNAL_FILE)
-
-
-def _move_aside(data_dir: Path, force: bool, moved: list[tuple[Path, Path]]) -> None:
-    """Move the store in ``data_dir`` aside (renamed, never deleted), adding each
-    (old name, new name) to ``moved`` as it goes.
-
-    Each gets a name no file has (``jr.side_path``): a fixed ``<name>.before-restore-<epoch>``
-    let a second restore within the same second rename the first restore's files over
-    the original store's.  Raises ValidationError for a store and no ``force``,
-    StorageError when a rename fails.
-    """
-    existing = [p for p in data_dir.iterdir() if p.name in _RESTORE_REPLACES or p.name.startswith(files.GRAPH_FILE)]
-    if existing and not force:
-        # Bad usage (exit 2), not a store in use (exit 4): nothing holds it, --force is missing.
-        raise ValidationError(f"{data_dir} already holds a store; pass --force to move it aside and restore",
-                              field="force")
-    for p in existing:
-        moved.append((p, files.set_aside(p, "before-restore")))
-
-
-def _put_back(moved: list[tuple[Path, Path]], copy: Path | None) -> None:
-    """Undo :func:`_move_aside` after a failed restore; ``copy``, the backup's copy
-    already written, is removed first (not to be paired with the old store's journal).
-    Raises StorageError naming every file still aside when that fails."""
-    try:
-        if copy is not None:
-            copy.unlink(missing_ok=True)
-        for original, aside in reversed(moved):
-            os.replace(aside, original)
-        if moved:
-            jr.fsync_dir(moved[0][0].parent)
-    except OSError as exc:
-        where = ", ".join(f"{a} (was {o.name})" for o, a in moved if a.exists())
-        raise StorageError(f"the restore failed and the old store could not be put back ({exc.strerror}); "
-                           f"rename these files back by hand: {where}", path=str((copy or moved[0][0]).parent)) from exc

@@ -38,6 +38,7 @@ import numpy as np
 from . import _ingest as ingest
 from . import _persistence as files
 from . import _ranking as ranking
+from . import _restore as swap
 from . import journal as jr
 from ._backfill import Backfill, lacking_vector
 from ._people_ops import PeopleMixin
@@ -157,6 +158,7 @@ class MemoryStore(PeopleMixin):
         self._dir_lock.acquire()
         try:
             files.tighten_files(self.path)
+            swap.settle(self.path)  # a restore cut short: finished, or its staged copy removed
             files.remove_unfinished_writes(self.path)  # temp files of writes a crash cut short
             with files.damage_is_corruption(self.path):
                 self._open(embedder, reindex, recover)

@@ -24,12 +24,14 @@ from reachy_memory import (
     FormatVersionError,
     MemoryStore,
     ReachyMemoryError,
+    StorageError,
     StorageFullError,
     ValidationError,
     _state,
     lexical_index,
 )
 from reachy_memory import _persistence as files
+from reachy_memory import _restore as swap
 from reachy_memory import backup as bk
 from reachy_memory import journal as jr
 from reachy_memory.vector_index import BF16_TOLERANCE
@@ -640,7 +642,7 @@ def test_restores_within_one_second_keep_every_store_they_replace(tmp_path: Path
     assert _present(config.replace("memory", path=str(original)), ids) == len(ids)
 
 
-@pytest.mark.parametrize("fails", [1, 2])  # writing the backup's copy; writing the new journal
+@pytest.mark.parametrize("fails", [1, 2, 3])  # staging the backup's copy; the new journal; the intent
 def test_a_restore_that_fails_puts_the_store_it_replaced_back(tmp_path: Path, config: Config,
                                                               monkeypatch: pytest.MonkeyPatch, fails: int) -> None:
     with MemoryStore(config=config.replace("memory", path=str(tmp_path / "other")), embedder=None) as other:
@@ -662,4 +664,43 @@ def test_a_restore_that_fails_puts_the_store_it_replaced_back(tmp_path: Path, co
     monkeypatch.undo()
     # every file moved aside: the directory opened as a new, empty store
     assert sorted(p.name for p in config.data_dir.iterdir()) == before
+    assert _present(config, ids) == len(ids)
+
+
+def test_a_restore_that_fails_after_its_intent_is_finished_by_the_next_open(tmp_path: Path, config: Config,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    with MemoryStore(config=config.replace("memory", path=str(tmp_path / "other")), embedder=None) as other:
+        kept = other.store("the backup's memory").id
+        backup = other.backup(tmp_path / "other.rms")["path"]
+    ids = _two_generations(config)
+    real, calls = swap._rename, {"n": 0}
+
+    def failing(directory: Path, src: str, dst: str) -> None:
+        calls["n"] += 1
+        if calls["n"] == 2:  # one old file set aside, the rest not
+            raise StorageError(f"cannot rename {src}: I/O error", path=str(directory))
+        real(directory, src, dst)
+
+    monkeypatch.setattr(swap, "_rename", failing)
+    with pytest.raises(StorageError, match="finishes it"):
+        bk.restore(backup, config.data_dir, force=True)
+    monkeypatch.undo()
+    assert (config.data_dir / files.RESTORE_INTENT_FILE).exists()  # decided: never a mix, never undone halfway
+    assert _present(config, [kept, *ids]) == 1
+    assert not swap.pending(config.data_dir)
+
+
+@pytest.mark.parametrize("intent", ["torn", "forged"])  # forged: names a file not the store's (nothing renamed)
+def test_an_unreadable_restore_intent_refuses_open_and_changes_nothing(config: Config, intent: str) -> None:
+    ids = _two_generations(config)
+    path = config.data_dir / files.RESTORE_INTENT_FILE
+    frame = jr.encode_frame({"kind": "restore", "moves": [["../x", "x.before-restore-1"]]})
+    path.write_bytes(jr.header(jr.JOURNAL) + (frame if intent == "forged" else frame[:-3]))
+    before = sorted(p.name for p in config.data_dir.iterdir())
+    with pytest.raises(CorruptionError, match="intent is unreadable"):
+        MemoryStore(config=config, embedder=None)
+    report = bk.verify(config.data_dir)
+    assert not report.ok and "intent is unreadable" in report.problems[0]
+    assert sorted(p.name for p in config.data_dir.iterdir()) == before
+    path.unlink()
     assert _present(config, ids) == len(ids)

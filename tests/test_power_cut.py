@@ -16,18 +16,24 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import signal
 import stat
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from reachy_memory import Config, MemoryStore, MemoryType
+from reachy_memory import backup as bk
 from reachy_memory import journal as jr
 from tests.conftest import HashEmbedder
+from tests.store_util import abandon
 
 
 @dataclass(frozen=True)
@@ -231,3 +237,145 @@ def test_a_power_cut_during_recovery_loses_nothing_either(config: Config, tmp_pa
             _check(tmp_path / f"cut-{n}-{m}", cfg, expected, disk.acked, f"{disk.label}, then {second.label}")
         recovered += len(again.disks)
     assert recovered > 50
+
+
+# -- restore --force: the old store or the backup, whole, wherever the power goes --------------
+
+
+def _opened(where: Path, config: Config) -> MemoryStore:
+    return MemoryStore(config=config.replace("memory", path=str(where)), embedder=HashEmbedder())
+
+
+def _contents(where: Path, config: Config, store: MemoryStore | None = None) -> dict[str, str]:
+    """Every memory of the store that opens in ``where`` (or of ``store``, opened there): id -> content."""
+    with store if store is not None else _opened(where, config) as opened:
+        page, _ = opened.export_page(limit=1000)
+        assert len(page) == len(opened) < 1000
+        return {m.id: m.content for m in page}
+
+
+def _old_store_and_backup(cfg: Config, tmp_path: Path) -> tuple[dict[str, str], dict[str, str], Path]:
+    """A store in ``cfg``'s data dir with two generations, a graph cache and journaled writes
+    after them; a backup of another store holding other memories.  Returns both contents and
+    the backup's path."""
+    store = MemoryStore(config=cfg, embedder=HashEmbedder())
+    for round_ in range(2):
+        for i in range(12):
+            store.store(f"old store fact {round_}-{i} about the garden")
+        store.compact(full=True)
+    store.store("old store fact written after the last compaction")
+    abandon(store)  # the journal keeps its ops, as after a crash
+    other = cfg.replace("memory", path=str(tmp_path / "other"))
+    with MemoryStore(config=other, embedder=HashEmbedder()) as store:
+        for i in range(9):
+            store.store(f"backup fact {i} about the kitchen")
+        store.compact()
+        store.store("backup fact journaled before the backup")
+        backup = Path(store.backup(tmp_path / "backup.rms")["path"])
+    old, new = _contents(Path(cfg.memory.path), cfg), _contents(other.data_dir, cfg)
+    assert old and new and not old.keys() & new.keys()
+    return old, new, backup
+
+
+def _opens_as_one(where: Path, cfg: Config, old: dict[str, str], new: dict[str, str], label: str) -> dict[str, str]:
+    """Verify, then open ``where``: the old store or the backup, whole, and verify counts what opens."""
+    report = bk.verify(where)
+    found = _contents(where, cfg)
+    assert found in (old, new), f"after a power cut at {label}: {len(found)} memories, a mix or neither"
+    assert report.ok and report.memories == len(found), f"verify at {label}: {report.to_dict()}"
+    return found
+
+
+@pytest.mark.parametrize("into", ["store", "empty dir"])
+def test_a_power_cut_during_restore_leaves_the_old_store_or_the_backup(config: Config, tmp_path: Path,
+                                                                       into: str) -> None:
+    """restore --force moved the old store aside, then wrote the backup's copy: a cut in
+    between opened as a new, empty store (or refused to open), the old files set aside."""
+    cfg = config.replace("search", exact_below=8, exact_threshold=4)  # graph caches to set aside too
+    data = Path(cfg.memory.path)
+    old, new, backup = _old_store_and_backup(cfg, tmp_path)
+    if into == "empty dir":  # a plain restore (no --force) into a new data dir
+        data, old = tmp_path / "new-data", {}
+        data.mkdir(mode=0o700)
+    with recording(data) as rec:
+        bk.restore(backup, data, force=into == "store")
+    assert len(rec.disks) >= (20 if into == "store" else 8)
+    outcomes, recovered = [], 0
+    for n, disk in enumerate(rec.disks):
+        _write_disk(disk, tmp_path / f"cut-{n}-verified")
+        found = _opens_as_one(tmp_path / f"cut-{n}-verified", cfg, old, new, disk.label)
+        outcomes.append(found is new or found == new)
+        where = tmp_path / f"cut-{n}"  # opened first (the recovery is the open's): a second cut at its fsyncs
+        _write_disk(disk, where)
+        with recording(where) as again:
+            store = _opened(where, cfg)
+        assert _contents(where, cfg, store) == found, f"open and verify disagree after {disk.label}"
+        for m, second in enumerate(again.disks):
+            _write_disk(second, tmp_path / f"cut-{n}-{m}")
+            assert _contents(tmp_path / f"cut-{n}-{m}", cfg) == found, f"after {disk.label}, then {second.label}"
+        recovered += len(again.disks)
+    assert not outcomes[0] and outcomes[-1] and recovered > 10  # both ends were cut into
+    assert _contents(data, cfg) == new
+    original = tmp_path / "put-back-by-hand"  # the old store's files, set aside whole
+    original.mkdir(mode=0o700)
+    for path in data.glob("*.before-restore-*"):
+        os.replace(path, original / path.name.partition(".before-restore-")[0])
+    assert _contents(original, cfg) == old
+
+
+def _counted(real: Callable[..., Any], calls: list[int], at: int) -> Callable[..., Any]:
+    """``real``, with a SIGKILL of this process at the ``at``-th call counted in ``calls``."""
+    def call(*args: Any) -> Any:
+        calls.append(1)
+        if len(calls) == at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(*args)
+    return call
+
+
+def _killed_restore(backup: Path, where: Path, at: int) -> bool:
+    """Restore ``backup`` into ``where`` in a forked child killed (SIGKILL) at its ``at``-th
+    fsync or rename; True if it finished first.  Waits at most 20 s (a child wedged by the
+    fork is killed, and the test fails); a child that raised fails it too."""
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        code = 3
+        try:
+            calls: list[int] = []
+            os.fsync, os.replace = _counted(os.fsync, calls, at), _counted(os.replace, calls, at)
+            bk.restore(backup, where, force=True)
+            code = 0
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            killed = os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+            assert killed or status == 0, f"the restore killed at step {at} failed: {status}"
+            return os.WIFEXITED(status)
+        time.sleep(0.005)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    raise AssertionError(f"the restore killed at step {at} did not end within 20 s")
+
+
+def test_a_restore_killed_at_each_step_leaves_the_old_store_or_the_backup(config: Config, tmp_path: Path) -> None:
+    """kill -9 keeps every write made (the page cache): what the open finds is the old store
+    or the backup, whole, and no temp or staged file of the restore is left behind."""
+    old, new, backup = _old_store_and_backup(config, tmp_path)
+    seen = set()
+    for at in range(1, 60):
+        where = tmp_path / f"killed-{at}"
+        shutil.copytree(config.data_dir, where)
+        finished = _killed_restore(backup, where, at)
+        found = _opens_as_one(where, config, old, new, f"kill at step {at}")
+        seen.add(found == new)
+        assert not [p.name for p in where.iterdir() if ".tmp-" in p.name or p.name.endswith(".restoring")
+                    or p.name == "restore.intent"], f"kill at step {at}"
+        if finished:
+            assert found == new
+            break
+    else:
+        raise AssertionError("the restore never finished")
+    assert seen == {False, True}
