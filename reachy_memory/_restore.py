@@ -54,7 +54,7 @@ def store_files(directory: Path) -> list[Path]:
     """The files of the store in ``directory`` a restore sets aside (graph caches too).
     Raises StorageError when the directory cannot be listed."""
     try:
-        return sorted(p for p in directory.iterdir() if p.name in REPLACED or p.name.startswith(GRAPH_FILE))
+        return sorted(p for p in directory.iterdir() if _is_store_file(p.name))
     except OSError as exc:
         raise StorageError(f"cannot list {directory}: {exc.strerror}", path=str(directory)) from exc
 
@@ -187,7 +187,16 @@ def _is_move(move: Any) -> bool:
     if not (isinstance(move, list) and len(move) == 2 and all(isinstance(n, str) and "/" not in n for n in move)):
         return False
     old, aside = move
-    return (old in REPLACED or old.startswith(GRAPH_FILE)) and aside.startswith(f"{old}.{ASIDE}-")
+    return _is_store_file(old) and aside.startswith(f"{old}.{ASIDE}-")
+
+
+def _is_store_file(name: str) -> bool:
+    """A file of the live store: its generations, or a graph cache file (``vectors.hnsw``,
+    ``vectors.hnsw.<group>``, ``vectors.hnsw.meta``), not one set aside before (a prefix
+    test took ``vectors.hnsw.fact.before-restore-<epoch>`` for a store file: moved again
+    under a second suffix, and counted as a store to refuse without ``--force``)."""
+    group = name.removeprefix(f"{GRAPH_FILE}.")
+    return name in REPLACED or name == GRAPH_FILE or (group != name and "." not in group)
 
 
 def _bad_intent(path: Path, why: str) -> CorruptionError:

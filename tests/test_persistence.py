@@ -642,6 +642,26 @@ def test_restores_within_one_second_keep_every_store_they_replace(tmp_path: Path
     assert _present(config.replace("memory", path=str(original)), ids) == len(ids)
 
 
+@pytest.mark.parametrize("name, is_store_file", [
+    ("snapshot.rms", True),  # the generations
+    ("journal.prev.rmj", True),
+    ("vectors.hnsw", True),  # graph cache: base name, a group, its meta
+    ("vectors.hnsw.2", True),
+    ("vectors.hnsw.meta", True),
+    ("vectors.hnsw.2.before-restore-1800000000", False),  # set aside by an earlier restore
+    ("vectors.hnsw.meta.before-restore-1800000000.1", False),
+    ("snapshot.rms.before-restore-1800000000", False),
+    ("snapshot.rms.restoring", False),  # a restore's staged copy
+    (".vectors.hnsw.0.tmp-42", False),  # a graph save's temp file
+    ("LOCK", False),
+])
+def test_a_restore_sets_aside_only_the_live_stores_files(tmp_path: Path, name: str, is_store_file: bool) -> None:
+    """A prefix test took an earlier restore's set-aside graph files for the store's:
+    each restore renamed them again under one more suffix."""
+    (tmp_path / name).write_bytes(b"x")
+    assert [p.name for p in swap.store_files(tmp_path)] == ([name] if is_store_file else [])
+
+
 @pytest.mark.parametrize("fails", [1, 2, 3])  # staging the backup's copy; the new journal; the intent
 def test_a_restore_that_fails_puts_the_store_it_replaced_back(tmp_path: Path, config: Config,
                                                               monkeypatch: pytest.MonkeyPatch, fails: int) -> None:
