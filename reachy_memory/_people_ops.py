@@ -161,28 +161,31 @@ class PeopleMixin:
 
     def update_person(self, person_id: str, **fields: Any) -> Person:
         """Change a person's name, relation, aliases, external_id, metadata or owner.
-        Raises NotFoundError, ValidationError."""
+        ``person_id`` is read as every person operation reads one (``people.read_person_id``:
+        surrounding whitespace ignored). Raises NotFoundError, ValidationError."""
         self._require_open()
         with self._lock:
-            return self._commit_person(self._people.update_person(_text(person_id, "person_id"), **fields))
+            return self._commit_person(self._people.update_person(person_id, **fields))
 
     def merge_people(self, keep: str, other: str) -> Person:
-        """Merge ``other`` into ``keep``: aliases united, memories re-linked. Raises NotFoundError."""
+        """Merge ``other`` into ``keep``: aliases united, memories re-linked (ids read as
+        ``people.read_person_id`` says). Raises NotFoundError, ValidationError."""
         self._require_open()
         with self._lock:
-            plan = self._people.merge_people(_text(keep, "keep"), _text(other, "other"))
+            plan = self._people.merge_people(keep, other)
             self._commit([*plan.ops, *self._relink_ops(plan.relink)])
             return plan.person
 
     def delete_person(self, person_id: str) -> bool:
-        """Forget a person (their memories stay, no longer linked); False if unknown."""
+        """Forget a person (their memories stay, no longer linked); False if unknown.
+        ``person_id`` is read as ``people.read_person_id`` says. Raises ValidationError."""
         self._require_open()
         with self._lock:
-            if self._people.get(_text(person_id, "person_id")) is None:
+            try:
+                op = self._people.delete_person(person_id)
+            except NotFoundError:
                 return False
-            gone = self._people.get(person_id)
-            assert gone is not None
-            self._commit([self._people.delete_person(person_id), *self._relink_ops({gone.id: None})])
+            self._commit([op, *self._relink_ops({op["id"]: None})])
             return True
 
     def _commit_person(self, resolution: Resolution) -> Person:
@@ -824,6 +827,8 @@ def _person_op(where: str, p: Any) -> dict[str, Any]:
             raise ValidationError(f"{where}: {key} must be a string", field="people")
     if not (p.get("name") or p.get("relation")):
         raise ValidationError(f"{where}: a person needs a name or a relation", field="people")
+    if isinstance(p.get("id"), str) and p["id"] != p["id"].strip():  # no operation could name it (read_person_id)
+        raise ValidationError(f"{where}: a person id must not start or end with whitespace", field="people")
     op = {"op": "person_put", **{k: p.get(k) for k in ("id", "name", "relation", "aliases", "owner",
                                                       "external_id", "metadata")}}
     op["name"] = op["name"] or ""  # a relation only ("my wife"): no name, as the registry keeps it

@@ -61,6 +61,15 @@ def test_persons_through_the_daemon(client: MemoryClient) -> None:
     assert {p.name for p in client.people()} >= {"Tom"}
 
 
+def test_person_ids_with_spaces_around_them_through_the_daemon(client: MemoryClient) -> None:
+    """The client passes ids as given; the daemon reads them as every person operation does
+    (delete_person(" id ") answered False, update_person and merge_people not found)."""
+    ann, bob = client.add_person("Annika"), client.add_person("Bobbie")
+    assert client.update_person(f" {ann.id} ", relation="niece").relation == "niece"
+    assert client.merge_people(f" {ann.id}", f"{bob.id} ").id == ann.id
+    assert client.delete_person(f"  {ann.id}\u00a0") and client.find_person("Annika") is None
+
+
 def test_person_metadata_the_rules_refuse_is_a_validation_error(client: MemoryClient) -> None:
     """NaN metadata (which the daemon stored before) is refused as bad_request, not internal."""
     with pytest.raises(ValidationError) as err:

@@ -189,6 +189,34 @@ def test_delete_person_keeps_memories_unlinked(people_store: MemoryStore) -> Non
     assert not people_store.delete_person("unknown")
 
 
+# How a caller may wrap a person id, and whether every person operation finds the person.
+WRAPPED_PERSON_IDS = [
+    (" {id} ", True),  # spaces around it: ignored
+    ("{id}\u00a0", True),  # a no-break space after it: whitespace too
+    ("\t{id}", False),  # a tab: a control character, refused (ValidationError) by all alike
+]
+# Each person operation given a wrapped id of Ann (Bob is the other person), and Ann's id back.
+PERSON_ID_OPERATIONS = [
+    ("find_person", lambda s, pid, bob: s.find_person(pid).id),  # stripped before this fix too
+    ("update_person", lambda s, pid, bob: s.update_person(pid, relation="cousin").id),  # was NotFoundError
+    ("merge_people keep", lambda s, pid, bob: s.merge_people(pid, bob).id),  # was NotFoundError
+    ("merge_people other", lambda s, pid, bob: s.merge_people(bob, pid).aliases == ("Ann",)),  # was NotFoundError
+    ("delete_person", lambda s, pid, bob: s.delete_person(pid) and s.find_person("Ann") is None),  # was False
+]
+
+
+@pytest.mark.parametrize(("wrapped", "found"), WRAPPED_PERSON_IDS)
+@pytest.mark.parametrize(("operation", "call"), PERSON_ID_OPERATIONS, ids=[o[0] for o in PERSON_ID_OPERATIONS])
+def test_every_person_operation_reads_a_person_id_alike(lexical_store: MemoryStore, wrapped: str, found: bool,
+                                                         operation: str, call: Any) -> None:
+    ann, bob = lexical_store.add_person("Ann"), lexical_store.add_person("Bob")
+    if not found:
+        with pytest.raises(ValidationError):
+            call(lexical_store, wrapped.format(id=ann.id), bob.id)
+        return
+    assert call(lexical_store, wrapped.format(id=ann.id), bob.id) in (ann.id, True), operation
+
+
 def test_external_id_anchors_a_person(people_store: MemoryStore) -> None:
     person = people_store.add_person("Alex", external_id="face:17")
     found = people_store.person_by_external_id("face:17")
@@ -644,6 +672,7 @@ def test_an_import_with_a_bad_id_anywhere_writes_nothing(people_store: MemorySto
 @pytest.mark.parametrize(("person", "says"), [
     ({"id": "p1"}, "needs a name or a relation"),  # was stored named 'None'
     ({"id": "p2", "name": 5}, "name must be a string"),  # was stored named '5'
+    ({"id": " p4", "name": "Ann"}, "must not start or end with whitespace"),  # no person operation could name it
 ])
 def test_an_imported_person_needs_a_text_name_or_relation(lexical_store: MemoryStore, person: dict[str, Any],
                                                           says: str) -> None:
