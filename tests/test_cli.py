@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -28,6 +29,7 @@ from reachy_memory import (
 )
 from reachy_memory import backup as bk
 from reachy_memory import journal as jr
+from reachy_memory.cli import _stats_text
 from tests.daemon_util import ROOT, DaemonProcess, words_only_daemon
 from tests.daemon_util import run_cli as cli
 
@@ -78,6 +80,38 @@ def test_store_dash_refuses_bad_standard_input(daemon: DaemonProcess, piped: byt
     if len(piped) > 16_001:
         assert "standard input holds more than" in out.stderr
     assert json.loads(cli(daemon, "stats", "--json").stdout)["stats"]["store"]["memories"] == before
+
+
+def test_stats_text_is_for_a_human_and_json_stays_as_it_was(daemon: DaemonProcess) -> None:
+    # It printed the per-type counts and the last cleanup as Python dicts.
+    assert cli(daemon, "cleanup").returncode == 0
+    text = cli(daemon, "stats").stdout
+    assert not any(ch in text for ch in "{}'"), text
+    assert re.search(r"^by type: \d+ conversation, \d+ fact, \d+ context$", text, re.MULTILINE), text
+    assert re.search(r"^last cleanup: \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC, \d+ expired deleted", text, re.MULTILINE)
+    data = json.loads(cli(daemon, "stats", "--json").stdout)
+    assert set(data["stats"]["store"]["by_type"]) == {"conversation", "fact", "context"}
+    assert set(data["health"]["last_cleanup"]) >= {"time", "deleted", "duration_ms"}
+
+
+# The daemon's last_cleanup, and how stats shows it.
+CLEANUPS = [
+    (None, "last cleanup: not run yet"),  # before the first sweep: "None"
+    ({"time": 0.0, "deleted": 3, "duration_ms": 1.234}, "last cleanup: 1970-01-01 00:00:00 UTC, 3 expired deleted "
+     "in 1.2 ms"),  # a scheduled sweep
+    ({"time": 0.0, "deleted": 0, "duration_ms": None}, "last cleanup: 1970-01-01 00:00:00 UTC, 0 expired deleted"),
+    # ^ a sweep asked for (the cleanup command): no duration
+    ({"time": 0.0, "deleted": 0, "duration_ms": None, "deferred_s": 3600.4},
+     "last cleanup: 1970-01-01 00:00:00 UTC, deferred (the wall clock stepped 3600 s forward)"),  # a clock step
+]
+
+
+@pytest.mark.parametrize(("cleanup", "shown"), CLEANUPS)
+def test_stats_text_shows_the_last_cleanup_in_words(cleanup: dict[str, Any] | None, shown: str) -> None:
+    health = {"status": "ok", "memories": 4, "uptime_s": 12.0, "embedder": {"state": "ready"}, "last_cleanup": cleanup}
+    store = {"by_type": {"conversation": 3, "fact": 1, "context": 0}, "journal_bytes": 10, "snapshot_bytes": 0}
+    text = _stats_text({"health": health, "stats": {"store": store, "ops": {}}}).splitlines()
+    assert text[1:] == ["by type: 3 conversation, 1 fact, 0 context", "journal 10 B  snapshot 0 B", shown]
 
 
 @pytest.mark.parametrize(
