@@ -32,6 +32,7 @@ from reachy_memory import journal as jr
 from reachy_memory.cli import _stats_text
 from tests.daemon_util import ROOT, DaemonProcess, words_only_daemon
 from tests.daemon_util import run_cli as cli
+from tests.store_util import BAD_DATA_DIRS, bad_data_dir
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -594,6 +595,15 @@ def _run(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "REACHY_MEMORY_ENDPOINT"}
     return subprocess.run([sys.executable, "-m", "reachy_memory.cli", *argv], capture_output=True, text=True,
                           timeout=timeout, env={**env, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+
+
+@pytest.mark.parametrize(("kind", "says"), BAD_DATA_DIRS)
+def test_serve_on_a_data_dir_it_cannot_use_is_a_configuration_error(tmp_path: Path, kind: str, says: str) -> None:
+    with bad_data_dir(kind, tmp_path) as path:
+        out = _run("serve", "--data-dir", str(path), "--endpoint", f"ipc://{tmp_path}/memory.sock")
+    assert out.returncode == 2, out.stderr  # as ConfigError always is; was 1, an "error"
+    assert re.search(f"error: data directory .* cannot be used: .*({says})", out.stderr), out.stderr
+    assert "Traceback" not in out.stderr
 
 
 def test_data_dir_naming_another_store_than_the_daemons_is_refused(daemon: DaemonProcess, tmp_path: Path) -> None:
