@@ -192,6 +192,14 @@ class PersonRegistry:
         """The person with that id, following merges; None if unknown or deleted."""
         return self._people.get(self._redirects.get(person_id, person_id))
 
+    def redirects(self) -> dict[str, str]:
+        """Every merged-away person id and the live person id it resolves to (a copy)."""
+        return dict(self._redirects)
+
+    def is_live(self, person_id: str) -> bool:
+        """Whether ``person_id`` is a live person's own id (not a merged-away one)."""
+        return person_id in self._people
+
     def people(self, owner: str | None = None) -> list[Person]:
         """Everyone (``owner=None``) or that owner's people plus household ones, by name."""
         return sorted(self._visible(owner), key=lambda p: (norm(p.display_name), p.id))

@@ -165,6 +165,8 @@ def test_export_then_import_into_an_empty_store_reproduces_people_and_links(
         old = c.remember("Bea's favorite composer is Bach", subjects=["Bea"])[0]
         c.remember("Bea's favorite composer is Elgar", subjects=["Bea"])
         c.remember("The house wifi is slow", owner="kim", shared=True)
+        bea, beatrice = c.find_person("Bea"), c.add_person("Beatrice")
+        c.merge_people(bea.id, beatrice.id)  # an app may still hold Beatrice's id
         people = sorted((p.to_dict() for p in c.people()), key=lambda p: p["id"])
         memories = sorted((m.to_dict() for m in _all(c)), key=lambda m: m["id"])
     dump = tmp_path_factory.mktemp("dump") / "all.jsonl"
@@ -177,6 +179,7 @@ def test_export_then_import_into_an_empty_store_reproduces_people_and_links(
             assert sorted((p.to_dict() for p in c.people()), key=lambda p: p["id"]) == people
             assert sorted((m.to_dict() for m in _all(c)), key=lambda m: m["id"]) == memories
             assert c.get(old.id).superseded_by is not None and c.note("cello").name == "bea music"
+            assert c.find_person(beatrice.id).id == bea.id  # the merge's redirect came along: it found nobody
             assert "Bea" in cli(other, "recall", "cello", "--about", "Bea").stdout
     finally:
         assert other.stop() == 0
@@ -196,6 +199,9 @@ def test_markdown_export_and_import_round_trip(daemon: DaemonProcess,
                                                tmp_path_factory: pytest.TempPathFactory) -> None:
     with daemon.client(timeout=10) as c:
         c.remember("my aunt Rosa grows tomatoes", subjects=["my aunt Rosa"])
+        aunt, rosie = c.find_person("Rosa"), c.add_person("Rosie")
+        c.merge_people(aunt.id, rosie.id)
+        redirects = c.person_redirects()
         c.add_to_context_window("user", "hello")
         c.remember_conversation("we talked about tomatoes", {"role": "user"})
         people = sorted((p.to_dict() for p in c.people()), key=lambda p: p["id"])
@@ -212,5 +218,6 @@ def test_markdown_export_and_import_round_trip(daemon: DaemonProcess,
         with other.client(timeout=10) as c:
             assert sorted((p.to_dict() for p in c.people()), key=lambda p: p["id"]) == people
             assert sorted((m.to_dict() for m in _all(c)), key=lambda m: m["id"]) == memories
+            assert c.person_redirects() == redirects and redirects[rosie.id] == aunt.id  # front matter's merged_ids
     finally:
         assert other.stop() == 0
