@@ -1,7 +1,8 @@
 """The JSON Lines export: reading a file back for import, and sending it in pieces.
 
-One line per exported person (``{"kind": "person", ...}``, ``Person.to_dict``) or
-memory (``Memory.to_dict``).  :func:`read_jsonl` checks every entry the way the
+One line per exported person (``{"kind": "person", ...}``: :func:`person_entries`,
+``Person.to_dict`` and the ids merged into the person, ``merged_ids``) or memory
+(``Memory.to_dict``).  :func:`read_jsonl` checks every entry the way the
 store's import will, before anything is sent, so a bad line anywhere is an error
 naming the file and line and nothing is imported.  :func:`import_requests` cuts
 the entries into requests bounded in rows and bytes: each is one short job for
@@ -11,21 +12,38 @@ the daemon (it embeds a request's memories at once) and within its message limit
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from ._people_ops import check_import_memory, check_import_person, check_note_names, check_supersession
+from ._people_ops import (
+    check_import_memory,
+    check_import_person,
+    check_merged_ids,
+    check_note_names,
+    check_supersession,
+)
 from .config import Config
 from .errors import ValidationError
+from .people import Person
 
-__all__ = ["ROWS_PER_REQUEST", "check_entries", "import_requests", "read_jsonl"]
+__all__ = ["ROWS_PER_REQUEST", "check_entries", "import_requests", "person_entries", "read_jsonl"]
 
 ROWS_PER_REQUEST = 64  # memories per import request at most (short turns)
 # Text per import request: the daemon embeds a request's memories in one job on its embed
 # thread, and searches wait behind it (600 notes of 1,500 characters: searches during the
 # import waited 0.26 s at most with 2 notes a request, 1.5 s with 8; 17 s with 200 before).
 CHARS_PER_REQUEST = 4000
+
+
+def person_entries(people: Iterable[Person], redirects: Mapping[str, str]) -> list[dict[str, Any]]:
+    """Exported persons (both formats): ``Person.to_dict``, plus ``merged_ids`` (sorted) for
+    a person others were merged into, from ``redirects`` (``person_redirects``: old id ->
+    kept id), so that an import makes the old ids resolve to the person again."""
+    merged: dict[str, list[str]] = {}
+    for old, kept in sorted(redirects.items()):
+        merged.setdefault(kept, []).append(old)
+    return [p.to_dict() | ({"merged_ids": merged[p.id]} if p.id in merged else {}) for p in people]
 
 
 def read_jsonl(path: Path, config: Config) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -35,7 +53,8 @@ def read_jsonl(path: Path, config: Config) -> tuple[list[dict[str, Any]], list[d
     at); a UTF-8 BOM and ``\\r\\n`` are accepted.  Raises ValidationError naming the
     file and line: not UTF-8, not JSON, not an exported entry, refused by import, or
     an id given twice with different fields; or naming the file, for supersession
-    links that loop or a note name given to two memories.
+    links that loop, a note name given to two memories, or a merged-away person id
+    that is a person of the file or merged into two (``check_merged_ids``).
     """
     try:
         text = path.read_bytes().decode("utf-8-sig")
@@ -51,6 +70,7 @@ def read_jsonl(path: Path, config: Config) -> tuple[list[dict[str, Any]], list[d
             (people if entry.get("kind") == "person" else memories).append(entry)
     check_supersession(path.name, memories)
     check_note_names(path.name, memories)
+    check_merged_ids(path.name, people)
     return memories, people
 
 
@@ -64,6 +84,7 @@ def check_entries(memories: list[dict[str, Any]], people: list[dict[str, Any]], 
         check_import_memory(f"{source}: memory {str(memory.get('content', ''))[:40]!r}", memory, config)
     check_supersession(source, memories)
     check_note_names(source, memories)
+    check_merged_ids(source, people)
 
 
 def _entry(where: str, line: str, config: Config) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 Layout (``render``)::
 
-    people/<name>.md    front matter (the person) + "- fact" lines about them
+    people/<name>.md    front matter (the person, and the ids merged into it) + "- fact" lines about them
     world.md            facts about nobody in particular, archives
     notes/<name>.md     one named note: front matter (name, aliases, rm) + its text as written
     daily/<date>.md     conversation turns and context of that day (UTC): "- HH:MM [type] text"
@@ -23,8 +23,10 @@ tab) at the left margin; indented lines, other lines and fenced code blocks are
 ignored.  Hand-written records get ids derived from where they are and what
 they say (the file's path, the person, the item's text), so importing an
 unchanged folder again adds nothing while an edited item imports as a new record.
-Front matter text fields (id, name, relation, owner, external_id, aliases) are
-taken as written (``name: yes`` is the name "yes", ``aliases: Annie`` one alias).
+Front matter text fields (id, name, relation, owner, external_id, aliases,
+merged_ids) are taken as written (``name: yes`` is the name "yes", ``aliases:
+Annie`` one alias).  A person's ``merged_ids`` (written only when there are some)
+are the person ids merged into it: an import makes them resolve to it again.
 Files and folders whose names start with "." are skipped, as are files outside
 ``people/``, ``notes/``, ``daily/`` and ``world.md``.
 
@@ -53,6 +55,7 @@ from typing import Any
 import yaml
 
 from ._filters import validate_metadata
+from ._people_ops import merged_ids_of
 from .errors import ValidationError
 from .model import MemoryType, check_time, check_unicode
 from .people import check_metadata, person_from_op
@@ -74,6 +77,8 @@ _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
 # Also "<": a text holding "<!-- rm {" must not look like the start of the comment.
 _UNSAFE = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085", "<": "\\u003c"})
 _PERSON_KEYS = ("id", "name", "relation", "aliases", "owner", "external_id", "metadata", "created_at", "updated_at")
+_PERSON_FRONT = (*_PERSON_KEYS, "merged_ids")  # merged_ids: only when the person has some
+_LIST_KEYS = frozenset({"aliases", "merged_ids"})  # lists of text, each item as written
 _NOTE_KEYS = ("name", "aliases", "rm")
 _TEXT_KEYS = frozenset({"id", "name", "relation", "owner", "external_id"})
 _MEMORY_KEYS = frozenset({"id", "content", "type", "created_at", "expires_at", "metadata", "subjects", "owner",
@@ -93,7 +98,8 @@ class _Bad(Exception):
 
 def render(memories: list[dict[str, Any]], people: list[dict[str, Any]]) -> dict[str, str]:
     """The files (relative path -> text) of ``memories`` (``Memory.to_dict`` shapes)
-    and ``people`` (``Person.to_dict`` shapes).  No line of a list file holds a line
+    and ``people`` (``Person.to_dict`` shapes, with ``merged_ids`` when given:
+    ``_export.person_entries``).  No line of a list file holds a line
     end of any kind (``\\n``, ``\\r``, U+2028, U+2029, U+0085) inside a record."""
     slugs = _slugs(people, lambda p: p.get("name") or p.get("relation") or "person")
     notes = _slugs([m for m in memories if m.get("name")], lambda m: m["name"])
@@ -107,10 +113,16 @@ def render(memories: list[dict[str, Any]], people: list[dict[str, Any]]) -> dict
             groups.setdefault(path, []).append(_line(memory, daily=path.startswith("daily/")))
     for person in people:
         path = f"people/{slugs[person['id']]}.md"
-        files[path] = _front({k: person.get(k) for k in _PERSON_KEYS}) + _body(groups.pop(path))
+        files[path] = _front(_person_front(person)) + _body(groups.pop(path))
     for path, lines in groups.items():
         files[path] = f"# {path.removesuffix('.md')}\n\n" + _body(lines)
     return files
+
+
+def _person_front(person: dict[str, Any]) -> dict[str, Any]:
+    """A person file's front matter: every person field, then ``merged_ids`` if any."""
+    merged = {"merged_ids": person["merged_ids"]} if person.get("merged_ids") else {}
+    return {k: person.get(k) for k in _PERSON_KEYS} | merged
 
 
 def _home(memory: dict[str, Any], slugs: dict[str, str], notes: dict[str, str]) -> str:
@@ -295,11 +307,12 @@ def _fold(text: str) -> str:
 
 def _person_file(path: str, text: str, stamp: str) -> tuple[dict[str, Any], str, int]:
     """The person of a person file (checked), its body and the body's first line number."""
-    head, body, first = _split_front(text, _PERSON_KEYS)
+    head, body, first = _split_front(text, _PERSON_FRONT)
     name, relation = head.get("name"), head.get("relation")
     if not name and not relation:
         raise _Bad("the front matter needs a name or a relation")
-    person = {k: head.get(k) for k in _PERSON_KEYS}
+    person = {k: head.get(k) for k in _PERSON_KEYS} | ({"merged_ids": head["merged_ids"]}
+                                                       if head.get("merged_ids") else {})
     person["id"] = person["id"] or _hand_id("person", path, _fold(name or ""), _fold(relation or ""))
     person["name"] = name or ""
     person["aliases"] = person["aliases"] or []
@@ -316,6 +329,7 @@ def _checked_person(person: dict[str, Any]) -> dict[str, Any]:
     person["metadata"] = check_metadata(person["metadata"])
     person_from_op(person | {"op": "person_put", "created_at": _epoch(person["created_at"]),
                              "updated_at": _epoch(person["updated_at"])})
+    merged_ids_of("front matter", person)
     return person
 
 
@@ -484,9 +498,10 @@ def _front_field(loader: yaml.SafeLoader, key_node: yaml.Node, node: yaml.Node,
         raise _Bad(f"unknown key {key!r} (known: {', '.join(keys)})", 2 + key_node.start_mark.line)
     if key in _TEXT_KEYS:
         return key, _as_written(node, key, line)
-    if key == "aliases":
+    if key in _LIST_KEYS:
         items = node.value if isinstance(node, yaml.SequenceNode) else [node]
-        return key, [a for a in (_as_written(item, "an alias", line) for item in items) if a is not None]
+        what = "an alias" if key == "aliases" else "a merged id"
+        return key, [a for a in (_as_written(item, what, line) for item in items) if a is not None]
     try:
         with _at(line):
             return key, loader.construct_object(node, deep=True)

@@ -184,6 +184,8 @@ _ROWS = [
     _op("person_by_external_id", "engine", [_req("external_id", STR)], "person | null",
         "The person anchored to an outside identity."),
     _op("people", "engine", [_OWNER], "[person]", "The persons an owner knows (everyone for none)."),
+    _op("person_redirects", "engine", [], "{old_id: kept_id}",
+        "Every person id merged away and the live person id it resolves to (what an export carries)."),
     _op("update_person", "engine", [_req("id", STR), _opt("name", STR), _opt("relation", STR), _opt("aliases", LIST),
                                     _opt("external_id", STR), _opt("metadata", DICT), _OWNER],
         "person", "Change the given fields of a person."),
@@ -201,7 +203,7 @@ _ROWS = [
     _op("archive_conversation", "engine", [_req("summary", STR), _opt("until", NUM), _opt("name", STR), _OWNER],
         "memory", "Record a conversation summary as an archive (never expires); marks the window."),
     _op("import", "embed", [_req("memories", LIST, "exported memories (all fields)"),
-                             _opt("people", LIST, doc="exported persons")],
+                             _opt("people", LIST, doc="exported persons (with their merged_ids)")],
         '{"people": int, "memories": int}', "Recreate exported persons and memories (present ids kept).",
         client="import_memories"),
     _op("context_for", "engine", [_req("message", STR), _OWNER, _opt("max_tokens", INT, 800),
@@ -214,7 +216,8 @@ _ROWS = [
 # made, so a retry cannot duplicate; import keeps ids already present.
 IDEMPOTENT = frozenset({"ping", "health", "stats", "get", "get_context", "get_context_window", "search", "store",
                         "store_batch", "remember_fact", "remember_conversation", "export", "import", "recall",
-                        "history", "find_person", "person_by_external_id", "people", "note", "context_for"})
+                        "history", "find_person", "person_by_external_id", "people", "person_redirects", "note",
+                        "context_for"})
 OPERATIONS: dict[str, Op] = {op.name: op for op in _ROWS}
 LANES = {lane: frozenset(o.name for o in _ROWS if o.lane == lane)
          for lane in ("inline", "embed", "engine", "background")}

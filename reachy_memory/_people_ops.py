@@ -159,30 +159,41 @@ class PeopleMixin:
         with self._lock:
             return self._people.people(owner)
 
+    def person_redirects(self) -> dict[str, str]:
+        """Every person id merged away (``merge_people``) and the live person id it resolves
+        to now: what an export carries (the kept person's ``merged_ids``), so that an app
+        holding an old id finds the person after an import into another store."""
+        self._require_open()
+        with self._lock:
+            return self._people.redirects()
+
     def update_person(self, person_id: str, **fields: Any) -> Person:
         """Change a person's name, relation, aliases, external_id, metadata or owner.
-        Raises NotFoundError, ValidationError."""
+        ``person_id`` is read as every person operation reads one (``people.read_person_id``:
+        surrounding whitespace ignored). Raises NotFoundError, ValidationError."""
         self._require_open()
         with self._lock:
-            return self._commit_person(self._people.update_person(_text(person_id, "person_id"), **fields))
+            return self._commit_person(self._people.update_person(person_id, **fields))
 
     def merge_people(self, keep: str, other: str) -> Person:
-        """Merge ``other`` into ``keep``: aliases united, memories re-linked. Raises NotFoundError."""
+        """Merge ``other`` into ``keep``: aliases united, memories re-linked (ids read as
+        ``people.read_person_id`` says). Raises NotFoundError, ValidationError."""
         self._require_open()
         with self._lock:
-            plan = self._people.merge_people(_text(keep, "keep"), _text(other, "other"))
+            plan = self._people.merge_people(keep, other)
             self._commit([*plan.ops, *self._relink_ops(plan.relink)])
             return plan.person
 
     def delete_person(self, person_id: str) -> bool:
-        """Forget a person (their memories stay, no longer linked); False if unknown."""
+        """Forget a person (their memories stay, no longer linked); False if unknown.
+        ``person_id`` is read as ``people.read_person_id`` says. Raises ValidationError."""
         self._require_open()
         with self._lock:
-            if self._people.get(_text(person_id, "person_id")) is None:
+            try:
+                op = self._people.delete_person(person_id)
+            except NotFoundError:
                 return False
-            gone = self._people.get(person_id)
-            assert gone is not None
-            self._commit([self._people.delete_person(person_id), *self._relink_ops({gone.id: None})])
+            self._commit([op, *self._relink_ops({op["id"]: None})])
             return True
 
     def _commit_person(self, resolution: Resolution) -> Person:
@@ -515,14 +526,18 @@ class PeopleMixin:
     def import_memories(self, memories: Sequence[Mapping[str, Any]], people: Sequence[Mapping[str, Any]] = (),
                         batch: int = 200) -> dict[str, int]:
         """Recreate exported persons and memories with their ids, times, subjects, names and
-        supersession links (ids already present are kept as they are).  Everything is
-        checked before anything is written.  Returns the counts imported.
-        Raises ValidationError naming the entry at fault."""
+        supersession links (ids already present are kept as they are), and the person ids
+        merged away (a person's ``merged_ids``: each resolves to that person again, see
+        :meth:`_redirect_ops`).  Everything is checked before anything is written.
+        Returns the counts imported.  Raises ValidationError naming the entry at fault."""
         person_ops = [_person_op(f"person {n}", p) for n, p in enumerate(people)]  # all checked before any write
+        merged = check_merged_ids("import", people)
         rows = self._import_rows(memories)
         done = {"people": 0, "memories": 0}
         for start in range(0, max(len(rows), 1), batch):
-            got = self.commit_import(self._prepare_rows(rows[start:start + batch], person_ops if not start else []))
+            first = not start
+            got = self.commit_import(self._prepare_rows(rows[start:start + batch], person_ops if first else [],
+                                                        merged if first else {}))
             done = {k: done[k] + got[k] for k in done}
         return done
 
@@ -533,7 +548,7 @@ class PeopleMixin:
         already present are left out.  Raises ValidationError naming the entry at fault."""
         self._require_open()
         person_ops = [_person_op(f"person {n}", p) for n, p in enumerate(people)]
-        return self._prepare_rows(self._import_rows(memories), person_ops)
+        return self._prepare_rows(self._import_rows(memories), person_ops, check_merged_ids("import", people))
 
     def _import_rows(self, memories: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         """Every memory checked (their supersession links too) as record fields, oldest
@@ -572,15 +587,40 @@ class PeopleMixin:
                 raise ValidationError(f"import: person {op['id']}: external_id {external!r} already belongs to "
                                       f"{holder_id}", field="external_id")
 
-    def _prepare_rows(self, rows: list[dict[str, Any]], person_ops: list[dict[str, Any]]) -> _Import:
+    def _prepare_rows(self, rows: list[dict[str, Any]], person_ops: list[dict[str, Any]],
+                      merged: dict[str, str]) -> _Import:
         """Embed the checked ``rows`` not stored yet (those present are kept as they are)."""
         self._check_anchors(person_ops)
+        self._redirect_ops(merged, [op for op in person_ops if self._people.get(op["id"]) is None])  # refused early
         rows = [r for r in rows if r["id"] not in self._state.records]
         items = [{"content": r["content"], "memory_type": r["type"], "metadata": r.get("metadata"), "id": r["id"],
                   "created_at": r["created"], "owner": r.get("owner"), "shared": r.get("shared", False)}
                  for r in rows]  # owned: a turn borrows the previous turn's words by its owner (_ingest.lends_to)
         ops = self.prepare(items).ops if items else []
-        return _Import(person_ops, rows, {op[1]["id"]: op for op in ops})
+        return _Import(person_ops, rows, {op[1]["id"]: op for op in ops}, merged)
+
+    def _redirect_ops(self, merged: Mapping[str, str], fresh: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """The ``person_merge`` ops (``other`` absent: a redirect only) making each merged-away
+        id of an import (``merged``: old id -> the imported person it was merged into)
+        resolve to that person as stored: one of ``fresh`` (the import's new persons,
+        journaled just before) or the stored person it is now.  An id already redirected
+        here is kept as it is.  Raises ValidationError: an id that is a live person's
+        (stored or imported), or a person neither the import nor the store knows."""
+        new = {op["id"] for op in fresh}
+        ops = []
+        for old, target in merged.items():
+            if old in new or self._people.is_live(old):
+                raise ValidationError(f"import: person id {old} is merged into {target} in the import, but it is a "
+                                      "live person here: import into a store without it", field="merged_ids")
+            if self._people.get(old) is not None:
+                continue  # redirected already: kept as it is
+            known = self._people.get(target)
+            keep = target if target in new else known.id if known is not None else None
+            if keep is None:
+                raise ValidationError(f"import: person id {old} is merged into {target}, a person neither the import "
+                                      "nor the store knows", field="merged_ids")
+            ops.append({"op": "person_merge", "keep": keep, "other": old, "at": time.time()})
+        return ops
 
     def commit_import(self, prepared: _Import) -> dict[str, int]:
         """Write a :meth:`prepare_import`: its new persons, then its memories not stored
@@ -590,8 +630,9 @@ class PeopleMixin:
             self._check_names_free(prepared.rows)  # again: a note may have been named since prepare_import
             self._check_anchors(prepared.person_ops)  # and a face anchored
             fresh_people = [op for op in prepared.person_ops if self._people.get(op["id"]) is None]
-            if fresh_people:
-                self._commit(fresh_people)
+            redirects = self._redirect_ops(prepared.merged, fresh_people)  # again: a person may have come since
+            if fresh_people or redirects:
+                self._commit([*fresh_people, *redirects])  # one frame: a redirect never without its person
             ops = []
             for row in prepared.rows:
                 op = prepared.ops.get(row["id"])
@@ -706,6 +747,7 @@ class _Import:
     person_ops: list[dict[str, Any]]
     rows: list[dict[str, Any]]
     ops: dict[str, list[Any]]  # by memory id: the prepared put
+    merged: dict[str, str]  # merged-away person id -> the imported person it was merged into
 
 
 def check_supersession(source: str, memories: Sequence[Any]) -> None:
@@ -768,8 +810,45 @@ def check_import_memory(where: str, memory: Any, config: Config) -> dict[str, An
 
 
 def check_import_person(where: str, person: Any) -> None:
-    """Raise ValidationError (starting with ``where``) if import would refuse this person."""
+    """Raise ValidationError (starting with ``where``) if import would refuse this person
+    (its ``merged_ids`` included)."""
     _person_op(where, person)
+
+
+def check_merged_ids(source: str, people: Sequence[Any]) -> dict[str, str]:
+    """The person ids merged away that exported ``people`` carry (each person's
+    ``merged_ids``; none in exports written before them), each mapped to the person it
+    was merged into.  Raises ValidationError naming ``source``: malformed ``merged_ids``
+    (:func:`merged_ids_of`), an id that is also a person of ``people``, or an id merged
+    into two persons.  Whether an id is a live person in the store is the store's
+    to check (``import_memories``)."""
+    persons = [p for p in people if isinstance(p, Mapping)]  # others: refused by check_import_person
+    ids = {p.get("id") for p in persons}
+    merged: dict[str, str] = {}
+    for p in persons:
+        for old in merged_ids_of(f"{source}: person {p.get('id')}", p):
+            if old in ids:
+                raise ValidationError(f"{source}: person id {old} is a person of the import and merged into "
+                                      f"{p['id']}", field="merged_ids")
+            if merged.setdefault(old, p["id"]) != p["id"]:
+                raise ValidationError(f"{source}: person id {old} is merged into both {merged[old]} and {p['id']}",
+                                      field="merged_ids")
+    return merged
+
+
+def merged_ids_of(where: str, p: Mapping[str, Any]) -> list[str]:
+    """A person's ``merged_ids``: ids as a person's are (no whitespace around them), not
+    its own.  Missing or None: none.  Raises ValidationError starting with ``where``."""
+    value = p.get("merged_ids")
+    if value is None:
+        return []
+    if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+        raise ValidationError(f"{where}: merged_ids must be a list of person ids", field="merged_ids")
+    for old in value:
+        check_unicode(ingest.check_label(old, "merged_ids", f"{where}: "), "merged_ids")
+        if old != old.strip() or old == p.get("id"):
+            raise ValidationError(f"{where}: merged_ids holds {old!r}: not another person's id", field="merged_ids")
+    return list(value)
 
 
 def _import_row(where: str, m: Any) -> dict[str, Any]:
@@ -824,6 +903,9 @@ def _person_op(where: str, p: Any) -> dict[str, Any]:
             raise ValidationError(f"{where}: {key} must be a string", field="people")
     if not (p.get("name") or p.get("relation")):
         raise ValidationError(f"{where}: a person needs a name or a relation", field="people")
+    if isinstance(p.get("id"), str) and p["id"] != p["id"].strip():  # no operation could name it (read_person_id)
+        raise ValidationError(f"{where}: a person id must not start or end with whitespace", field="people")
+    merged_ids_of(where, p)
     op = {"op": "person_put", **{k: p.get(k) for k in ("id", "name", "relation", "aliases", "owner",
                                                       "external_id", "metadata")}}
     op["name"] = op["name"] or ""  # a relation only ("my wife"): no name, as the registry keeps it

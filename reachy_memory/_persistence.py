@@ -24,6 +24,7 @@ previous generation (``snapshot.prev.rms`` + ``journal.prev.rmj`` +
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import math
 import os
@@ -36,7 +37,14 @@ from pathlib import Path
 from typing import Any
 
 from . import journal as jr
-from .errors import CorruptionError, FormatVersionError, StorageError, ValidationError
+from .errors import (
+    ConfigError,
+    CorruptionError,
+    FormatVersionError,
+    ReachyMemoryError,
+    StorageError,
+    ValidationError,
+)
 from .vector_index import ITEM_BYTES, VECTOR_FORMAT
 
 log = logging.getLogger(__name__)
@@ -56,7 +64,10 @@ _TEMP_NAME = re.compile(r"\.(.+)\.tmp-\d+(?:-\d+)?")
 def secure_dir(path: Path) -> None:
     """Create ``path`` (mode 0700) or tighten an existing one we own to 0700.
 
-    Raises StorageError when it cannot be created or is not a directory.
+    Raises ConfigError (``key="memory.path"``) when ``path``, or a folder it would be
+    made in, is a file, or when this process may not create or write it (permissions,
+    a read-only file system): the configured path is wrong, nothing was created.
+    Raises StorageError for any other failure.
     """
     try:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -65,8 +76,37 @@ def secure_dir(path: Path) -> None:
             os.chmod(path, 0o700)
             log.warning("data directory %s was readable by others (mode %o); tightened to 0700",
                         path, stat.S_IMODE(info.st_mode))
+        if not os.access(path, os.W_OK | os.X_OK):  # an existing folder of another user, or read-only
+            code = errno.EROFS if os.statvfs(path).f_flag & os.ST_RDONLY else errno.EACCES
+            raise OSError(code, os.strerror(code))
     except OSError as exc:
-        raise StorageError(f"cannot create data directory {path}: {exc.strerror}", path=str(path)) from exc
+        raise _unusable_dir(path, exc) from exc
+
+
+def _unusable_dir(path: Path, exc: OSError) -> ReachyMemoryError:
+    """The error for a data directory ``path`` that ``exc`` stopped: ConfigError when the
+    configured path is wrong (a file in the way, no permission, a read-only file system)."""
+    why = f"data directory {path} cannot be used"
+    blocking = next((p for p in (path, *path.parents) if _not_a_dir(p)), None)
+    if blocking is not None or exc.errno in (errno.EEXIST, errno.ENOTDIR):
+        what = "it" if blocking in (None, path) else str(blocking)
+        return ConfigError(f"{why}: {what} is a file, not a directory (memory.path, or --data-dir, must name a "
+                           "directory)", key="memory.path", path=str(path))
+    if exc.errno == errno.EROFS:
+        return ConfigError(f"{why}: it is on a read-only file system (memory.path, or --data-dir, must name a "
+                           "directory on a writable one)", key="memory.path", path=str(path))
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return ConfigError(f"{why}: permission denied to uid {os.getuid()} (give memory.path, or --data-dir, a "
+                           "directory this user may write, or change its owner)", key="memory.path", path=str(path))
+    return StorageError(f"cannot create data directory {path}: {exc.strerror}", path=str(path))
+
+
+def _not_a_dir(path: Path) -> bool:
+    """Whether ``path`` exists and is not a directory (what cannot be looked at: False)."""
+    try:
+        return not stat.S_ISDIR(path.stat().st_mode)
+    except OSError:
+        return False
 
 
 def tighten_files(path: Path) -> None:

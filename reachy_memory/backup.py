@@ -416,7 +416,8 @@ def restore(backup_file: str | Path, data_dir: str | Path, *, force: bool = Fals
 
     Refuses a data directory in use by a running daemon (StoreLockedError), and
     one holding data unless ``force`` (ValidationError; with it, its files are moved
-    aside, not deleted).
+    aside, not deleted), and one it cannot make or write as a store would
+    (ConfigError: a file in the way, no permission, a read-only file system).
     Raises StorageError when the backup does not verify, or when writing its copy
     fails (the old store is then untouched).
     """
@@ -428,7 +429,7 @@ def restore(backup_file: str | Path, data_dir: str | Path, *, force: bool = Fals
     if not report.ok:
         raise StorageError(f"backup {backup_file} does not verify: {'; '.join(report.problems)}",
                            path=str(backup_file))
-    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    files.secure_dir(data_dir)
     lock = jr.DirLock(data_dir)
     lock.acquire()  # StoreLockedError for a live store
     try:

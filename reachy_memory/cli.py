@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeGuard
 
@@ -304,16 +305,34 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 
 def _stats_text(d: dict[str, Any]) -> str:
+    """The human form of ``stats`` (``--json`` prints ``d`` as it is)."""
     h, s = d["health"], d["stats"]
     lines = [f"status {h['status']}  memories {h['memories']}  uptime {h['uptime_s']:.0f} s  "
-             f"embedder {h['embedder'].get('state')}", f"by type {s['store']['by_type']}",
+             f"embedder {h['embedder'].get('state')}", f"by type: {_type_counts(s['store']['by_type'])}",
              f"journal {s['store']['journal_bytes']} B  snapshot {s['store']['snapshot_bytes']} B",
-             f"last cleanup {h['last_cleanup']}"]
+             f"last cleanup: {_cleanup_text(h['last_cleanup'])}"]
     if s["store"].get("unembedded"):
         lines.append(f"memories waiting for a vector: {s['store']['unembedded']} (embedded in idle time)")
     lines += [f"  {op:<24} n={v['count']:<8} err={v['errors']:<5} p50={v['p50_ms']} ms  p99={v['p99_ms']} ms"
               for op, v in s["ops"].items()]
     return "\n".join(lines)
+
+
+def _type_counts(by_type: dict[str, int]) -> str:
+    """``{"conversation": 3, "fact": 1}`` as "3 conversation, 1 fact" (the daemon's order)."""
+    return ", ".join(f"{n} {kind}" for kind, n in by_type.items()) or "none"
+
+
+def _cleanup_text(cleanup: dict[str, Any] | None) -> str:
+    """The daemon's ``last_cleanup`` (None before the first sweep) as one phrase: when
+    (UTC), how many memories it deleted and in how long, or why it was deferred."""
+    if cleanup is None:
+        return "not run yet"
+    when = datetime.fromtimestamp(cleanup["time"], UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    if cleanup.get("deferred_s") is not None:
+        return f"{when}, deferred (the wall clock stepped {cleanup['deferred_s']:.0f} s forward)"
+    took = cleanup.get("duration_ms")
+    return f"{when}, {cleanup['deleted']} expired deleted" + (f" in {took:.1f} ms" if took is not None else "")
 
 
 def cmd_backup(args: argparse.Namespace) -> int:
@@ -449,13 +468,18 @@ def _export_pages(c: MemoryClient) -> Iterator[Memory]:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from ._export import person_entries
+
     if args.format == "markdown":
         return _export_markdown(args)
     with _output(args.file) as out:  # a file is replaced only once the export is whole
         n = persons = 0
         with _client(args) as c:
-            for person in c.people():
-                out.write(json.dumps({"kind": "person", **person.to_dict()}, ensure_ascii=False) + "\n")
+            # First: a merge between the two calls then misses one redirect, rather than listing
+            # a person both live and merged away (which import refuses).
+            redirects = c.person_redirects()
+            for person in person_entries(c.people(), redirects):
+                out.write(json.dumps({"kind": "person", **person}, ensure_ascii=False) + "\n")
                 persons += 1
             for memory in _export_pages(c):
                 out.write(json.dumps(memory.to_dict(), ensure_ascii=False) + "\n")
@@ -486,12 +510,14 @@ def _output(name: str) -> Iterator[Any]:
 
 
 def _export_markdown(args: argparse.Namespace) -> int:
+    from ._export import person_entries
     from ._markdown import render, write_dir
 
     if args.file == "-":
         raise ValidationError("--format markdown needs a folder", field="file")
     with _client(args) as c:
-        people = [p.to_dict() for p in c.people()]
+        redirects = c.person_redirects()  # before the persons, as cmd_export
+        people = person_entries(c.people(), redirects)
         memories = [m.to_dict() for m in _export_pages(c)]
     files = render(memories, people)
     write_dir(files, args.file, force=args.force)

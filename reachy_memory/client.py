@@ -249,6 +249,10 @@ class _Api:
         """The persons an owner knows (everyone for None)."""
         return self._call("people", _given(owner=owner), lambda r: [proto.person_from_wire(p) for p in r], timeout)
 
+    def person_redirects(self, *, timeout: float | None = None) -> Any:
+        """Every person id merged away and the live person id it resolves to ({old: kept})."""
+        return self._call("person_redirects", {}, timeout=timeout)
+
     def update_person(self, person_id: str, *, name: str | None = None, relation: str | None = None,
                       aliases: list[str] | None = None, external_id: str | None = None,
                       metadata: dict[str, Any] | None = None, owner: str | None = None,
@@ -303,7 +307,8 @@ class _Api:
     def import_memories(self, memories: list[dict[str, Any]], people: list[dict[str, Any]] | None = None, *,
                         timeout: float | None = None) -> Any:
         """Recreate exported memories and persons (``Memory.to_dict`` / ``Person.to_dict``
-        shapes) with their ids and links; present ids are kept. Returns the counts."""
+        shapes; a person's ``merged_ids`` resolve to it again) with their ids and links;
+        present ids are kept. Returns the counts."""
         return self._call("import", _given(memories=memories, people=people), timeout=timeout)
 
 

@@ -672,8 +672,12 @@ class DirLock:
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        """Take the lock without waiting; raises StoreLockedError if held."""
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        """Take the lock without waiting; raises StoreLockedError if held, StorageError
+        when ``LOCK`` cannot be opened."""
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise StorageError(f"cannot open {self.path}: {exc.strerror}", path=str(self.path)) from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:

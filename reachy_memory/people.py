@@ -192,6 +192,14 @@ class PersonRegistry:
         """The person with that id, following merges; None if unknown or deleted."""
         return self._people.get(self._redirects.get(person_id, person_id))
 
+    def redirects(self) -> dict[str, str]:
+        """Every merged-away person id and the live person id it resolves to (a copy)."""
+        return dict(self._redirects)
+
+    def is_live(self, person_id: str) -> bool:
+        """Whether ``person_id`` is a live person's own id (not a merged-away one)."""
+        return person_id in self._people
+
     def people(self, owner: str | None = None) -> list[Person]:
         """Everyone (``owner=None``) or that owner's people plus household ones, by name."""
         return sorted(self._visible(owner), key=lambda p: (norm(p.display_name), p.id))
@@ -204,14 +212,13 @@ class PersonRegistry:
         """Whether ``reference`` (a subject of a fact) is a person: True for a person id
         or one person's name or relation, False for the user or the robot (the fact is
         about nobody).  Raises ValidationError as :func:`subject_reference` does."""
-        if isinstance(reference, str) and self.get(reference.strip()) is not None:
+        if isinstance(reference, str) and self.get(reference.strip()) is not None:  # as read_person_id reads it
             return True
         return subject_reference(reference) is not None
 
     def find_person(self, reference: str, owner: str | None = None) -> Person | None:
         """The person a reference means (see module doc), or None. Raises ValidationError on bad input."""
-        _check_text(reference, "reference", MAX_REFERENCE_CHARS)
-        by_id = self.get(reference.strip())
+        by_id = self.get(read_person_id(reference, "reference"))
         if by_id is not None and visible_to(by_id, owner):
             return by_id
         return self._match(parse_reference(reference), owner)
@@ -264,7 +271,7 @@ class PersonRegistry:
         empty reference or a bare pronoun (resolve those with ``subjects_in``).
         """
         ref = _reference(reference)
-        by_id = self.get(reference.strip())
+        by_id = self.get(read_person_id(reference, "reference"))
         if by_id is not None and visible_to(by_id, owner):
             return Resolution(by_id, False, None)
         return self._resolve_ref(ref, owner, create)
@@ -309,7 +316,7 @@ class PersonRegistry:
         for size.  Raises NotFoundError, ValidationError (same person, or the union
         is too large).
         """
-        kept, gone = self._require(keep), self._require(other)
+        kept, gone = self._require(keep, "keep"), self._require(other, "other")
         if kept.id == gone.id:
             raise ValidationError("cannot merge a person with itself", field="other")
         united = replace(kept, aliases=_united_aliases(kept, gone), relation=kept.relation or gone.relation,
@@ -372,10 +379,13 @@ class PersonRegistry:
 
     # -- validation ------------------------------------------------------------------
 
-    def _require(self, person_id: str) -> Person:
-        person = self.get(person_id)
+    def _require(self, person_id: Any, field: str = "person_id") -> Person:
+        """The person ``person_id`` (read by :func:`read_person_id`) is, following merges.
+        Raises ValidationError, NotFoundError."""
+        wanted = read_person_id(person_id, field)
+        person = self.get(wanted)
         if person is None:
-            raise NotFoundError(f"no person with id {person_id!r}", memory_id=person_id, person_id=person_id)
+            raise NotFoundError(f"no person with id {wanted!r}", memory_id=wanted, person_id=wanted)
         return person
 
     def _check_person(self, person: Person, exempt: Iterable[str] = ()) -> None:
@@ -385,6 +395,15 @@ class PersonRegistry:
             if holder is not None and holder.id != person.id and holder.id not in set(exempt):
                 raise ValidationError(f"external_id {person.external_id!r} already belongs to {holder.id}",
                                       field="external_id")
+
+
+def read_person_id(value: Any, field: str = "person_id") -> str:
+    """A person id as every person operation reads one (a reference to a person too):
+    surrounding whitespace is ignored (no person id starts or ends with it).
+    Raises ValidationError (not a string, empty, a control character) or TooLargeError
+    (over ``MAX_REFERENCE_CHARS``), naming ``field``."""
+    _check_text(value, field, MAX_REFERENCE_CHARS)
+    return str(value).strip()
 
 
 def check_person(person: Person) -> None:

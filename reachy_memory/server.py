@@ -946,6 +946,7 @@ _HANDLERS: dict[str, _Handler] = {
     "resolve_person": _resolve_person,
     "person_by_external_id": lambda d, j: _person(d.store.person_by_external_id(j.args["external_id"])),
     "people": lambda d, j: [_person(p) for p in d.store.people(j.args.get("owner"))],
+    "person_redirects": lambda d, j: d.store.person_redirects(),
     "update_person": _update_person,
     "merge_people": lambda d, j: _person(d.store.merge_people(**j.args)),
     "delete_person": lambda d, j: {"deleted": d.store.delete_person(j.args["id"])},

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -47,3 +51,48 @@ class WallClock:
     def __init__(self, monkeypatch: pytest.MonkeyPatch, at: float) -> None:
         self.at = at
         monkeypatch.setattr(time, "time", lambda: self.at)
+
+
+@contextmanager
+def unwritable_dir(where: Path) -> Iterator[Path]:
+    """An existing folder ``where`` this process may not write: mode 0500 for a user;
+    for root (whom modes do not stop) a read-only tmpfs mounted there, or the test is
+    skipped when none can be mounted."""
+    where.mkdir()
+    if os.geteuid() != 0:
+        where.chmod(0o500)
+        try:
+            yield where
+        finally:
+            where.chmod(0o700)
+        return
+    mounted = shutil.which("mount") is not None and subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(where)], capture_output=True, timeout=10,
+    ).returncode == 0
+    if not mounted:
+        pytest.skip("root needs a mountable read-only tmpfs for a folder it cannot write")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True, timeout=10)
+
+
+# Data directories a store cannot use, and what the error says (ConfigError, key memory.path).
+BAD_DATA_DIRS = [
+    ("a regular file", "is a file, not a directory"),  # was StorageError "File exists", exit 1
+    ("under a regular file", "is a file, not a directory"),  # was StorageError "Not a directory", exit 1
+    ("an unwritable folder", "permission denied|read-only file system"),  # was a PermissionError on LOCK (exit 1),
+    # or for root StorageError on the chmod
+    ("in an unwritable folder", "permission denied|read-only file system"),  # was StorageError, exit 1
+]
+
+
+@contextmanager
+def bad_data_dir(kind: str, tmp: Path) -> Iterator[Path]:
+    """The data directory path of ``kind`` (a :data:`BAD_DATA_DIRS` row), made in ``tmp``."""
+    if kind in ("a regular file", "under a regular file"):
+        (tmp / "file").write_text("not a folder")
+        yield tmp / "file" if kind == "a regular file" else tmp / "file" / "data"
+        return
+    with unwritable_dir(tmp / "locked") as locked:
+        yield locked if kind == "an unwritable folder" else locked / "data"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -28,8 +29,10 @@ from reachy_memory import (
 )
 from reachy_memory import backup as bk
 from reachy_memory import journal as jr
+from reachy_memory.cli import _stats_text
 from tests.daemon_util import ROOT, DaemonProcess, words_only_daemon
 from tests.daemon_util import run_cli as cli
+from tests.store_util import BAD_DATA_DIRS, bad_data_dir
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -78,6 +81,38 @@ def test_store_dash_refuses_bad_standard_input(daemon: DaemonProcess, piped: byt
     if len(piped) > 16_001:
         assert "standard input holds more than" in out.stderr
     assert json.loads(cli(daemon, "stats", "--json").stdout)["stats"]["store"]["memories"] == before
+
+
+def test_stats_text_is_for_a_human_and_json_stays_as_it_was(daemon: DaemonProcess) -> None:
+    # It printed the per-type counts and the last cleanup as Python dicts.
+    assert cli(daemon, "cleanup").returncode == 0
+    text = cli(daemon, "stats").stdout
+    assert not any(ch in text for ch in "{}'"), text
+    assert re.search(r"^by type: \d+ conversation, \d+ fact, \d+ context$", text, re.MULTILINE), text
+    assert re.search(r"^last cleanup: \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC, \d+ expired deleted", text, re.MULTILINE)
+    data = json.loads(cli(daemon, "stats", "--json").stdout)
+    assert set(data["stats"]["store"]["by_type"]) == {"conversation", "fact", "context"}
+    assert set(data["health"]["last_cleanup"]) >= {"time", "deleted", "duration_ms"}
+
+
+# The daemon's last_cleanup, and how stats shows it.
+CLEANUPS = [
+    (None, "last cleanup: not run yet"),  # before the first sweep: "None"
+    ({"time": 0.0, "deleted": 3, "duration_ms": 1.234}, "last cleanup: 1970-01-01 00:00:00 UTC, 3 expired deleted "
+     "in 1.2 ms"),  # a scheduled sweep
+    ({"time": 0.0, "deleted": 0, "duration_ms": None}, "last cleanup: 1970-01-01 00:00:00 UTC, 0 expired deleted"),
+    # ^ a sweep asked for (the cleanup command): no duration
+    ({"time": 0.0, "deleted": 0, "duration_ms": None, "deferred_s": 3600.4},
+     "last cleanup: 1970-01-01 00:00:00 UTC, deferred (the wall clock stepped 3600 s forward)"),  # a clock step
+]
+
+
+@pytest.mark.parametrize(("cleanup", "shown"), CLEANUPS)
+def test_stats_text_shows_the_last_cleanup_in_words(cleanup: dict[str, Any] | None, shown: str) -> None:
+    health = {"status": "ok", "memories": 4, "uptime_s": 12.0, "embedder": {"state": "ready"}, "last_cleanup": cleanup}
+    store = {"by_type": {"conversation": 3, "fact": 1, "context": 0}, "journal_bytes": 10, "snapshot_bytes": 0}
+    text = _stats_text({"health": health, "stats": {"store": store, "ops": {}}}).splitlines()
+    assert text[1:] == ["by type: 3 conversation, 1 fact, 0 context", "journal 10 B  snapshot 0 B", shown]
 
 
 @pytest.mark.parametrize(
@@ -560,6 +595,15 @@ def _run(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "REACHY_MEMORY_ENDPOINT"}
     return subprocess.run([sys.executable, "-m", "reachy_memory.cli", *argv], capture_output=True, text=True,
                           timeout=timeout, env={**env, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+
+
+@pytest.mark.parametrize(("kind", "says"), BAD_DATA_DIRS)
+def test_serve_on_a_data_dir_it_cannot_use_is_a_configuration_error(tmp_path: Path, kind: str, says: str) -> None:
+    with bad_data_dir(kind, tmp_path) as path:
+        out = _run("serve", "--data-dir", str(path), "--endpoint", f"ipc://{tmp_path}/memory.sock")
+    assert out.returncode == 2, out.stderr  # as ConfigError always is; was 1, an "error"
+    assert re.search(f"error: data directory .* cannot be used: .*({says})", out.stderr), out.stderr
+    assert "Traceback" not in out.stderr
 
 
 def test_data_dir_naming_another_store_than_the_daemons_is_refused(daemon: DaemonProcess, tmp_path: Path) -> None:

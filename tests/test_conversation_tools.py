@@ -551,6 +551,32 @@ def test_forget_memory_takes_the_id_a_model_wraps(config: Config, wrapped: str) 
     assert result["success"] is True and left == 0
 
 
+@pytest.mark.parametrize("wrapped", [
+    '"{id}"',  # quoted: made a person named after the id ("8B05907C88Ad...")
+    " {id}\n",  # whitespace and a newline: the store refused the newline
+    "`{id}`",  # backticks: made a person too
+])
+def test_remember_and_recall_take_the_person_id_a_model_wraps(config: Config, wrapped: str) -> None:
+    # forget_memory unwrapped memory ids; subjects and about, holding person ids from earlier
+    # results, were taken as written.
+    async def scenario() -> tuple[list[str], list[str], int]:
+        backend = LocalBackend(MemoryStore(config=config, embedder=None))
+        try:
+            ann = backend.memory_store.add_person("Ann")
+            pid = wrapped.format(id=ann.id)
+            stored = await TOOLS_BY_NAME["remember"].run(backend, {"content": "Likes green tea", "subjects": [pid]})
+            facts = await TOOLS_BY_NAME["remember"].run(backend, {"facts": [{"content": "Plays chess",
+                                                                             "subjects": [pid]}]})
+            hits = await TOOLS_BY_NAME["recall"].run(backend, {"query": "green tea", "about": pid})
+            subjects = [*stored["stored"][0]["subjects"], *facts["stored"][0]["subjects"]]
+            return subjects, [h["content"] for h in hits], len(backend.memory_store.people())
+        finally:
+            await backend.aclose()
+
+    subjects, hits, people = run(scenario())
+    assert len(set(subjects)) == 1 and people == 1 and hits == ["Likes green tea"]
+
+
 class _SlowClient:
     """Stands for an AsyncMemoryClient whose call times out; ``ping`` answers or not."""
 

@@ -36,9 +36,11 @@ def stores(draw: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
                "owner": draw(st.sampled_from([None, "alex"])), "external_id": draw(st.sampled_from([None, "17"])),
                "metadata": draw(st.sampled_from([{}, {"note": "a\u2028b\x85c\r\nd"}])),
                "created_at": draw(TIMES), "updated_at": draw(TIMES)} for i in range(n_people)]
-    for p in people:
+    for i, p in enumerate(people):
         if not p["name"] and not p["relation"]:
             p["relation"] = "friend"
+        # ids merged into the person (kept as written: "017" is not the number 17)
+        p["merged_ids"] = draw(st.lists(st.sampled_from([f"gone{i}", f"0{i}7", f"yes{i}"]), max_size=2, unique=True))
     memories = []
     for i in range(draw(st.integers(0, 6))):
         kind = draw(st.sampled_from(["fact", "fact", "conversation", "context"]))

@@ -61,6 +61,15 @@ def test_persons_through_the_daemon(client: MemoryClient) -> None:
     assert {p.name for p in client.people()} >= {"Tom"}
 
 
+def test_person_ids_with_spaces_around_them_through_the_daemon(client: MemoryClient) -> None:
+    """The client passes ids as given; the daemon reads them as every person operation does
+    (delete_person(" id ") answered False, update_person and merge_people not found)."""
+    ann, bob = client.add_person("Annika"), client.add_person("Bobbie")
+    assert client.update_person(f" {ann.id} ", relation="niece").relation == "niece"
+    assert client.merge_people(f" {ann.id}", f"{bob.id} ").id == ann.id
+    assert client.delete_person(f"  {ann.id}\u00a0") and client.find_person("Annika") is None
+
+
 def test_person_metadata_the_rules_refuse_is_a_validation_error(client: MemoryClient) -> None:
     """NaN metadata (which the daemon stored before) is refused as bad_request, not internal."""
     with pytest.raises(ValidationError) as err:
@@ -156,6 +165,8 @@ def test_export_then_import_into_an_empty_store_reproduces_people_and_links(
         old = c.remember("Bea's favorite composer is Bach", subjects=["Bea"])[0]
         c.remember("Bea's favorite composer is Elgar", subjects=["Bea"])
         c.remember("The house wifi is slow", owner="kim", shared=True)
+        bea, beatrice = c.find_person("Bea"), c.add_person("Beatrice")
+        c.merge_people(bea.id, beatrice.id)  # an app may still hold Beatrice's id
         people = sorted((p.to_dict() for p in c.people()), key=lambda p: p["id"])
         memories = sorted((m.to_dict() for m in _all(c)), key=lambda m: m["id"])
     dump = tmp_path_factory.mktemp("dump") / "all.jsonl"
@@ -168,6 +179,7 @@ def test_export_then_import_into_an_empty_store_reproduces_people_and_links(
             assert sorted((p.to_dict() for p in c.people()), key=lambda p: p["id"]) == people
             assert sorted((m.to_dict() for m in _all(c)), key=lambda m: m["id"]) == memories
             assert c.get(old.id).superseded_by is not None and c.note("cello").name == "bea music"
+            assert c.find_person(beatrice.id).id == bea.id  # the merge's redirect came along: it found nobody
             assert "Bea" in cli(other, "recall", "cello", "--about", "Bea").stdout
     finally:
         assert other.stop() == 0
@@ -187,6 +199,9 @@ def test_markdown_export_and_import_round_trip(daemon: DaemonProcess,
                                                tmp_path_factory: pytest.TempPathFactory) -> None:
     with daemon.client(timeout=10) as c:
         c.remember("my aunt Rosa grows tomatoes", subjects=["my aunt Rosa"])
+        aunt, rosie = c.find_person("Rosa"), c.add_person("Rosie")
+        c.merge_people(aunt.id, rosie.id)
+        redirects = c.person_redirects()
         c.add_to_context_window("user", "hello")
         c.remember_conversation("we talked about tomatoes", {"role": "user"})
         people = sorted((p.to_dict() for p in c.people()), key=lambda p: p["id"])
@@ -203,5 +218,6 @@ def test_markdown_export_and_import_round_trip(daemon: DaemonProcess,
         with other.client(timeout=10) as c:
             assert sorted((p.to_dict() for p in c.people()), key=lambda p: p["id"]) == people
             assert sorted((m.to_dict() for m in _all(c)), key=lambda m: m["id"]) == memories
+            assert c.person_redirects() == redirects and redirects[rosie.id] == aunt.id  # front matter's merged_ids
     finally:
         assert other.stop() == 0

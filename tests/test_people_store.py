@@ -18,7 +18,8 @@ import msgpack
 import pytest
 
 from reachy_memory import Config, MemoryStore, NotFoundError, TooLargeError, ValidationError
-from reachy_memory._export import read_jsonl
+from reachy_memory._export import check_entries, person_entries, read_jsonl
+from reachy_memory._markdown import parse, render
 from reachy_memory.embedding import OnnxEmbedder
 from tests.store_util import frequent_switches
 
@@ -187,6 +188,34 @@ def test_delete_person_keeps_memories_unlinked(people_store: MemoryStore) -> Non
     assert people_store.get(memory.id).subjects == ()  # type: ignore[union-attr]
     assert people_store.find_person("John") is None
     assert not people_store.delete_person("unknown")
+
+
+# How a caller may wrap a person id, and whether every person operation finds the person.
+WRAPPED_PERSON_IDS = [
+    (" {id} ", True),  # spaces around it: ignored
+    ("{id}\u00a0", True),  # a no-break space after it: whitespace too
+    ("\t{id}", False),  # a tab: a control character, refused (ValidationError) by all alike
+]
+# Each person operation given a wrapped id of Ann (Bob is the other person), and Ann's id back.
+PERSON_ID_OPERATIONS = [
+    ("find_person", lambda s, pid, bob: s.find_person(pid).id),  # stripped before this fix too
+    ("update_person", lambda s, pid, bob: s.update_person(pid, relation="cousin").id),  # was NotFoundError
+    ("merge_people keep", lambda s, pid, bob: s.merge_people(pid, bob).id),  # was NotFoundError
+    ("merge_people other", lambda s, pid, bob: s.merge_people(bob, pid).aliases == ("Ann",)),  # was NotFoundError
+    ("delete_person", lambda s, pid, bob: s.delete_person(pid) and s.find_person("Ann") is None),  # was False
+]
+
+
+@pytest.mark.parametrize(("wrapped", "found"), WRAPPED_PERSON_IDS)
+@pytest.mark.parametrize(("operation", "call"), PERSON_ID_OPERATIONS, ids=[o[0] for o in PERSON_ID_OPERATIONS])
+def test_every_person_operation_reads_a_person_id_alike(lexical_store: MemoryStore, wrapped: str, found: bool,
+                                                         operation: str, call: Any) -> None:
+    ann, bob = lexical_store.add_person("Ann"), lexical_store.add_person("Bob")
+    if not found:
+        with pytest.raises(ValidationError):
+            call(lexical_store, wrapped.format(id=ann.id), bob.id)
+        return
+    assert call(lexical_store, wrapped.format(id=ann.id), bob.id) in (ann.id, True), operation
 
 
 def test_external_id_anchors_a_person(people_store: MemoryStore) -> None:
@@ -644,6 +673,7 @@ def test_an_import_with_a_bad_id_anywhere_writes_nothing(people_store: MemorySto
 @pytest.mark.parametrize(("person", "says"), [
     ({"id": "p1"}, "needs a name or a relation"),  # was stored named 'None'
     ({"id": "p2", "name": 5}, "name must be a string"),  # was stored named '5'
+    ({"id": " p4", "name": "Ann"}, "must not start or end with whitespace"),  # no person operation could name it
 ])
 def test_an_imported_person_needs_a_text_name_or_relation(lexical_store: MemoryStore, person: dict[str, Any],
                                                           says: str) -> None:
@@ -906,3 +936,86 @@ def test_a_note_named_underscore_does_not_block_every_alias(lexical_store: Memor
     assert lexical_store.alias_note("wifi", "router").aliases == ("router",)
     with pytest.raises(ValidationError, match="already used by memory"):
         lexical_store.alias_note("wifi", "_")  # a name another note holds stays refused
+
+
+# -- merges carried by export and import (a person's merged_ids) ------------------------------
+
+# How the persons Ann, Bob and Cy were merged before the export (ids by first name).
+MERGES = [
+    ("none", lambda s, ids: None),  # an export without merged_ids, as every export before them was
+    ("Bob into Ann", lambda s, ids: s.merge_people(ids["ann"], ids["bob"])),
+    ("Bob into Ann, then Ann into Cy", lambda s, ids: [s.merge_people(ids["ann"], ids["bob"]),
+                                                       s.merge_people(ids["cy"], ids["ann"])]),  # a chain
+    ("Bob into Ann, Ann renamed", lambda s, ids: [s.merge_people(ids["ann"], ids["bob"]),
+                                                  s.update_person(ids["ann"], name="Annie")]),
+    ("Bob into Ann, Ann deleted", lambda s, ids: [s.merge_people(ids["ann"], ids["bob"]),
+                                                  s.delete_person(ids["ann"])]),  # the redirect goes with her
+]
+
+
+def _export_then_import(source: MemoryStore, target: MemoryStore, form: str, folder: Path) -> None:
+    """What ``reachy-memory export`` then ``import`` do, in-process, in either form."""
+    people = person_entries(source.people(), source.person_redirects())
+    memories = [m.to_dict() for m in source.export_page(None, 1000)[0]]
+    if form == "jsonl":
+        lines = [json.dumps({"kind": "person", **p}) for p in people] + [json.dumps(m) for m in memories]
+        (folder / "all.jsonl").write_text("".join(f"{line}\n" for line in lines))
+        memories, people = read_jsonl(folder / "all.jsonl", target.config)
+    else:
+        memories, people = parse(render(memories, people))
+        check_entries(memories, people, "folder", target.config)
+    target.import_memories(memories, people)
+
+
+@pytest.mark.parametrize("form", ["jsonl", "markdown"])
+@pytest.mark.parametrize(("merged", "merge"), MERGES, ids=[m[0] for m in MERGES])
+def test_merged_away_person_ids_still_resolve_after_export_and_import(config: Config, tmp_path: Path, form: str,
+                                                                      merged: str, merge: Any) -> None:
+    """Merges' redirects were not exported: an app holding Bob's id found nobody after an
+    import into a fresh store (and recall about him was not filtered)."""
+    with MemoryStore(config=config, embedder=None) as source, \
+            MemoryStore(tmp_path / "fresh", config=config, embedder=None) as fresh:
+        ids = {name: source.add_person(name.title()).id for name in ("ann", "bob", "cy")}
+        source.remember("Bob likes green tea", subjects=[ids["bob"]])
+        source.remember("Cy likes black coffee", subjects=[ids["cy"]])
+        merge(source, ids)
+        redirects = source.person_redirects()
+        _export_then_import(source, fresh, form, tmp_path)
+        _export_then_import(source, fresh, form, tmp_path)  # again: everything present is kept, nothing refused
+        assert fresh.person_redirects() == redirects
+        for pid in ids.values():
+            assert getattr(fresh.find_person(pid), "id", None) == getattr(source.find_person(pid), "id", None)
+        bob_facts = [h.memory.content for h in fresh.recall("likes", about=ids["bob"])]
+        assert bob_facts == [h.memory.content for h in source.recall("likes", about=ids["bob"])]
+    with MemoryStore(tmp_path / "fresh", config=config, embedder=None) as reopened:  # journaled
+        assert reopened.person_redirects() == redirects
+
+
+def _person(pid: str, **fields: Any) -> dict[str, Any]:
+    return {"id": pid, "name": pid.title(), "created_at": "2026-01-01T00:00:00+00:00"} | fields
+
+
+# Exported persons whose merged_ids import refuses (nothing written), and why.
+BAD_MERGED_IDS = [
+    ([_person("ann", merged_ids=["bob"]), _person("bob")], "is a person of the import"),  # alive and merged away
+    ([_person("ann", merged_ids=["x"]), _person("cy", merged_ids=["x"])], "merged into both"),  # two targets
+    ([_person("ann", merged_ids=["ann"])], "not another person's id"),  # into itself
+    ([_person("ann", merged_ids=[" x"])], "not another person's id"),  # no person operation could name it
+    ([_person("ann", merged_ids="x")], "must be a list"),  # a string would be its letters
+    ([_person("ann", merged_ids=[5])], "must be a list"),  # ids are text
+    ([_person("ann", merged_ids=["dora"])], "live person here"),  # a person of the store (Dora, below)
+]
+
+
+@pytest.mark.parametrize(("people", "says"), BAD_MERGED_IDS)
+def test_an_import_refuses_merged_ids_it_cannot_restore(lexical_store: MemoryStore, tmp_path: Path,
+                                                        people: list[dict[str, Any]], says: str) -> None:
+    lexical_store.import_memories([], [_person("dora")])
+    with pytest.raises(ValidationError, match=says):
+        lexical_store.import_memories([{"id": "m1", "content": "kept out too", "created_at": 1.7e9}], people)
+    assert [p.id for p in lexical_store.people()] == ["dora"] and lexical_store.person_redirects() == {}
+    assert len(lexical_store) == 0
+    if says != "live person here":  # the files are refused before anything is sent
+        (tmp_path / "all.jsonl").write_text("".join(json.dumps({"kind": "person", **p}) + "\n" for p in people))
+        with pytest.raises(ValidationError, match=says):
+            read_jsonl(tmp_path / "all.jsonl", lexical_store.config)

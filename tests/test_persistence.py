@@ -15,11 +15,12 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import HashEmbedder
-from store_util import abandon
+from store_util import BAD_DATA_DIRS, abandon, bad_data_dir
 
 from reachy_memory import (
     ClosedError,
     Config,
+    ConfigError,
     CorruptionError,
     FormatVersionError,
     MemoryStore,
@@ -724,3 +725,18 @@ def test_an_unreadable_restore_intent_refuses_open_and_changes_nothing(config: C
     assert sorted(p.name for p in config.data_dir.iterdir()) == before
     path.unlink()
     assert _present(config, ids) == len(ids)
+
+
+@pytest.mark.parametrize(("kind", "says"), BAD_DATA_DIRS)
+def test_a_data_dir_the_store_cannot_use_is_a_config_error(tmp_path: Path, kind: str, says: str) -> None:
+    """Opening a store there, and restoring a backup there (a raw FileExistsError or
+    NotADirectoryError before), both say what is wrong with the configured path."""
+    with MemoryStore(tmp_path / "good", config=Config(), embedder=None) as good:
+        good.store("kept in the backup")
+        backup = Path(good.backup(tmp_path / "b.rms")["path"])
+    with bad_data_dir(kind, tmp_path) as path:
+        for attempt in (lambda: MemoryStore(path, config=Config(), embedder=None), lambda: bk.restore(backup, path)):
+            with pytest.raises(ConfigError, match=says) as err:
+                attempt()
+            assert err.value.key == "memory.path" and str(path) in err.value.message  # type: ignore[attr-defined]
+            assert not path.is_dir() or not any(path.iterdir())  # nothing made there

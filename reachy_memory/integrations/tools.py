@@ -247,18 +247,32 @@ async def _store(backend: Backend, a: dict[str, Any]) -> dict[str, Any]:
     return {"id": m.id, "content": m.content, "type": m.memory_type.value, "created_at": m.created_at.isoformat()}
 
 
+def _unwrapped(value: str) -> str:
+    """An id (or a reference to a person) a model copied, without the quotes and
+    whitespace models wrap copies in (no stored memory or person id starts or ends with
+    those); ``value`` itself when nothing else is left."""
+    return value.strip().strip("\"'`").strip() or value
+
+
 async def _forget(backend: Backend, a: dict[str, Any]) -> dict[str, Any]:
-    # Models wrap ids they copy in quotes or whitespace; no stored id starts or ends with those.
-    memory_id = a["memory_id"].strip().strip("\"'`").strip()
-    return {"success": bool(await backend.forget(memory_id or a["memory_id"])), "id": memory_id}
+    memory_id = _unwrapped(a["memory_id"])
+    return {"success": bool(await backend.forget(memory_id)), "id": memory_id}
 
 
 def _no_empty_subjects(a: dict[str, Any]) -> dict[str, Any]:
     """``a`` with ``subjects: []`` dropped, at the top and in each fact: models often send
     an empty array for an optional one, and to ``remember`` ``[]`` means "about nobody"
-    (no persons read from the sentence, no "she" resolved)."""
+    (no persons read from the sentence, no "she" resolved).  Each subject is
+    :func:`_unwrapped`: a person id copied from a result in quotes is that person, not a
+    new one named after the id."""
+    def subjects(value: Any) -> Any:
+        return [_unwrapped(v) if isinstance(v, str) else v for v in value] if isinstance(value, list) else value
+
     def clean(item: Any) -> Any:
-        return {k: v for k, v in item.items() if not (k == "subjects" and v == [])} if isinstance(item, dict) else item
+        if not isinstance(item, dict):
+            return item
+        return {k: subjects(v) if k == "subjects" else v for k, v in item.items()
+                if not (k == "subjects" and v == [])}
 
     out: dict[str, Any] = clean(a)
     if isinstance(out.get("facts"), list):
@@ -274,7 +288,7 @@ async def _remember(backend: Backend, a: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _recall(backend: Backend, a: dict[str, Any]) -> list[dict[str, Any]]:
-    limit, about = int(a["limit"]), a["about"]
+    limit, about = int(a["limit"]), _unwrapped(a["about"]) if a["about"] else a["about"]
     knows = getattr(backend, "knows", None)  # a custom backend may predate it: unfiltered, as before
     if about and knows is not None and not await knows(about):
         # The store answers an unknown person unfiltered (spec 004); a model would read every
