@@ -26,6 +26,7 @@ import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import tzinfo
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -76,6 +77,7 @@ class PeopleMixin:
     _config: Config
     _recent_subjects: dict[str | None, list[str]]
     _count_tokens: CountTokens | None
+    _tz: tzinfo  # memory.timezone: the user's day
 
     # provided by MemoryStore (it comes first in the method resolution order)
     def _require_open(self) -> None:
@@ -294,7 +296,7 @@ class PeopleMixin:
     def _free_label(self, label: str) -> str:
         """``label`` as a note name or alias is kept; ValidationError if a memory holds it."""
         kept = _label(label)
-        taken = self._state.names.get(kept.casefold())
+        taken = self._note_holder(kept)
         if taken is not None:
             raise ValidationError(f"the note name or alias {label!r} is already used by memory {taken}",
                                   field="name")
@@ -440,15 +442,14 @@ class PeopleMixin:
         """The live note with this name or alias (case-insensitive), or None."""
         self._require_open()
         with self._lock:
-            memory_id = self._state.names.get(_text(name, "name").casefold())
-            rec = self._state.records.get(memory_id) if memory_id else None
-            return rec.memory() if rec is not None else None
+            memory_id = self._note_holder(_text(name, "name"))
+            return self._state.records[memory_id].memory() if memory_id else None
 
     def rename_note(self, name: str, new_name: str) -> Memory:
         """Give a note a new name (its words become searchable). Raises NotFoundError, ValidationError."""
         with self._lock:
             rec = self._require_note(name)
-            taken = self._state.names.get(_label(new_name).casefold())
+            taken = self._note_holder(_label(new_name))
             if taken is not None and taken != rec.id:
                 raise ValidationError(f"the note name {new_name!r} is already used by memory {taken}", field="name")
             self._commit([["update", rec.id, {"name": _label(new_name)}]])
@@ -498,10 +499,18 @@ class PeopleMixin:
 
     def _require_note(self, name: str) -> Record:
         self._require_open()
-        memory_id = self._state.names.get(_text(name, "name").casefold())
+        memory_id = self._note_holder(_text(name, "name"))
         if memory_id is None:
             raise NotFoundError(f"no note named {name!r}", memory_id=name)
         return self._state.records[memory_id]
+
+    def _note_holder(self, label: str) -> str | None:
+        """The id of the live memory named or aliased ``label`` (case-insensitive), or None.
+        An expired note the hourly sweep has not deleted yet holds nothing: readers never
+        see it (``get``), so its name must not answer nor stay taken until the sweep."""
+        memory_id = self._state.names.get(label.casefold())
+        rec = self._state.records.get(memory_id) if memory_id else None
+        return memory_id if rec is not None and not rec.expired(time.time()) else None
 
     # -- archives ----------------------------------------------------------------------------
 
@@ -567,7 +576,7 @@ class PeopleMixin:
             if row["id"] in self._state.records:
                 continue  # kept as it is
             for label in _note_labels(row):
-                taken = self._state.names.get(label.casefold())
+                taken = self._note_holder(label)
                 if taken is not None and taken != row["id"]:
                     raise ValidationError(f"import: memory {row['id']}: the note name or alias {label!r} is "
                                           f"already used by memory {taken}", field="name")
@@ -672,7 +681,8 @@ class PeopleMixin:
         return build_context(window=window, messages=[_item(h) for h in past],
                              memories=[_item(h) for h in facts + context], people=self.people(owner),
                              count_tokens=self._token_counter(), max_tokens=max_tokens, max_memories=max_memories,
-                             max_messages=max_messages, min_similarity=min_similarity)
+                             max_messages=max_messages, min_similarity=min_similarity,
+                             tz=self._tz)  # dated as the user's day, not UTC's
 
     def _token_counter(self) -> CountTokens:
         """The embedder's own tokenizer, or an estimate in lexical-only mode."""
