@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from . import journal as jr
+from ._records import RECORD_VERSION
 from .errors import (
     ConfigError,
     CorruptionError,
@@ -159,6 +160,7 @@ def read_snapshot(path: Path) -> dict[str, Any]:
     except ValueError as exc:
         raise CorruptionError(f"{path}: bad vector block", path=str(path), offset=0) from exc
     _check_vector_format(path, head)
+    _check_head(path, head)
     return {**head, "records": records, "people": recs.get("people", []), "vectors": vectors,
             "lexical": lexical.get("lexical", {}),
             "window": window.get("window", [])}
@@ -172,6 +174,29 @@ def _check_vector_format(path: Path, head: dict[str, Any]) -> None:
     if not (isinstance(fmt, str) and fmt in ITEM_BYTES):
         raise FormatVersionError(f"{path}: vector block in format {fmt!r}; this reachy-memory reads "
                                  f"{sorted(ITEM_BYTES)}", path=str(path), found=repr(fmt), expected=VECTOR_FORMAT)
+
+
+MAX_DIM = 1 << 16  # a vector's components: far above any sentence model's (384 here)
+MAX_GENERATION = 1 << 62  # a generation number stays one msgpack can write after many more compactions
+
+
+def _check_head(path: Path, head: dict[str, Any]) -> None:
+    """Refuse a snapshot head this version cannot use: a record format newer than
+    :data:`RECORD_VERSION` (FormatVersionError: a newer writer), a generation, dimension
+    or model that is not what this store writes (CorruptionError).  A backup with a
+    generation of 1.5 or "1" was restored and then refused at open; a dimension "8"
+    dropped every vector at open; "records": 3 was read as format 2."""
+    fmt = head.get("records", RECORD_VERSION)
+    if type(fmt) is not int or not 1 <= fmt <= RECORD_VERSION:
+        raise FormatVersionError(f"{path}: records in format {fmt!r}; this reachy-memory reads 1..{RECORD_VERSION}",
+                                 path=str(path), found=repr(fmt), expected=RECORD_VERSION)
+    generation, dim, model = head.get("generation", 0), head.get("dim"), head.get("model")
+    if type(generation) is not int or not 0 <= generation < MAX_GENERATION:
+        raise CorruptionError(f"{path}: generation {generation!r} is not a generation number", path=str(path), offset=0)
+    if dim is not None and (type(dim) is not int or not 0 < dim <= MAX_DIM):
+        raise CorruptionError(f"{path}: vector dimension {dim!r} is not one", path=str(path), offset=0)
+    if model is not None and type(model) is not str:
+        raise CorruptionError(f"{path}: model {model!r} is not a model name", path=str(path), offset=0)
 
 
 def journal_generation(result: jr.ReadResult) -> int | None:

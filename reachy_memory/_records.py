@@ -181,13 +181,66 @@ def decode(obj: Any) -> Record:
         fields = dict(obj)
         for name, default in _OPTIONAL.items():
             if isinstance(default, tuple) and name in fields:
+                if not isinstance(fields[name], list | tuple):  # a string was taken letter by letter
+                    raise ValidationError(f"record field {name} must be a list", field="record")
                 fields[name] = tuple(fields[name])
         if not isinstance(fields["content"], str) or not isinstance(fields.get("previous_text"), str | None):
             raise ValidationError("record texts must be strings", field="record")  # the indexes tokenise them
-        return _checked_times(_shared_strings(Record(**fields)))
+        if len(fields) > len(_V1_FIELDS):  # optional fields given: most records have none (open decodes 100k)
+            _check_optional(fields)
+        return _checked_required(_checked_times(_shared_strings(Record(**fields))))
     if isinstance(obj, list | tuple) and len(obj) == len(_V1_FIELDS):
-        return _checked_times(_shared_strings(Record(*obj)))
+        return _checked_required(_checked_times(_shared_strings(Record(*obj))))
     raise ValidationError(f"not a record: {type(obj).__name__}", field="record")
+
+
+_TYPES = frozenset(t.value for t in MemoryType)
+
+
+def _checked_required(rec: Record) -> Record:
+    """``rec``, its fixed fields' types checked: a record of a file that did not come from
+    this store (a backup edited by hand, or crafted) with an id that is not text, an unknown
+    type, metadata that is not a map or a slot that is not a whole number opened, and then
+    failed in a listing or a search (a foreign exception), or at the first write.
+    Raises ValidationError."""
+    if not (type(rec.id) is str and rec.id and type(rec.slot) is int and type(rec.metadata) is dict
+            and type(rec.type) is str and rec.type in _TYPES and (rec.vkey is None or type(rec.vkey) is str)):
+        raise ValidationError(f"record {str(rec.id)[:64]!r}: a field of the wrong type (id and type are text, "
+                              "metadata a map, slot a whole number, vkey text or nil)", field="record")
+    return rec
+
+
+def _text(value: Any) -> bool:
+    return value is None or type(value) is str
+
+
+def _time(value: Any) -> bool:
+    return value is None or (_number(value) and _EARLIEST <= value <= _LATEST)
+
+
+# What each optional field may hold (absent: the default); last_access is checked with the times.
+_OPTIONAL_OK: dict[str, Any] = {
+    **dict.fromkeys(("owner", "name", "superseded_by", "follows", "previous_text"), _text),
+    **dict.fromkeys(("subjects", "aliases"), lambda value: all(type(v) is str for v in value)),
+    **dict.fromkeys(("shared", "protected"), lambda value: type(value) is bool),
+    **dict.fromkeys(("superseded_at", "covers_until"), _time),
+    "confidence": lambda value: _number(value),
+    "last_access": lambda value: True,
+}
+
+
+def _check_optional(fields: dict[str, Any]) -> None:
+    """Check the optional fields of a record's map (see :func:`_checked_required`).
+    Raises ValidationError naming the field."""
+    for name, value in fields.items():
+        check = _OPTIONAL_OK.get(name)
+        if check is not None and not check(value):
+            raise ValidationError(f"record {str(fields['id'])[:64]!r}: field {name} holds {str(value)[:64]!r}",
+                                  field="record")
+
+
+def _number(value: Any) -> bool:
+    return type(value) in (int, float) and math.isfinite(value)
 
 
 # Epoch seconds a datetime can show (years 1..9999, with a day's margin for time zones).

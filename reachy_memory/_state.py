@@ -155,7 +155,7 @@ class MemoryState:
             elif kind == "redate":
                 self.redate(*redate_args(op[1:]))
             elif kind == "win":
-                self._window.append(tuple(op[1:]))
+                self._window.append(window_turn(op[1:]))
                 self.window_view = tuple(self._window)
             elif kind == "winclr":
                 self._window.clear()
@@ -476,7 +476,10 @@ class MemoryState:
         """Fill an empty state from a snapshot dict (``_persistence.read_snapshot``)."""
         for op in snapshot.get("people", ()):
             self._person_op(op)
-        self._window.extend(tuple(turn) for turn in snapshot["window"])
+        try:
+            self._window.extend(window_turn(turn) for turn in snapshot["window"])
+        except ValidationError as exc:
+            raise CorruptionError(f"bad context window in snapshot: {exc}", path="", offset=-1) from exc
         self.window_view = tuple(self._window)
         words_loaded = self.lexical.load_state(snapshot["lexical"])
         # no format: float32, written before bf16 (read_snapshot refused any other)
@@ -484,8 +487,12 @@ class MemoryState:
         vectors = snapshot["vectors"] if snapshot.get("dim") == dim else b""  # another model's space
         rows = len(vectors) // (ITEM_BYTES[fmt] * dim)
         alive, group = np.zeros(rows, bool), np.zeros(rows, np.int8)
+        slots = slot_limit(snapshot)
         for obj in snapshot["records"]:
             rec = _decode_stored(obj)
+            if not 0 <= rec.slot < slots:
+                raise CorruptionError(f"record {rec.id[:64]!r} has slot {rec.slot}, outside the {slots} slots of "
+                                      "its snapshot's lexical index", path="", offset=-1)
             self._place(rec)
             if rec.vkey is not None and rec.vkey == self.current_key and rec.slot < rows:
                 alive[rec.slot] = True
@@ -675,6 +682,25 @@ def _dated_in(turn: tuple[Any, ...], since: float, until: float) -> bool:
     """True when a window turn's time is in ``[since, until)`` (a turn without a
     number for its time, which no writer writes, is left alone)."""
     return len(turn) > 2 and _finite(turn[2]) and since <= turn[2] < until
+
+
+def slot_limit(snapshot: dict[str, Any]) -> int:
+    """How many slots a snapshot's records may use: its lexical ``doc_len`` has a length
+    for each (every writer grows it past each record's slot).  A record's slot sizes
+    arrays and a set at open: one slot of 2^31 in a few bytes of a crafted backup asked
+    for gigabytes; now each slot costs the file its 4 bytes.  TypeError for a state
+    without one (damage)."""
+    return len(snapshot["lexical"]["doc_len"]) // 4
+
+
+def window_turn(value: Any) -> tuple[str, str, float]:
+    """A context window turn (role, content, finite time) from a snapshot or a ``win`` op,
+    else ValidationError: a turn of another shape opened and then failed each reading
+    of the window (IndexError, TypeError)."""
+    if not (isinstance(value, list | tuple) and len(value) == 3 and type(value[0]) is str
+            and type(value[1]) is str and _finite(value[2])):
+        raise ValidationError(f"a context window turn is [role, text, time], not {str(value)[:100]}", field="window")
+    return value[0], value[1], value[2]
 
 
 def _memory_id(value: Any) -> str:

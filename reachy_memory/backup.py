@@ -21,6 +21,7 @@ import numpy as np
 from . import _persistence as files
 from . import _restore as swap
 from . import journal as jr
+from ._people_ops import check_note_names, check_supersession
 from ._persistence import JOURNAL_FILE, PREV_JOURNAL_FILE, SNAPSHOT_FILE, damage_is_corruption, read_snapshot
 from ._records import Record, decode, first_dim, first_vkey
 from .config import Config
@@ -68,7 +69,7 @@ def verify(path: str | Path, progress: Progress | None = None) -> VerifyReport:
             if path.is_dir():
                 _verify_dir(path, report, progress)
             elif path.is_file():
-                _verify_snapshot(path, report, progress)
+                _verify_backup(path, report, progress)
             else:
                 report.problems.append(f"{path} does not exist")
     except CorruptionError as exc:  # malformed content behind a valid checksum
@@ -154,6 +155,47 @@ def _count_replayed(snapshot: dict[str, Any] | None, frames: list[Any], journal:
         return
     report.memories = len(state.records)
     report.vectors = sum(1 for rec in state.records.values() if rec.vkey is not None)
+
+
+def _verify_backup(path: Path, report: VerifyReport, progress: Progress | None) -> None:
+    """Check a backup file as a snapshot, then as the store that opens from it: loaded
+    into a state as an open loads it (a backup whose window, persons, lexical state or
+    records an open refuses verified, was restored, and left a store that would not
+    open), with the links no store holds (superseded_by loops, a note name on two
+    memories) and lexical postings outside its slots refused.  Problems go in ``report``."""
+    snapshot = _verify_snapshot(path, report, progress)
+    if snapshot is None or not report.ok:
+        return
+    _check_links(path, snapshot["records"], report)
+    _check_postings(snapshot["lexical"], report)
+    memories, vectors = report.memories, report.vectors
+    _count_replayed(snapshot, [], path, report)
+    if report.ok and (report.memories, report.vectors) != (memories, vectors):
+        report.problems.append(f"{memories} memories and {vectors} vectors in the file, {report.memories} and "
+                               f"{report.vectors} once loaded")
+
+
+def _check_links(path: Path, records: list[Any], report: VerifyReport) -> None:
+    """Links a store refuses to make, as an import refuses them (ValidationError noted)."""
+    try:
+        check_supersession(str(path), records)
+        check_note_names(str(path), records)
+    except ValidationError as exc:
+        report.problems.append(exc.message)
+
+
+def _check_postings(lexical: dict[str, Any], report: VerifyReport) -> None:
+    """Every lexical posting inside the state's slots, with one frequency per slot: a slot
+    past ``doc_len`` opened and made each search that matched it fail (IndexError)."""
+    terms = lexical.get("terms_f32", lexical.get("terms", {}))
+    slots = len(lexical.get("doc_len", b"")) // 4
+    tf_bytes = 4 if "terms_f32" in lexical else 2
+    for term, (where, tfs) in terms.items():
+        found = np.frombuffer(where, np.int32)
+        if len(tfs) != len(found) * tf_bytes or (len(found) and not 0 <= found.min() <= found.max() < slots):
+            report.problems.append(f"lexical posting of {str(term)[:64]!r} names slots outside 0..{slots - 1} "
+                                   "or does not give one frequency a slot")
+            return
 
 
 def _verify_snapshot(path: Path, report: VerifyReport, progress: Progress | None) -> dict[str, Any] | None:
