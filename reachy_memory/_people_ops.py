@@ -477,7 +477,7 @@ class PeopleMixin:
         hidden, in exports and ``include_superseded`` results); False if there is none."""
         self._require_open()
         with self._lock:
-            memory_id = self._state.names.get(_text(name, "name").casefold())
+            memory_id = self._note_holder(_text(name, "name"))
             if memory_id is None:
                 return False
             self._commit([["del", i] for i in [memory_id, *self._earlier_versions(memory_id)]])

@@ -186,7 +186,8 @@ def decode(obj: Any) -> Record:
                 fields[name] = tuple(fields[name])
         if not isinstance(fields["content"], str) or not isinstance(fields.get("previous_text"), str | None):
             raise ValidationError("record texts must be strings", field="record")  # the indexes tokenise them
-        if len(fields) > len(_V1_FIELDS):  # optional fields given: most records have none (open decodes 100k)
+        # Optional fields given (open decodes 100k: a count, not a key set; a map may leave out slot and vkey)
+        if len(fields) > len(_V1_FIELDS) or "slot" not in fields or "vkey" not in fields:
             _check_optional(fields)
         return _checked_required(_checked_times(_shared_strings(Record(**fields))))
     if isinstance(obj, list | tuple) and len(obj) == len(_V1_FIELDS):

@@ -130,7 +130,16 @@ def settle(directory: Path) -> None:
 def _roll_forward(directory: Path, moves: Moves) -> None:
     """Steps 3 and 4 from wherever a cut left them: a file already set aside (its side
     name exists) or already installed (its staged name is gone) is skipped.  Sound
-    because every rename is durable before the next one starts."""
+    because every rename is durable before the next one starts.  Raises CorruptionError
+    (nothing renamed) when a file this swap did not leave stands where a staged copy
+    goes (:func:`_written_since`), StorageError when a rename fails."""
+    written = _written_since(directory, moves)
+    if written:
+        raise CorruptionError(
+            f"{directory}: a restore was cut short, and {', '.join(written)} were written after it set the old "
+            "store aside (by an older reachy-memory, which does not finish restores?); nothing was changed. "
+            f"Remove {RESTORE_INTENT_FILE} to keep them and give up the restore, or move them away to finish it",
+            path=str(directory / written[0]), offset=0)
     for old, aside in moves:
         if (directory / old).exists() and not (directory / aside).exists():
             _rename(directory, old, aside)
@@ -143,6 +152,17 @@ def _roll_forward(directory: Path, moves: Moves) -> None:
     except OSError as exc:
         raise StorageError(f"cannot remove {directory / RESTORE_INTENT_FILE}: {exc.strerror}",
                            path=str(directory)) from exc
+
+
+def _written_since(directory: Path, moves: Moves) -> list[str]:
+    """The names a staged copy is still to be installed under that hold a file the swap
+    did not leave there: its old file already set aside, or none planned (the swap puts
+    nothing there before the staged copy).  An older version, blind to the intent, opens
+    such a directory as a store and writes there; a rename over it lost those writes."""
+    aside = dict(moves)
+    return [final for final, staged in STAGED.items()
+            if (directory / staged).exists() and (directory / final).exists()
+            and (final not in aside or (directory / aside[final]).exists())]
 
 
 def _rename(directory: Path, src: str, dst: str) -> None:

@@ -267,7 +267,16 @@ class MemoryState:
             self.shared.add(rec.slot)
         for name in (rec.name, *rec.aliases):
             if name:
-                self.names[name.casefold()] = rec.id
+                self._hold_name(name.casefold(), rec)
+
+    def _hold_name(self, label: str, rec: Record) -> None:
+        """Index ``label`` (casefolded) as ``rec``'s, unless another record holding it
+        expires later: two records hold one label only while the older note has expired
+        unswept and a live one took the label over, and whichever is placed last (an
+        ``update`` of the expired one, a reload's order) must not take it back."""
+        holder = self.records.get(self.names.get(label, ""))
+        if holder is None or holder.id == rec.id or _until(holder) <= _until(rec):
+            self.names[label] = rec.id
 
     def _grow(self, slot: int) -> None:
         size = max(slot + 1, 2 * len(self._expires), 1024)
@@ -682,6 +691,11 @@ def _dated_in(turn: tuple[Any, ...], since: float, until: float) -> bool:
     """True when a window turn's time is in ``[since, until)`` (a turn without a
     number for its time, which no writer writes, is left alone)."""
     return len(turn) > 2 and _finite(turn[2]) and since <= turn[2] < until
+
+
+def _until(rec: Record) -> float:
+    """When ``rec`` expires (inf: never)."""
+    return math.inf if rec.expires is None else rec.expires
 
 
 def slot_limit(snapshot: dict[str, Any]) -> int:

@@ -740,3 +740,38 @@ def test_a_data_dir_the_store_cannot_use_is_a_config_error(tmp_path: Path, kind:
                 attempt()
             assert err.value.key == "memory.path" and str(path) in err.value.message  # type: ignore[attr-defined]
             assert not path.is_dir() or not any(path.iterdir())  # nothing made there
+
+
+@pytest.mark.parametrize("installed", [0, 1])  # the restore cut before any install; after the snapshot's
+def test_a_store_an_older_version_wrote_after_a_restore_was_cut_short_is_not_overwritten(
+        tmp_path: Path, config: Config, monkeypatch: pytest.MonkeyPatch, installed: int) -> None:
+    """An older reachy-memory knows no ``restore.intent``: with the old store set aside and
+    the backup not (wholly) installed, it opened the directory as a store of its own and
+    acknowledged writes there.  The roll-forward renamed the staged copies over those
+    files: the writes were gone without a word.  Now the open refuses and keeps them."""
+    with MemoryStore(config=config.replace("memory", path=str(tmp_path / "other")), embedder=None) as other:
+        other.store("the backup's memory")
+        backup = other.backup(tmp_path / "other.rms")["path"]
+    _two_generations(config)
+    real = swap._rename
+    done = {"installs": 0}
+
+    def cut(directory: Path, src: str, dst: str) -> None:
+        if src.endswith(".restoring"):
+            if done["installs"] == installed:
+                raise StorageError(f"cannot rename {src}: power cut", path=str(directory))
+            done["installs"] += 1
+        real(directory, src, dst)
+
+    monkeypatch.setattr(swap, "_rename", cut)
+    with pytest.raises(StorageError, match="finishes it"):
+        bk.restore(backup, config.data_dir, force=True)
+    monkeypatch.setattr(swap, "settle", lambda directory: None)  # an older version: no restore to settle
+    with MemoryStore(config=config, embedder=None) as older:
+        written = older.store("acknowledged by the older version").id
+    monkeypatch.undo()
+    with pytest.raises(CorruptionError, match="restore"):
+        MemoryStore(config=config, embedder=None)
+    (config.data_dir / files.RESTORE_INTENT_FILE).unlink()  # what the error says to do to keep them
+    with MemoryStore(config=config, embedder=None) as store:
+        assert store.get(written) is not None

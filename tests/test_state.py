@@ -520,3 +520,16 @@ def test_a_reload_shares_strings_instead_of_copying_them(tmp_path: Path) -> None
     assert b.follows is a.id and b.previous_text is a.content and c.previous_text is b.content
     assert a.type is b.type is c.type and a.vkey is b.vkey is c.vkey
     assert _fields(loaded) == _fields(state)  # the same values
+
+
+@pytest.mark.parametrize("left_out", [("slot", "vkey"), ("slot",), ("vkey",)])
+def test_a_record_map_without_slot_or_vkey_still_has_its_optional_fields_checked(left_out: tuple[str, ...]) -> None:
+    """decode checked optional fields only when the map held more than the eight fixed
+    ones: leaving out ``slot`` and ``vkey`` (both optional in a map) made room for two
+    unchecked fields (``owner: 5``, ``shared: "yes"`` were placed as they were)."""
+    row = encode(Record("m1", "text", "fact", 1.7e9, None, {}, 3, "k", owner="alice", shared=True))
+    for name in left_out:
+        del row[name]
+    row.update(owner=5, shared="yes")
+    with pytest.raises(ValidationError, match=r"field (owner|shared)"):
+        decode(row)

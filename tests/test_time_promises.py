@@ -265,3 +265,36 @@ def test_prompt_context_dates_memories_in_the_configured_zone(base_config: Confi
     with wall_clock(at), MemoryStore(config=cfg, embedder=None) as store:
         store.remember_fact("Sarah likes Italian food")
         assert "[fact, 2026-11-02] Sarah likes Italian food" in store.context_for("Italian food").text
+
+
+def test_a_change_to_an_expired_note_does_not_take_its_name_back(base_config: Config, tmp_path: Path) -> None:
+    """An ``update`` of the expired note (its person forgotten: subjects relinked) placed it
+    again, and the names index gave it back the name the live note had taken over:
+    ``note`` answered None and ``remove_note`` deleted the expired one, keeping the live."""
+    cfg = base_config.replace("memory", path=str(tmp_path / "data"), timezone="UTC")
+    with wall_clock(STARTS[0]) as clock, MemoryStore(config=cfg, embedder=None) as store:
+        dave = store.add_person("Dave")
+        store.remember("the wifi password is hunter2", name="wifi", expires_in_days=1, subjects=[dave.id])
+        clock.at += 2 * DAY
+        [new] = store.remember("the wifi password is swordfish", name="wifi", subjects=[])
+        store.delete_person(dave.id)
+        assert (note := store.note("wifi")) is not None and note.id == new.id
+        assert store.remove_note("wifi") and store.get(new.id) is None
+
+
+def test_a_backup_holding_an_expired_notes_name_twice_verifies_and_restores(base_config: Config,
+                                                                            tmp_path: Path) -> None:
+    """The unswept expired note and the live one that took its name over are both in a
+    backup written before the sweep: verify refused it ("given to memories ... and ..."),
+    so a backup of a sound store could not be restored."""
+    cfg = base_config.replace("memory", path=str(tmp_path / "data"), timezone="UTC")
+    with wall_clock(STARTS[0]) as clock:
+        with MemoryStore(config=cfg, embedder=None) as store:
+            store.remember("the wifi password is hunter2", name="wifi", expires_in_days=1, subjects=[])
+            clock.at += 2 * DAY
+            [new] = store.remember("the wifi password is swordfish", name="wifi", subjects=[])
+            store.backup(tmp_path / "b.rms")
+        assert bk.verify(tmp_path / "b.rms").ok, bk.verify(tmp_path / "b.rms").problems
+        bk.restore(tmp_path / "b.rms", tmp_path / "restored")
+        with MemoryStore(config=cfg.replace("memory", path=str(tmp_path / "restored")), embedder=None) as store:
+            assert (note := store.note("wifi")) is not None and note.id == new.id
