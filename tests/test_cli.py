@@ -22,6 +22,7 @@ import pytest
 from reachy_memory import (
     ClosedError,
     DaemonUnavailableError,
+    MemoryClient,
     MemoryStore,
     ReachyMemoryError,
     RequestTimeoutError,
@@ -528,6 +529,29 @@ def test_import_reads_what_export_wrote_and_refuses_a_bad_file_whole(daemon: Dae
     (tmp_path / "latin1.jsonl").write_bytes(good.replace("a new fact", "caf\xe9").encode("latin-1"))
     assert "not UTF-8" in cli(daemon, "import", str(tmp_path / "latin1.jsonl")).stderr
     assert json.loads(cli(daemon, "stats", "--json").stdout)["health"]["memories"] == before
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "markdown"])
+def test_export_from_a_daemon_older_than_merge_redirects_warns_and_exports(
+        daemon: DaemonProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str], fmt: str) -> None:
+    """A daemon still running the previous version after an upgrade answers "unknown op"
+    to person_redirects: the export failed whole (exit 2); it now exports without them."""
+    from reachy_memory import cli as cli_module
+
+    with MemoryClient(endpoint=daemon.endpoint, timeout=10) as c:
+        kept = c.store("exported from an older daemon").id
+
+    def older(self: MemoryClient, **_: Any) -> Any:
+        raise ValidationError("unknown op 'person_redirects'")
+
+    monkeypatch.setattr(MemoryClient, "person_redirects", older)
+    dest = tmp_path / ("out.jsonl" if fmt == "jsonl" else "md")
+    code = cli_module.main(["export", str(dest), "--format", fmt, "--endpoint", daemon.endpoint])
+    err = capsys.readouterr().err
+    assert code == 0 and "daemon is older" in err, err
+    written = dest.read_text() if fmt == "jsonl" else "".join(p.read_text() for p in dest.rglob("*.md"))
+    assert kept in written
 
 
 def test_a_failed_export_leaves_the_earlier_file(daemon: DaemonProcess, tmp_path: Path) -> None:
