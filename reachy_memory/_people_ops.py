@@ -579,7 +579,29 @@ class PeopleMixin:
         check_note_names("import", memories)
         rows = [check_import_memory(f"memory {n}", m, self._config) for n, m in enumerate(memories)]
         self._check_names_free(rows)
+        self._check_no_loop_with_stored(rows)
         return sorted(rows, key=lambda r: r["created"])
+
+    def _check_no_loop_with_stored(self, rows: list[dict[str, Any]]) -> None:
+        """Raise ValidationError if the ``superseded_by`` links of rows not stored yet close a
+        loop through stored memories (a stored A left pointing at a forgotten B, and the
+        import's B superseded by A: both hidden, and the store's export then refused by
+        import).  Each link is followed once (``check_supersession``, with the store)."""
+        after = {r["id"]: r.get("superseded_by") for r in rows if r["id"] not in self._state.records}
+        cleared: set[str] = set()
+        for start in after:
+            path: dict[str, None] = {}
+            node: str | None = start
+            while node is not None and node not in cleared and node not in path:
+                path[node] = None
+                stored = self._state.records.get(node)
+                node = after.get(node, stored.superseded_by if stored is not None else None)
+            if node is not None and node in path:
+                loop = [*list(path)[list(path).index(node):], node]
+                raise ValidationError(f"import: superseded_by links loop through stored memories ({' -> '.join(loop)})"
+                                      ": every memory in it would be superseded by another of them",
+                                      field="superseded_by")
+            cleared.update(path)
 
     def _check_names_free(self, rows: list[dict[str, Any]]) -> None:
         """Raise ValidationError if a row not stored yet names its note by a name or alias
@@ -650,6 +672,7 @@ class PeopleMixin:
         self._require_open()
         with self._lock:
             self._check_names_free(prepared.rows)  # again: a note may have been named since prepare_import
+            self._check_no_loop_with_stored(prepared.rows)  # and a memory superseded or forgotten
             self._check_anchors(prepared.person_ops)  # and a face anchored
             fresh_people = [op for op in prepared.person_ops if self._people.get(op["id"]) is None]
             redirects = self._redirect_ops(prepared.merged, fresh_people)  # again: a person may have come since

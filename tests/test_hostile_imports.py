@@ -261,3 +261,16 @@ def test_in_process_import_arguments(store: MemoryStore, call: Any, field: str |
     with pytest.raises(ValidationError) as caught:
         call(store)
     assert caught.value.field == field
+
+
+def test_supersession_loops_through_stored_memories_are_refused(store: MemoryStore) -> None:
+    """A stored A superseded by B, B forgotten since (A is left pointing at it); an import of
+    B superseded by A closed the loop: both hidden, and the store's own export was then
+    refused by import as a loop."""
+    a, b = store.store("the door code is 1234", "fact"), store.store("the door code is 5678", "fact")
+    store.supersede(a.id, b.id)
+    store.forget(b.id)
+    before = _export(store)
+    with pytest.raises(ValidationError, match="loop through stored memories") as caught:
+        store.import_memories([_fact(id=b.id, superseded_by=a.id, superseded_at=T)])
+    assert caught.value.field == "superseded_by" and _export(store) == before
