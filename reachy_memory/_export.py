@@ -120,7 +120,7 @@ def _entry(where: str, line: str, config: Config) -> dict[str, Any]:
     """One line's entry, checked as import will check it. Raises ValidationError
     starting with ``where``."""
     try:
-        data = json.loads(line, object_pairs_hook=strict_object)
+        data = _DECODER.decode(line)
     except (ValueError, RecursionError) as exc:  # ValueError: a number of thousands of digits too
         raise ValidationError(f"{where}: not JSON ({str(exc)[:200]})", field="file") from exc
     if not isinstance(data, dict) or "id" not in data:
@@ -144,6 +144,9 @@ def strict_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         twice = next(key for key, count in Counter(key for key, _ in pairs).items() if count > 1)
         raise ValueError(f"the key {twice!r} is given twice in one object")
     return obj
+
+
+_DECODER = json.JSONDecoder(object_pairs_hook=strict_object)
 
 
 def _once(seen: dict[tuple[bool, str], tuple[int, dict[str, Any]]], n: int, entry: dict[str, Any],
