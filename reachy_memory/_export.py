@@ -12,9 +12,10 @@ the daemon (it embeds a request's memories at once) and within its message limit
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from ._people_ops import (
     check_import_memory,
@@ -24,16 +25,23 @@ from ._people_ops import (
     check_supersession,
 )
 from .config import Config
-from .errors import ValidationError
+from .errors import TooLargeError, ValidationError
 from .people import Person
 
-__all__ = ["ROWS_PER_REQUEST", "check_entries", "import_requests", "person_entries", "read_jsonl"]
+__all__ = ["ROWS_PER_REQUEST", "check_entries", "import_requests", "max_line_bytes", "person_entries",
+           "read_jsonl", "strict_object"]
 
 ROWS_PER_REQUEST = 64  # memories per import request at most (short turns)
 # Text per import request: the daemon embeds a request's memories in one job on its embed
 # thread, and searches wait behind it (600 notes of 1,500 characters: searches during the
 # import waited 0.26 s at most with 2 notes a request, 1.5 s with 8; 17 s with 200 before).
 CHARS_PER_REQUEST = 4000
+LINE_SLACK = 1 << 20  # bytes of a line beyond its text and metadata (ids, times, names, subjects)
+_MEMORY_FIELDS = frozenset({"id", "content", "type", "created_at", "expires_at", "metadata", "subjects", "owner",
+                            "shared", "name", "aliases", "superseded_at", "superseded_by", "protected",
+                            "covers_until"})  # Memory.to_dict
+_PERSON_FIELDS = frozenset({"kind", "id", "name", "relation", "aliases", "owner", "external_id", "metadata",
+                            "created_at", "updated_at", "merged_ids"})  # person_entries
 
 
 def person_entries(people: Iterable[Person], redirects: Mapping[str, str]) -> list[dict[str, Any]]:
@@ -50,28 +58,49 @@ def read_jsonl(path: Path, config: Config) -> tuple[list[dict[str, Any]], list[d
     """(memories, people) of an exported file, each entry checked.
 
     Lines end at ``\\n`` only (a text may hold U+2028, which ``splitlines`` would cut
-    at); a UTF-8 BOM and ``\\r\\n`` are accepted.  Raises ValidationError naming the
-    file and line: not UTF-8, not JSON, not an exported entry, refused by import, or
-    an id given twice with different fields; or naming the file, for supersession
-    links that loop, a note name given to two memories, or a merged-away person id
-    that is a person of the file or merged into two (``check_merged_ids``).
+    at); a UTF-8 BOM and ``\\r\\n`` are accepted.  The file is read a line at a time, each
+    at most :func:`max_line_bytes` (memory stays bounded by the file's entries, not by
+    one line of a gigabyte).  Raises ValidationError naming the file and line: not
+    UTF-8, not JSON, a key given twice in one object, a field no export writes, not an
+    exported entry, refused by import, or an id given twice with different fields
+    (TooLargeError: a line over the limit); or naming the file, for supersession links
+    that loop, a note name given to two memories, or a merged-away person id that is a
+    person of the file or merged into two (``check_merged_ids``).
     """
-    try:
-        text = path.read_bytes().decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise ValidationError(f"{path}: not UTF-8 text (byte {exc.start})", field="file") from exc
     memories: list[dict[str, Any]] = []
     people: list[dict[str, Any]] = []
     seen: dict[tuple[bool, str], tuple[int, dict[str, Any]]] = {}
-    for n, line in enumerate(text.split("\n"), 1):
-        if line.strip():
-            entry = _entry(f"{path.name} line {n}", line.removesuffix("\r"), config)
-            _once(seen, n, entry, path.name)
-            (people if entry.get("kind") == "person" else memories).append(entry)
+    with open(path, "rb") as file:
+        for n, line in enumerate(_lines(file, path.name, max_line_bytes(config)), 1):
+            if line.strip():
+                entry = _entry(f"{path.name} line {n}", line.removesuffix("\n").removesuffix("\r"), config)
+                _once(seen, n, entry, path.name)
+                (people if entry.get("kind") == "person" else memories).append(entry)
     check_supersession(path.name, memories)
     check_note_names(path.name, memories)
     check_merged_ids(path.name, people)
     return memories, people
+
+
+def max_line_bytes(config: Config) -> int:
+    """The longest line an exported entry can take: its text at ``memory.max_content_chars``
+    of 12 bytes each (an astral character written as two ``\\u`` escapes), its metadata
+    at 8 bytes a packed byte, and :data:`LINE_SLACK` for the other fields."""
+    return 12 * config.memory.max_content_chars + 8 * config.memory.max_metadata_bytes + LINE_SLACK
+
+
+def _lines(file: BinaryIO, name: str, limit: int) -> Iterator[str]:
+    """The lines of ``file`` (split at ``\\n``, kept), decoded, a UTF-8 BOM dropped from the
+    first.  Raises TooLargeError for a line over ``limit`` bytes (before reading the rest of
+    it) and ValidationError for one that is not UTF-8, each naming ``name`` and the line."""
+    for n, raw in enumerate(iter(lambda: file.readline(limit + 2), b""), 1):
+        if len(raw.rstrip(b"\r\n")) > limit:
+            raise TooLargeError(f"{name} line {n}: longer than {limit} bytes, more than an exported entry can be",
+                                field="file", size=len(raw), limit=limit)
+        try:
+            yield raw.decode("utf-8-sig" if n == 1 else "utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValidationError(f"{name} line {n}: not UTF-8 text (byte {exc.start})", field="file") from exc
 
 
 def check_entries(memories: list[dict[str, Any]], people: list[dict[str, Any]], source: str,
@@ -88,17 +117,36 @@ def check_entries(memories: list[dict[str, Any]], people: list[dict[str, Any]], 
 
 
 def _entry(where: str, line: str, config: Config) -> dict[str, Any]:
+    """One line's entry, checked as import will check it. Raises ValidationError
+    starting with ``where``."""
     try:
-        data = json.loads(line)
+        data = _DECODER.decode(line)
     except (ValueError, RecursionError) as exc:  # ValueError: a number of thousands of digits too
         raise ValidationError(f"{where}: not JSON ({str(exc)[:200]})", field="file") from exc
     if not isinstance(data, dict) or "id" not in data:
         raise ValidationError(f"{where}: not an exported memory or person", field="file")
+    unknown = sorted(set(data) - (_PERSON_FIELDS if data.get("kind") == "person" else _MEMORY_FIELDS))
+    if unknown:  # silently dropped, they would be lost; sent, they could overflow a request
+        raise ValidationError(f"{where}: fields no export writes: {', '.join(map(repr, unknown[:5]))}",
+                              field="file")
     if data.get("kind") == "person":
         check_import_person(where, data)
     else:
         check_import_memory(where, data, config)
     return data
+
+
+def strict_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object, unless a key is given twice (json.loads would keep the last silently,
+    another reader the first). Raises ValueError naming the key."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        twice = next(key for key, count in Counter(key for key, _ in pairs).items() if count > 1)
+        raise ValueError(f"the key {twice!r} is given twice in one object")
+    return obj
+
+
+_DECODER = json.JSONDecoder(object_pairs_hook=strict_object)
 
 
 def _once(seen: dict[tuple[bool, str], tuple[int, dict[str, Any]]], n: int, entry: dict[str, Any],

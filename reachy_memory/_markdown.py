@@ -54,6 +54,7 @@ from typing import Any
 
 import yaml
 
+from ._export import strict_object
 from ._filters import validate_metadata
 from ._people_ops import merged_ids_of
 from .errors import ValidationError
@@ -404,7 +405,7 @@ def _comment(text: str) -> tuple[int, dict[str, Any]]:
     error: Exception | None = None
     for found in reversed(starts):
         try:
-            meta = json.loads(text[found.end():end.start() + 1]) if end else None
+            meta = json.loads(text[found.end():end.start() + 1], object_pairs_hook=strict_object) if end else None
         except ValueError as exc:
             error = exc
             continue
@@ -472,8 +473,13 @@ def _split_front(text: str, keys: tuple[str, ...]) -> tuple[dict[str, Any], str,
 
 
 def _front_matter(text: str, keys: tuple[str, ...]) -> dict[str, Any]:
-    """The mapping of front matter (starting at line 2), text fields as written. Raises _Bad."""
-    loader = yaml.SafeLoader(text)
+    """The mapping of front matter (starting at line 2), text fields as written. Raises _Bad,
+    also for a character YAML refuses (NUL, other controls) and a key given twice."""
+    try:
+        loader = _Loader(text)  # checks every character first
+    except yaml.reader.ReaderError as exc:
+        line = 2 + text.count("\n", 0, exc.position)
+        raise _Bad(f"broken front matter (the character U+{exc.character:04X} is not allowed in YAML)", line) from exc
     try:
         try:
             node = loader.get_single_node()
@@ -486,12 +492,32 @@ def _front_matter(text: str, keys: tuple[str, ...]) -> dict[str, Any]:
             return {}
         if not isinstance(node, yaml.MappingNode):
             raise _Bad("the front matter must be a mapping", 2)
+        _no_key_twice(node)
         return dict(_front_field(loader, key, value, keys) for key, value in node.value)
     finally:
         loader.dispose()
 
 
-def _front_field(loader: yaml.SafeLoader, key_node: yaml.Node, node: yaml.Node,
+def _no_key_twice(node: yaml.MappingNode) -> None:
+    """Raises _Bad (at the second) when a key of ``node`` is written twice: PyYAML would keep
+    the last one silently (a merge key, ``<<``, may be overridden: that is its purpose)."""
+    seen: set[str] = set()
+    for key, _ in node.value:
+        if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+            if key.value in seen:
+                raise _Bad(f"the key {key.value!r} is given twice", 2 + key.start_mark.line)
+            seen.add(key.value)
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader refusing a mapping that gives a key twice (metadata, rm)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        _no_key_twice(node)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _front_field(loader: _Loader, key_node: yaml.Node, node: yaml.Node,
                  keys: tuple[str, ...]) -> tuple[str, Any]:
     key, line = key_node.value, 2 + node.start_mark.line
     if not isinstance(key_node, yaml.ScalarNode) or key not in keys:

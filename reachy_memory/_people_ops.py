@@ -47,7 +47,15 @@ from ._records import Record
 from ._supersession import decide
 from .errors import NotFoundError, ReachyMemoryError, ValidationError
 from .model import SEARCH_LIMIT, SEARCH_MIN_SCORE, Memory, MemoryType, SearchResult, check_unicode
-from .people import Person, PersonRegistry, Resolution, check_metadata, person_from_op, visible_to
+from .people import (
+    Person,
+    PersonRegistry,
+    Resolution,
+    check_metadata,
+    person_from_op,
+    read_person_id,
+    visible_to,
+)
 
 if TYPE_CHECKING:
     import threading
@@ -538,7 +546,11 @@ class PeopleMixin:
         supersession links (ids already present are kept as they are), and the person ids
         merged away (a person's ``merged_ids``: each resolves to that person again, see
         :meth:`_redirect_ops`).  Everything is checked before anything is written.
-        Returns the counts imported.  Raises ValidationError naming the entry at fault."""
+        Returns the counts imported.  Raises ValidationError naming the entry at fault, or
+        for ``batch`` not a positive int."""
+        memories, people = _entries(memories, "memories"), _entries(people, "people")  # an iterator: read once
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise ValidationError(f"batch must be a positive number of memories, not {batch!r}", field="batch")
         person_ops = [_person_op(f"person {n}", p) for n, p in enumerate(people)]  # all checked before any write
         merged = check_merged_ids("import", people)
         rows = self._import_rows(memories)
@@ -556,6 +568,7 @@ class PeopleMixin:
         embed thread, so an import does not hold the engine while it embeds).  Memories
         already present are left out.  Raises ValidationError naming the entry at fault."""
         self._require_open()
+        memories, people = _entries(memories, "memories"), _entries(people, "people")
         person_ops = [_person_op(f"person {n}", p) for n, p in enumerate(people)]
         return self._prepare_rows(self._import_rows(memories), person_ops, check_merged_ids("import", people))
 
@@ -566,7 +579,29 @@ class PeopleMixin:
         check_note_names("import", memories)
         rows = [check_import_memory(f"memory {n}", m, self._config) for n, m in enumerate(memories)]
         self._check_names_free(rows)
+        self._check_no_loop_with_stored(rows)
         return sorted(rows, key=lambda r: r["created"])
+
+    def _check_no_loop_with_stored(self, rows: list[dict[str, Any]]) -> None:
+        """Raise ValidationError if the ``superseded_by`` links of rows not stored yet close a
+        loop through stored memories (a stored A left pointing at a forgotten B, and the
+        import's B superseded by A: both hidden, and the store's export then refused by
+        import).  Each link is followed once (``check_supersession``, with the store)."""
+        after = {r["id"]: r.get("superseded_by") for r in rows if r["id"] not in self._state.records}
+        cleared: set[str] = set()
+        for start in after:
+            path: dict[str, None] = {}
+            node: str | None = start
+            while node is not None and node not in cleared and node not in path:
+                path[node] = None
+                stored = self._state.records.get(node)
+                node = after.get(node, stored.superseded_by if stored is not None else None)
+            if node is not None and node in path:
+                loop = [*list(path)[list(path).index(node):], node]
+                raise ValidationError(f"import: superseded_by links loop through stored memories ({' -> '.join(loop)})"
+                                      ": every memory in it would be superseded by another of them",
+                                      field="superseded_by")
+            cleared.update(path)
 
     def _check_names_free(self, rows: list[dict[str, Any]]) -> None:
         """Raise ValidationError if a row not stored yet names its note by a name or alias
@@ -637,6 +672,7 @@ class PeopleMixin:
         self._require_open()
         with self._lock:
             self._check_names_free(prepared.rows)  # again: a note may have been named since prepare_import
+            self._check_no_loop_with_stored(prepared.rows)  # and a memory superseded or forgotten
             self._check_anchors(prepared.person_ops)  # and a face anchored
             fresh_people = [op for op in prepared.person_ops if self._people.get(op["id"]) is None]
             redirects = self._redirect_ops(prepared.merged, fresh_people)  # again: a person may have come since
@@ -760,6 +796,15 @@ class _Import:
     merged: dict[str, str]  # merged-away person id -> the imported person it was merged into
 
 
+def _entries(given: Any, field: str) -> list[Any]:
+    """``given`` (a list, tuple or other iterable of entries) as a list, read once: an
+    iterator checked first and imported after would import nothing.  Raises
+    ValidationError naming ``field`` for None, a mapping, text or a non-iterable."""
+    if isinstance(given, Mapping | str | bytes) or not isinstance(given, Iterable):
+        raise ValidationError(f"{field} must be a list of exported entries, not {type(given).__name__}", field=field)
+    return list(given)
+
+
 def check_supersession(source: str, memories: Sequence[Any]) -> None:
     """Refuse ``superseded_by`` links that loop (a memory superseded by itself, or A by
     B and B by A): each memory of the loop would point past the other, and those
@@ -858,6 +903,7 @@ def merged_ids_of(where: str, p: Mapping[str, Any]) -> list[str]:
         check_unicode(ingest.check_label(old, "merged_ids", f"{where}: "), "merged_ids")
         if old != old.strip() or old == p.get("id"):
             raise ValidationError(f"{where}: merged_ids holds {old!r}: not another person's id", field="merged_ids")
+        _exact_person_id(where, old, "merged_ids")  # a control character: no operation could name it
     return list(value)
 
 
@@ -872,19 +918,50 @@ def _import_row(where: str, m: Any) -> dict[str, Any]:
     for key, field in _IMPORT_OPTIONAL.items():
         if m.get(key) is not None:
             row[field] = _when(where, m[key], key)
+    check_unicode(row["id"], "id")  # here, not at the journal write (after earlier requests were stored)
     for key in ("owner", "name", "superseded_by"):
         if m.get(key) is not None:
-            row[key] = ingest.check_label(m[key], key, f"{where}: ")
-    for key in ("subjects", "aliases"):
+            row[key] = check_unicode(ingest.check_label(m[key], key, f"{where}: "), key)
+    for key, limit in (("subjects", 64), ("aliases", MAX_ALIASES)):
         values = m.get(key) or []
-        if not isinstance(values, list | tuple) or not all(isinstance(v, str) for v in values) or len(values) > 64:
-            raise ValidationError(f"{where}: {key} must be a list of strings", field=key)
+        if not isinstance(values, list | tuple) or not all(isinstance(v, str) for v in values) or len(values) > limit:
+            raise ValidationError(f"{where}: {key} must be a list of at most {limit} strings", field=key)
         row[key] = list(values)
+    _check_import_labels(where, row)
     for key in ("shared", "protected"):
         if not isinstance(m.get(key, False), bool):
             raise ValidationError(f"{where}: {key} must be true or false", field=key)
         row[key] = bool(m.get(key, False))
     return row
+
+
+def _check_import_labels(where: str, row: Mapping[str, Any]) -> None:
+    """Refuse labels no store operation writes: a note name or alias with whitespace around
+    it (``remember`` strips them) or over :data:`MAX_NAME_CHARS`, aliases without a note
+    name, a subject that is not a person id as ``people.read_person_id`` reads one (no
+    whitespace around, no control character, at most 200 characters).  ValidationError
+    starting with ``where`` and naming the field."""
+    if row.get("aliases") and row.get("name") is None:
+        raise ValidationError(f"{where}: aliases need a note name", field="aliases")
+    for key, label in [("name", row.get("name")), *(("aliases", a) for a in row.get("aliases", ()))]:
+        if label is not None and (not label.strip() or label != label.strip() or len(label) > MAX_NAME_CHARS):
+            raise ValidationError(f"{where}: {key} {label[:40]!r} is not a note name (1 to {MAX_NAME_CHARS} "
+                                  "characters, no whitespace around it)", field=key)
+        check_unicode(label or "", key)
+    for subject in row.get("subjects", ()):
+        _exact_person_id(where, subject, "subjects")
+
+
+def _exact_person_id(where: str, value: str, field: str) -> None:
+    """Refuse a person id that ``people.read_person_id`` would not read back as itself (no
+    operation could name it). ValidationError starting with ``where``, naming ``field``."""
+    try:
+        ok = read_person_id(value, field) == value
+    except ValidationError as exc:
+        raise ValidationError(f"{where}: {exc.message}", field=field) from exc
+    if not ok:
+        raise ValidationError(f"{where}: {field} {value[:40]!r}: a person id must not start or end with "
+                              "whitespace", field=field)
 
 
 def _when(where: str, value: Any, field: str) -> float:
@@ -913,8 +990,8 @@ def _person_op(where: str, p: Any) -> dict[str, Any]:
             raise ValidationError(f"{where}: {key} must be a string", field="people")
     if not (p.get("name") or p.get("relation")):
         raise ValidationError(f"{where}: a person needs a name or a relation", field="people")
-    if isinstance(p.get("id"), str) and p["id"] != p["id"].strip():  # no operation could name it (read_person_id)
-        raise ValidationError(f"{where}: a person id must not start or end with whitespace", field="people")
+    if isinstance(p.get("id"), str):  # one no operation could name (read_person_id) is refused
+        _exact_person_id(where, p["id"], "id")
     merged_ids_of(where, p)
     op = {"op": "person_put", **{k: p.get(k) for k in ("id", "name", "relation", "aliases", "owner",
                                                       "external_id", "metadata")}}

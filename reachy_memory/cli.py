@@ -554,11 +554,18 @@ def cmd_import(args: argparse.Namespace) -> int:
     progress = _progress("importing")
     done = {"people": 0, "memories": 0}
     with _client(args) as c:
-        for batch, persons in import_requests(memories, people, config):
-            got = c.import_memories(batch, persons or None, timeout=_slow_timeout(args, "import"))
-            done = {k: done[k] + got[k] for k in done}
-            if progress and batch:
-                progress(done["memories"], len(memories))
+        try:
+            for batch, persons in import_requests(memories, people, config):
+                got = c.import_memories(batch, persons or None, timeout=_slow_timeout(args, "import"))
+                done = {k: done[k] + got[k] for k in done}
+                if progress and batch:
+                    progress(done["memories"], len(memories))
+        except ReachyMemoryError:  # a request refused by the store (a note name it holds...), a timeout
+            if any(done.values()):
+                print(f"imported {done['people']} people and {done['memories']} memories before the error "
+                      "(those stay imported; once the cause is fixed, the same import again adds the rest)",
+                      file=sys.stderr)
+            raise
     print(f"imported {done['people']} people and {done['memories']} memories "
           "(ids already present were kept as they were)", file=sys.stderr)
     return 0

@@ -169,11 +169,12 @@ class PersonRegistry:
     def _apply_merge(self, keep: str, other: str) -> None:
         if keep not in self._people or keep == other:
             raise ValidationError(f"person_merge: {keep!r} is not a live person or equals {other!r}", field="keep")
-        self._people.pop(other, None)
+        was_live = self._people.pop(other, None) is not None
         self._redirects[other] = keep
-        for source, target in self._redirects.items():
-            if target == other:
-                self._redirects[source] = keep
+        if was_live:  # only a live person is a redirect's target: a redirect-only op retargets none
+            for source, target in self._redirects.items():  # (one per import's merged id: linear, not quadratic)
+                if target == other:
+                    self._redirects[source] = keep
 
     def _apply_delete(self, person_id: str) -> None:
         self._people.pop(person_id, None)
