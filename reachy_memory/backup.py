@@ -177,7 +177,9 @@ def _verify_backup(path: Path, report: VerifyReport, progress: Progress | None) 
 
 
 def _check_links(path: Path, records: list[Any], report: VerifyReport) -> None:
-    """Links a store refuses to make, as an import refuses them (ValidationError noted).
+    """Links a store no longer makes (an import refuses them), noted, not refused: earlier
+    versions made them (``supersede`` closed loops, an import gave a stored note's name to
+    another), such a store opens and verifies, and its backups must restore as it is.
     An expired note holds no name (``_note_holder``): until the sweep, it and the live
     note that took its name over are both in a sound store's backups."""
     now = time.time()
@@ -185,7 +187,7 @@ def _check_links(path: Path, records: list[Any], report: VerifyReport) -> None:
         check_supersession(str(path), records)
         check_note_names(str(path), [r for r in records if not _expired_row(r, now)])
     except ValidationError as exc:
-        report.problems.append(exc.message)
+        report.notes.append(f"{exc.message} (made by an earlier version: restored as it is)")
 
 
 def _expired_row(row: Any, now: float) -> bool:
