@@ -423,10 +423,15 @@ class PeopleMixin:
         return chain
 
     def history(self, memory_id: str) -> list[Memory]:
-        """The supersession chain through ``memory_id``, oldest first (superseded ones included)."""
+        """The supersession chain through ``memory_id``, oldest first (superseded ones included,
+        expired ones not: as ``get``, before the sweep too).  Raises NotFoundError, also for
+        a memory that expired."""
         self._require_open()
+        now = time.time()
         with self._lock:
             rec = self._require_memory(memory_id)
+            if rec.expired(now):
+                raise NotFoundError(f"no memory with id {memory_id!r} (it expired)", memory_id=memory_id)
             before = {r.superseded_by: r for r in self._state.records.values() if r.superseded_by}
             chain = [rec]
             while chain[0].id in before and before[chain[0].id] not in chain:
@@ -436,7 +441,7 @@ class PeopleMixin:
                 if nxt is None or nxt in chain:
                     break
                 chain.append(nxt)
-            return [r.memory() for r in chain]
+            return [r.memory() for r in chain if not r.expired(now)]
 
     def _require_memory(self, memory_id: str) -> Record:
         rec = self._state.records.get(_text(memory_id, "memory_id"))

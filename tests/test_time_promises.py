@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from store_util import abandon
 
-from reachy_memory import Config, MemoryStore
+from reachy_memory import Config, MemoryStore, NotFoundError
 from reachy_memory import backup as bk
 
 pytestmark = pytest.mark.timeout(120)
@@ -237,6 +237,23 @@ def test_an_expired_note_is_gone_before_the_sweep(base_config: Config, tmp_path:
         assert store.get(note.id) is None
         assert store.note("wifi") is None  # it returned the expired note
         store.remember("the wifi password is swordfish", name="wifi", subjects=[])  # "already used by" it
+
+
+def test_history_leaves_out_what_expired_before_the_sweep(base_config: Config, tmp_path: Path) -> None:
+    """``get`` of an expired, unswept memory is None; ``history`` gave its whole chain."""
+    cfg = base_config.replace("memory", path=str(tmp_path / "data"), timezone="UTC")
+    with wall_clock(STARTS[0]) as clock, MemoryStore(config=cfg, embedder=None) as store:
+        [old] = store.remember("the gate code is 1234", expires_in_days=1, subjects=[])
+        new = store.correct(old.id, "the gate code is 5678")
+        assert [m.id for m in store.history(new.id)] == [old.id, new.id]
+        clock.at += 2 * DAY
+        for memory in (old, new):
+            if store.get(memory.id) is None:
+                with pytest.raises(NotFoundError, match="expired"):
+                    store.history(memory.id)
+            else:
+                assert old.id not in [m.id for m in store.history(memory.id)]
+        assert store.get(old.id) is None  # the case this test is about
 
 
 @pytest.mark.parametrize("reopen", ["crash", "compacted"])  # the journal replayed; a snapshot loaded
