@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import tzinfo
 from typing import TYPE_CHECKING, Any
@@ -593,20 +593,15 @@ class PeopleMixin:
         import's B superseded by A: both hidden, and the store's export then refused by
         import).  Each link is followed once (``check_supersession``, with the store)."""
         after = {r["id"]: r.get("superseded_by") for r in rows if r["id"] not in self._state.records}
-        cleared: set[str] = set()
-        for start in after:
-            path: dict[str, None] = {}
-            node: str | None = start
-            while node is not None and node not in cleared and node not in path:
-                path[node] = None
-                stored = self._state.records.get(node)
-                node = after.get(node, stored.superseded_by if stored is not None else None)
-            if node is not None and node in path:
-                loop = [*list(path)[list(path).index(node):], node]
-                raise ValidationError(f"import: superseded_by links loop through stored memories ({' -> '.join(loop)})"
-                                      ": every memory in it would be superseded by another of them",
-                                      field="superseded_by")
-            cleared.update(path)
+
+        def link(node: str) -> str | None:  # the import's link, else the stored memory's
+            stored = self._state.records.get(node)
+            return after.get(node, stored.superseded_by if stored is not None else None)
+
+        loop = _supersession_loop(after, link)
+        if loop:
+            raise ValidationError(f"import: superseded_by links loop through stored memories ({' -> '.join(loop)})"
+                                  ": every memory in it would be superseded by another of them", field="superseded_by")
 
     def _check_names_free(self, rows: list[dict[str, Any]]) -> None:
         """Raise ValidationError if a row not stored yet names its note by a name or alias
@@ -818,19 +813,28 @@ def check_supersession(source: str, memories: Sequence[Any]) -> None:
     ``memories`` are not followed (they may be stored already)."""
     after: dict[str, str] = {m["id"]: m["superseded_by"] for m in memories
              if isinstance(m, Mapping) and isinstance(m.get("id"), str) and isinstance(m.get("superseded_by"), str)}
-    cleared: set[str] = set()  # ids whose chain was walked to its end: each is walked once
-    for start in after:
-        path: dict[str, None] = {}  # ordered, with set lookups: a long chain is walked in linear time
-        node = start
-        while node in after and node not in cleared and node not in path:
+    loop = _supersession_loop(after, after.get)
+    if loop:
+        raise ValidationError(f"{source}: superseded_by links loop ({' -> '.join(loop)}): every memory in it "
+                              "would be superseded by another of them", field="superseded_by")
+
+
+def _supersession_loop(starts: Iterable[str], link: Callable[[str], str | None]) -> list[str] | None:
+    """The first loop of ``superseded_by`` links walked from ``starts`` (``link``: the id a
+    memory is superseded by, or None), as its ids ending with the first again; None when
+    every chain ends.  Each id is walked once: linear in the links, however long a chain."""
+    cleared: set[str] = set()  # ids whose chain was walked to its end
+    for start in starts:
+        path: dict[str, None] = {}  # ordered, with set lookups
+        node: str | None = start
+        while node is not None and node not in cleared and node not in path:
             path[node] = None
-            node = after[node]
-        if node in path:
+            node = link(node)
+        if node is not None and node in path:
             walked = list(path)
-            loop = [*walked[walked.index(node):], node]
-            raise ValidationError(f"{source}: superseded_by links loop ({' -> '.join(loop)}): every memory in it "
-                                  "would be superseded by another of them", field="superseded_by")
+            return [*walked[walked.index(node):], node]
         cleared.update(path)
+    return None
 
 
 def check_note_names(source: str, memories: Sequence[Any]) -> None:
