@@ -312,8 +312,7 @@ def _person_file(path: str, text: str, stamp: str) -> tuple[dict[str, Any], str,
     name, relation = head.get("name"), head.get("relation")
     if not name and not relation:
         raise _Bad("the front matter needs a name or a relation")
-    person = {k: head.get(k) for k in _PERSON_KEYS} | ({"merged_ids": head["merged_ids"]}
-                                                       if head.get("merged_ids") else {})
+    person = _person_front(head)
     person["id"] = person["id"] or _hand_id("person", path, _fold(name or ""), _fold(relation or ""))
     person["name"] = name or ""
     person["aliases"] = person["aliases"] or []
