@@ -50,6 +50,13 @@ def written(path: Path, frames: list[Any]) -> Path:
     return path
 
 
+def crafted(original: list[Any], edit: Callable[[list[Any]], Any], path: Path) -> tuple[Path, list[Any]]:
+    """A copy of ``original``'s frames edited by ``edit``, written to ``path``: (the file, its frames)."""
+    frames = copy.deepcopy(original)
+    edit(frames)
+    return written(path, frames), frames
+
+
 def records(f: list[Any]) -> list[dict[str, Any]]:
     return f[1]["records"]
 
@@ -89,9 +96,7 @@ EDITS: dict[str, Callable[[list[Any]], Any]] = {
 @pytest.mark.parametrize("edit", list(EDITS))
 def test_a_crafted_backup_is_refused_by_verify_and_restore_and_the_store_is_kept(
         original: list[Any], tmp_path: Path, base_config: Config, edit: str) -> None:
-    frames = copy.deepcopy(original)
-    EDITS[edit](frames)
-    bad = written(tmp_path / "bad.rms", frames)
+    bad, _ = crafted(original, EDITS[edit], tmp_path / "bad.rms")
     report = bk.verify(bad)
     assert not report.ok
     data = tmp_path / "data"
@@ -118,9 +123,7 @@ OLDER_LINKS: dict[str, Callable[[list[Any]], Any]] = {
 @pytest.mark.parametrize("edit", list(OLDER_LINKS))
 def test_a_backup_of_a_store_with_links_an_earlier_version_made_verifies_and_restores(
         original: list[Any], tmp_path: Path, base_config: Config, edit: str) -> None:
-    frames = copy.deepcopy(original)
-    OLDER_LINKS[edit](frames)
-    old = written(tmp_path / "old.rms", frames)
+    old, frames = crafted(original, OLDER_LINKS[edit], tmp_path / "old.rms")
     report = bk.verify(old)
     assert report.ok and any("earlier version" in note for note in report.notes), report.to_dict()
     data = tmp_path / "data"
