@@ -25,12 +25,16 @@ they say (the file's path, the person, the item's text), so importing an
 unchanged folder again adds nothing while an edited item imports as a new record.
 Front matter text fields (id, name, relation, owner, external_id, aliases,
 merged_ids) are taken as written (``name: yes`` is the name "yes", ``aliases:
-Annie`` one alias).  A person's ``merged_ids`` (written only when there are some)
+Annie`` one alias).  Other front matter keys (an Obsidian vault's ``tags``,
+``cssclasses``, ``created``...) are left out and reported (``parse``'s ``ignored``),
+their values checked as ours are first; a note without a ``name`` (or without front
+matter) is named by its file, as Obsidian names it; a daily or world file may start
+with front matter, which is skipped the same way.  A person's ``merged_ids`` (written only when there are some)
 are the person ids merged into it: an import makes them resolve to it again.
 Files and folders whose names start with "." are skipped, as are files outside
 ``people/``, ``notes/``, ``daily/`` and ``world.md``.
 
-Bad input (broken front matter, an impossible time, a wrong type, a file over
+Bad input (broken front matter or a YAML alias in a key left out, an impossible time, a wrong type, a file over
 the size limit, non-UTF-8, a path leaving the folder, a symlink, a file that is
 not a regular file) is a :class:`ValidationError` naming the file (and line),
 raised before anything is imported; every record returned has been checked.
@@ -200,12 +204,15 @@ def _slug(text: str) -> str:
 
 # -- parse -------------------------------------------------------------------------------------
 
-def parse(files: dict[str, str], now: str | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def parse(files: dict[str, str], now: str | None = None, ignored: dict[str, list[str]] | None = None,
+          ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(memories, people) read back from ``files``, every record checked (types, times,
     memory types, metadata shape, person fields, ids unique).  Hand-written records
     get ids derived from their path and text (the same folder gives the same ids);
     ``now`` (ISO) is their time when they give none.  Hidden paths and files that are
-    not part of the layout are skipped.
+    not part of the layout are skipped.  Front matter keys that are none of ours
+    (Obsidian's ``tags``, ``cssclasses``, ``created``...) are checked as ours are, then
+    left out; ``ignored``, when given, gets each such file's path -> those keys.
 
     Raises ValidationError naming the file (and line) at fault.
     """
@@ -220,7 +227,7 @@ def parse(files: dict[str, str], now: str | None = None) -> tuple[list[dict[str,
             continue
         try:
             with _at(None):
-                got, person = _parse_file(kind, path, files[path].removeprefix("\ufeff"), stamp)
+                got, person, unused = _parse_file(kind, path, files[path].removeprefix("\ufeff"), stamp)
                 _unique(path, "memory", got, seen)
                 _unique(path, "person", [person] if person else [], seen)
         except _Bad as exc:
@@ -228,6 +235,8 @@ def parse(files: dict[str, str], now: str | None = None) -> tuple[list[dict[str,
             raise ValidationError(f"{where}: {exc}", field="file") from exc
         memories += got
         people += [person] if person else []
+        if unused and ignored is not None:
+            ignored[path] = unused
     return memories, people
 
 
@@ -279,13 +288,18 @@ def _unique(path: str, kind: str, records: list[dict[str, Any]], seen: dict[str,
         seen[key] = path
 
 
-def _parse_file(kind: str, path: str, text: str, stamp: str) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+def _parse_file(kind: str, path: str, text: str,
+                stamp: str) -> tuple[list[dict[str, Any]], dict[str, Any] | None, list[str]]:
+    """(memories, person or None, the front matter keys left out) of one file."""
     if kind == "person":
-        person, body, first = _person_file(path, text, stamp)
-        return _lines(path, body, first, stamp, [person["id"]], None), person
+        person, body, first, unused = _person_file(path, text, stamp)
+        return _lines(path, body, first, stamp, [person["id"]], None), person, unused
     if kind == "note":
-        return [_parse_note(path, text, stamp)], None
-    return _lines(path, text, 1, stamp, [], _day(path) if kind == "daily" else None), None
+        note, unused = _parse_note(path, text, stamp)
+        return [note], None, unused
+    day = _day(path) if kind == "daily" else None
+    _, body, first, unused = _split_front(text, (), optional=True)  # an Obsidian daily note's properties
+    return _lines(path, body, first, stamp, [], day), None, unused
 
 
 def _day(path: str) -> str:
@@ -306,9 +320,10 @@ def _fold(text: str) -> str:
     return " ".join(text.split()).casefold()
 
 
-def _person_file(path: str, text: str, stamp: str) -> tuple[dict[str, Any], str, int]:
-    """The person of a person file (checked), its body and the body's first line number."""
-    head, body, first = _split_front(text, _PERSON_FRONT)
+def _person_file(path: str, text: str, stamp: str) -> tuple[dict[str, Any], str, int, list[str]]:
+    """The person of a person file (checked), its body, the body's first line number and
+    the front matter keys left out."""
+    head, body, first, unused = _split_front(text, _PERSON_FRONT)
     name, relation = head.get("name"), head.get("relation")
     if not name and not relation:
         raise _Bad("the front matter needs a name or a relation")
@@ -319,7 +334,7 @@ def _person_file(path: str, text: str, stamp: str) -> tuple[dict[str, Any], str,
     person["metadata"] = {} if person["metadata"] is None else person["metadata"]
     person["created_at"] = _iso(person["created_at"] or stamp, "created_at")
     person["updated_at"] = _iso(person["updated_at"] or person["created_at"], "updated_at")
-    return _checked_person(person), body, first
+    return _checked_person(person), body, first, unused
 
 
 def _checked_person(person: dict[str, Any]) -> dict[str, Any]:
@@ -333,12 +348,15 @@ def _checked_person(person: dict[str, Any]) -> dict[str, Any]:
     return person
 
 
-def _parse_note(path: str, text: str, stamp: str) -> dict[str, Any]:
-    """The named note of a note file, checked; its body as written when exported."""
-    head, body, _ = _split_front(text, _NOTE_KEYS)
+def _parse_note(path: str, text: str, stamp: str) -> tuple[dict[str, Any], list[str]]:
+    """The named note of a note file, checked (its body as written when exported), and the
+    front matter keys left out. Without front matter, or a name in it, the note is named
+    by its file name (as Obsidian names a note)."""
+    head, body, _, unused = _split_front(text, _NOTE_KEYS, optional=True)
     name = head.get("name")
+    name = PurePosixPath(path).name[:-3] if name is None else name
     if not isinstance(name, str) or not name.strip():
-        raise _Bad("a note needs a name in its front matter")
+        raise _Bad("a note's name must be text")
     meta = {} if head.get("rm") is None else head["rm"]
     if not isinstance(meta, dict):
         raise _Bad("rm must be a mapping (the fields the export wrote)")
@@ -348,7 +366,7 @@ def _parse_note(path: str, text: str, stamp: str) -> dict[str, Any]:
     record = ({"type": "fact", "created_at": stamp, "metadata": {}, "subjects": []} | meta
               | {"content": content, "name": name, "aliases": head.get("aliases") or []})
     record.setdefault("id", _hand_id("note", path, name, content))
-    return _checked_memory(record)
+    return _checked_memory(record), unused
 
 
 def _lines(path: str, text: str, first: int, stamp: str, subjects: list[str], day: str | None) -> list[dict[str, Any]]:
@@ -460,20 +478,31 @@ def _unstrike(text: str) -> str:
     return text[2:-2] if text.startswith("~~") and text.endswith("~~") and len(text) > 4 else text
 
 
-def _split_front(text: str, keys: tuple[str, ...]) -> tuple[dict[str, Any], str, int]:
-    """(front matter, body as written, the body's first line number). Raises _Bad."""
+def _split_front(text: str, keys: tuple[str, ...], *,
+                 optional: bool = False) -> tuple[dict[str, Any], str, int, list[str]]:
+    """(front matter: its fields among ``keys``, body as written, the body's first line
+    number, the other keys in file order). ``optional``: a text without front matter (not
+    starting with a '---' line closed by another) is all body. Raises _Bad."""
     lines = _RAW_LINE.findall(text)
     if not lines or lines[0].rstrip(" \t\r\n") != "---":
+        if optional:
+            return {}, text, 1, []
         raise _Bad("expected front matter between '---' lines", 1)
     for i, line in enumerate(lines[1:], 1):
         if line.rstrip(" \t\r\n") == "---":
-            return _front_matter("".join(lines[1:i]), keys), "".join(lines[i + 1 :]), i + 2
+            head, unused = _front_matter("".join(lines[1:i]), keys)
+            return head, "".join(lines[i + 1 :]), i + 2, unused
+    if optional:
+        return {}, text, 1, []
     raise _Bad("the front matter is not closed by a '---' line")
 
 
-def _front_matter(text: str, keys: tuple[str, ...]) -> dict[str, Any]:
-    """The mapping of front matter (starting at line 2), text fields as written. Raises _Bad,
-    also for a character YAML refuses (NUL, other controls) and a key given twice."""
+def _front_matter(text: str, keys: tuple[str, ...]) -> tuple[dict[str, Any], list[str]]:
+    """(the fields of front matter (starting at line 2) among ``keys``, text fields as
+    written; the other keys, in file order, their values checked then left out). Raises
+    _Bad, also for a character YAML refuses (NUL, other controls), a key given twice, a key
+    that is not text, and a left-out value with a YAML tag the safe loader refuses or a
+    YAML alias (``*name``: the expansion of an alias bomb is never built)."""
     try:
         loader = _Loader(text)  # checks every character first
     except yaml.reader.ReaderError as exc:
@@ -488,11 +517,15 @@ def _front_matter(text: str, keys: tuple[str, ...]) -> dict[str, Any]:
         except yaml.YAMLError as exc:
             raise _Bad(f"broken front matter ({exc})") from exc
         if node is None:
-            return {}
+            return {}, []
         if not isinstance(node, yaml.MappingNode):
             raise _Bad("the front matter must be a mapping", 2)
         _no_key_twice(node)
-        return dict(_front_field(loader, key, value, keys) for key, value in node.value)
+        ours = [(k, v) for k, v in node.value if _known(k, keys)]
+        others = [(k, v) for k, v in node.value if not _known(k, keys)]
+        for key, value in others:
+            _check_ignored(loader, key, value)
+        return dict(_front_field(loader, key, value) for key, value in ours), [str(k.value) for k, _ in others]
     finally:
         loader.dispose()
 
@@ -516,11 +549,37 @@ class _Loader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def _front_field(loader: _Loader, key_node: yaml.Node, node: yaml.Node,
-                 keys: tuple[str, ...]) -> tuple[str, Any]:
+def _known(key_node: yaml.Node, keys: tuple[str, ...]) -> bool:
+    """Whether a front matter key is one of ``keys``. Raises _Bad for a key that is not
+    text (a list or mapping as a key: no editor writes one)."""
+    if not isinstance(key_node, yaml.ScalarNode):
+        raise _Bad("a front matter key must be text, not a list or mapping", 2 + key_node.start_mark.line)
+    return key_node.value in keys and key_node.tag != "tag:yaml.org,2002:merge"
+
+
+def _check_ignored(loader: _Loader, key_node: yaml.Node, node: yaml.Node) -> None:
+    """Check a value that is left out as a known one is read (the safe loader: YAML tags,
+    depth), without YAML aliases (one node reached twice). Raises _Bad at its line."""
+    line, seen, todo = 2 + key_node.start_mark.line, set(), [node]
+    while todo:
+        item = todo.pop()
+        if id(item) in seen:
+            raise _Bad(f"{key_node.value}: YAML aliases (*name) are not read in front matter we do not use", line)
+        seen.add(id(item))
+        if isinstance(item, yaml.SequenceNode):
+            todo += item.value
+        elif isinstance(item, yaml.MappingNode):
+            todo += [part for pair in item.value for part in pair]
+    try:
+        with _at(line):
+            loader.construct_object(key_node, deep=True)
+            loader.construct_object(node, deep=True)
+    except yaml.YAMLError as exc:
+        raise _Bad(f"{key_node.value}: {exc}", line) from exc
+
+
+def _front_field(loader: _Loader, key_node: yaml.Node, node: yaml.Node) -> tuple[str, Any]:
     key, line = key_node.value, 2 + node.start_mark.line
-    if not isinstance(key_node, yaml.ScalarNode) or key not in keys:
-        raise _Bad(f"unknown key {key!r} (known: {', '.join(keys)})", 2 + key_node.start_mark.line)
     if key in _TEXT_KEYS:
         return key, _as_written(node, key, line)
     if key in _LIST_KEYS:

@@ -547,8 +547,11 @@ def cmd_import(args: argparse.Namespace) -> int:
     if Path(args.file).is_dir():
         from ._markdown import parse, read_dir
 
-        memories, people = parse(read_dir(args.file))
+        ignored: dict[str, list[str]] = {}
+        memories, people = parse(read_dir(args.file), ignored=ignored)
         check_entries(memories, people, args.file, config)  # the store's limits, before anything is sent
+        for path, keys in ignored.items():  # an Obsidian vault's tags, cssclasses...: no field of ours
+            print(f"{path}: front matter keys ignored (no field of ours): {', '.join(keys)}", file=sys.stderr)
     else:
         memories, people = read_jsonl(Path(args.file), config)  # every line checked: nothing sent on an error
     progress = _progress("importing")

@@ -31,6 +31,12 @@ NAME's (a fact's ``shared: true``: the household's), ``forget_memory`` refuses
 another user's own memory; see :mod:`reachy_memory.integrations.tools` for the
 details. The owner is fixed for the server's life.
 
+Tool descriptions state how long conversation memories are kept: the TTL of the
+store opened with ``--data-dir``, else the daemon's (its ``stats`` reply, asked once at
+start); with no daemon answering then, this process's configuration's
+``memory.conversation_ttl_days`` (normally the file the daemon reads too; stderr
+says so). The tool list is built once, so clients caching it see no change.
+
 Threads: the MCP SDK's event loop owns the client (or, for ``--data-dir``, a
 single worker thread owns the store).
 """
@@ -52,9 +58,21 @@ from ._ingest import check_owner
 from .config import Config
 from .endpoint import prepare_ipc_dir, runtime_dir
 from .errors import ConfigError, ReachyMemoryError, StoreLockedError, ValidationError
-from .integrations.tools import TOOLS, Backend, DaemonBackend, LocalBackend, ToolDef, error_text
+from .integrations.tools import (
+    TOOLS,
+    Backend,
+    DaemonBackend,
+    LocalBackend,
+    ToolDef,
+    daemon_retention,
+    error_text,
+    local_retention,
+    retention_text,
+    tools_for,
+)
 
 DEFAULT_PORT = 8765
+RETENTION_TIMEOUT = 2.0  # seconds to wait at start for the daemon to say its conversation TTL
 INSTRUCTIONS = (
     "Long-term memory of a Reachy Mini robot. Search it before answering questions about the user, people "
     "the robot knows or earlier conversations; store lasting facts as \"fact\", today's task or situation as "
@@ -194,6 +212,17 @@ def token_path(config: Config, given: str | os.PathLike[str] | None) -> Path:
     return path
 
 
+def _daemon_days(config: Config, endpoint: str | None) -> float:
+    """The conversation TTL the tool descriptions state: the daemon's, asked once at start
+    (at most :data:`RETENTION_TIMEOUT` seconds); if none answers, this configuration's
+    (said on stderr). The tool list is built once: it does not change for the server's life."""
+    days, asked = daemon_retention(config, endpoint, RETENTION_TIMEOUT)
+    if not asked:
+        print(f"reachy-memory mcp: no daemon answered yet; the tools say conversation memories are kept "
+              f"{retention_text(days)} (this configuration's memory.conversation_ttl_days)", file=sys.stderr)
+    return days
+
+
 def run(config: Config, *, in_process: bool = False, http: bool = False, port: int = DEFAULT_PORT,
         timeout: float = 10.0, owner: str | None = None, token_file: str | os.PathLike[str] | None = None,
         endpoint: str | None = None) -> int:
@@ -227,8 +256,10 @@ def run(config: Config, *, in_process: bool = False, http: bool = False, port: i
                                        "to serve the running daemon's store, leave --data-dir out",
                                        **exc.fields) from exc
             service = _Service(lambda: local)
+            days = local_retention(local.memory_store)
         else:
             service = _Service(lambda: DaemonBackend.from_config(config, timeout, owner=owner, endpoint=endpoint))
+            days = _daemon_days(config, endpoint)
         where = f"store {config.data_dir}" if in_process else "the daemon"
         where += f" as user {owner!r}" if owner is not None else ""
         print(f"reachy-memory mcp: serving {', '.join(t.name for t in TOOLS)} on "
@@ -236,7 +267,7 @@ def run(config: Config, *, in_process: bool = False, http: bool = False, port: i
         if token_at is not None:
             print(f"reachy-memory mcp: HTTP clients must send 'Authorization: Bearer <token>', the token in "
                   f"{token_at}", file=sys.stderr)
-        anyio.run(_serve, build_server(service), service, sock, token)
+        anyio.run(_serve, build_server(service, tools_for(days)), service, sock, token)
     finally:
         if sock is not None:
             sock.close()

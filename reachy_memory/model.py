@@ -28,7 +28,7 @@ SEARCH_MIN_SCORE = 0.3
 class MemoryType(enum.Enum):
     """The three kinds of memory."""
 
-    CONVERSATION = "conversation"  # dialogue; expires after 30 days
+    CONVERSATION = "conversation"  # dialogue; expires after memory.conversation_ttl_days (30 by default)
     FACT = "fact"  # preferences, people, learned things; never expires
     CONTEXT = "context"  # current task or topic; expires at the end of the day
 

@@ -890,7 +890,7 @@ class MemoryStore(PeopleMixin):
                 self._commit(ops)
 
     def stats(self) -> dict[str, Any]:
-        """Counts, sizes and the embedder's state.  Takes no lock (a compaction or a
+        """Counts, sizes, the embedder's state and the conversation TTL.  Takes no lock (a compaction or a
         search never makes it wait); the figures may be one write apart."""
         self._require_open()
         for _ in range(3):
@@ -913,6 +913,7 @@ class MemoryStore(PeopleMixin):
             "embedder_error": self.embedder_error, "index": state.vectors.stats(),
             "read_only": self._storage.failure, "lexical_terms": state.lexical.term_count,
             "compacting": self._storage.compacting is not None,
+            "conversation_ttl_days": self._config.memory.conversation_ttl_days,  # what the LLM tools tell a model
         }
 
     @property

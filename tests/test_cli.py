@@ -734,3 +734,22 @@ def test_backup_and_import_wait_no_longer_than_timeout_says(tmp_path: Path, comm
             frozen.proc.send_signal(signal.SIGCONT)
     assert out.returncode == 4 and "no reply" in out.stderr, out.stderr
     assert took < 40, took
+
+
+def test_importing_an_obsidian_vault_names_the_front_matter_keys_it_left_out(daemon: DaemonProcess,
+                                                                             tmp_path: Path) -> None:
+    """Any front matter key not ours refused the whole folder; now the notes import and
+    the keys left out are named, file by file."""
+    from tests.test_markdown import OBSIDIAN
+
+    for rel, text in OBSIDIAN.items():
+        (tmp_path / "vault" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "vault" / rel).write_text(text, encoding="utf-8")
+    done = cli(daemon, "import", str(tmp_path / "vault"))
+    assert done.returncode == 0, done.stderr
+    assert "notes/Wifi.md: front matter keys ignored (no field of ours): tags, cssclasses, created\n" in done.stderr
+    assert "world.md: front matter keys ignored (no field of ours): up\n" in done.stderr
+    assert "imported 1 people and 5 memories" in done.stderr
+    with daemon.client() as c:
+        note = c.note("router")  # Obsidian's alias is the note's alias
+    assert note is not None and note.name == "Wifi" and note.content.startswith("The password is on the fridge")

@@ -24,7 +24,7 @@ import json
 import re
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -840,3 +840,27 @@ def test_a_bound_remember_takes_no_note_name(config: Config, owner: str | None, 
     else:
         assert error in result["error"] and diary not in result["error"]
         assert note is None or note.id == diary  # nothing stored
+
+
+def test_descriptions_state_the_configured_retention(tmp_path: Path) -> None:
+    """They said conversation memories are "kept 30 days" whatever ``memory.conversation_ttl_days``
+    was: a robot configured for 7 days told its model 30."""
+    for sub in ("d", "none", "local"):
+        (tmp_path / sub).mkdir()
+    with DaemonProcess(tmp_path / "d", memory={"conversation_ttl_days": 7}, embedding={"enabled": False}) as d:
+        here = replace(d.config, memory=replace(d.config.memory, conversation_ttl_days=30.0))
+        made = {cls.name: cls(config=here).spec() for cls in TOOL_CLASSES}  # the daemon's TTL, not this config's
+        again = StoreMemory(backend=DaemonBackend.from_config(here)).spec()
+    store, search = made["store_memory"], made["search_memories"]
+    assert "kept 7 days" in store["description"] and "30 days" not in json.dumps(store)
+    assert store["parameters"]["properties"]["memory_type"]["description"].startswith('"fact" (forever), '
+                                                                                      '"conversation" (7 days)')
+    assert '"conversation": things that were said, kept 7 days' in search["description"]
+    assert again == store  # asked once: the same text for every tool made in this process
+    assert made["forget_memory"] == ForgetMemory().spec()  # the others say no retention
+    nobody = DaemonProcess(tmp_path / "none", memory={"conversation_ttl_days": 3})  # no daemon: this config's
+    assert "kept 3 days" in StoreMemory(config=nobody.config).description
+    config = DaemonProcess(tmp_path / "local", memory={"conversation_ttl_days": 0.5}).config
+    with MemoryStore(config=config, embedder=None) as local:
+        assert "kept 12 hours" in SearchMemories(backend=LocalBackend(local)).spec()["description"]
+    assert "kept 30 days" in StoreMemory.description  # the class: the default configuration's text

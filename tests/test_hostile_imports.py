@@ -162,6 +162,15 @@ def test_many_merged_ids_apply_in_linear_time() -> None:
     ("---\nname: a\x00b\n---\n- x\n", r"people/a.md:2: broken front matter \(the character U\+0000"),  # ReaderError
     ("---\nname: Ann\nname: Bob\n---\n- x\n", "people/a.md:3: the key 'name' is given twice"),
     ("---\nname: Ann\nmetadata: {k: 1, k: 2}\n---\n- x\n", "people/a.md:3: the key 'k' is given twice"),
+    # in keys that are none of ours (left out, so checked before they are)
+    ("---\nname: Ann\ntags: [a]\ntags: [b]\n---\n- x\n", "people/a.md:4: the key 'tags' is given twice"),
+    ("---\nname: Ann\ncssclasses: a\x00b\n---\n- x\n", r"people/a.md:3: broken front matter \(the character U\+0000"),
+    ("---\nname: Ann\ntags: !!python/object/apply:os.system [echo]\n---\n- x\n",
+     "people/a.md:3: tags: could not determine a constructor"),
+    ("---\nname: Ann\na: &a [x, x]\nb: &b [*a, *a]\nc: [*b, *b]\n---\n- x\n",
+     r"people/a.md:4: b: YAML aliases \(\*name\) are not read"),
+    ("---\nname: Ann\nloop: &l [*l]\n---\n- x\n", r"people/a.md:3: loop: YAML aliases"),
+    ("---\nname: Ann\nkeywords: " + "[" * 100_000 + "]" * 100_000 + "\n---\n- x\n", "people/a.md: maximum recursion"),
 ])
 def test_markdown_front_matter_faults_are_validation_errors(tmp_path: Path, text: str, message: str) -> None:
     (tmp_path / "people").mkdir()

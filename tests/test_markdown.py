@@ -73,7 +73,9 @@ def _clean(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def test_render_then_parse_gives_back_every_memory_and_person(data: tuple[list[dict[str, Any]], ...]) -> None:
     memories, people = data
     files = render(memories, people)
-    got_memories, got_people = parse(files)
+    ignored: dict[str, list[str]] = {}
+    got_memories, got_people = parse(files, ignored=ignored)
+    assert ignored == {}  # our own front matter: every key ours
     assert _clean(got_people) == _clean(people)
     assert _clean(got_memories) == _clean(memories)
     for path, text in files.items():  # a list file has no line end str.splitlines() sees and parse does not
@@ -124,7 +126,7 @@ def test_hand_written_files_become_sensible_records() -> None:
     ({"people/x.md": "---\nname: X\n- fact\n"}, "not closed"),  # front matter never closed
     ({"people/x.md": "---\n- a list\n---\n"}, "mapping"),  # front matter of the wrong shape
     ({"people/x.md": "---\naliases: [a]\n---\n"}, "name or a relation"),  # nobody named
-    ({"notes/x.md": "---\naliases: [a]\n---\ntext"}, "needs a name"),  # a note without a name
+    ({"notes/x.md": "---\nname: ' '\naliases: [a]\n---\ntext"}, "name must be text"),  # a blank name
     ({"world.md": "- bad <!-- rm {not json} -->\n"}, "world.md:1"),  # a damaged comment names the line
     ({"../escape.md": "- x\n"}, "outside"),  # a path leaving the folder
     ({"/etc/x.md": "- x\n"}, "outside"),  # an absolute path
@@ -228,9 +230,11 @@ def test_an_edited_line_imports_as_a_new_record() -> None:
     # the same id twice
     ({"world.md": "- x  <!-- rm {\"id\": \"a\"} -->\n", "daily/2026-11-02.md": "- y  <!-- rm {\"id\": \"a\"} -->\n"},
      "world.md", "given twice (also in daily/2026-11-02.md)"),
-    # a name YAML reads as a list, an unknown front matter key, a person's metadata of the wrong type
+    # a name YAML reads as a list, a front matter key we leave out with a YAML tag, a person's metadata of
+    # the wrong type
     ({"people/x.md": "---\nname: [a, b]\n---\n"}, "people/x.md:2", "name must be text"),
-    ({"people/x.md": "---\nname: X\nbirthday: 1990-01-01\n---\n"}, "people/x.md:3", "unknown key 'birthday'"),
+    ({"people/x.md": "---\nname: X\nbirthday: !!python/name:os.system\n---\n"}, "people/x.md:3",
+     "birthday: could not determine a constructor"),
     ({"people/x.md": "---\nname: X\nmetadata: {a: {b: 1}}\n---\n"}, "people/x.md", "metadata"),
     # a lone surrogate given to parse
     ({"world.md": "- a\ud800b\n"}, "world.md:1", "surrogate"),
@@ -333,3 +337,31 @@ def test_an_older_export_with_a_raw_marker_in_its_comment_still_reads() -> None:
     line = '- x  <!-- rm {"content": "<!-- rm {} --> x", "created_at": "2026-01-01T00:00:00+00:00", "id": "m1"} -->'
     memories, _ = parse({"world.md": "# World\n\n" + line + "\n"})
     assert [(m["id"], m["content"]) for m in memories] == [("m1", "<!-- rm {} --> x")]
+
+
+OBSIDIAN = {  # notes as Obsidian writes them: its properties, tags, wikilinks; daily notes by date
+    "notes/Wifi.md": "---\ntags:\n  - home\n  - network\naliases:\n  - router\ncssclasses: [wide]\n"
+                     "created: 2026-11-01T09:12\n---\nThe password is on the fridge, see [[Kitchen]].\n",
+    "notes/Plants.md": "Water the ferns on Sundays. #garden\n",  # no properties at all
+    "people/Sarah.md": "---\nname: Sarah\naliases: [Sassy]\ntags: [person]\npublish: false\n---\n"
+                       "- likes Italian food\n",
+    "daily/2026-11-02.md": "---\ntags: [daily]\nmood: 7\n---\n- 14:05 user: shall we go to the park?\n",
+    "world.md": "---\nup: \"[[Home]]\"\n---\n- The bins go out on Monday\n",
+}
+
+
+def test_an_obsidian_vault_imports_and_says_which_keys_it_left_out() -> None:
+    """Any front matter key that was not ours refused the whole folder ("unknown key 'tags'"),
+    and a note had to have a ``name``: an Obsidian vault could not be imported at all."""
+    ignored: dict[str, list[str]] = {}
+    memories, people = parse(OBSIDIAN, now="2026-11-22T10:00:00+00:00", ignored=ignored)
+    assert ignored == {"notes/Wifi.md": ["tags", "cssclasses", "created"], "people/Sarah.md": ["tags", "publish"],
+                       "daily/2026-11-02.md": ["tags", "mood"], "world.md": ["up"]}
+    notes = {m["name"]: m for m in memories if m.get("name")}
+    assert notes["Wifi"]["aliases"] == ["router"]  # Obsidian's aliases are our note aliases
+    assert notes["Wifi"]["content"] == "The password is on the fridge, see [[Kitchen]]."
+    assert notes["Plants"]["content"] == "Water the ferns on Sundays. #garden"  # named by its file, as Obsidian does
+    assert [(p["name"], p["aliases"]) for p in people] == [("Sarah", ["Sassy"])]
+    facts = sorted(m["content"] for m in memories if not m.get("name"))
+    assert facts == ["The bins go out on Monday", "likes Italian food", "shall we go to the park?"]
+    assert parse(OBSIDIAN, now="2026-11-22T10:00:00+00:00") == (memories, people)  # the same ids again

@@ -430,3 +430,25 @@ def test_a_token_file_without_http_is_a_usage_error(tmp_path: Path) -> None:
     out = run_cli(DaemonProcess(tmp_path), "mcp", "--token-file", str(tmp_path / "token"))
     assert out.returncode == 2 and "--token-file is for --http" in out.stderr, out.stderr
     assert not (tmp_path / "token").exists()
+
+
+def test_tool_descriptions_state_the_configured_retention(tmp_path: Path) -> None:
+    """The listed tools said "kept 30 days" whatever ``memory.conversation_ttl_days`` was."""
+    for sub in ("d", "client", "none", "local"):
+        (tmp_path / sub).mkdir()
+
+    def listed(args: list[str]) -> dict[str, Any]:
+        tools, _ = session_run(args, [])
+        return {t.name: {"description": t.description, "input_schema": t.input_schema} for t in tools.tools}
+
+    with DaemonProcess(tmp_path / "d", memory={"conversation_ttl_days": 7}, embedding={"enabled": False}) as d:
+        client = DaemonProcess(tmp_path / "client")  # this config says 30 days: the daemon's 7 are said
+        on_daemon = listed(["--config", str(client.config_path), "--endpoint", d.endpoint])
+    assert "kept 7 days" in on_daemon["store_memory"]["description"] and "30 days" not in json.dumps(on_daemon)
+    assert "(7 days)" in on_daemon["store_memory"]["input_schema"]["properties"]["memory_type"]["description"]
+    assert "kept 7 days" in on_daemon["search_memories"]["description"]
+    nobody = DaemonProcess(tmp_path / "none", memory={"conversation_ttl_days": 3})  # no daemon yet: this config's
+    assert "kept 3 days" in listed(["--config", str(nobody.config_path)])["store_memory"]["description"]
+    local = DaemonProcess(tmp_path / "local", memory={"conversation_ttl_days": 0.5})
+    in_process = listed(["--config", str(local.config_path), "--data-dir", str(tmp_path / "local" / "data")])
+    assert "kept 12 hours" in in_process["search_memories"]["description"]

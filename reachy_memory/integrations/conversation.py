@@ -21,6 +21,13 @@ folder mixes it in (where that folder is, and what later app versions changed:
     class SearchMemoriesTool(SearchMemories, Tool):
         pass
 
+Descriptions: an instance's ``description`` and ``parameters_schema`` (what ``spec()``
+sends) state how long conversation memories are kept, read when the tool is made: a
+given in-process store's ``memory.conversation_ttl_days``, else the daemon's (asked once
+per process and endpoint, at most a second; a missing ipc socket is not waited for),
+else, with no daemon answering yet, the configuration's own. The class attributes keep
+the default configuration's text.
+
 Behaviour the app relies on:
 
 * bad arguments and memory errors come back as ``{"error": "..."}`` (the
@@ -61,6 +68,7 @@ from ..client import AsyncMemoryClient
 from ..config import Config, load_config
 from ..errors import ConfigError, ReachyMemoryError
 from .tools import (
+    DEFAULT_CONVERSATION_DAYS,
     FORGET_MEMORY,
     MAX_ERROR_CHARS,
     RECALL,
@@ -70,7 +78,10 @@ from .tools import (
     Backend,
     DaemonBackend,
     ToolDef,
+    daemon_retention,
     error_text,
+    local_retention,
+    tools_for,
 )
 
 DEFAULT_TIMEOUT = 5.0
@@ -101,8 +112,8 @@ class MemoryTool:
 
     definition: ClassVar[ToolDef]
     name: ClassVar[str]
-    description: ClassVar[str]
-    parameters_schema: ClassVar[dict[str, Any]]
+    description: str  # the class's: the default retention; an instance's: its own (``__init__``)
+    parameters_schema: dict[str, Any]  # as description: the class's, or the instance's own
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -119,6 +130,10 @@ class MemoryTool:
         self._backend = _as_backend(backend) if backend is not None else None
         self._config = config
         self._owner = None if owner is None else check_owner(owner)
+        days = _conversation_days(self._backend, config)
+        if days != DEFAULT_CONVERSATION_DAYS:  # the class's text says the default retention
+            described = _described(self.definition, days)
+            self.description, self.parameters_schema = described.description, described.parameters_schema()
 
     def spec(self) -> dict[str, Any]:
         """The function spec the app sends to the model."""
@@ -170,6 +185,28 @@ class MemoryTool:
         if self._config is not None and self._backend is not None:
             await self._backend.aclose()
             self._backend = None
+
+
+def _described(definition: ToolDef, days: float) -> ToolDef:
+    """``definition`` as the table for a ``days`` conversation TTL words it."""
+    return next(t for t in tools_for(days) if t.name == definition.name)
+
+
+def _conversation_days(backend: Backend | None, config: Config | None) -> float:
+    """The conversation TTL a tool's description states: an in-process store's; else the
+    daemon's (the given backend's, or the one ``config``, else ``$REACHY_MEMORY_CONFIG``,
+    names), asked once per process and endpoint (see :func:`~.tools.daemon_retention`),
+    that configuration's own if none answers; the default if the configuration is
+    unreadable (the calls will say why). Never raises."""
+    store = getattr(backend, "memory_store", None)
+    if store is not None:
+        return local_retention(store)
+    if isinstance(backend, DaemonBackend):
+        return daemon_retention(backend.client.config, backend.client.endpoint)[0]
+    try:
+        return daemon_retention(config if config is not None else load_config())[0]
+    except ReachyMemoryError:
+        return DEFAULT_CONVERSATION_DAYS
 
 
 def _as_backend(obj: Backend | AsyncMemoryClient) -> Backend:

@@ -158,9 +158,10 @@ class MemoryBridge:
 
     def record_turn(self, role: str, text: str, person: str | None = None, *, owner: str | None = None) -> bool:
         """Queue one conversation turn: appended to the daemon's context window and kept
-        as a CONVERSATION memory (30 days) tagged with ``role`` and ``person`` (default:
-        the current person; a display name in metadata), owned by ``owner`` (the user
-        of the robot whose turn it is, None: unscoped). Returns False if it was dropped
+        as a CONVERSATION memory (``memory.conversation_ttl_days``, 30 by default) tagged
+        with ``role`` and ``person`` (default: the current person; a display name in
+        metadata), owned by ``owner`` (the user of the robot whose turn it is, None:
+        unscoped). Returns False if it was dropped
         (queue full or closed). Raises ValidationError for a bad owner, queueing nothing."""
         owned = _owned(owner)
 

@@ -45,7 +45,9 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import math
+import threading
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -54,8 +56,9 @@ from typing import Any, Literal, Protocol, Self
 
 from .._ingest import check_owner
 from .._mentions import norm
-from ..client import AsyncMemoryClient
-from ..config import Config
+from ..client import AsyncMemoryClient, MemoryClient
+from ..config import Config, MemoryConfig
+from ..endpoint import ipc_path, resolve_endpoint
 from ..errors import DaemonUnavailableError, ReachyMemoryError, RequestTimeoutError, ValidationError
 from ..model import SEARCH_LIMIT, Memory, MemoryType, SearchResult
 from ..people import names_someone
@@ -66,9 +69,25 @@ MAX_ERROR_CHARS = 1000  # an error text a tool hands a model (it may echo a huge
 START_HINT = ("start it with `reachy-memory serve` (on the robot: `sudo systemctl start reachy-memory`), "
               "or run `reachy-memory mcp --data-dir DIR` to open a store in this process instead")
 
-TYPE_GUIDE = ('"fact": lasting knowledge (preferences, names, relationships, birthdays, things learned about '
-              'people or the home), kept forever; "conversation": things that were said, kept 30 days; '
-              '"context": the current task, topic or situation, kept until the end of today.')
+DEFAULT_CONVERSATION_DAYS = MemoryConfig.conversation_ttl_days  # what TOOLS say: the default config's
+
+
+def retention_text(days: float) -> str:
+    """How long a conversation memory is kept, as a model reads it: ``"30 days"``, ``"1 day"``,
+    ``"1.5 days"``, ``"12 hours"`` (under a day: hours; one decimal at most)."""
+    amount, unit = (round(days * 24, 1), "hour") if days < 1 else (round(days, 1), "day")
+    return f"{amount:g} {unit}{'' if amount == 1 else 's'}"
+
+
+def type_guide(conversation_days: float) -> str:
+    """The memory types and how long each is kept, conversation turns for ``conversation_days``."""
+    return ('"fact": lasting knowledge (preferences, names, relationships, birthdays, things learned about '
+            f'people or the home), kept forever; "conversation": things that were said, kept '
+            f'{retention_text(conversation_days)}; "context": the current task, topic or situation, kept until '
+            'the end of today.')
+
+
+TYPE_GUIDE = type_guide(DEFAULT_CONVERSATION_DAYS)
 
 
 class Backend(Protocol):
@@ -304,47 +323,59 @@ async def _recall(backend: Backend, a: dict[str, Any]) -> list[dict[str, Any]]:
 _TypeName = Literal["conversation", "fact", "context"]
 _TYPE_SCHEMA = {"type": "string", "enum": list(MEMORY_TYPES)}
 
-SEARCH_MEMORIES = ToolDef(
-    name="search_memories",
-    description=(
-        "Search the robot's long-term memory by meaning and by words. Use it before answering anything about "
-        "the user, people the robot knows, past conversations or what is going on today (for example \"what "
-        "food does Sarah like?\"). Returns the best matches, most relevant first, each with id, content, type, "
-        "score (0 to 1, higher is more relevant), created_at and metadata. An empty list means nothing relevant "
-        "is remembered: say so instead of guessing. Memory types: " + TYPE_GUIDE),
-    params=(
-        Param("query", {"type": "string", "minLength": 1}, str,
-              "What to look for, as a question or keywords (e.g. \"Sarah's favourite food\").", required=True),
-        Param("memory_type", _TYPE_SCHEMA, _TypeName | None,
-              "Only search this type: \"fact\", \"conversation\" or \"context\". Omit to search all.", nullable=True),
-        Param("limit", {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT}, int,
-              f"Maximum number of results (1 to {MAX_LIMIT}).", default=SEARCH_LIMIT),
-    ),
-    call=_search, read_only=True, returns=list[dict[str, Any]],
-)
 
-STORE_MEMORY = ToolDef(
-    name="store_memory",
-    description=(
-        "Save something to remember later. Store one self-contained statement per call, written so it makes "
-        "sense on its own (\"Sarah is allergic to peanuts\", not \"she is allergic\"). Choose memory_type: "
-        "\"fact\" (default) for lasting knowledge such as preferences, names, relationships and birthdays, kept "
-        "forever; \"context\" for the current task, topic or situation, forgotten at the end of today; "
-        "\"conversation\" for notable things that were said, kept 30 days. Put who it is about in metadata "
-        "(e.g. {\"person\": \"Sarah\"}) so later searches naming them rank it first. A new fact that "
-        "contradicts an older one about the same people replaces it (the old one is kept in history). Returns "
-        "the stored memory with its id."),
-    params=(
-        Param("content", {"type": "string", "minLength": 1}, str, "The statement to remember.", required=True),
-        Param("memory_type", _TYPE_SCHEMA, _TypeName,
-              "\"fact\" (forever), \"conversation\" (30 days) or \"context\" (until the end of today).",
-              default="fact"),
-        Param("metadata", {"type": "object"}, dict[str, Any] | None,
-              "Optional flat key/value pairs (strings, numbers, booleans), e.g. {\"person\": \"Sarah\"}.",
-              nullable=True),
-    ),
-    call=_store,
-)
+def _search_memories(conversation_days: float) -> ToolDef:
+    """``search_memories``, its description saying conversation memories are kept ``conversation_days``."""
+    return ToolDef(
+        name="search_memories",
+        description=(
+            "Search the robot's long-term memory by meaning and by words. Use it before answering anything about "
+            "the user, people the robot knows, past conversations or what is going on today (for example \"what "
+            "food does Sarah like?\"). Returns the best matches, most relevant first, each with id, content, type, "
+            "score (0 to 1, higher is more relevant), created_at and metadata. An empty list means nothing relevant "
+            "is remembered: say so instead of guessing. Memory types: " + type_guide(conversation_days)),
+        params=(
+            Param("query", {"type": "string", "minLength": 1}, str,
+                  "What to look for, as a question or keywords (e.g. \"Sarah's favourite food\").", required=True),
+            Param("memory_type", _TYPE_SCHEMA, _TypeName | None,
+                  "Only search this type: \"fact\", \"conversation\" or \"context\". Omit to search all.",
+                  nullable=True),
+            Param("limit", {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT}, int,
+                  f"Maximum number of results (1 to {MAX_LIMIT}).", default=SEARCH_LIMIT),
+        ),
+        call=_search, read_only=True, returns=list[dict[str, Any]],
+    )
+
+
+def _store_memory(conversation_days: float) -> ToolDef:
+    """``store_memory``, its description saying conversation memories are kept ``conversation_days``."""
+    kept = retention_text(conversation_days)
+    return ToolDef(
+        name="store_memory",
+        description=(
+            "Save something to remember later. Store one self-contained statement per call, written so it makes "
+            "sense on its own (\"Sarah is allergic to peanuts\", not \"she is allergic\"). Choose memory_type: "
+            "\"fact\" (default) for lasting knowledge such as preferences, names, relationships and birthdays, kept "
+            "forever; \"context\" for the current task, topic or situation, forgotten at the end of today; "
+            f"\"conversation\" for notable things that were said, kept {kept}. Put who it is about in metadata "
+            "(e.g. {\"person\": \"Sarah\"}) so later searches naming them rank it first. A new fact that "
+            "contradicts an older one about the same people replaces it (the old one is kept in history). Returns "
+            "the stored memory with its id."),
+        params=(
+            Param("content", {"type": "string", "minLength": 1}, str, "The statement to remember.", required=True),
+            Param("memory_type", _TYPE_SCHEMA, _TypeName,
+                  f"\"fact\" (forever), \"conversation\" ({kept}) or \"context\" (until the end of today).",
+                  default="fact"),
+            Param("metadata", {"type": "object"}, dict[str, Any] | None,
+                  "Optional flat key/value pairs (strings, numbers, booleans), e.g. {\"person\": \"Sarah\"}.",
+                  nullable=True),
+        ),
+        call=_store,
+    )
+
+
+SEARCH_MEMORIES = _search_memories(DEFAULT_CONVERSATION_DAYS)
+STORE_MEMORY = _store_memory(DEFAULT_CONVERSATION_DAYS)
 
 FORGET_MEMORY = ToolDef(
     name="forget_memory",
@@ -405,9 +436,63 @@ RECALL = ToolDef(
     call=_recall, read_only=True, returns=list[dict[str, Any]],
 )
 
-#: The tool table: the spec's three tools (000), then spec 004's people-aware pair.
+#: The tool table: the spec's three tools (000), then spec 004's people-aware pair; its
+#: descriptions say the default retention (:func:`tools_for` says another).
 TOOLS: tuple[ToolDef, ...] = (SEARCH_MEMORIES, STORE_MEMORY, FORGET_MEMORY, REMEMBER, RECALL)
 TOOLS_BY_NAME: dict[str, ToolDef] = {t.name: t for t in TOOLS}
+
+
+@functools.cache
+def tools_for(conversation_days: float) -> tuple[ToolDef, ...]:
+    """The tool table with descriptions saying conversation memories are kept
+    ``conversation_days`` (``search_memories`` and ``store_memory`` say it; the rest are
+    :data:`TOOLS`'s); the same objects for the same days."""
+    if conversation_days == DEFAULT_CONVERSATION_DAYS:
+        return TOOLS
+    return (_search_memories(conversation_days), _store_memory(conversation_days), FORGET_MEMORY, REMEMBER, RECALL)
+
+
+def local_retention(store: Any) -> float:
+    """The conversation TTL, in days, of an in-process :class:`~reachy_memory.MemoryStore`."""
+    return float(store.config.memory.conversation_ttl_days)
+
+
+_ASKED: dict[tuple[str, float], tuple[float, bool]] = {}  # daemon_retention's answers, by (endpoint, fallback)
+_ASKING = threading.Lock()
+
+
+def daemon_retention(config: Config, endpoint: str | None = None, timeout: float = 1.0) -> tuple[float, bool]:
+    """``(days, asked)``: the conversation TTL of the daemon at ``endpoint`` (default: the
+    configured one), from its ``stats`` reply (``asked`` True); when none answers within
+    ``timeout`` (or an older one does not say), ``config``'s ``memory.conversation_ttl_days``
+    (``asked`` False): the daemon normally reads the same configuration file.
+
+    Asked once per process for each endpoint and fallback: the first answer stands, so the
+    tool descriptions a process hands out do not change under a cached tool list. Never
+    raises (an endpoint or CURVE keys the client cannot use give the fallback too)."""
+    fallback = (float(config.memory.conversation_ttl_days), False)
+    try:
+        key = (resolve_endpoint(endpoint, config), fallback[0])
+    except ReachyMemoryError:
+        return fallback
+    with _ASKING:
+        if key not in _ASKED:
+            _ASKED[key] = _ask_retention(config, key[0], timeout) or fallback
+        return _ASKED[key]
+
+
+def _ask_retention(config: Config, endpoint: str, timeout: float) -> tuple[float, bool] | None:
+    """The daemon's conversation TTL in days, with True; None if it does not answer (or say)."""
+    socket = ipc_path(endpoint)
+    if socket is not None and not socket.exists():
+        return None  # nobody listens: do not wait for the timeout
+    try:
+        with MemoryClient(endpoint, config=config, timeout=timeout) as client:
+            store = client.stats().get("store")
+    except ReachyMemoryError:
+        return None
+    days = store.get("conversation_ttl_days") if isinstance(store, dict) else None
+    return (float(days), True) if isinstance(days, int | float) and not isinstance(days, bool) else None
 
 
 # -- backends ----------------------------------------------------------------------------------
@@ -611,5 +696,6 @@ def finite_score(score: float) -> float:
     return score if math.isfinite(score) else 0.0
 
 
-__all__ = ["MAX_ERROR_CHARS", "MAX_LIMIT", "MEMORY_TYPES", "RECALL", "REMEMBER", "TOOLS", "TOOLS_BY_NAME", "Backend",
-           "DaemonBackend", "LocalBackend", "Param", "ToolDef", "error_text", "may_forget"]
+__all__ = ["DEFAULT_CONVERSATION_DAYS", "MAX_ERROR_CHARS", "MAX_LIMIT", "MEMORY_TYPES", "RECALL", "REMEMBER", "TOOLS",
+           "TOOLS_BY_NAME", "Backend", "DaemonBackend", "LocalBackend", "Param", "ToolDef", "daemon_retention",
+           "error_text", "local_retention", "may_forget", "retention_text", "tools_for"]
