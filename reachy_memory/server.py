@@ -870,7 +870,7 @@ def _bind_private(router: zmq.Socket, endpoint: str, ipc: bool) -> None:
     took from the caller's umask, 0777 under umask 0, let any user who can reach the
     directory connect before the chmod, and a connection made then stays). Raises the
     ReachyMemoryError of :func:`_bind_error`."""
-    previous = os.umask(0o177) if ipc else None  # process-wide: only ever stricter, and for an instant
+    previous = os.umask(0o177) if ipc else None  # process-wide, for an instant: a file made meanwhile gets <= 0600
     try:
         router.bind(endpoint)
     except zmq.ZMQError as exc:
