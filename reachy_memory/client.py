@@ -519,15 +519,17 @@ class MemoryClient(_Base):
 
     def _send(self, frame: bytes, deadline: float) -> bool:
         """Send ``frame`` without blocking; False if there is no room before ``deadline``.
-        (Tried first, polled only when refused: a poll per call costs a system call.)"""
-        try:
-            self._sock.send(frame, zmq.NOBLOCK)
-            return True
-        except zmq.Again:
-            if not self._wait(zmq.POLLOUT, deadline):
-                return False
-        self._sock.send(frame, zmq.NOBLOCK)  # POLLOUT said there is room now
-        return True
+        (Tried first, polled only when refused: a poll per call costs a system call.)
+        POLLOUT is no promise: the daemon's connection can drop between the poll and the
+        send (a restart, a kill), which refuses the send again (zmq.Again, which leaked
+        to the caller); then it waits for the next connection, still within ``deadline``."""
+        while True:
+            try:
+                self._sock.send(frame, zmq.NOBLOCK)
+                return True
+            except zmq.Again:
+                if not self._wait(zmq.POLLOUT, deadline):
+                    return False
 
     def _wait(self, event: int, deadline: float) -> bool:
         """True once the socket is ready for ``event``, False if ``deadline`` (monotonic) passes

@@ -128,19 +128,22 @@ def load_certificate(path: str, key: str) -> tuple[bytes, bytes | None]:
 def ipc_listener_gone(endpoint: str) -> str | None:
     """For an ipc:// endpoint, why no daemon can be listening there (no socket file, or
     a socket nobody accepts on: a daemon that was killed), found at once instead of
-    after a request's timeout; None when one may be (or for tcp://)."""
+    after a request's timeout; None when one may be (or for tcp://). One stat and one
+    non-blocking connect: it never waits."""
     path = ipc_path(endpoint)
     if path is None:
         return None
     if not path.exists():
         return "no socket there"
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    probe.settimeout(0.5)  # a frozen daemon with a full listen queue: let the request and its timeout say
+    # Never waits (an event loop calls this before each MCP or app tool call): a frozen daemon's
+    # full listen queue refuses at once (BlockingIOError), and the request and its timeout say.
+    probe.setblocking(False)
     try:
         probe.connect(str(path))
     except ConnectionRefusedError:
         return "a socket left by a daemon that stopped"
-    except OSError:  # TimeoutError too
+    except OSError:  # BlockingIOError (a full queue) too
         return None  # permissions, a path too long, a frozen daemon...: let the request say
     finally:
         probe.close()

@@ -290,12 +290,9 @@ class Daemon:
             if path is not None:
                 prepare_ipc_dir(path)
                 _remove_stale_socket(path)
-            try:
-                router.bind(self.endpoint)
-            except zmq.ZMQError as exc:
-                raise _bind_error(self.endpoint, exc) from exc
+            _bind_private(router, self.endpoint, path is not None)
             if path is not None:
-                path.chmod(0o600)
+                path.chmod(0o600)  # (made so by the umask already; kept for filesystems that ignore it)
         except BaseException:
             router.close()  # whatever failed: a CURVE key, the ipc directory, the path, the bind
             raise
@@ -866,6 +863,21 @@ def _remove_stale_socket(path: Path) -> None:
         raise ConfigError(f"the endpoint's path {path} exists and is not a socket: choose another endpoint "
                           "(nothing was removed)", key="server.endpoint")
     path.unlink(missing_ok=True)
+
+
+def _bind_private(router: zmq.Socket, endpoint: str, ipc: bool) -> None:
+    """Bind ``router``; an ipc socket is created 0600 (umask 0177 for the bind: the mode it
+    took from the caller's umask, 0777 under umask 0, let any user who can reach the
+    directory connect before the chmod, and a connection made then stays). Raises the
+    ReachyMemoryError of :func:`_bind_error`."""
+    previous = os.umask(0o177) if ipc else None  # process-wide, for an instant: a file made meanwhile gets <= 0600
+    try:
+        router.bind(endpoint)
+    except zmq.ZMQError as exc:
+        raise _bind_error(endpoint, exc) from exc
+    finally:
+        if previous is not None:
+            os.umask(previous)
 
 
 def _bind_error(endpoint: str, exc: zmq.ZMQError) -> ReachyMemoryError:

@@ -273,6 +273,35 @@ def test_a_job_failing_with_a_foreign_error_fails_its_future_only() -> None:
         assert bridge.stats.errors == 1 and bridge.latest().error is None
 
 
+class FlakyRefreshClient(RecordingClient):
+    """A client whose window fetch fails once with a foreign error (zmq.Again leaked so
+    from the blocking client when a restart dropped its connection mid-send)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fail_once = False
+
+    def get_context_window(self) -> list[dict[str, Any]]:
+        if self.fail_once:
+            self.fail_once = False
+            raise RuntimeError("Resource temporarily unavailable")
+        return super().get_context_window()
+
+
+def test_a_refresh_failing_with_a_foreign_error_does_not_end_the_bridge() -> None:
+    # Only ReachyMemoryError was caught in a refresh: any other error ended the worker, and
+    # the bridge stayed dead (every later call dropped) after the daemon was back.
+    fake = FlakyRefreshClient()
+    with MemoryBridge(client_factory=lambda: fake, queue_size=8, refresh_interval=0.05) as bridge:
+        assert bridge.record_turn("user", "kept")
+        wait_for(lambda: len(bridge.latest().window) == 1)
+        fake.fail_once = True
+        wait_for(lambda: bridge.latest().error is not None)
+        assert [m["content"] for m in bridge.latest().window] == ["kept"]  # the last snapshot, with the error
+        assert bridge.record_turn("user", "after")  # still taken
+        wait_for(lambda: bridge.latest().error is None and len(bridge.latest().window) == 2)
+
+
 def test_a_worker_that_cannot_start_fails_futures_instead_of_leaving_them_pending() -> None:
     # The client factory raising (a bad endpoint, unreadable CURVE keys) ended the worker;
     # futures of jobs queued before or after never finished, record_turn kept saying True.

@@ -605,6 +605,48 @@ def test_a_timeout_says_busy_when_the_daemon_still_answers(answers_ping: bool, e
         run(backend.search("tea", None, 5))
 
 
+class _GoneClient(_SlowClient):
+    """A client whose calls time out and whose ping gets no answer: the daemon stopped."""
+
+    def __init__(self, endpoint: str = "tcp://127.0.0.1:9") -> None:
+        super().__init__(answers_ping=False)
+        self.endpoint, self.calls = endpoint, 0
+
+    async def search(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        raise RequestTimeoutError("timed out")
+
+    async def store(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        raise RequestTimeoutError("timed out")
+
+
+def test_a_store_cut_by_a_restart_says_it_may_have_been_kept() -> None:
+    # A daemon stopped (a restart) after the store reached it may have journaled it: "no daemon
+    # answered, start it" led the model to store it again, a duplicate (the busy case said so).
+    backend = DaemonBackend(_GoneClient(), own=False)  # type: ignore[arg-type]
+    with pytest.raises(DaemonUnavailableError, match="may have been kept: search for it before storing it again"):
+        run(backend.store("Tom likes tea", "fact", None))
+    with pytest.raises(DaemonUnavailableError) as raised:
+        run(backend.search("tea", None, 5))
+    assert "kept" not in str(raised.value)  # a read has nothing to check
+
+
+def test_the_socket_a_killed_daemon_left_is_answered_at_once(tmp_path: Path) -> None:
+    # Only a missing socket file was answered at once: the one a killed daemon leaves (until
+    # systemd's restart binds again) made every tool call wait its timeout and a ping.
+    import socket
+
+    path = tmp_path / "memory.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as left:
+        left.bind(str(path))  # a socket file nobody accepts on
+        client = _GoneClient(f"ipc://{path}")
+        backend = DaemonBackend(client, own=False)  # type: ignore[arg-type]
+        with pytest.raises(DaemonUnavailableError, match="no reachy-memory daemon is listening"):
+            run(backend.search("tea", None, 5))
+    assert client.calls == 0
+
+
 def test_recall_about_someone_unknown_looks_past_the_limit(config: Config) -> None:
     # Filtering the first `limit` unfiltered hits found nothing when others outranked them.
     async def scenario() -> list[str]:

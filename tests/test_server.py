@@ -125,6 +125,36 @@ def test_socket_is_private(daemon: DaemonProcess) -> None:
     assert stat.S_IMODE(sock.parent.stat().st_mode) == 0o700
 
 
+def test_the_socket_is_private_from_its_bind_whatever_the_umask(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The socket took its mode from the umask (0777 under umask 0) and was chmodded 0600 only
+    after the bind: in between any user who could reach the directory could connect, and a
+    connection made then stays. Each (re)start binds under umask 0177 now."""
+    from reachy_memory import server
+
+    d = DaemonProcess(tmp_path)
+    daemon: Any = server.Daemon.__new__(server.Daemon)  # only what _bind reads
+    daemon.config, daemon.endpoint, daemon._ctx = d.config, d.endpoint, zmq.Context()
+    seen: list[int] = []
+    chmod = Path.chmod
+
+    def spy(path: Path, mode: int, **kwargs: Any) -> None:
+        if path.is_socket():
+            seen.append(stat.S_IMODE(path.stat().st_mode))
+        chmod(path, mode, **kwargs)
+
+    monkeypatch.setattr(Path, "chmod", spy)
+    previous = os.umask(0)
+    try:
+        router = daemon._bind()
+    finally:
+        assert os.umask(previous) == 0  # the caller's umask is given back
+        monkeypatch.undo()
+    router.close(linger=0)
+    daemon._ctx.term()
+    assert seen == [0o600]
+
+
 def test_async_client_mirrors_the_spec_api(daemon: DaemonProcess) -> None:
     async def scenario() -> None:
         async with AsyncMemoryClient(daemon.endpoint, config=daemon.config) as c:

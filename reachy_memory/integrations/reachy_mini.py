@@ -18,7 +18,11 @@ the loop must never call the daemon.  :class:`MemoryBridge` does it for the loop
   :class:`concurrent.futures.Future`: poll ``done()`` from the loop, or
   ``add_done_callback``.  A future of a dropped job fails with
   :class:`~reachy_memory.BusyError`; a job that raises fails its own future
-  only.  Should the worker itself end (its client cannot be made), queued
+  only.  While the daemon restarts, each call fails within ``timeout`` and a
+  failed refresh keeps the last snapshot with ``error`` set; the same worker and
+  client carry on and the snapshot is fresh again once the daemon answers.  A turn
+  queued during the outage is lost if its call fails (counted in ``stats.errors``,
+  never sent twice).  Should the worker itself end (its client cannot be made), queued
   futures fail with :class:`~reachy_memory.ClosedError`, later calls are
   dropped, and ``latest().error`` says so.
 
@@ -293,14 +297,19 @@ class MemoryBridge:
         return job.refresh
 
     def _refresh(self, client: Any) -> None:
-        """Fetch window, person and what is known about them; publish one new snapshot."""
+        """Fetch window, person and what is known about them; publish one new snapshot.
+        A failed fetch (of any type: a foreign error from a custom client ended the worker,
+        and the bridge stayed dead after the daemon came back) keeps the last snapshot,
+        stamped with the error; the next interval tries again."""
         try:
             window = tuple(client.get_context_window())
             person = self._person if self._person is not None else client.get_context(PERSON_KEY)
             person = None if person in (None, NOBODY) else person
             self._person = person
             facts = self._facts(client, person) if person else ()
-        except ReachyMemoryError as exc:
+        except Exception as exc:  # any type: a refresh is retried at the next interval, the worker goes on
+            if not isinstance(exc, ReachyMemoryError):
+                log.exception("memory bridge refresh failed")
             self.stats.last_error = f"refresh: {exc}"
             old = self._snapshot
             self._snapshot = MemorySnapshot(old.window, old.person, old.person_facts, time.monotonic(), str(exc))

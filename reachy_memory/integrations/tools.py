@@ -51,14 +51,13 @@ import threading
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal, Protocol, Self
 
 from .._ingest import check_owner
 from .._mentions import norm
 from ..client import AsyncMemoryClient, MemoryClient
 from ..config import Config, MemoryConfig
-from ..endpoint import ipc_path, resolve_endpoint
+from ..endpoint import ipc_listener_gone, resolve_endpoint
 from ..errors import DaemonUnavailableError, ReachyMemoryError, RequestTimeoutError, ValidationError
 from ..model import SEARCH_LIMIT, Memory, MemoryType, SearchResult
 from ..people import names_someone
@@ -483,9 +482,8 @@ def daemon_retention(config: Config, endpoint: str | None = None, timeout: float
 
 def _ask_retention(config: Config, endpoint: str, timeout: float) -> tuple[float, bool] | None:
     """The daemon's conversation TTL in days, with True; None if it does not answer (or say)."""
-    socket = ipc_path(endpoint)
-    if socket is not None and not socket.exists():
-        return None  # nobody listens: do not wait for the timeout
+    if ipc_listener_gone(endpoint) is not None:
+        return None  # nobody listens (no socket, or a killed daemon's): do not wait for the timeout
     try:
         with MemoryClient(endpoint, config=config, timeout=timeout) as client:
             store = client.stats().get("store")
@@ -548,13 +546,16 @@ class DaemonBackend(_OwnerBound):
         owner = None if owner is None else check_owner(owner)  # before a client (a socket) exists
         return cls(AsyncMemoryClient(endpoint, config=config, timeout=timeout), owner=owner)
 
-    def _unavailable(self, why: str) -> DaemonUnavailableError:
-        return DaemonUnavailableError(f"no reachy-memory daemon {why} at {self.client.endpoint}: {START_HINT}",
+    def _unavailable(self, why: str, kept: str = "") -> DaemonUnavailableError:
+        return DaemonUnavailableError(f"no reachy-memory daemon {why} at {self.client.endpoint}{kept}: {START_HINT}",
                                       endpoint=self.client.endpoint)
 
-    async def _guard(self, call: Awaitable[Any]) -> Any:
-        socket = self.client.endpoint.removeprefix("ipc://")
-        if self.client.endpoint.startswith("ipc://") and not Path(socket).exists():
+    async def _guard(self, call: Awaitable[Any], *, write: bool = False) -> Any:
+        """``call``'s result; DaemonUnavailableError at once when no daemon listens on the ipc
+        socket (none there, or one a killed daemon left: a crashed daemon's restart made every
+        tool call wait out the client's timeout and a ping); after a timeout, DaemonUnavailableError
+        or RequestTimeoutError (busy), saying that a ``write`` (a store) may have been kept."""
+        if ipc_listener_gone(self.client.endpoint) is not None:
             if asyncio.iscoroutine(call):
                 call.close()  # never awaited: do not leave a warning behind
             raise self._unavailable("is listening")
@@ -562,7 +563,10 @@ class DaemonBackend(_OwnerBound):
             return await call
         except RequestTimeoutError as exc:
             if not await self._answers():
-                raise self._unavailable(f"answered within {self.client.timeout:g} s") from exc
+                # a daemon that stopped (a restart) after the request reached it may have kept the write
+                kept = "; if it stopped during this call, the memory may have been kept: search for it " \
+                       "before storing it again" if write else ""
+                raise self._unavailable(f"answered within {self.client.timeout:g} s", kept) from exc
             raise RequestTimeoutError(
                 f"the reachy-memory daemon is running but did not finish this call within {self.client.timeout:g} s "
                 "(busy, or a large request); a store may still complete: search for it before storing it again",
@@ -584,7 +588,7 @@ class DaemonBackend(_OwnerBound):
     async def store(self, content: str, memory_type: str, metadata: dict[str, Any] | None) -> Memory:
         """Store as given, owned by the bound user (unscoped when unbound)."""
         return await self._guard(  # type: ignore[no-any-return]
-            self.client.store(content, memory_type, metadata, owner=self._owner))
+            self.client.store(content, memory_type, metadata, owner=self._owner), write=True)
 
     async def forget(self, memory_id: str) -> bool:
         """Delete the memory; False if there is none, or (bound) it is another user's own.
@@ -593,10 +597,10 @@ class DaemonBackend(_OwnerBound):
         owner = self._owner
         if owner is not None and not may_forget(await self._guard(self.client.get(memory_id)), owner):
             return False
-        return bool(await self._guard(self.client.forget(memory_id)))
+        return bool(await self._guard(self.client.forget(memory_id)))  # a repeated forget is harmless
 
     async def remember(self, args: dict[str, Any]) -> list[Memory]:
-        return await self._guard(self.client.remember(**_owned(args, self._owner)))  # type: ignore[no-any-return]
+        return await self._guard(self.client.remember(**_owned(args, self._owner)), write=True)  # type: ignore[no-any-return]
 
     async def recall(self, query: str, about: str | None, limit: int) -> list[SearchResult]:
         return await self._guard(  # type: ignore[no-any-return]

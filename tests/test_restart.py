@@ -1,0 +1,299 @@
+"""The apps keep working while systemd restarts the daemon (an upgrade, a crash, the watchdog).
+
+Each client stays up across the restart: the blocking and asyncio clients, the
+MemoryBridge and the MCP server. A request in flight is made deterministic by
+freezing the daemon (SIGSTOP) once the client is connected: the request waits in
+the frozen daemon's socket, then the daemon is stopped (SIGTERM, then SIGCONT) or
+killed (SIGKILL) and started again. Every check: the call in flight ends within its
+timeout with one of the project's errors (or its result, when a stopping daemon
+still answered it), every acknowledged write is there after the restart, and the
+same client works again without being made anew. Words-only daemons (no model to
+load): a restart takes about a second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import stat
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+import zmq
+
+from reachy_memory import AsyncMemoryClient, Memory, ReachyMemoryError, RequestTimeoutError
+from reachy_memory.integrations.reachy_mini import MemoryBridge
+from tests.daemon_util import ROOT, DaemonProcess
+
+pytestmark = pytest.mark.timeout(180)
+SLACK = 1.5  # seconds past a call's timeout allowed on a shared, noisy machine
+HOW = ["term", "kill"]
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[DaemonProcess]:
+    d = DaemonProcess(tmp_path, embedding={"enabled": False}).start()
+    yield d
+    if d.proc is not None and d.proc.poll() is None:
+        os.kill(d.proc.pid, signal.SIGCONT)  # a test that failed while the daemon was frozen
+    d.stop()
+
+
+def freeze(d: DaemonProcess) -> None:
+    """SIGSTOP: requests sent now wait, unread, in the daemon's socket."""
+    assert d.proc is not None
+    os.kill(d.proc.pid, signal.SIGSTOP)
+
+
+def end(d: DaemonProcess, how: str) -> None:
+    """Stop a (frozen or running) daemon as systemd would: SIGTERM, or SIGKILL."""
+    assert d.proc is not None
+    if how == "kill":
+        d.kill()
+        return
+    os.kill(d.proc.pid, signal.SIGTERM)
+    os.kill(d.proc.pid, signal.SIGCONT)
+    assert d.proc.wait(timeout=60) == 0, d.log.read_text()[-2000:]
+
+
+def ended_later(d: DaemonProcess, how: str, delay: float = 0.3) -> threading.Thread:
+    """Ends the daemon ``delay`` s from now on another thread (the caller's call is in flight)."""
+    thread = threading.Thread(target=lambda: (time.sleep(delay), end(d, how)), daemon=True)
+    thread.start()
+    return thread
+
+
+def outcome(call: Any) -> tuple[Any, float]:
+    """(the result or the exception, seconds taken) of ``call()``."""
+    started = time.monotonic()
+    try:
+        result = call()
+    except Exception as exc:  # any type: the test checks it
+        result = exc
+    return result, time.monotonic() - started
+
+
+def assert_ours(result: Any, timeout: float, took: float) -> None:
+    """A call in flight across a restart: its result, or one of our errors, within its timeout."""
+    assert took < timeout + SLACK, f"the call in flight took {took:.2f} s (timeout {timeout} s)"
+    if isinstance(result, BaseException):
+        assert isinstance(result, ReachyMemoryError), f"foreign exception {result!r}"
+
+
+def socket_mode(d: DaemonProcess) -> int:
+    return stat.S_IMODE(Path(d.endpoint.removeprefix("ipc://")).stat().st_mode)
+
+
+@pytest.mark.parametrize("how", HOW)
+def test_the_blocking_client_across_restarts(daemon: DaemonProcess, how: str) -> None:
+    with daemon.client(timeout=1.0) as c:
+        acked = [c.store(f"said before the restart {i}", id=f"before-{i}").id for i in range(10)]
+        freeze(daemon)
+        stopper = ended_later(daemon, how)
+        result, took = outcome(lambda: c.store("said while it restarted", id="in-flight"))
+        stopper.join(60)
+        assert_ours(result, 1.0, took)
+        acked += [result.id] if isinstance(result, Memory) else []
+        daemon.start()
+        assert socket_mode(daemon) == 0o600  # private after the restart too
+        acked.append(c.store("said after the restart", id="after").id)  # the same client
+        end(daemon, how)  # idle this time
+        daemon.start()
+        assert all(c.get(i) is not None for i in acked), "an acknowledged write is missing"
+        assert len(c.export_page()[0]) == len(acked)
+        assert c.ping()["pong"]
+
+
+@pytest.mark.parametrize("how", HOW)
+def test_the_async_client_across_restarts(daemon: DaemonProcess, how: str) -> None:
+    async def scenario() -> None:
+        async with AsyncMemoryClient(daemon.endpoint, config=daemon.config, timeout=1.0) as c:
+            acked = [(await c.store(f"said before the restart {i}", id=f"before-{i}")).id for i in range(10)]
+            freeze(daemon)
+            stopper = ended_later(daemon, how)
+            started = time.monotonic()
+            calls = [c.store(f"in flight {i}", id=f"in-flight-{i}") for i in range(4)]
+            results = await asyncio.gather(*calls, c.search("before"), c.get_context_window(),
+                                           return_exceptions=True)
+            took = time.monotonic() - started
+            await asyncio.to_thread(stopper.join, 60)
+            for result in results:
+                assert_ours(result, 1.0, took)
+            acked += [r.id for r in results[:4] if isinstance(r, Memory)]
+            await asyncio.to_thread(daemon.start)
+            acked.append((await c.store("said after the restart", id="after")).id)  # the same client
+            await asyncio.to_thread(end, daemon, how)  # idle this time
+            await asyncio.to_thread(daemon.start)
+            assert all([await c.get(i) is not None for i in acked]), "an acknowledged write is missing"
+            assert len((await c.export_page())[0]) == len(acked)
+
+    asyncio.run(asyncio.wait_for(scenario(), 120))
+
+
+@pytest.mark.parametrize("how", HOW)
+def test_the_bridge_keeps_the_control_loop_running_and_recovers(daemon: DaemonProcess, how: str) -> None:
+    bridge = MemoryBridge(daemon.endpoint, config=daemon.config, timeout=0.5, refresh_interval=0.05).start()
+    worst = 0.0
+
+    def tick(text: str | None = None) -> None:
+        """One 50 Hz control-loop step: what the loop may call (each must return at once)."""
+        nonlocal worst
+        started = time.perf_counter()
+        bridge.latest()
+        if text is not None:
+            bridge.record_turn("user", text)
+        worst = max(worst, time.perf_counter() - started)
+        time.sleep(0.02)
+
+    def run_until(done: Any, seconds: float = 30.0) -> None:
+        deadline = time.monotonic() + seconds
+        while not done():
+            assert time.monotonic() < deadline, f"not reached: {bridge.latest()} {bridge.stats}"
+            tick()
+
+    try:
+        tick("a turn before the restart")
+        run_until(lambda: "a turn before the restart" in str(bridge.latest().window))
+        freeze(daemon)
+        stopper = ended_later(daemon, how, 0.1)
+        tick("a turn said while it restarted")
+        run_until(lambda: bridge.latest().error is not None)  # the loop goes on; the snapshot says why
+        stopper.join(60)
+        starter = threading.Thread(target=daemon.start, daemon=True)
+        starter.start()
+        while starter.is_alive():
+            tick()
+        tick("a turn after the restart")
+        run_until(lambda: bridge.latest().error is None and "a turn after the restart" in str(bridge.latest().window))
+        assert bridge._thread is not None and bridge._thread.is_alive()  # the same worker, on its own
+        assert bridge.search("turn").result(timeout=10) is not None
+    finally:
+        bridge.close()
+    # the calls are no I/O (tests/test_bridge.py); this bound only catches a wait for the daemon
+    assert worst < 0.25, f"a control-loop call took {worst * 1000:.0f} ms"
+
+
+def test_a_write_whose_reply_was_lost_is_retried_without_a_duplicate(daemon: DaemonProcess) -> None:
+    """The daemon journals a store, then dies before the client gets the reply: the client
+    cannot know. ``store`` carries a client-made id, so the retry (``retries=``, or the
+    caller's own) finds the memory the dead daemon kept and stores nothing twice."""
+    ctx = zmq.Context()
+    raw = ctx.socket(zmq.DEALER)
+    raw.linger, raw.rcvtimeo = 0, 10_000
+    raw.connect(daemon.endpoint)
+    try:  # the first attempt: journaled and answered; the answer never reaches its caller
+        raw.send(msgpack.packb({"v": 1, "id": "r1", "op": "store",
+                                "args": {"content": "the keys are in the blue bowl", "memory_type": "fact",
+                                         "id": "kept-once"}}))
+        assert msgpack.unpackb(raw.recv())["ok"]
+    finally:
+        raw.close(linger=0)
+        ctx.term()
+    daemon.kill()
+    daemon.start()
+    with daemon.client(timeout=5.0, retries=2) as c:
+        again = c.store("the keys are in the blue bowl", "fact", id="kept-once")
+        assert again.id == "kept-once"
+        assert [m.content for m in c.export_page()[0]] == ["the keys are in the blue bowl"]
+        with pytest.raises(ReachyMemoryError, match="already used by another memory"):
+            c.store("the keys are on the hook", "fact", id="kept-once")  # an id is never reused
+
+
+def test_writes_without_an_id_are_never_retried_automatically(daemon: DaemonProcess) -> None:
+    """``record_turn`` (no client-made id) sent once, whatever ``retries`` says: a retry
+    after a lost reply would keep the turn twice. ``store`` is retried, with its id."""
+    with daemon.client(timeout=0.4, retries=3) as c:
+        c.ping()  # connected: the first attempt reaches the frozen daemon's socket
+        freeze(daemon)
+        result, took = outcome(lambda: c.record_turn("user", "one turn, kept once"))
+        assert isinstance(result, RequestTimeoutError) and took < 0.4 + SLACK  # one attempt, not four
+        thaw(daemon)  # it reads the one request it was sent
+        deadline = time.monotonic() + 10
+        while not c.get_context_window(timeout=5):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert [m["content"] for m in c.get_context_window(timeout=5)] == ["one turn, kept once"]
+        assert [m.content for m in c.export_page(timeout=5)[0]] == ["one turn, kept once"]
+
+
+def thaw(d: DaemonProcess) -> None:
+    assert d.proc is not None
+    os.kill(d.proc.pid, signal.SIGCONT)
+
+
+@pytest.mark.parametrize("how", HOW)
+def test_the_mcp_server_answers_tool_errors_during_a_restart_and_works_after(daemon: DaemonProcess,
+                                                                             how: str) -> None:
+    pytest.importorskip("mcp", reason="the mcp extra is not installed (pip install '.[mcp]')")
+    from mcp.client.session import ClientSession
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+
+    def text(result: Any) -> str:
+        return result.content[0].text if result.content else str(result.structured_content)
+
+    async def scenario() -> None:
+        env = {"PYTHONPATH": str(ROOT)}
+        params = StdioServerParameters(command=sys.executable, env=env, args=[
+            "-m", "reachy_memory.cli", "mcp", "--config", str(daemon.config_path), "--timeout", "1"])
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            stored = await session.call_tool("store_memory", {"content": "Sarah likes Italian food"})
+            assert not stored.is_error, text(stored)
+            freeze(daemon)
+            stopper = ended_later(daemon, how)
+            started = time.monotonic()
+            in_flight = await session.call_tool("store_memory", {"content": "Tom likes tea"})
+            took = time.monotonic() - started
+            await asyncio.to_thread(stopper.join, 60)
+            if how == "kill" or in_flight.is_error:  # (a stopping daemon may still have answered it)
+                assert in_flight.is_error and "DaemonUnavailableError" in text(in_flight), text(in_flight)
+                assert "search for it before storing it again" in text(in_flight)  # it may have been kept
+            assert took < 1 + 1 + SLACK  # the call's timeout, then a ping of 1 s: busy or gone?
+            started = time.monotonic()
+            down = await session.call_tool("search_memories", {"query": "Sarah"})
+            assert down.is_error and "DaemonUnavailableError" in text(down), text(down)
+            assert time.monotonic() - started < 1.0  # no daemon listens: said at once, not after 1 + 1 s
+            await asyncio.to_thread(daemon.start)
+            after = await session.call_tool("store_memory", {"content": "Sarah's birthday is in May"})
+            assert not after.is_error, text(after)
+            found = await session.call_tool("search_memories", {"query": "Sarah birthday"})
+            assert not found.is_error, text(found)
+
+    asyncio.run(asyncio.wait_for(scenario(), 120))
+
+
+class _DroppedBetweenPollAndSend:
+    """A client's socket whose connection drops between a POLLOUT and the send (what a
+    daemon restart can do): the next ``refusals`` sends are refused, as libzmq then does."""
+
+    def __init__(self, sock: zmq.Socket, refusals: int) -> None:
+        self._sock, self.refusals = sock, refusals
+
+    def send(self, frame: bytes, flags: int = 0) -> Any:
+        if self.refusals:
+            self.refusals -= 1
+            raise zmq.Again()
+        return self._sock.send(frame, flags)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+
+def test_a_send_refused_after_pollout_waits_for_the_connection(daemon: DaemonProcess) -> None:
+    """The blocking client sent again, unguarded, once POLLOUT said there was room; a
+    connection lost in between raised zmq.Again to the caller (a foreign exception, which
+    also ended a MemoryBridge's worker for good)."""
+    with daemon.client(timeout=5.0) as c:
+        c.ping()
+        c._sock = _DroppedBetweenPollAndSend(c._sock, refusals=2)  # type: ignore[assignment]
+        assert c.ping()["pong"]
+        c._sock = _DroppedBetweenPollAndSend(c._sock._sock, refusals=10**9)  # type: ignore[assignment,attr-defined]
+        with pytest.raises(RequestTimeoutError):
+            c.ping(timeout=0.3)  # never any room: its timeout, as for no connection at all
