@@ -408,6 +408,12 @@ def test_record_turn_with_an_id_replayed_after_a_kill_gives_the_same_memory(daem
         for other in (("user", "the keys are on the hook"), ("assistant", "the keys are in the blue bowl")):
             with pytest.raises(ValidationError, match="already used by another memory"):
                 c.record_turn(*other, id="t1")
+
+    async def from_async() -> Memory:
+        async with AsyncMemoryClient(daemon.endpoint, config=daemon.config, timeout=5.0, retries=2) as c:
+            return await c.record_turn("user", "the keys are in the blue bowl", id="t1")
+
+    assert asyncio.run(asyncio.wait_for(from_async(), 30)) == again
     assert kept_turns(daemon) == (["the keys are in the blue bowl"],) * 2
 
 

@@ -311,7 +311,7 @@ class MemoryBridge:
         if job.future is not None and not job.future.set_running_or_notify_cancel():
             return False
         try:
-            result = self._attempts(client, job) if job.retry else job.run(client)
+            result = self._run_retrying(client, job) if job.retry else job.run(client)
         except Exception as exc:  # the job's own failure (any type): its future says it, the worker goes on
             if not isinstance(exc, ReachyMemoryError):
                 log.exception("memory bridge job %s failed", job.label)
@@ -329,7 +329,7 @@ class MemoryBridge:
             job.future.set_result(result)
         return job.refresh
 
-    def _attempts(self, client: Any, job: _Job) -> Any:
+    def _run_retrying(self, client: Any, job: _Job) -> Any:
         """``job.run(client)``, run again with backoff after each "not now" failure
         (:data:`RETRY_CODES`) until it succeeds or ``turn_retry_for`` seconds have passed
         since it was queued (one attempt at least); ``latest().error`` says it waits
