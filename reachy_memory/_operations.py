@@ -34,7 +34,7 @@ from typing import Any
 from .errors import ValidationError
 from .model import SEARCH_LIMIT, SEARCH_MIN_SCORE
 
-__all__ = ["OPERATIONS", "Arg", "Op", "check_args", "protocol_doc"]
+__all__ = ["IDEMPOTENT", "IDEMPOTENT_WITH_ID", "OPERATIONS", "Arg", "Op", "check_args", "protocol_doc"]
 
 _MISSING: Any = object()
 
@@ -149,8 +149,9 @@ _ROWS = [
     # -- context window and named context --------------------------------------------------------
     _op("add_to_context_window", "engine", [_req("role", STR), _req("content", STR)], "null",
         "Append a turn to the context window."),
-    _op("record_turn", "embed", [_req("role", STR), _req("content", STR), _opt("metadata", DICT), _OWNER], "memory",
-        "Append a turn to the context window and keep it as a CONVERSATION memory: one durable write."),
+    _op("record_turn", "embed", [_req("role", STR), _req("content", STR), _opt("metadata", DICT), _OWNER,
+                                 _opt("id", STR, doc="client-chosen: a retry never appends the turn twice")],
+        "memory", "Append a turn to the context window and keep it as a CONVERSATION memory: one durable write."),
     _op("get_context_window", "inline", [], '[{"role", "content", "timestamp"}]', "Recent turns, oldest first."),
     _op("clear_context_window", "engine", [], "null", "Empty the context window."),
     _op("set_context", "embed", [_req("key", STR), _req("value", STR)], "memory",
@@ -219,6 +220,9 @@ IDEMPOTENT = frozenset({"ping", "health", "stats", "get", "get_context", "get_co
                         "store_batch", "remember_fact", "remember_conversation", "export", "import", "recall",
                         "history", "find_person", "person_by_external_id", "people", "person_redirects", "note",
                         "context_for"})
+# Retried only when the call carries a client-chosen id (``id`` in its args): without one, a retry
+# after a lost reply would keep the write twice.
+IDEMPOTENT_WITH_ID = frozenset({"record_turn"})
 OPERATIONS: dict[str, Op] = {op.name: op for op in _ROWS}
 LANES = {lane: frozenset(o.name for o in _ROWS if o.lane == lane)
          for lane in ("inline", "embed", "engine", "background")}
@@ -267,7 +271,8 @@ def protocol_doc() -> str:
              "| op | lane | retried | args | result | what it does |", "|---|---|---|---|---|---|"]
     for op in _ROWS:
         args = ", ".join(a.describe() for a in op.args) or "—"
-        cells = [f"`{op.name}`", op.lane, "yes" if op.idempotent else "no", args, f"`{op.result}`", op.doc]
+        retried = "yes" if op.idempotent else "with `id`" if op.name in IDEMPOTENT_WITH_ID else "no"
+        cells = [f"`{op.name}`", op.lane, retried, args, f"`{op.result}`", op.doc]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -13,7 +13,8 @@ plus ``get``, ``store_batch``, ``ping``, ``health``, ``stats``, ``backup``.
   async one matches ids), and a request is only queued on a live connection, so
   one that timed out unsent never reaches a daemon started later.
 * ``store`` sends a client-made memory id, so retrying it (``retries=``) after
-  a timeout or a daemon restart cannot create a duplicate.
+  a timeout or a daemon restart cannot create a duplicate; ``record_turn`` is
+  retried the same way when given an ``id``.
 * Sockets use linger 0: a dead daemon never blocks the caller's exit.
 * The daemon's errors come back as the same :class:`ReachyMemoryError` subclasses.
 """
@@ -33,13 +34,14 @@ if TYPE_CHECKING:  # imported when an AsyncMemoryClient is made: asyncio costs t
     import asyncio
 
 from . import protocol as proto
-from ._operations import IDEMPOTENT
+from ._operations import IDEMPOTENT, IDEMPOTENT_WITH_ID
 from .config import Config, load_config
 from .endpoint import check_tcp_port, ipc_path, load_certificate, resolve_endpoint
 from .errors import ClosedError, ConfigError, ProtocolError, RequestTimeoutError, TooLargeError, ValidationError
 from .model import SEARCH_LIMIT, SEARCH_MIN_SCORE, Memory, MemoryType, SearchResult, merged_metadata
 
 _IDEMPOTENT = IDEMPOTENT  # from the operations table
+_IDEMPOTENT_WITH_ID = IDEMPOTENT_WITH_ID  # retried when the call carries its id
 # What the converters raise for a result of the wrong shape (a buggy or foreign daemon).
 _MALFORMED = (LookupError, TypeError, ValueError, AttributeError, ArithmeticError)
 _POLL_SLICE = 0.1  # seconds: the longest single zmq poll of the blocking client
@@ -146,12 +148,15 @@ class _Api:
         return self._call("apply_retention", args, timeout=timeout)
 
     def record_turn(self, role: str, content: str, metadata: dict[str, Any] | None = None, *,
-                    owner: str | None = None, timeout: float | None = None) -> Any:
+                    owner: str | None = None, id: str | None = None, timeout: float | None = None) -> Any:
         """Append a turn to the window and keep it as a CONVERSATION memory (metadata
         ``role`` plus ``metadata``; ``owner``: the user whose turn it is) in one durable
-        write; returns the Memory."""
-        return self._call("record_turn", _given(role=role, content=content, metadata=metadata, owner=owner),
-                          proto.memory_from_wire, timeout)
+        write; returns the Memory.  With ``id`` (client-chosen, e.g. ``uuid4().hex``) the
+        call may be sent again (``retries=``, or the caller's own retry after a timeout or
+        a daemon restart): the turn is kept once and the memory kept first is returned;
+        without one it is sent once (the request daemons before the id know)."""
+        args = _given(role=role, content=content, metadata=metadata, owner=owner, id=id)
+        return self._call("record_turn", args, proto.memory_from_wire, timeout)
 
     def add_to_context_window(self, role: str, content: str, *, timeout: float | None = None) -> Any:
         """Append a turn to the daemon's context window."""
@@ -439,8 +444,10 @@ class _Base(_Api):
         self._sockets[:] = [s for s in self._sockets if not s.closed] + [sock]
         return sock
 
-    def _attempts(self, op: str) -> int:
-        return 1 + (self.retries if op in _IDEMPOTENT else 0)
+    def _attempts(self, op: str, args: dict[str, Any]) -> int:
+        """1, plus ``retries`` for a call safe to send again (a read, a write with its id)."""
+        safe = op in _IDEMPOTENT or (op in _IDEMPOTENT_WITH_ID and args.get("id") is not None)
+        return 1 + (self.retries if safe else 0)
 
     @staticmethod
     def _result(op: str, reply: dict[str, Any], convert: Callable[[Any], Any]) -> Any:
@@ -481,11 +488,11 @@ class MemoryClient(_Base):
     def _call(self, op: str, args: dict[str, Any], convert: Callable[[Any], Any] = lambda r: r,
               timeout: float | None = None) -> Any:
         timeout = self.timeout if timeout is None else timeout
-        for attempt in range(self._attempts(op)):
+        for attempt in range(self._attempts(op, args)):
             try:
                 return self._result(op, self._roundtrip(op, args, timeout), convert)
             except RequestTimeoutError:
-                if attempt + 1 == self._attempts(op):
+                if attempt + 1 == self._attempts(op, args):
                     raise
         raise AssertionError("unreachable")
 
@@ -580,11 +587,11 @@ class AsyncMemoryClient(_Base):
         return self._acall(op, args, convert, self.timeout if timeout is None else timeout)
 
     async def _acall(self, op: str, args: dict[str, Any], convert: Callable[[Any], Any], timeout: float) -> Any:
-        for attempt in range(self._attempts(op)):
+        for attempt in range(self._attempts(op, args)):
             try:
                 return self._result(op, await self._roundtrip(op, args, timeout), convert)
             except RequestTimeoutError:
-                if attempt + 1 == self._attempts(op):
+                if attempt + 1 == self._attempts(op, args):
                     raise
         raise AssertionError("unreachable")
 

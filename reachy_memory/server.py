@@ -640,7 +640,7 @@ class Daemon:
         if job.op == "import":
             return store.prepare_import(a["memories"], a.get("people") or ())
         if job.op == "record_turn":
-            return store.prepare_turn(a["role"], a["content"], a.get("metadata"), owner=a.get("owner"))
+            return store.prepare_turn(a["role"], a["content"], a.get("metadata"), owner=a.get("owner"), id=a.get("id"))
         return store.prepare(_store_items(job.op, a))
 
     def _check_sync(self) -> None:

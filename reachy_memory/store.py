@@ -655,26 +655,37 @@ class MemoryStore(PeopleMixin):
         self._commit([_window_op(_role(role), ingest.validate_text(content, "content", self._config))])
 
     def record_turn(self, role: str, content: str, metadata: dict[str, Any] | None = None, *,
-                    owner: str | None = None) -> Memory:
+                    owner: str | None = None, id: str | None = None) -> Memory:
         """A conversation turn, both appended to the context window and kept as a
         CONVERSATION memory (metadata ``role`` plus ``metadata``; ``owner``: the user
         whose turn it is, None: unscoped), in one durable write: never one without the
-        other.  The window itself is not scoped.  Raises ValidationError / TooLargeError
-        (nothing written)."""
-        return self.commit_turn(role, self.prepare_turn(role, content, metadata, owner=owner))
+        other.  The window itself is not scoped.  ``id`` (optional, client-chosen) makes
+        the call idempotent: the same id, role, content and owner again appends nothing
+        and returns the memory kept the first time (the id with anything else of these
+        is a ValidationError).  Raises ValidationError / TooLargeError (nothing written),
+        NotFoundError when the id's memory was forgotten while the retry waited."""
+        return self.commit_turn(role, self.prepare_turn(role, content, metadata, owner=owner, id=id))
 
     def prepare_turn(self, role: str, content: str, metadata: dict[str, Any] | None = None, *,
-                     owner: str | None = None) -> _Prepared:
+                     owner: str | None = None, id: str | None = None) -> _Prepared:
         """The validated, embedded write of :meth:`record_turn` (thread-safe)."""
         self._require_open()
         _role(role)  # before the embedding
         return self.prepare([{"content": content, "memory_type": MemoryType.CONVERSATION,
-                              "metadata": merged_metadata(metadata, {"role": role}), "owner": owner}])
+                              "metadata": merged_metadata(metadata, {"role": role}), "owner": owner, "id": id}])
 
     def commit_turn(self, role: str, prepared: _Prepared) -> Memory:
-        """Commit a :meth:`prepare_turn` write and its window turn in one frame."""
-        [memory] = self.commit(prepared, also=[_window_op(_role(role), prepared.ops[0][1]["content"])])
-        return memory
+        """Commit a :meth:`prepare_turn` write and its window turn in one frame; a retry of
+        a turn already kept (its id's memory: found by prepare, or committed since by the
+        same request sent twice) commits nothing and returns that memory."""
+        role = _role(role)
+        with self._lock:
+            kept = self._state.records.get(prepared.ids[0])
+            if kept is not None and kept.metadata.get("role") != role:
+                raise ValidationError(f"id {prepared.ids[0]!r} is already used by another memory", field="id")
+            also = [_window_op(role, prepared.ops[0][1]["content"])] if kept is None and prepared.ops else []
+            [memory] = self.commit(prepared, also=also)
+            return memory
 
     def get_context_window(self) -> list[dict[str, Any]]:
         """The recent messages, oldest first: dicts with role, content, timestamp; those

@@ -15,7 +15,15 @@ from typing import Any
 
 import pytest
 
-from reachy_memory import BusyError, ClosedError, Memory, MemoryType, RequestTimeoutError
+from reachy_memory import (
+    BusyError,
+    ClosedError,
+    DaemonUnavailableError,
+    Memory,
+    MemoryType,
+    RequestTimeoutError,
+    ValidationError,
+)
 from reachy_memory.integrations.reachy_mini import NOBODY, PERSON_KEY, MemoryBridge
 from reachy_memory.model import SearchResult, to_datetime
 from tests.daemon_util import DaemonProcess
@@ -51,7 +59,8 @@ class RecordingClient:
         self._op("add_to_context_window")
         self.window.append({"role": role, "content": content})
 
-    def record_turn(self, role: str, content: str, metadata: dict[str, Any] | None = None) -> Memory:
+    def record_turn(self, role: str, content: str, metadata: dict[str, Any] | None = None, *,
+                    id: str | None = None) -> Memory:
         self._op("record_turn")
         self.window.append({"role": role, "content": content})
         return Memory(f"id{len(self.calls)}", content, MemoryType.CONVERSATION, to_datetime(0),
@@ -324,3 +333,78 @@ def test_a_worker_that_cannot_start_fails_futures_instead_of_leaving_them_pendin
     finally:
         gate.set()
         bridge.close()
+
+
+class FlakyTurnClient(RecordingClient):
+    """record_turn raises ``errors`` in turn before it works; the ids it was sent are kept."""
+
+    def __init__(self, *errors: Exception) -> None:
+        super().__init__()
+        self.errors = list(errors)
+        self.ids: list[str | None] = []
+
+    def record_turn(self, role: str, content: str, metadata: dict[str, Any] | None = None, *,
+                    id: str | None = None) -> Memory:
+        self.ids.append(id)
+        if self.errors:
+            raise self.errors.pop(0)
+        return super().record_turn(role, content, metadata, id=id)
+
+
+def test_a_turn_failing_for_not_now_is_sent_again_with_its_id_and_keeps_its_place() -> None:
+    # A failed record_turn was dropped (stats.errors) after record_turn had said True.
+    fake = FlakyTurnClient(DaemonUnavailableError("restarting"), RequestTimeoutError("no reply"), BusyError("full"))
+    with MemoryBridge(client_factory=lambda: fake, queue_size=8, refresh_interval=0.05) as bridge:
+        assert bridge.record_turn("user", "first") and bridge.record_turn("user", "second")
+        found = bridge.search("after both")
+        assert found.result(timeout=10)
+        assert [m["content"] for m in fake.window] == ["first", "second"]
+        assert [name for _, name in fake.calls if name in ("record_turn", "search")] == \
+            ["record_turn", "record_turn", "search"]  # the search waited behind the turns
+        assert len(set(fake.ids[:4])) == 1 and fake.ids[4] != fake.ids[0]  # one id per turn, every attempt
+        assert (bridge.stats.retries, bridge.stats.errors, bridge.stats.turns_lost) == (3, 0, 0)
+
+
+def test_a_turn_refused_by_the_daemon_is_not_sent_again() -> None:
+    fake = FlakyTurnClient(ValidationError("too long", field="content"))
+    with MemoryBridge(client_factory=lambda: fake, queue_size=8, refresh_interval=0.05) as bridge:
+        assert bridge.record_turn("user", "refused")
+        wait_for(lambda: bridge.stats.turns_lost == 1)
+        assert len(fake.ids) == 1 and bridge.stats.retries == 0 and bridge.stats.errors == 1
+        assert "lost" in (bridge.latest().error or "")
+
+
+def test_a_turn_is_given_up_after_turn_retry_for_and_the_loop_never_waits() -> None:
+    fake = FlakyTurnClient(*[DaemonUnavailableError("down")] * 10**6)
+    with MemoryBridge(client_factory=lambda: fake, queue_size=8, refresh_interval=0.05,
+                      turn_retry_for=0.5) as bridge:
+        started = time.monotonic()
+        assert bridge.record_turn("user", "never kept")
+        wait_for(lambda: bridge.stats.retries > 0)
+        assert "waits for the daemon" in (bridge.latest().error or "")
+        worst = max(_timed(lambda: bridge.record_turn("user", "behind it")) for _ in range(3))
+        assert worst < 0.05  # queued, not waited for
+        wait_for(lambda: bridge.stats.turns_lost == 4)  # each given up once 0.5 s from its queueing passed
+        assert 0.5 <= time.monotonic() - started < 0.5 + 10
+        assert bridge.stats.errors == 4 and "down" in (bridge.stats.last_error or "")
+
+
+def test_close_ends_a_turn_waiting_for_the_daemon_at_once() -> None:
+    fake = FlakyTurnClient(*[DaemonUnavailableError("down")] * 10**6)
+    bridge = MemoryBridge(client_factory=lambda: fake, queue_size=8, refresh_interval=0.05).start()
+    assert bridge.record_turn("user", "waiting")
+    wait_for(lambda: bridge.stats.retries > 0)
+    assert _timed(bridge.close) < 2.0  # not the 60 s of turn_retry_for
+    assert bridge.stats.turns_lost == 1
+
+
+@pytest.mark.parametrize("bad", [-1, float("nan"), float("inf"), "60", True])
+def test_turn_retry_for_must_be_seconds(bad: Any) -> None:
+    with pytest.raises(ValidationError, match="turn_retry_for"):
+        MemoryBridge(client_factory=RecordingClient, turn_retry_for=bad)
+
+
+def _timed(call: Callable[[], Any]) -> float:
+    started = time.monotonic()
+    call()
+    return time.monotonic() - started

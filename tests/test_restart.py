@@ -28,7 +28,16 @@ import msgpack
 import pytest
 import zmq
 
-from reachy_memory import AsyncMemoryClient, Memory, ReachyMemoryError, RequestTimeoutError
+from reachy_memory import (
+    AsyncMemoryClient,
+    DaemonUnavailableError,
+    Memory,
+    MemoryType,
+    ReachyMemoryError,
+    RequestTimeoutError,
+    ValidationError,
+)
+from reachy_memory import protocol as proto
 from reachy_memory.integrations.reachy_mini import MemoryBridge
 from tests.daemon_util import ROOT, DaemonProcess
 
@@ -297,3 +306,133 @@ def test_a_send_refused_after_pollout_waits_for_the_connection(daemon: DaemonPro
         c._sock = _DroppedBetweenPollAndSend(c._sock._sock, refusals=10**9)  # type: ignore[assignment,attr-defined]
         with pytest.raises(RequestTimeoutError):
             c.ping(timeout=0.3)  # never any room: its timeout, as for no connection at all
+
+
+# -- a turn queued on the bridge survives a restart, kept once ------------------------------------
+
+
+def kept_turns(d: DaemonProcess) -> tuple[list[str], list[str]]:
+    """(the window's turns, the CONVERSATION memories by creation time): their contents."""
+    with d.client(timeout=5.0) as c:
+        window = [m["content"] for m in c.get_context_window()]
+        memories = sorted((m for m in c.export_page()[0] if m.memory_type is MemoryType.CONVERSATION),
+                          key=lambda m: m.created_at)
+    return window, [m.content for m in memories]
+
+
+@pytest.mark.parametrize("how", HOW)
+def test_turns_queued_on_the_bridge_while_the_daemon_restarts_are_all_kept_once_in_order(
+        daemon: DaemonProcess, how: str) -> None:
+    """The turn in flight (sent to the frozen daemon, which is then stopped or killed) and
+    the turns queued while no daemon listens: each failed within its timeout and was dropped
+    (counted in stats.errors) though record_turn had said True. Now each is sent again with
+    its id until the daemon is back: all there once, in order, in the window and as memories."""
+    turns = [f"turn {i} about the garden" for i in range(6)]
+    with MemoryBridge(daemon.endpoint, config=daemon.config, timeout=0.5, refresh_interval=0.05,
+                      turn_retry_for=60) as bridge:
+        assert bridge.record_turn("user", turns[0])
+        wait_until(lambda: turns[0] in str(bridge.latest().window))
+        freeze(daemon)
+        assert bridge.record_turn("user", turns[1])  # reaches the frozen daemon's socket
+        time.sleep(0.1)
+        end(daemon, how)
+        assert all(bridge.record_turn("user", t) for t in turns[2:5])  # no daemon listens
+        wait_until(lambda: bridge.stats.retries > 0)
+        assert bridge.latest().error is not None  # the loop can see a turn waits
+        daemon.start()
+        assert bridge.record_turn("user", turns[5])
+        wait_until(lambda: turns[5] in str(bridge.latest().window))
+        assert [m["content"] for m in bridge.latest().window] == turns
+        assert (bridge.stats.errors, bridge.stats.turns_lost, bridge.stats.dropped) == (0, 0, 0)
+        assert bridge.latest().error is None
+    assert kept_turns(daemon) == (turns, turns)
+
+
+def test_a_turn_journaled_by_a_daemon_killed_before_its_reply_is_kept_once(daemon: DaemonProcess) -> None:
+    """The bridge's first attempt is journaled, then the daemon is killed (SIGKILL) before
+    the reply arrives: the worker sends the turn again, with its id, to the restarted
+    daemon, which finds it in its replayed journal and keeps nothing twice."""
+    real = daemon.client(timeout=5.0)
+
+    class ReplyLost:
+        """The real client; its first record_turn's reply is lost with the daemon."""
+
+        def __init__(self) -> None:
+            self.sent: list[Memory] = []
+
+        def record_turn(self, *args: Any, **kwargs: Any) -> Memory:
+            memory = real.record_turn(*args, **kwargs)
+            self.sent.append(memory)
+            if len(self.sent) == 1:
+                daemon.kill()
+                daemon.start()
+                raise DaemonUnavailableError("the daemon died before replying")
+            return memory
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+    client = ReplyLost()
+    with MemoryBridge(client_factory=lambda: client, refresh_interval=0.05) as bridge:
+        assert bridge.record_turn("user", "I am back from Lyon")
+        assert bridge.record_turn("assistant", "Welcome back!")
+        wait_until(lambda: "Welcome back!" in str(bridge.latest().window))
+        assert (bridge.stats.retries, bridge.stats.errors) == (1, 0)
+    first, again, _ = client.sent
+    assert again == first  # the memory the killed daemon kept, not a second one
+    assert kept_turns(daemon) == (["I am back from Lyon", "Welcome back!"],) * 2
+
+
+def test_record_turn_with_an_id_replayed_after_a_kill_gives_the_same_memory(daemon: DaemonProcess) -> None:
+    """kill -9 after the daemon journaled a turn and before its caller got the reply: the
+    retry (same id) is answered from the replayed journal with the same memory, one copy;
+    the id reused for another turn is refused."""
+    ctx = zmq.Context()
+    raw = ctx.socket(zmq.DEALER)
+    raw.linger, raw.rcvtimeo = 0, 10_000
+    raw.connect(daemon.endpoint)
+    try:
+        raw.send(msgpack.packb({"v": 1, "id": "r1", "op": "record_turn",
+                                "args": {"role": "user", "content": "the keys are in the blue bowl", "id": "t1"}}))
+        reply = msgpack.unpackb(raw.recv())
+        assert reply["ok"], reply
+    finally:
+        raw.close(linger=0)
+        ctx.term()
+    daemon.kill()
+    daemon.start()
+    with daemon.client(timeout=5.0, retries=2) as c:
+        again = c.record_turn("user", "the keys are in the blue bowl", id="t1")
+        assert again == proto.memory_from_wire(reply["result"])
+        assert kept_turns(daemon) == (["the keys are in the blue bowl"],) * 2
+        for other in (("user", "the keys are on the hook"), ("assistant", "the keys are in the blue bowl")):
+            with pytest.raises(ValidationError, match="already used by another memory"):
+                c.record_turn(*other, id="t1")
+
+    async def from_async() -> Memory:
+        async with AsyncMemoryClient(daemon.endpoint, config=daemon.config, timeout=5.0, retries=2) as c:
+            return await c.record_turn("user", "the keys are in the blue bowl", id="t1")
+
+    assert asyncio.run(asyncio.wait_for(from_async(), 30)) == again
+    assert kept_turns(daemon) == (["the keys are in the blue bowl"],) * 2
+
+
+def test_record_turn_with_an_id_is_retried_by_the_client_and_kept_once(daemon: DaemonProcess) -> None:
+    """With its id, ``retries=`` sends a turn again after a timeout (without one it is
+    sent once: test_writes_without_an_id_are_never_retried_automatically)."""
+    with daemon.client(timeout=0.4, retries=2) as c:
+        c.ping()
+        freeze(daemon)
+        result, took = outcome(lambda: c.record_turn("user", "one turn, kept once", id="t1"))
+        assert isinstance(result, RequestTimeoutError) and took > 3 * 0.4 - 0.1  # three attempts
+        thaw(daemon)
+        assert c.record_turn("user", "one turn, kept once", id="t1", timeout=10).content == "one turn, kept once"
+    assert kept_turns(daemon) == (["one turn, kept once"],) * 2
+
+
+def wait_until(done: Any, seconds: float = 30.0) -> None:
+    """Poll ``done()``; the bound only ends a broken run."""
+    deadline = time.monotonic() + seconds
+    while not done():
+        assert time.monotonic() < deadline, "not reached"
+        time.sleep(0.02)

@@ -170,6 +170,37 @@ def test_client_ids_make_store_idempotent(lexical_store: MemoryStore) -> None:
         lexical_store.store("different", "fact", id="req-1")
 
 
+def test_a_turn_recorded_again_with_its_id_is_kept_once(lexical_store: MemoryStore) -> None:
+    """record_turn had no id: a retry after a lost reply appended the turn twice (window and memory)."""
+    first = lexical_store.record_turn("user", "I am back from Lyon", {"person": "Alex"}, id="turn-1")
+    lexical_store.record_turn("assistant", "Welcome back!", id="turn-2")
+    again = lexical_store.record_turn("user", "I am back from Lyon", {"person": "Alex"}, id="turn-1")
+    assert again == first and len(lexical_store) == 2
+    assert [m["content"] for m in lexical_store.get_context_window()] == ["I am back from Lyon", "Welcome back!"]
+
+
+@pytest.mark.parametrize("reused", [
+    {"role": "user", "content": "I am back from Paris"},  # other content
+    {"role": "assistant", "content": "I am back from Lyon"},  # another speaker
+    {"role": "user", "content": "I am back from Lyon", "owner": "bob"},  # another user's
+])
+def test_a_turn_id_reused_for_another_turn_is_refused(lexical_store: MemoryStore, reused: dict[str, Any]) -> None:
+    lexical_store.record_turn("user", "I am back from Lyon", id="turn-1")
+    with pytest.raises(ValidationError, match="turn-1"):
+        lexical_store.record_turn(**reused, id="turn-1")
+    assert len(lexical_store) == 1 and len(lexical_store.get_context_window()) == 1
+
+
+def test_a_turn_sent_twice_at_once_is_kept_once(lexical_store: MemoryStore) -> None:
+    """The daemon prepares a request and its retry side by side (the first timed out
+    while waiting): both prepared before either commits, the second commits nothing."""
+    first = lexical_store.prepare_turn("user", "hello robot", id="turn-1")
+    second = lexical_store.prepare_turn("user", "hello robot", id="turn-1")
+    kept = lexical_store.commit_turn("user", first)
+    assert lexical_store.commit_turn("user", second) == kept
+    assert len(lexical_store) == 1 and len(lexical_store.get_context_window()) == 1
+
+
 @pytest.mark.parametrize(("second", "refused"), [
     ({"content": "hello", "memory_type": "fact"}, False),  # the same memory twice: stored once
     ({"content": "other", "memory_type": "fact"}, True),  # was dropped silently, "hello" returned for it

@@ -20,11 +20,19 @@ the loop must never call the daemon.  :class:`MemoryBridge` does it for the loop
   :class:`~reachy_memory.BusyError`; a job that raises fails its own future
   only.  While the daemon restarts, each call fails within ``timeout`` and a
   failed refresh keeps the last snapshot with ``error`` set; the same worker and
-  client carry on and the snapshot is fresh again once the daemon answers.  A turn
-  queued during the outage is lost if its call fails (counted in ``stats.errors``,
-  never sent twice).  Should the worker itself end (its client cannot be made), queued
-  futures fail with :class:`~reachy_memory.ClosedError`, later calls are
-  dropped, and ``latest().error`` says so.
+  client carry on and the snapshot is fresh again once the daemon answers.
+* A turn survives a daemon restart: it gets an id when queued, and a call that
+  fails for "not now" (daemon unavailable, timed out, busy) is sent again with
+  that id, with backoff, until ``turn_retry_for`` seconds (60 by default) after
+  it was queued (one attempt at least); the daemon keeps it once however often
+  it arrives.  Turns keep their order: jobs queued behind a waiting turn wait
+  too (the queue stays bounded; when full, later calls are dropped and counted),
+  and no refresh is done meanwhile (``latest().error`` says the turn waits).  A
+  turn given up (the bound passed, the bridge closed, or an error that is not
+  "not now") is counted in ``stats.errors`` and ``stats.turns_lost``.
+* Should the worker itself end (its client cannot be made), queued futures fail
+  with :class:`~reachy_memory.ClosedError`, later calls are dropped, and
+  ``latest().error`` says so.
 
 This module does not import ``reachy_mini``; any app (or test) can use it.
 Guide: README.md, "For apps and language models".
@@ -37,15 +45,16 @@ import logging
 import queue
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .._ingest import check_owner
 from ..client import MemoryClient
 from ..config import Config
-from ..errors import BusyError, ClosedError, ReachyMemoryError
+from ..errors import BusyError, ClosedError, ReachyMemoryError, ValidationError
 from ..model import SEARCH_LIMIT, Memory, MemoryType, SearchResult
 
 log = logging.getLogger("reachy_memory.bridge")
@@ -54,6 +63,10 @@ log = logging.getLogger("reachy_memory.bridge")
 #: with every other client of the daemon (an LLM's MCP tools see it too).
 PERSON_KEY = "current_person"
 NOBODY = "(nobody)"  # the stored value when nobody is there (context values cannot be empty)
+#: Protocol error codes that mean "not now" (the daemon restarting, stopping, slow or full):
+#: a turn failing with one is sent again, with its id, until ``turn_retry_for`` passes.
+RETRY_CODES = frozenset({"unavailable", "timeout", "busy"})
+_FIRST_PAUSE, _LONGEST_PAUSE = 0.05, 1.0  # seconds between a turn's attempts: doubling, capped
 
 
 @dataclass(frozen=True)
@@ -85,6 +98,8 @@ class BridgeStats:
     done: int = 0
     errors: int = 0
     refreshes: int = 0
+    retries: int = 0  # a turn sent again after a "not now" failure
+    turns_lost: int = 0  # turns given up (also counted in ``errors``)
     last_error: str | None = None
 
 
@@ -94,6 +109,8 @@ class _Job:
     future: Future[Any] | None = None
     refresh: bool = False  # the snapshot changes: fetch it again after this job
     label: str = field(default="job")
+    retry: bool = False  # sent again after a "not now" failure (it carries its own id)
+    queued_at: float = field(default_factory=time.monotonic)
 
 
 class MemoryBridge:
@@ -103,13 +120,20 @@ class MemoryBridge:
     :class:`~reachy_memory.MemoryClient` (the private ipc socket by default).
     ``refresh_interval`` is how often the snapshot is fetched again;
     ``queue_size`` bounds the pending jobs; ``timeout`` bounds each daemon call
-    (on the worker).  ``client_factory`` replaces the client (tests).
+    (on the worker).  ``turn_retry_for`` bounds how long a turn is sent again while
+    the daemon is away (seconds; 0: sent once).  ``client_factory`` replaces the client (tests).
     Use as a context manager, or :meth:`start` / :meth:`close` (idempotent).
     """
 
     def __init__(self, endpoint: str | None = None, *, config: Config | None = None, queue_size: int = 64,
                  refresh_interval: float = 0.5, timeout: float = 2.0, person_facts: int = 5,
-                 client_factory: Callable[[], Any] | None = None) -> None:
+                 turn_retry_for: float = 60.0, client_factory: Callable[[], Any] | None = None) -> None:
+        """Raises ValidationError for a ``turn_retry_for`` that is not seconds >= 0."""
+        if isinstance(turn_retry_for, bool) or not isinstance(turn_retry_for, int | float) \
+                or not 0 <= turn_retry_for < float("inf"):
+            raise ValidationError(f"turn_retry_for must be seconds >= 0, not {turn_retry_for!r}",
+                                  field="turn_retry_for")
+        self._retry_for = float(turn_retry_for)
         self._factory = client_factory or (lambda: MemoryClient(endpoint, config=config, timeout=timeout))
         self._jobs: queue.Queue[_Job | None] = queue.Queue(maxsize=queue_size)
         self._refresh_interval = refresh_interval
@@ -166,14 +190,19 @@ class MemoryBridge:
         with ``role`` and ``person`` (default: the current person; a display name in
         metadata), owned by ``owner`` (the user of the robot whose turn it is, None:
         unscoped). Returns False if it was dropped
-        (queue full or closed). Raises ValidationError for a bad owner, queueing nothing."""
-        owned = _owned(owner)
+        (queue full or closed). Raises ValidationError for a bad owner, queueing nothing.
+        The turn gets its id here: sent again while the daemon restarts (up to
+        ``turn_retry_for`` seconds), it is kept once."""
+        owned = _owned(owner) | {"id": uuid.uuid4().hex}
+        tagged: list[dict[str, Any] | None] = []  # the first attempt's metadata, sent again as it was
 
         def run(c: MemoryClient) -> None:
-            who = person or self._person
-            c.record_turn(role, text, {"person": who} if who else None, **owned)  # window and memory: one write
+            if not tagged:
+                who = person or self._person
+                tagged.append({"person": who} if who else None)
+            c.record_turn(role, text, tagged[0], **owned)  # window and memory: one write
 
-        return self._put(_Job(run, refresh=True, label="record_turn")) is not None
+        return self._put(_Job(run, refresh=True, label="record_turn", retry=True)) is not None
 
     def set_current_person(self, name: str | None) -> bool:
         """Queue "this person is in front of the robot" (None: nobody). The snapshot's
@@ -282,7 +311,7 @@ class MemoryBridge:
         if job.future is not None and not job.future.set_running_or_notify_cancel():
             return False
         try:
-            result = job.run(client)
+            result = self._run_retrying(client, job) if job.retry else job.run(client)
         except Exception as exc:  # the job's own failure (any type): its future says it, the worker goes on
             if not isinstance(exc, ReachyMemoryError):
                 log.exception("memory bridge job %s failed", job.label)
@@ -290,11 +319,37 @@ class MemoryBridge:
             self.stats.last_error = f"{job.label}: {exc}"
             if job.future is not None:
                 job.future.set_exception(exc)
+            elif job.retry:  # a turn: nobody else hears of it
+                self.stats.turns_lost += 1
+                log.warning("memory bridge gave up a turn: %s", exc)
+                self._snapshot = replace(self._snapshot, error=f"a turn was lost: {exc}")
             return False
         self.stats.done += 1
         if job.future is not None:
             job.future.set_result(result)
         return job.refresh
+
+    def _run_retrying(self, client: Any, job: _Job) -> Any:
+        """``job.run(client)``, run again with backoff after each "not now" failure
+        (:data:`RETRY_CODES`) until it succeeds or ``turn_retry_for`` seconds have passed
+        since it was queued (one attempt at least); ``latest().error`` says it waits
+        meanwhile. Raises the last failure when given up, ClosedError when the bridge
+        closes meanwhile, any other failure at once."""
+        deadline = job.queued_at + self._retry_for
+        pause = _FIRST_PAUSE
+        while True:
+            try:
+                return job.run(client)
+            except ReachyMemoryError as exc:
+                left = deadline - time.monotonic()
+                if getattr(exc, "code", None) not in RETRY_CODES or left <= 0 or self._stop.is_set():
+                    raise
+                self.stats.retries += 1
+                self.stats.last_error = f"{job.label}: {exc} (sending it again)"
+                self._snapshot = replace(self._snapshot, error=f"{job.label} waits for the daemon: {exc}")
+            if self._stop.wait(min(pause, left)):
+                raise ClosedError(f"memory bridge closed while a {job.label} waited for the daemon")
+            pause = min(2 * pause, _LONGEST_PAUSE)
 
     def _refresh(self, client: Any) -> None:
         """Fetch window, person and what is known about them; publish one new snapshot.
@@ -328,7 +383,7 @@ class MemoryBridge:
         return tuple(h.memory.content for h in hits)
 
 
-__all__ = ["NOBODY", "PERSON_KEY", "BridgeStats", "MemoryBridge", "MemorySnapshot"]
+__all__ = ["NOBODY", "PERSON_KEY", "RETRY_CODES", "BridgeStats", "MemoryBridge", "MemorySnapshot"]
 
 
 def _owned(owner: str | None) -> dict[str, Any]:
