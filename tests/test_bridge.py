@@ -408,3 +408,33 @@ def _timed(call: Callable[[], Any]) -> float:
     started = time.monotonic()
     call()
     return time.monotonic() - started
+
+
+class OldDaemonClient(FlakyTurnClient):
+    """A daemon from before turn ids: ``id`` is an unknown argument; ``errors`` then in turn."""
+
+    def record_turn(self, role: str, content: str, metadata: dict[str, Any] | None = None, *,
+                    id: str | None = None) -> Memory:
+        if id is not None:
+            self.ids.append(id)
+            raise ValidationError("record_turn: unknown arguments ['id']", field="args")
+        return super().record_turn(role, content, metadata)
+
+
+def test_a_daemon_from_before_turn_ids_still_gets_the_turn_once() -> None:
+    # A new bridge beside a daemon not restarted since the upgrade lost every turn ("unknown arguments").
+    fake = OldDaemonClient()
+    with MemoryBridge(client_factory=lambda: fake, queue_size=8, refresh_interval=0.05) as bridge:
+        assert bridge.record_turn("user", "kept by an old daemon")
+        wait_for(lambda: bridge.stats.done == 1)
+        assert [m["content"] for m in fake.window] == ["kept by an old daemon"]
+        assert fake.ids[1:] == [None] and (bridge.stats.errors, bridge.stats.turns_lost) == (0, 0)
+
+
+def test_a_turn_sent_without_its_id_is_never_sent_again() -> None:
+    fake = OldDaemonClient(RequestTimeoutError("no reply"))  # the id-less send times out: it may have been kept
+    with MemoryBridge(client_factory=lambda: fake, queue_size=8, refresh_interval=0.05) as bridge:
+        assert bridge.record_turn("user", "maybe kept")
+        wait_for(lambda: bridge.stats.turns_lost == 1)
+        assert fake.ids[1:] == [None]  # one id-less attempt, no second one that could keep it twice
+        assert fake.window == []

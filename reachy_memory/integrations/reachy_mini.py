@@ -200,7 +200,15 @@ class MemoryBridge:
             if not tagged:
                 who = person or self._person
                 tagged.append({"person": who} if who else None)
-            c.record_turn(role, text, tagged[0], **owned)  # window and memory: one write
+            if "id" not in owned:  # sent once without its id already: sending it again could keep it twice
+                raise ReachyMemoryError("the daemon takes no turn id (a version from before them): not sent again")
+            try:
+                c.record_turn(role, text, tagged[0], **owned)  # window and memory: one write
+            except ValidationError as exc:
+                if not _refuses_turn_ids(exc):
+                    raise
+                del owned["id"]  # a daemon not restarted since an upgrade: keep the turn, sent once
+                c.record_turn(role, text, tagged[0], **owned)
 
         return self._put(_Job(run, refresh=True, label="record_turn", retry=True)) is not None
 
@@ -384,6 +392,11 @@ class MemoryBridge:
 
 
 __all__ = ["NOBODY", "PERSON_KEY", "RETRY_CODES", "BridgeStats", "MemoryBridge", "MemorySnapshot"]
+
+
+def _refuses_turn_ids(exc: ValidationError) -> bool:
+    """Whether ``exc`` is an older daemon's refusal of ``record_turn``'s ``id`` argument."""
+    return exc.fields.get("field") == "args" and "'id'" in str(exc)
 
 
 def _owned(owner: str | None) -> dict[str, Any]:
