@@ -36,13 +36,22 @@ from . import protocol as proto
 from ._operations import IDEMPOTENT
 from .config import Config, load_config
 from .endpoint import check_tcp_port, ipc_path, load_certificate, resolve_endpoint
-from .errors import ClosedError, ConfigError, ProtocolError, RequestTimeoutError, TooLargeError, ValidationError
+from .errors import (
+    ClosedError,
+    ConfigError,
+    ProtocolError,
+    ReachyMemoryError,
+    RequestTimeoutError,
+    TooLargeError,
+    ValidationError,
+)
 from .model import SEARCH_LIMIT, SEARCH_MIN_SCORE, Memory, MemoryType, SearchResult, merged_metadata
 
 _IDEMPOTENT = IDEMPOTENT  # from the operations table
 # What the converters raise for a result of the wrong shape (a buggy or foreign daemon).
 _MALFORMED = (LookupError, TypeError, ValueError, AttributeError, ArithmeticError)
 _POLL_SLICE = 0.1  # seconds: the longest single zmq poll of the blocking client
+_UNANSWERED_KEPT = 1024  # timed-out requests the async client follows (see AsyncMemoryClient._unnamed_error)
 
 
 def _wire_type(memory_type: MemoryType | str) -> str:
@@ -312,6 +321,14 @@ class _Api:
         return self._call("import", _given(memories=memories, people=people), timeout=timeout)
 
 
+def _succeeded(sending: Awaitable[Any] | None) -> bool:
+    """Whether pyzmq's send future says the frame was handed to the socket (one still
+    queued when its caller gave up, or cancelled, never is: pyzmq skips it); of a
+    call's reply future, whether the reply came."""
+    done = cast("asyncio.Future[Any] | None", sending)
+    return done is not None and done.done() and not done.cancelled() and done.exception() is None
+
+
 def _unsendable(exc: Exception) -> str:
     """What msgpack refused, in words a caller (or a model) can act on."""
     if isinstance(exc, OverflowError):
@@ -350,13 +367,14 @@ class _Base(_Api):
         self.retries = retries
         self._closed = False
 
-    def _no_reply(self, op: str, timeout: float) -> RequestTimeoutError:
-        """The error for a call that got no reply in time; when the ipc socket is not
-        there at all, it says so (one stat, after the deadline: the wait is not longer)."""
+    def _no_reply(self, op: str, timeout: float, note: str = "") -> RequestTimeoutError:
+        """The error for a call that got no reply in time, ``note`` added to its message;
+        when the ipc socket is not there at all, it says so (one stat, after the
+        deadline: the wait is not longer)."""
         path = ipc_path(self.endpoint)
         hint = ("; no socket there: is the daemon running? (`reachy-memory serve`; on the robot: "
                 "sudo systemctl start reachy-memory)") if path is not None and not path.exists() else ""
-        return RequestTimeoutError(f"no reply to {op!r} from {self.endpoint} within {timeout:.3g} s{hint}",
+        return RequestTimeoutError(f"no reply to {op!r} from {self.endpoint} within {timeout:.3g} s{hint}{note}",
                                    op=op, endpoint=self.endpoint)
 
     def _socket(self, ctx: zmq.Context) -> zmq.Socket:
@@ -404,9 +422,10 @@ class _Base(_Api):
             frame = proto.request(request_id, op, args, timeout_ms=timeout * 1000)
         except (TypeError, ValueError, OverflowError) as exc:
             raise ValidationError(f"the arguments of {op!r} cannot be sent: {_unsendable(exc)}", field="args") from exc
-        # The daemon answers such a frame with an error it cannot tie to a request (it
-        # does not decode it): the async client could only wait out its timeout, and past
-        # 16 x the limit the daemon drops the frame unanswered. Refuse it here.
+        # Refused here, not sent: the daemon would refuse it unread (answering with the
+        # id at its start), and past 16 x the daemon's limit it drops the frame and the
+        # connection with no answer at all. A daemon with a smaller limit than this
+        # config's still answers (see AsyncMemoryClient._unnamed_error for older ones).
         limit = self.config.server.max_message_bytes
         if len(frame) > limit:
             raise TooLargeError(f"{op!r} request of {len(frame)} bytes exceeds {limit}", field="request",
@@ -571,6 +590,14 @@ class AsyncMemoryClient(_Base):
         self._ctx = zmq.asyncio.Context()
         self._sock = self._open(self._ctx)
         self._pending: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self._sends: dict[str, Awaitable[Any]] = {}  # pyzmq's send future of each pending call
+        # Sent requests whose caller stopped waiting before their reply came (None: more
+        # than _UNANSWERED_KEPT, no longer followed); while there is one, an error reply
+        # without an id may be its, so it is given to no call (see _unnamed_error).
+        self._unanswered: set[str] | None = set()
+        self._unclaimed = 0  # id-less errors given to no call (each answered one of those requests)
+        self._unclaimed_reply: dict[str, Any] | None = None  # the last of them
+        self._unnamed: tuple[float, str] | None = None  # (when, what) of the last id-less error given to none
         self._reader: asyncio.Task[None] | None = None
 
     def _call(self, op: str, args: dict[str, Any], convert: Callable[[Any], Any] = lambda r: r,
@@ -597,13 +624,15 @@ class AsyncMemoryClient(_Base):
         self._pending[request_id] = future
         if self._reader is None or self._reader.done():
             self._reader = asyncio.create_task(self._read())
+        started = time.monotonic()
         try:
             # bounded for the same reason as the blocking client's send
             async with asyncio.timeout(timeout):
-                await cast(Awaitable[Any], self._sock.send(frame))
+                self._sends[request_id] = sending = cast(Awaitable[Any], self._sock.send(frame))
+                await sending
                 return await future
         except TimeoutError:
-            raise self._no_reply(op, timeout) from None
+            raise self._no_reply(op, timeout, self._unnamed_since(started)) from None
         except (asyncio.CancelledError, zmq.ZMQError) as exc:
             # close() from another task cancels a send in progress (pyzmq); a cancellation
             # of this task itself is passed on as it is
@@ -613,8 +642,73 @@ class AsyncMemoryClient(_Base):
             raise ClosedError(f"{type(self).__name__} closed during the call") from exc
         finally:
             self._pending.pop(request_id, None)
+            if _succeeded(self._sends.get(request_id)) and not _succeeded(future):  # (a timeout cancels it)
+                self._left_unanswered(request_id)
+            self._sends.pop(request_id, None)
             if future.done() and not future.cancelled():
                 future.exception()  # set by close() while the send was in progress: seen, not "never retrieved"
+
+    # -- errors without a request id (see _unnamed_error) ------------------------------------
+    # Each sent request gets one reply: a named one, or an id-less error. Unsure of a
+    # call is the set of sent requests with no named reply (those still awaited, and
+    # _unanswered: their callers stopped waiting); the _unclaimed id-less errors given
+    # to no call answered that many of them, which ones unknown.
+
+    def _left_unanswered(self, request_id: str) -> None:
+        """Note a sent request whose caller stopped waiting (a timeout, a cancellation)."""
+        if self._unanswered is not None:
+            self._unanswered.add(request_id)
+            if len(self._unanswered) > _UNANSWERED_KEPT:
+                self._unanswered = None  # too many to follow: no id-less error is given to a call again
+        self._settle()
+
+    def _unnamed_error(self, reply: dict[str, Any]) -> None:
+        """An error reply without a request id: a daemon that could not read the id of a
+        request it refused (an older one, for a frame over its size limit). Given to the
+        call it can only be about: the one request sent on this socket with no reply,
+        none other unanswered. Otherwise to no call, never to one it may not be about:
+        kept, so that the calls then timing out say it may have been theirs (and given
+        to the last call still waiting once every other one got its named reply)."""
+        waiting = self._waiting()
+        if self._unanswered == set() and not self._unclaimed and len(waiting) == 1:
+            waiting[0].set_result(reply)
+            return
+        self._unclaimed += 1
+        self._unclaimed_reply = reply
+        try:
+            proto.raise_for(reply)
+        except ReachyMemoryError as exc:
+            self._unnamed = (time.monotonic(), f"{type(exc).__name__}: {exc.message}")
+        self._settle()
+
+    def _settle(self) -> None:
+        """Once the unclaimed id-less errors answered every sent request without a named
+        reply (as many of them as requests), what is left is known: the one call still
+        waiting gets the error, or no request awaits a reply any more."""
+        if self._unanswered is None or not self._unclaimed:
+            return
+        waiting = self._waiting()
+        if self._unclaimed < len(self._unanswered) + len(waiting):
+            return
+        if waiting:  # answered by one of the unclaimed errors: which one is known only when there is one
+            if len(waiting) > 1 or self._unclaimed > 1 or self._unclaimed_reply is None:
+                return  # it times out, then the rest is known
+            waiting[0].set_result(self._unclaimed_reply)
+        self._unanswered.clear()
+        self._unclaimed, self._unclaimed_reply = 0, None
+
+    def _waiting(self) -> list[asyncio.Future[dict[str, Any]]]:
+        """The futures of the calls whose request was sent and whose reply has not come."""
+        return [future for request_id, future in self._pending.items()
+                if not future.done() and _succeeded(self._sends.get(request_id))]
+
+    def _unnamed_since(self, started: float) -> str:
+        """What a timeout of a call started at ``started`` adds about an id-less error
+        that came meanwhile and was given to no call ("" when none did)."""
+        if self._unnamed is None or self._unnamed[0] < started:
+            return ""
+        return (f"; meanwhile the daemon refused a request without naming it ({self._unnamed[1]}): it may have "
+                "been this one")
 
     def _new_loop(self) -> None:
         """Called on another event loop than the live reader's: a fresh socket and reader.
@@ -626,6 +720,9 @@ class AsyncMemoryClient(_Base):
         self._replace_socket()
         self._reader = None
         self._pending.clear()  # calls of the old loop: none can be resumed
+        self._sends.clear()
+        # a new socket: no reply of the old one comes to it
+        self._unanswered, self._unclaimed, self._unclaimed_reply, self._unnamed = set(), 0, None, None
 
     async def _read(self) -> None:
         while self._pending:
@@ -634,9 +731,15 @@ class AsyncMemoryClient(_Base):
             except ProtocolError:
                 continue
             request_id = reply.get("id")  # a list or map here must not end the reader (TypeError)
+            if request_id is None and not reply.get("ok"):
+                self._unnamed_error(reply)
+                continue
+            if self._unanswered and isinstance(request_id, str):
+                self._unanswered.discard(request_id)  # answered after all
             future = self._pending.get(request_id) if isinstance(request_id, str) else None
             if future is not None and not future.done():
                 future.set_result(reply)
+            self._settle()  # (nothing to do unless an id-less error went to no call)
 
     async def close(self) -> None:
         """Close the socket (linger 0); idempotent. Calls in flight (in other tasks)
