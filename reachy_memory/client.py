@@ -596,7 +596,7 @@ class AsyncMemoryClient(_Base):
         # without an id may be its, so it is given to no call (see _unnamed_error).
         self._unanswered: set[str] | None = set()
         self._unclaimed = 0  # id-less errors given to no call (each answered one of those requests)
-        self._unclaimed_reply: dict[str, Any] | None = None  # the last of them
+        self._unclaimed_reply: dict[str, Any] | None = None  # the last of them (see _settle)
         self._unnamed: tuple[float, str] | None = None  # (when, what) of the last id-less error given to none
         self._reader: asyncio.Task[None] | None = None
 
@@ -649,10 +649,10 @@ class AsyncMemoryClient(_Base):
                 future.exception()  # set by close() while the send was in progress: seen, not "never retrieved"
 
     # -- errors without a request id (see _unnamed_error) ------------------------------------
-    # Each sent request gets one reply: a named one, or an id-less error. Unsure of a
-    # call is the set of sent requests with no named reply (those still awaited, and
-    # _unanswered: their callers stopped waiting); the _unclaimed id-less errors given
-    # to no call answered that many of them, which ones unknown.
+    # Each sent request gets one reply: a named one, or an id-less error. An id-less
+    # error can be about any sent request with no named reply yet: those still awaited,
+    # and _unanswered (their callers stopped waiting). The _unclaimed id-less errors
+    # given to no call answered that many of them, which ones unknown.
 
     def _left_unanswered(self, request_id: str) -> None:
         """Note a sent request whose caller stopped waiting (a timeout, a cancellation)."""
