@@ -595,8 +595,7 @@ class AsyncMemoryClient(_Base):
         # than _UNANSWERED_KEPT, no longer followed); while there is one, an error reply
         # without an id may be its, so it is given to no call (see _unnamed_error).
         self._unanswered: set[str] | None = set()
-        self._unclaimed = 0  # id-less errors given to no call (each answered one of those requests)
-        self._unclaimed_reply: dict[str, Any] | None = None  # the last of them (see _settle)
+        self._unclaimed: list[dict[str, Any]] = []  # id-less errors given to no call (each answered one of them)
         self._unnamed: tuple[float, str] | None = None  # (when, what) of the last id-less error given to none
         self._reader: asyncio.Task[None] | None = None
 
@@ -673,8 +672,8 @@ class AsyncMemoryClient(_Base):
         if self._unanswered == set() and not self._unclaimed and len(waiting) == 1:
             waiting[0].set_result(reply)
             return
-        self._unclaimed += 1
-        self._unclaimed_reply = reply
+        if self._unanswered is not None:
+            self._unclaimed.append(reply)
         try:
             proto.raise_for(reply)
         except ReachyMemoryError as exc:
@@ -684,18 +683,19 @@ class AsyncMemoryClient(_Base):
     def _settle(self) -> None:
         """Once the unclaimed id-less errors answered every sent request without a named
         reply (as many of them as requests), what is left is known: the one call still
-        waiting gets the error, or no request awaits a reply any more."""
+        waiting gets the error (when they are all alike: which one was its is not
+        known), or no request awaits a reply any more."""
         if self._unanswered is None or not self._unclaimed:
             return
         waiting = self._waiting()
-        if self._unclaimed < len(self._unanswered) + len(waiting):
+        if len(self._unclaimed) < len(self._unanswered) + len(waiting):
             return
-        if waiting:  # answered by one of the unclaimed errors: which one is known only when there is one
-            if len(waiting) > 1 or self._unclaimed > 1 or self._unclaimed_reply is None:
+        if waiting:
+            if len(waiting) > 1 or any(reply != self._unclaimed[0] for reply in self._unclaimed):
                 return  # it times out, then the rest is known
-            waiting[0].set_result(self._unclaimed_reply)
+            waiting[0].set_result(self._unclaimed[0])
         self._unanswered.clear()
-        self._unclaimed, self._unclaimed_reply = 0, None
+        self._unclaimed = []
 
     def _waiting(self) -> list[asyncio.Future[dict[str, Any]]]:
         """The futures of the calls whose request was sent and whose reply has not come."""
@@ -722,7 +722,7 @@ class AsyncMemoryClient(_Base):
         self._pending.clear()  # calls of the old loop: none can be resumed
         self._sends.clear()
         # a new socket: no reply of the old one comes to it
-        self._unanswered, self._unclaimed, self._unclaimed_reply, self._unnamed = set(), 0, None, None
+        self._unanswered, self._unclaimed, self._unnamed = set(), [], None
 
     async def _read(self) -> None:
         while self._pending:

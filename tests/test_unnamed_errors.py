@@ -209,9 +209,11 @@ def test_an_error_without_an_id_goes_to_no_call_while_an_earlier_one_is_unanswer
                 await c.ping()  # held: sent, unanswered
             with pytest.raises(RequestTimeoutError, match="may have been this one"):
                 await c.store("anything")
-            old.release.set()  # the held ping's reply comes late
             old.policy = _by_op(store="unnamed")
-            assert (await c.ping(timeout=5))["pong"]  # the reader took the late reply first
+            old.release.set()  # the held ping's reply comes late
+            while old.held:
+                await asyncio.sleep(0.01)
+            assert (await c.ping(timeout=5))["pong"]  # the reader takes the late reply first
             with pytest.raises(TooLargeError):
                 await c.store("anything", timeout=20)
 
@@ -237,6 +239,33 @@ def test_an_error_without_an_id_goes_to_the_last_call_once_the_others_got_their_
             started = time.monotonic()
             old.release.set()
             assert (await ping)["pong"]
+            with pytest.raises(TooLargeError):
+                await store
+            assert time.monotonic() - started < 5.0
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        old.close()
+
+
+def test_alike_errors_without_an_id_go_to_the_last_call_once_it_is_the_only_one_left(endpoint: str) -> None:
+    """A timed-out ping (unanswered), a timed-out store (its id-less error given to no
+    call), then a store refused the same way: two alike errors for the two stores, once
+    the ping's late reply comes; the waiting store gets one, whichever was its."""
+    old = OldDaemon(endpoint, _by_op(ping="hold", store="unnamed"))
+
+    async def scenario() -> None:
+        async with AsyncMemoryClient(endpoint, config=load_config(None), timeout=0.5) as c:
+            with pytest.raises(RequestTimeoutError):
+                await c.ping()
+            with pytest.raises(RequestTimeoutError, match="may have been this one"):
+                await c.store("anything")
+            store = asyncio.ensure_future(c.store("anything", timeout=20))
+            await asyncio.sleep(0.3)  # refused meanwhile: it may be the ping's
+            assert not store.done()
+            started = time.monotonic()
+            old.release.set()  # the ping's late reply: the two errors were the two stores'
             with pytest.raises(TooLargeError):
                 await store
             assert time.monotonic() - started < 5.0
