@@ -51,7 +51,6 @@ _IDEMPOTENT = IDEMPOTENT  # from the operations table
 # What the converters raise for a result of the wrong shape (a buggy or foreign daemon).
 _MALFORMED = (LookupError, TypeError, ValueError, AttributeError, ArithmeticError)
 _POLL_SLICE = 0.1  # seconds: the longest single zmq poll of the blocking client
-_UNANSWERED_KEPT = 1024  # timed-out requests the async client follows (see AsyncMemoryClient._unnamed_error)
 
 
 def _wire_type(memory_type: MemoryType | str) -> str:
@@ -321,14 +320,6 @@ class _Api:
         return self._call("import", _given(memories=memories, people=people), timeout=timeout)
 
 
-def _succeeded(sending: Awaitable[Any] | None) -> bool:
-    """Whether pyzmq's send future says the frame was handed to the socket (one still
-    queued when its caller gave up, or cancelled, never is: pyzmq skips it); of a
-    call's reply future, whether the reply came."""
-    done = cast("asyncio.Future[Any] | None", sending)
-    return done is not None and done.done() and not done.cancelled() and done.exception() is None
-
-
 def _unsendable(exc: Exception) -> str:
     """What msgpack refused, in words a caller (or a model) can act on."""
     if isinstance(exc, OverflowError):
@@ -590,13 +581,7 @@ class AsyncMemoryClient(_Base):
         self._ctx = zmq.asyncio.Context()
         self._sock = self._open(self._ctx)
         self._pending: dict[str, asyncio.Future[dict[str, Any]]] = {}
-        self._sends: dict[str, Awaitable[Any]] = {}  # pyzmq's send future of each pending call
-        # Sent requests whose caller stopped waiting before their reply came (None: more
-        # than _UNANSWERED_KEPT, no longer followed); while there is one, an error reply
-        # without an id may be its, so it is given to no call (see _unnamed_error).
-        self._unanswered: set[str] | None = set()
-        self._unclaimed: list[dict[str, Any]] = []  # id-less errors given to no call (each answered one of them)
-        self._unnamed: tuple[float, str] | None = None  # (when, what) of the last id-less error given to none
+        self._unnamed: tuple[float, str] | None = None  # (when, what) of the last error reply without an id
         self._reader: asyncio.Task[None] | None = None
 
     def _call(self, op: str, args: dict[str, Any], convert: Callable[[Any], Any] = lambda r: r,
@@ -627,8 +612,7 @@ class AsyncMemoryClient(_Base):
         try:
             # bounded for the same reason as the blocking client's send
             async with asyncio.timeout(timeout):
-                self._sends[request_id] = sending = cast(Awaitable[Any], self._sock.send(frame))
-                await sending
+                await cast(Awaitable[Any], self._sock.send(frame))
                 return await future
         except TimeoutError:
             raise self._no_reply(op, timeout, self._unnamed_since(started)) from None
@@ -641,66 +625,19 @@ class AsyncMemoryClient(_Base):
             raise ClosedError(f"{type(self).__name__} closed during the call") from exc
         finally:
             self._pending.pop(request_id, None)
-            if _succeeded(self._sends.get(request_id)) and not _succeeded(future):  # (a timeout cancels it)
-                self._left_unanswered(request_id)
-            self._sends.pop(request_id, None)
             if future.done() and not future.cancelled():
                 future.exception()  # set by close() while the send was in progress: seen, not "never retrieved"
 
-    # -- errors without a request id (see _unnamed_error) ------------------------------------
-    # Each sent request gets one reply: a named one, or an id-less error. An id-less
-    # error can be about any sent request with no named reply yet: those still awaited,
-    # and _unanswered (their callers stopped waiting). The _unclaimed id-less errors
-    # given to no call answered that many of them, which ones unknown.
-
-    def _left_unanswered(self, request_id: str) -> None:
-        """Note a sent request whose caller stopped waiting (a timeout, a cancellation)."""
-        if self._unanswered is not None:
-            self._unanswered.add(request_id)
-            if len(self._unanswered) > _UNANSWERED_KEPT:
-                self._unanswered = None  # too many to follow: no id-less error is given to a call again
-        self._settle()
-
     def _unnamed_error(self, reply: dict[str, Any]) -> None:
-        """An error reply without a request id: a daemon that could not read the id of a
-        request it refused (an older one, for a frame over its size limit). Given to the
-        call it can only be about: the one request sent on this socket with no reply,
-        none other unanswered. Otherwise to no call, never to one it may not be about:
-        kept, so that the calls then timing out say it may have been theirs (and given
-        to the last call still waiting once every other one got its named reply)."""
-        waiting = self._waiting()
-        if self._unanswered == set() and not self._unclaimed and len(waiting) == 1:
-            waiting[0].set_result(reply)
-            return
-        if self._unanswered is not None:
-            self._unclaimed.append(reply)
+        """An error reply without a request id: from a daemon older than ``protocol.peek_id``
+        (this one names the request it refuses unread), about a request it refused over its
+        size limit. Which call's it is cannot be known (a request whose caller timed out may
+        be answered late), so it goes to no call; calls timing out meanwhile say it may
+        have been theirs."""
         try:
             proto.raise_for(reply)
         except ReachyMemoryError as exc:
             self._unnamed = (time.monotonic(), f"{type(exc).__name__}: {exc.message}")
-        self._settle()
-
-    def _settle(self) -> None:
-        """Once the unclaimed id-less errors answered every sent request without a named
-        reply (as many of them as requests), what is left is known: the one call still
-        waiting gets the error (when they are all alike: which one was its is not
-        known), or no request awaits a reply any more."""
-        if self._unanswered is None or not self._unclaimed:
-            return
-        waiting = self._waiting()
-        if len(self._unclaimed) < len(self._unanswered) + len(waiting):
-            return
-        if waiting:
-            if len(waiting) > 1 or any(reply != self._unclaimed[0] for reply in self._unclaimed):
-                return  # it times out, then the rest is known
-            waiting[0].set_result(self._unclaimed[0])
-        self._unanswered.clear()
-        self._unclaimed = []
-
-    def _waiting(self) -> list[asyncio.Future[dict[str, Any]]]:
-        """The futures of the calls whose request was sent and whose reply has not come."""
-        return [future for request_id, future in self._pending.items()
-                if not future.done() and _succeeded(self._sends.get(request_id))]
 
     def _unnamed_since(self, started: float) -> str:
         """What a timeout of a call started at ``started`` adds about an id-less error
@@ -720,9 +657,7 @@ class AsyncMemoryClient(_Base):
         self._replace_socket()
         self._reader = None
         self._pending.clear()  # calls of the old loop: none can be resumed
-        self._sends.clear()
-        # a new socket: no reply of the old one comes to it
-        self._unanswered, self._unclaimed, self._unnamed = set(), [], None
+        self._unnamed = None  # a new socket: no reply of the old one comes to it
 
     async def _read(self) -> None:
         while self._pending:
@@ -734,12 +669,9 @@ class AsyncMemoryClient(_Base):
             if request_id is None and not reply.get("ok"):
                 self._unnamed_error(reply)
                 continue
-            if self._unanswered and isinstance(request_id, str):
-                self._unanswered.discard(request_id)  # answered after all
             future = self._pending.get(request_id) if isinstance(request_id, str) else None
             if future is not None and not future.done():
                 future.set_result(reply)
-            self._settle()  # (nothing to do unless an id-less error went to no call)
 
     async def close(self) -> None:
         """Close the socket (linger 0); idempotent. Calls in flight (in other tasks)

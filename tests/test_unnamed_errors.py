@@ -159,27 +159,10 @@ def _by_op(**actions: str) -> Callable[[dict[str, Any]], str]:
     return lambda request: actions.get(request["op"], "answer")
 
 
-def test_an_error_without_an_id_goes_to_the_only_call_in_flight(endpoint: str) -> None:
-    """Before: it went to no call, which waited out its timeout."""
-    old = OldDaemon(endpoint, _by_op(store="unnamed"))
-
-    async def scenario() -> None:
-        async with AsyncMemoryClient(endpoint, config=load_config(None), timeout=20) as c:
-            started = time.monotonic()
-            with pytest.raises(TooLargeError, match="too big"):
-                await c.store("anything")
-            assert time.monotonic() - started < 5.0
-            assert (await c.ping())["pong"]
-
-    try:
-        asyncio.run(scenario())
-    finally:
-        old.close()
-
-
-def test_an_error_without_an_id_goes_to_no_call_when_several_are_in_flight(endpoint: str) -> None:
-    """Two calls sent, one id-less error: it is no call's for sure; the ping gets its
-    own reply, and the call left without one times out saying the error may be its."""
+def test_an_older_daemons_error_without_an_id_goes_to_no_call_and_the_timeout_says_so(endpoint: str) -> None:
+    """Two calls sent, one id-less error (a daemon from before peek_id): which call's it is
+    cannot be known, so no call gets it; the ping gets its own reply, and the call left
+    without one times out saying the error may have been its."""
     old = OldDaemon(endpoint, _by_op(ping="hold", store="unnamed"))
 
     async def scenario() -> None:
@@ -191,84 +174,6 @@ def test_an_error_without_an_id_goes_to_no_call_when_several_are_in_flight(endpo
                 await c.store("anything")
             old.release.set()
             assert (await ping)["pong"]
-
-    try:
-        asyncio.run(scenario())
-    finally:
-        old.close()
-
-
-def test_an_error_without_an_id_goes_to_no_call_while_an_earlier_one_is_unanswered(endpoint: str) -> None:
-    """A timed-out request's reply may still come: an id-less error then may be its, so a
-    lone call does not get it; once that reply came, a lone call gets one again."""
-    old = OldDaemon(endpoint, _by_op(ping="hold", store="unnamed"))
-
-    async def scenario() -> None:
-        async with AsyncMemoryClient(endpoint, config=load_config(None), timeout=0.5) as c:
-            with pytest.raises(RequestTimeoutError):
-                await c.ping()  # held: sent, unanswered
-            with pytest.raises(RequestTimeoutError, match="may have been this one"):
-                await c.store("anything")
-            old.policy = _by_op(store="unnamed")
-            old.release.set()  # the held ping's reply comes late
-            while old.held:
-                await asyncio.sleep(0.01)
-            assert (await c.ping(timeout=5))["pong"]  # the reader takes the late reply first
-            with pytest.raises(TooLargeError):
-                await c.store("anything", timeout=20)
-
-    try:
-        asyncio.run(scenario())
-    finally:
-        old.close()
-
-
-def test_an_error_without_an_id_goes_to_the_last_call_once_the_others_got_their_replies(endpoint: str) -> None:
-    """Two calls sent, one id-less error: when the ping then gets its own reply, the
-    error can only be the store's, which gets it then rather than at its timeout."""
-    old = OldDaemon(endpoint, _by_op(ping="hold", store="unnamed"))
-
-    async def scenario() -> None:
-        async with AsyncMemoryClient(endpoint, config=load_config(None), timeout=20) as c:
-            ping = asyncio.ensure_future(c.ping())
-            while not old.held:
-                await asyncio.sleep(0.01)
-            store = asyncio.ensure_future(c.store("anything"))
-            await asyncio.sleep(0.3)  # the store is refused meanwhile (an id-less error)
-            assert not store.done()  # it could be the ping's
-            started = time.monotonic()
-            old.release.set()
-            assert (await ping)["pong"]
-            with pytest.raises(TooLargeError):
-                await store
-            assert time.monotonic() - started < 5.0
-
-    try:
-        asyncio.run(scenario())
-    finally:
-        old.close()
-
-
-def test_alike_errors_without_an_id_go_to_the_last_call_once_it_is_the_only_one_left(endpoint: str) -> None:
-    """A timed-out ping (unanswered), a timed-out store (its id-less error given to no
-    call), then a store refused the same way: two alike errors for the two stores, once
-    the ping's late reply comes; the waiting store gets one, whichever was its."""
-    old = OldDaemon(endpoint, _by_op(ping="hold", store="unnamed"))
-
-    async def scenario() -> None:
-        async with AsyncMemoryClient(endpoint, config=load_config(None), timeout=0.5) as c:
-            with pytest.raises(RequestTimeoutError):
-                await c.ping()
-            with pytest.raises(RequestTimeoutError, match="may have been this one"):
-                await c.store("anything")
-            store = asyncio.ensure_future(c.store("anything", timeout=20))
-            await asyncio.sleep(0.3)  # refused meanwhile: it may be the ping's
-            assert not store.done()
-            started = time.monotonic()
-            old.release.set()  # the ping's late reply: the two errors were the two stores'
-            with pytest.raises(TooLargeError):
-                await store
-            assert time.monotonic() - started < 5.0
 
     try:
         asyncio.run(scenario())
