@@ -459,7 +459,8 @@ def _rebuild_snapshot(path: Path, config: Config) -> jr.RepairReport:
 
     config = config.replace("memory", path=str(path))
     with MemoryStore(config=config, embedder=None, recover=True) as store:
-        count = len(store)
+        stats = store.stats()
+        count = stats["memories"] + stats["expired_unswept"]  # what the snapshot holds, the unswept too
     log.warning("rebuilt %s from the previous generation: %d memories", path / SNAPSHOT_FILE, count)
     return jr.RepairReport(str(path / SNAPSHOT_FILE), count, 0, None)
 

@@ -311,6 +311,8 @@ def _stats_text(d: dict[str, Any]) -> str:
              f"embedder {h['embedder'].get('state')}", f"by type: {_type_counts(s['store']['by_type'])}",
              f"journal {s['store']['journal_bytes']} B  snapshot {s['store']['snapshot_bytes']} B",
              f"last cleanup: {_cleanup_text(h['last_cleanup'])}"]
+    if s["store"].get("expired_unswept"):
+        lines.append(f"expired, not counted, deleted by the next cleanup: {s['store']['expired_unswept']}")
     if s["store"].get("unembedded"):
         lines.append(f"memories waiting for a vector: {s['store']['unembedded']} (embedded in idle time)")
     lines += [f"  {op:<24} n={v['count']:<8} err={v['errors']:<5} p50={v['p50_ms']} ms  p99={v['p99_ms']} ms"

@@ -37,7 +37,15 @@ from . import protocol as proto
 from ._operations import IDEMPOTENT, IDEMPOTENT_WITH_ID
 from .config import Config, load_config
 from .endpoint import check_tcp_port, ipc_path, load_certificate, resolve_endpoint
-from .errors import ClosedError, ConfigError, ProtocolError, RequestTimeoutError, TooLargeError, ValidationError
+from .errors import (
+    ClosedError,
+    ConfigError,
+    ProtocolError,
+    ReachyMemoryError,
+    RequestTimeoutError,
+    TooLargeError,
+    ValidationError,
+)
 from .model import SEARCH_LIMIT, SEARCH_MIN_SCORE, Memory, MemoryType, SearchResult, merged_metadata
 
 _IDEMPOTENT = IDEMPOTENT  # from the operations table
@@ -355,13 +363,14 @@ class _Base(_Api):
         self.retries = retries
         self._closed = False
 
-    def _no_reply(self, op: str, timeout: float) -> RequestTimeoutError:
-        """The error for a call that got no reply in time; when the ipc socket is not
-        there at all, it says so (one stat, after the deadline: the wait is not longer)."""
+    def _no_reply(self, op: str, timeout: float, note: str = "") -> RequestTimeoutError:
+        """The error for a call that got no reply in time, ``note`` added to its message;
+        when the ipc socket is not there at all, it says so (one stat, after the
+        deadline: the wait is not longer)."""
         path = ipc_path(self.endpoint)
         hint = ("; no socket there: is the daemon running? (`reachy-memory serve`; on the robot: "
                 "sudo systemctl start reachy-memory)") if path is not None and not path.exists() else ""
-        return RequestTimeoutError(f"no reply to {op!r} from {self.endpoint} within {timeout:.3g} s{hint}",
+        return RequestTimeoutError(f"no reply to {op!r} from {self.endpoint} within {timeout:.3g} s{hint}{note}",
                                    op=op, endpoint=self.endpoint)
 
     def _socket(self, ctx: zmq.Context) -> zmq.Socket:
@@ -409,9 +418,10 @@ class _Base(_Api):
             frame = proto.request(request_id, op, args, timeout_ms=timeout * 1000)
         except (TypeError, ValueError, OverflowError) as exc:
             raise ValidationError(f"the arguments of {op!r} cannot be sent: {_unsendable(exc)}", field="args") from exc
-        # The daemon answers such a frame with an error it cannot tie to a request (it
-        # does not decode it): the async client could only wait out its timeout, and past
-        # 16 x the limit the daemon drops the frame unanswered. Refuse it here.
+        # Refused here, not sent: the daemon would refuse it unread (answering with the
+        # id at its start), and past 16 x the daemon's limit it drops the frame and the
+        # connection with no answer at all. A daemon with a smaller limit than this
+        # config's still answers (see AsyncMemoryClient._unnamed_error for older ones).
         limit = self.config.server.max_message_bytes
         if len(frame) > limit:
             raise TooLargeError(f"{op!r} request of {len(frame)} bytes exceeds {limit}", field="request",
@@ -580,6 +590,7 @@ class AsyncMemoryClient(_Base):
         self._ctx = zmq.asyncio.Context()
         self._sock = self._open(self._ctx)
         self._pending: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self._unnamed: tuple[float, str] | None = None  # (when, what) of the last error reply without an id
         self._reader: asyncio.Task[None] | None = None
 
     def _call(self, op: str, args: dict[str, Any], convert: Callable[[Any], Any] = lambda r: r,
@@ -606,13 +617,14 @@ class AsyncMemoryClient(_Base):
         self._pending[request_id] = future
         if self._reader is None or self._reader.done():
             self._reader = asyncio.create_task(self._read())
+        started = time.monotonic()
         try:
             # bounded for the same reason as the blocking client's send
             async with asyncio.timeout(timeout):
                 await cast(Awaitable[Any], self._sock.send(frame))
                 return await future
         except TimeoutError:
-            raise self._no_reply(op, timeout) from None
+            raise self._no_reply(op, timeout, self._unnamed_since(started)) from None
         except (asyncio.CancelledError, zmq.ZMQError) as exc:
             # close() from another task cancels a send in progress (pyzmq); a cancellation
             # of this task itself is passed on as it is
@@ -625,6 +637,25 @@ class AsyncMemoryClient(_Base):
             if future.done() and not future.cancelled():
                 future.exception()  # set by close() while the send was in progress: seen, not "never retrieved"
 
+    def _unnamed_error(self, reply: dict[str, Any]) -> None:
+        """An error reply without a request id: from a daemon older than ``protocol.peek_id``
+        (this one names the request it refuses unread), about a request it refused over its
+        size limit. Which call's it is cannot be known (a request whose caller timed out may
+        be answered late), so it goes to no call; calls timing out meanwhile say it may
+        have been theirs."""
+        try:
+            proto.raise_for(reply)
+        except ReachyMemoryError as exc:
+            self._unnamed = (time.monotonic(), f"{type(exc).__name__}: {exc.message}")
+
+    def _unnamed_since(self, started: float) -> str:
+        """What a timeout of a call started at ``started`` adds about an id-less error
+        that came meanwhile and was given to no call ("" when none did)."""
+        if self._unnamed is None or self._unnamed[0] < started:
+            return ""
+        return (f"; meanwhile the daemon refused a request without naming it ({self._unnamed[1]}): it may have "
+                "been this one")
+
     def _new_loop(self) -> None:
         """Called on another event loop than the live reader's: a fresh socket and reader.
 
@@ -635,6 +666,7 @@ class AsyncMemoryClient(_Base):
         self._replace_socket()
         self._reader = None
         self._pending.clear()  # calls of the old loop: none can be resumed
+        self._unnamed = None  # a new socket: no reply of the old one comes to it
 
     async def _read(self) -> None:
         while self._pending:
@@ -643,6 +675,9 @@ class AsyncMemoryClient(_Base):
             except ProtocolError:
                 continue
             request_id = reply.get("id")  # a list or map here must not end the reader (TypeError)
+            if request_id is None and not reply.get("ok"):
+                self._unnamed_error(reply)
+                continue
             future = self._pending.get(request_id) if isinstance(request_id, str) else None
             if future is not None and not future.done():
                 future.set_result(reply)

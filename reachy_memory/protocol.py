@@ -27,7 +27,10 @@ deadline passed before the work started), ``internal``.
 
 A message larger than ``server.max_message_bytes`` (default 1 MiB) is answered
 ``too_large`` without being decoded.  Replies may arrive out of order: match
-them by ``id``.
+them by ``id``.  A request refused before it could be read whole (over the size
+limit, undecodable) is answered with the id found in its first
+:data:`PEEK_BYTES` bytes (a request map's ``id`` among its entries there: put
+``v`` and ``id`` first), else with ``id`` null.
 
 A memory on the wire::
 
@@ -90,6 +93,34 @@ def decode(frame: bytes, *, untrusted: bool = False) -> dict[str, Any]:
     if not isinstance(message, dict):
         raise ProtocolError("a message must be a msgpack map")
     return message
+
+
+PEEK_BYTES = 4096  # how much of a frame the daemon reads for the id of a request it cannot decode
+
+
+def peek_id(frame: bytes) -> str | int | None:
+    """The request id of a frame not decoded whole (over the size limit, or undecodable):
+    the value of the ``id`` key of the msgpack map it starts with, found among the
+    entries held in its first :data:`PEEK_BYTES` bytes (bounded work whatever the
+    frame).  None when there is none there, or it is not a string or an integer.
+    Never raises."""
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=PEEK_BYTES,
+                                max_array_len=MAX_CONTAINER, max_map_len=MAX_CONTAINER)
+    try:
+        unpacker.feed(frame[:PEEK_BYTES])
+        for _ in range(unpacker.read_map_header()):
+            if unpacker.unpack() == "id":
+                value = unpacker.unpack()
+                return value if is_request_id(value) else None
+            unpacker.skip()
+    except Exception:  # msgpack raises many types for a cut or bad frame: no id then
+        return None
+    return None
+
+
+def is_request_id(value: Any) -> bool:
+    """Whether ``value`` can be a request id (a string or an integer, not a bool)."""
+    return isinstance(value, str | int) and not isinstance(value, bool)
 
 
 def request(request_id: str, op: str, args: dict[str, Any], timeout_ms: float | None = None) -> bytes:

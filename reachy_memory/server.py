@@ -431,16 +431,18 @@ class Daemon:
         if len(frames) < 2:
             return
         envelope, body = frames[:-1], frames[-1]
-        if len(body) > self.config.server.max_message_bytes:
+        limit = self.config.server.max_message_bytes
+        if len(body) > limit:
             self.bad_requests.note("too_large", f"a {len(body)}-byte message")
-            self._reply(router, [*envelope, proto.error(None, "too_large", f"message of {len(body)} bytes exceeds "
-                                                                 f"{self.config.server.max_message_bytes}")])
+            refused = TooLargeError(f"message of {len(body)} bytes exceeds {limit}", field="request",
+                                    size=len(body), limit=limit)
+            self._reply(router, [*envelope, proto.error_from(proto.peek_id(body), refused)])
             return
         try:
             job = self._parse(envelope, body)
         except ReachyMemoryError as exc:
             self.bad_requests.note(exc.code, exc)
-            self._reply(router, [*envelope, proto.error_from(getattr(exc, "request_id", None), exc)])
+            self._reply(router, [*envelope, proto.error_from(_request_id(exc, body), exc)])
             return
         if job.op in INLINE:
             self._reply(router, [*envelope, self._run(job, self._handlers)])
@@ -450,7 +452,7 @@ class Daemon:
     def _parse(self, envelope: list[bytes], body: bytes) -> _Job:
         message = proto.decode(body, untrusted=True)
         request_id = message.get("id")
-        if not isinstance(request_id, str | int) or isinstance(request_id, bool):
+        if not proto.is_request_id(request_id):
             raise ProtocolError("request 'id' must be a string or an integer")
         op, args = message.get("op"), message.get("args", {})
         if message.get("v") != proto.VERSION:
@@ -779,6 +781,14 @@ def _trim_summary(trims: list[float]) -> dict[str, float | None]:
     if not trims:
         return {"recent": 0, "p50_ms": None, "max_ms": None}
     return {"recent": len(trims), "p50_ms": round(float(np.median(trims)), 3), "max_ms": round(max(trims), 3)}
+
+
+def _request_id(exc: ReachyMemoryError, body: bytes) -> Any:
+    """The id to answer a refused request with: the one ``_parse`` read, else the one
+    at the start of a frame it could not decode (None: the client cannot tell which
+    of its requests this was)."""
+    request_id = getattr(exc, "request_id", None)
+    return request_id if request_id is not None else proto.peek_id(body)
 
 
 def _with_id(exc: ReachyMemoryError, request_id: Any) -> ReachyMemoryError:

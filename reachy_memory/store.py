@@ -540,7 +540,14 @@ class MemoryStore(PeopleMixin):
         return memories, (page[-1] if start + limit < len(ids) and page else None)
 
     def __len__(self) -> int:
-        return len(self._state.records)
+        """How many memories a reader can see now: an expired one not yet swept is
+        left out, as ``get``, ``search`` and ``export_page`` leave it out."""
+        return self._live_count(time.time())[0]
+
+    def _live_count(self, at: float) -> tuple[int, dict[str, int]]:
+        """(memories alive at ``at``, expired ones not yet swept by type). Lock-free."""
+        expired = self._state.expired_counts(at)
+        return max(0, len(self._state.records) - sum(expired.values())), expired
 
     def search(self, query: str, memory_type: MemoryType | str | None = None, limit: int = SEARCH_LIMIT,
                min_score: float = SEARCH_MIN_SCORE, where: dict[str, Any] | None = None, *,
@@ -902,7 +909,11 @@ class MemoryStore(PeopleMixin):
 
     def stats(self) -> dict[str, Any]:
         """Counts, sizes, the embedder's state and the conversation TTL.  Takes no lock (a compaction or a
-        search never makes it wait); the figures may be one write apart."""
+        search never makes it wait); the figures may be one write apart.
+
+        ``memories`` and ``by_type`` count what a reader can see (as ``len``);
+        ``expired_unswept``, the expired memories the next sweep deletes (hidden from
+        every reader, still held in memory and on disk until then)."""
         self._require_open()
         for _ in range(3):
             try:
@@ -914,9 +925,11 @@ class MemoryStore(PeopleMixin):
 
     def _stats_now(self) -> dict[str, Any]:
         state = self._state
+        memories, expired = self._live_count(time.time())
         by_type = {t.value: 0 for t in MemoryType} | state.fields.type_counts()
+        by_type = {kind: max(0, n - expired.get(kind, 0)) for kind, n in by_type.items()}
         return {
-            "memories": len(state.records), "by_type": by_type,
+            "memories": memories, "by_type": by_type, "expired_unswept": sum(expired.values()),
             "context_window": len(self._window_shown()), "generation": self._storage.generation,
             "journal_bytes": self._storage.journal.size, "snapshot_bytes": _size(self.path / SNAPSHOT_FILE),
             "model": state.current_key, "embedder": "ready" if self._embedder is not None else "unavailable",

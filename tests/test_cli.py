@@ -753,3 +753,19 @@ def test_importing_an_obsidian_vault_names_the_front_matter_keys_it_left_out(dae
     with daemon.client() as c:
         note = c.note("router")  # Obsidian's alias is the note's alias
     assert note is not None and note.name == "Wifi" and note.content.startswith("The password is on the fridge")
+
+
+def test_stats_counts_leave_out_expired_unswept_memories(tmp_path: Path) -> None:
+    """``health``/``stats`` and ``reachy-memory stats`` counted an expired memory (hidden
+    from every reader) until the hourly sweep; they now say how many the sweep deletes."""
+    with words_only_daemon(tmp_path, 0) as daemon, daemon.client() as c:
+        c.store("the robot's name is Reachy")
+        c.store_batch([{"content": "hello robot", "memory_type": "conversation",
+                        "created_at": time.time() - 60 * 86400}])  # past the 30-day TTL at once
+        assert c.health()["memories"] == 1
+        store = c.stats()["store"]
+        assert store["memories"] == 1 and store["by_type"] == {"conversation": 0, "fact": 1, "context": 0}
+        assert store["expired_unswept"] == 1
+        text = cli(daemon, "stats").stdout
+        assert "memories 1 " in text and "deleted by the next cleanup: 1" in text, text
+        assert c.cleanup_expired() == 1 and c.stats()["store"]["expired_unswept"] == 0

@@ -5,9 +5,10 @@ with another zone or TTL), retention changes, checked against a small model.
 The model: a CONVERSATION turn lives ``conversation_ttl_days`` from its creation, a
 FACT forever, a CONTEXT until the first second of the next local day in the zone the
 store had when it was written; a memory is gone for every reader (get, get_context,
-search, export) from its expiry on, swept or not; a sweep, and only a sweep (or a
-retention change), takes the expired ones out of the store's count; a reopen, a crash
-and ``verify`` see what the live store held; the window shows the last turns not older
+search, export, ``len`` and ``stats``' counts) from its expiry on, swept or not; a
+sweep, and only a sweep (or a retention change), takes the expired ones out of the
+store (``stats``' ``expired_unswept``, ``verify``'s count); a reopen, a crash and
+``verify`` see what the live store held; the window shows the last turns not older
 than ``context_window_max_age_minutes``.
 """
 
@@ -134,8 +135,11 @@ def open_store(base: Config, path: Path, model: Model, local: bool) -> MemorySto
 
 
 def check(store: MemoryStore, model: Model, at: float) -> None:
-    assert len(store) == len(model.memories)
     live = {i for i, m in model.memories.items() if m.alive(at)}
+    assert len(store) == len(live)
+    stats = store.stats()
+    assert stats["memories"] == len(live) and stats["expired_unswept"] == len(model.memories) - len(live)
+    assert sum(stats["by_type"].values()) == len(live)
     for memory_id, kept in model.memories.items():
         got = store.get(memory_id)
         assert (got is not None) == (memory_id in live), (kept, at)
@@ -315,3 +319,30 @@ def test_a_backup_holding_an_expired_notes_name_twice_verifies_and_restores(base
         bk.restore(tmp_path / "b.rms", tmp_path / "restored")
         with MemoryStore(config=cfg.replace("memory", path=str(tmp_path / "restored")), embedder=None) as store:
             assert (note := store.note("wifi")) is not None and note.id == new.id
+
+
+def test_counts_are_what_a_reader_sees_before_the_sweep(base_config: Config, tmp_path: Path) -> None:
+    """``len`` and ``stats`` counted expired, unswept memories (hidden from every reader
+    until the hourly sweep); ``expired_unswept`` now says how many the sweep will delete."""
+    cfg = base_config.replace("memory", path=str(tmp_path / "data"), timezone="UTC", conversation_ttl_days=1.0)
+    with wall_clock(STARTS[0]) as clock, MemoryStore(config=cfg, embedder=None) as store:
+        store.remember_fact("the robot's name is Reachy")
+        for i in range(3):
+            store.record_turn("user", f"turn {i}")
+        store.set_context("task", "tidying up")  # until the end of the day
+        assert len(store) == store.stats()["memories"] == 5
+        clock.at += 1.5 * DAY  # the turns and the context expired; the sweep has not run
+        counts = store.stats()
+        assert len(store) == counts["memories"] == 1 == len(store.export_page()[0])
+        assert counts["by_type"] == {"conversation": 0, "fact": 1, "context": 0}
+        assert counts["expired_unswept"] == 4
+        store.record_turn("user", "a new turn")  # a write since the last count
+        assert len(store) == 2 and store.stats()["by_type"]["conversation"] == 1
+        clock.at += 1.5 * DAY  # and that one expires too, with no write in between
+        assert len(store) == 1 and store.stats()["expired_unswept"] == 5
+        clock.at -= 1.5 * DAY  # a clock stepped back: it is alive again for every reader
+        assert len(store) == 2
+        clock.at += 1.5 * DAY
+        assert store.cleanup_expired() == 5
+        counts = store.stats()
+        assert len(store) == counts["memories"] == 1 and counts["expired_unswept"] == 0
