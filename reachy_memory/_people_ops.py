@@ -180,23 +180,30 @@ class PeopleMixin:
     def update_person(self, person_id: str, **fields: Any) -> Person:
         """Change a person's name, relation, aliases, external_id, metadata or owner.
         ``person_id`` is read as every person operation reads one (``people.read_person_id``:
-        surrounding whitespace ignored). Raises NotFoundError, ValidationError."""
+        surrounding whitespace ignored); an id merged away names the person it was merged
+        into (the returned person has the live id). Raises NotFoundError, ValidationError."""
         self._require_open()
         with self._lock:
             return self._commit_person(self._people.update_person(person_id, **fields))
 
     def merge_people(self, keep: str, other: str) -> Person:
         """Merge ``other`` into ``keep``: aliases united, memories re-linked (ids read as
-        ``people.read_person_id`` says). Raises NotFoundError, ValidationError."""
+        ``people.read_person_id`` says; an id merged away names the person it was merged
+        into). Merging again what is merged already (a retry) changes nothing and returns
+        the person. Raises NotFoundError, ValidationError."""
         self._require_open()
         with self._lock:
             plan = self._people.merge_people(keep, other)
-            self._commit([*plan.ops, *self._relink_ops(plan.relink)])
+            if plan.ops:
+                self._commit([*plan.ops, *self._relink_ops(plan.relink)])
             return plan.person
 
     def delete_person(self, person_id: str) -> bool:
         """Forget a person (their memories stay, no longer linked); False if unknown.
-        ``person_id`` is read as ``people.read_person_id`` says. Raises ValidationError."""
+        ``person_id`` is read as ``people.read_person_id`` says, and must be the person's
+        own id: one merged away (``merge_people``) is a ValidationError whose message and
+        ``merged_into`` name the live person (deleting it would forget that person, whom
+        the caller may not mean). Raises ValidationError."""
         self._require_open()
         with self._lock:
             try:

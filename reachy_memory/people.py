@@ -314,12 +314,14 @@ class PersonRegistry:
         missing relation / external id taken from ``other`` (a second external id goes
         to ``metadata["merged_external_ids"]``), keep's metadata wins.  The stored
         metadata is not re-checked against the input rules (``check_metadata``), only
-        for size.  Raises NotFoundError, ValidationError (same person, or the union
-        is too large).
+        for size.  Either id may be one merged away: it names the person it was merged
+        into; ``other`` merged away into ``keep``'s person already is a retried merge (no
+        ops, the person as it is).  Raises NotFoundError, ValidationError (same person,
+        or the union is too large).
         """
         kept, gone = self._require(keep, "keep"), self._require(other, "other")
         if kept.id == gone.id:
-            raise ValidationError("cannot merge a person with itself", field="other")
+            return self._merged_already(kept, read_person_id(keep, "keep"), read_person_id(other, "other"))
         united = replace(kept, aliases=_united_aliases(kept, gone), relation=kept.relation or gone.relation,
                          external_id=kept.external_id or gone.external_id, metadata=_merged_metadata(kept, gone),
                          updated_at=to_datetime(self._clock()))
@@ -328,9 +330,29 @@ class PersonRegistry:
         ops = [united.to_op(), {"op": "person_merge", "keep": kept.id, "other": gone.id, "at": self._clock()}]
         return Merge(united, ops, relink)
 
+    def _merged_already(self, person: Person, keep: str, other: str) -> Merge:
+        """The plan of a merge whose two ids name one person: nothing to do (no ops) when
+        ``other`` was merged away into that person (a retried merge), else ValidationError
+        (``merge_people(a, a)``, or ``keep`` merged away into ``other``: the reverse merge)."""
+        if not self.is_live(other):
+            return Merge(person, [], {})
+        why = f": {keep} was merged into {person.id}" if keep != person.id else ""
+        raise ValidationError(f"cannot merge a person with itself{why}", field="other")
+
     def delete_person(self, person_id: str) -> dict[str, Any]:
-        """Plan deleting a person (the store drops the id from memories' subjects). Raises NotFoundError."""
+        """Plan deleting a person (the store drops the id from memories' subjects).
+
+        Only a live person's own id deletes: an id merged away (``merge_people``) names
+        the person it was merged into for reads, updates and merges, but deleting through
+        it (a stale id: "delete the duplicate I merged") would forget that other record.
+        Raises NotFoundError (unknown or deleted), ValidationError (a merged-away id: the
+        message and ``merged_into`` name the live person)."""
         person = self._require(person_id)
+        wanted = read_person_id(person_id)
+        if wanted != person.id:
+            raise ValidationError(f"person id {wanted} was merged into {person.id} ({person.display_name}); "
+                                  f"delete {person.id} to forget that person", field="person_id",
+                                  merged_into=person.id)
         return {"op": "person_delete", "id": person.id, "at": self._clock()}
 
     def subjects_in(self, sentence: str, owner: str | None = None, recent: Sequence[str] = (),

@@ -190,6 +190,24 @@ def test_delete_person_keeps_memories_unlinked(people_store: MemoryStore) -> Non
     assert not people_store.delete_person("unknown")
 
 
+def test_deleting_through_a_merged_away_id_is_refused_and_loses_nothing(config: Config) -> None:
+    """delete_person(Bob's id) after Bob was merged into Ann deleted Ann: her record and
+    every memory's link to her were gone, though the caller named someone no longer there."""
+    with MemoryStore(config=config, embedder=None) as store:
+        ann, bob = store.add_person("Ann"), store.add_person("Bob")
+        [tea] = store.remember("Bob likes tea", subjects=[bob.id])
+        store.merge_people(ann.id, bob.id)
+        with pytest.raises(ValidationError, match=f"{bob.id} was merged into {ann.id} \\(Ann\\)") as caught:
+            store.delete_person(bob.id)
+        assert caught.value.merged_into == ann.id  # type: ignore[attr-defined]
+        assert store.merge_people(ann.id, bob.id).id == ann.id  # a retried merge: done already
+        assert store.update_person(bob.id, relation="sister").id == ann.id  # updates follow the old id
+    with MemoryStore(config=config, embedder=None) as store:  # nothing of it was lost on disk either
+        assert [p.id for p in store.people()] == [ann.id] and store.find_person(bob.id).id == ann.id  # type: ignore[union-attr]
+        assert store.get(tea.id).subjects == (ann.id,)  # type: ignore[union-attr]
+        assert store.delete_person(ann.id) and store.find_person(bob.id) is None
+
+
 # How a caller may wrap a person id, and whether every person operation finds the person.
 WRAPPED_PERSON_IDS = [
     (" {id} ", True),  # spaces around it: ignored
