@@ -250,17 +250,17 @@ class PeopleMixin:
         prepared = self.prepare([{"content": i["content"], "memory_type": MemoryType.FACT,
                                   "metadata": i.get("metadata")} for i in items])
         with self._lock:
-            self._check_facts(items)  # all or nothing: a refusal in fact 3 must not leave facts 1-2 stored
+            self._check_facts(items, owner)  # all or nothing: a refusal in fact 3 must not leave facts 1-2 stored
             return [self._remember_one(item, op, owner) for item, op in zip(items, prepared.ops, strict=True)]
 
-    def _check_facts(self, items: list[dict[str, Any]]) -> None:
+    def _check_facts(self, items: list[dict[str, Any]], owner: str | None) -> None:
         """Raise what storing ``items`` one by one would raise half-way: a subject that
-        names no one person, a note name taken (by a memory or an earlier item)."""
+        names no one person ``owner`` may see, a note name taken (by a memory or an earlier item)."""
         names: dict[str, str] = {}
         for item in items:
             for ref in item.get("subjects") or ():
-                if self._people.check_subject(ref):  # and as it will be resolved, with the name the fact gives
-                    self._people.check_subject(_enriched(ref, item["content"]))
+                if self._people.check_subject(ref, owner):  # and as it will be resolved, with the name the fact gives
+                    self._people.check_subject(_enriched(ref, item["content"]), owner)
             fields = self._name_fields(item.get("name"), item.get("aliases") or ())
             labels = {label.casefold(): label for label in (fields.get("name"), *fields.get("aliases", ())) if label}
             again = next((label for key, label in labels.items() if key in names), None)
@@ -293,7 +293,7 @@ class PeopleMixin:
         refs = item.get("subjects")
         if refs is not None:  # given: only those persons; [] or only "me"/"the user": a fact about nobody
             return [self._people.resolve_person(_enriched(_text(r, "subjects"), item["content"]), owner)
-                    for r in refs if self._people.check_subject(r)]
+                    for r in refs if self._people.check_subject(r, owner)]
         recent = self._recent_subjects.get(owner, [])
         return self._people.subjects_in(item["content"], owner, recent)
 

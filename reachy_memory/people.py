@@ -51,6 +51,7 @@ no locks.  Readers on other threads must go through that owner.
 
 from __future__ import annotations
 
+import re
 import time
 import unicodedata
 import uuid
@@ -84,6 +85,7 @@ MAX_METADATA_KEYS = 64
 MAX_REFERENCE_CHARS = 200
 MAX_SENTENCE_CHARS = 4000
 OPS = ("person_put", "person_merge", "person_delete")
+MERGED_EXTERNAL_IDS = "merged_external_ids"  # the metadata key keeping the external ids of persons merged in
 
 _UNSET: Any = object()
 
@@ -206,15 +208,23 @@ class PersonRegistry:
         return sorted(self._visible(owner), key=lambda p: (norm(p.display_name), p.id))
 
     def find_by_external_id(self, external_id: str) -> Person | None:
-        """The person anchored to that outside identity, or None."""
-        return next((p for p in self._people.values() if p.external_id == external_id), None)
+        """The person anchored to that outside identity, else the person a person anchored
+        to it was merged into (it is in their ``metadata["merged_external_ids"]``: a face
+        seen again finds the merged person, not nobody), or None."""
+        anchored = next((p for p in self._people.values() if p.external_id == external_id), None)
+        return anchored or next((p for p in self._people.values() if external_id in _listed_external_ids(p)), None)
 
-    def check_subject(self, reference: Any) -> bool:
-        """Whether ``reference`` (a subject of a fact) is a person: True for a person id
-        or one person's name or relation, False for the user or the robot (the fact is
-        about nobody).  Raises ValidationError as :func:`subject_reference` does."""
-        if isinstance(reference, str) and self.get(reference.strip()) is not None:  # as read_person_id reads it
-            return True
+    def check_subject(self, reference: Any, owner: str | None = None) -> bool:
+        """Whether ``reference`` (a subject of a fact) is a person: True for the id of a
+        person ``owner`` sees or one person's name or relation, False for the user or the
+        robot (the fact is about nobody).  Raises ValidationError as :func:`subject_reference`
+        does, and for an id this store made that names no person ``owner`` sees
+        (:func:`_unknown_id`)."""
+        if isinstance(reference, str):
+            person = self.get(reference.strip())  # as read_person_id reads it
+            if person is not None and visible_to(person, owner):
+                return True
+            _unknown_id(reference, "subjects")
         return subject_reference(reference) is not None
 
     def find_person(self, reference: str, owner: str | None = None) -> Person | None:
@@ -275,6 +285,8 @@ class PersonRegistry:
         by_id = self.get(read_person_id(reference, "reference"))
         if by_id is not None and visible_to(by_id, owner):
             return Resolution(by_id, False, None)
+        if create:  # not a person named after the id: "C3a6317adb1c44d6..."
+            _unknown_id(reference, "reference")
         return self._resolve_ref(ref, owner, create)
 
     def _learn(self, person: Person, ref: Reference) -> Resolution:
@@ -494,15 +506,36 @@ def _united_aliases(kept: Person, gone: Person) -> tuple[str, ...]:
 
 
 def _merged_metadata(kept: Person, gone: Person) -> dict[str, Any]:
+    """The united person's metadata: keep's wins, but ``merged_external_ids`` unites both
+    lists and ``gone``'s external id when keep has another (none is lost: each still finds
+    the person, :meth:`PersonRegistry.find_by_external_id`). Raises ValidationError when a
+    list to unite is a caller's value that is not a list of strings."""
     metadata = {**gone.metadata, **kept.metadata}
-    if kept.external_id and gone.external_id and kept.external_id != gone.external_id:
-        previous = metadata.get("merged_external_ids") or []
-        if not isinstance(previous, list) or not all(isinstance(x, str) for x in previous):
-            # a caller's own value under the key this merge keeps: refuse rather than lose or split it
-            raise ValidationError("metadata.merged_external_ids must be a list of strings to merge "
-                                  "two persons with different external ids", field="metadata")
-        metadata["merged_external_ids"] = [*previous, gone.external_id]
+    lost = [gone.external_id] if kept.external_id and gone.external_id not in (None, kept.external_id) else []
+    both = MERGED_EXTERNAL_IDS in kept.metadata and MERGED_EXTERNAL_IDS in gone.metadata
+    if lost or (both and kept.metadata[MERGED_EXTERNAL_IDS] != gone.metadata[MERGED_EXTERNAL_IDS]):
+        united = [*_external_ids_list(kept), *_external_ids_list(gone), *lost]
+        anchor = kept.external_id or gone.external_id
+        metadata[MERGED_EXTERNAL_IDS] = [x for x in dict.fromkeys(united) if x != anchor]
     return metadata
+
+
+def _external_ids_list(person: Person) -> list[str]:
+    """A person's ``merged_external_ids`` to unite ([] when absent or None). Raises
+    ValidationError for a caller's own value that is not a list of strings (refused
+    rather than lost or split into letters)."""
+    previous = person.metadata.get(MERGED_EXTERNAL_IDS) or []
+    if not isinstance(previous, list) or not all(isinstance(x, str) for x in previous):
+        raise ValidationError("metadata.merged_external_ids must be a list of strings to merge "
+                              "two persons with different external ids", field="metadata")
+    return previous
+
+
+def _listed_external_ids(person: Person) -> list[str]:
+    """The outside identities of persons merged into ``person`` (none if its metadata
+    holds something else under the key)."""
+    value = person.metadata.get(MERGED_EXTERNAL_IDS)
+    return [x for x in value if isinstance(x, str)] if isinstance(value, list) else []
 
 
 def _reference(reference: str) -> Reference:
@@ -512,6 +545,18 @@ def _reference(reference: str) -> Reference:
         raise ValidationError(f"{reference!r} does not name a person (a pronoun needs the sentence it is in: "
                               "give a name or a relation, such as 'Sarah' or 'my wife')", field="reference")
     return ref
+
+
+_MADE_ID = re.compile(r"[0-9a-fA-F]{32}")  # the ids add_person makes (uuid4 hex); no one's name
+
+
+def _unknown_id(reference: str, field: str) -> None:
+    """Raise ValidationError if ``reference`` is a person id as this store makes them (the
+    caller has checked it names no person it may see): a person deleted, or another
+    user's.  Read as a name, it made a new person named after the id."""
+    if _MADE_ID.fullmatch(reference.strip()):
+        raise ValidationError(f"{reference.strip()!r} is not the id of a person here (deleted?): give a live "
+                              "person's id, or their name or relation", field=field)
 
 
 def subject_reference(reference: Any) -> Reference | None:

@@ -272,6 +272,24 @@ def test_a_retried_merge_changes_nothing_and_a_reversed_one_is_refused() -> None
         reg.delete_person(b.id)
 
 
+def test_the_external_ids_of_merged_persons_still_find_the_person() -> None:
+    """After merging two face-anchored persons the second face found nobody (its id sat in
+    metadata only), so a recognizer made the duplicate again; along a chain of merges
+    (Dee into Cy, then Bob into Ann, then Ann into Cy) keep's metadata overwrote gone's
+    list and Bob's face was recorded nowhere."""
+    reg = registry()
+    ann, bob, cy, dee = commit(reg, [reg.add_person(n, external_id=f"face:{n}") for n in ("Ann", "Bob", "Cy", "Dee")])
+    for keep, other in ((cy, dee), (ann, bob), (cy, ann)):
+        for op in reg.merge_people(keep.id, other.id).ops:
+            reg.apply(op)
+    united = reg.get(cy.id)
+    assert united is not None and sorted(united.metadata["merged_external_ids"]) == ["face:Ann", "face:Bob", "face:Dee"]
+    assert {getattr(reg.find_by_external_id(f"face:{n}"), "id", None) for n in ("Ann", "Bob", "Cy", "Dee")} == {cy.id}
+    with pytest.raises(ValidationError, match=f"already belongs to {cy.id}"):
+        reg.add_person("Bobby", external_id="face:Bob")  # a second person for a face the store knows
+    assert reg.update_person(cy.id, external_id="face:Bob").person.external_id == "face:Bob"  # his own: allowed
+
+
 # -- owner scoping ---------------------------------------------------------------------------
 
 def test_people_are_scoped_by_owner() -> None:
