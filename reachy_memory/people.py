@@ -304,7 +304,8 @@ class PersonRegistry:
     def update_person(self, person_id: str, *, name: str = _UNSET, relation: str | None = _UNSET,
                       aliases: Sequence[str] = _UNSET, external_id: str | None = _UNSET,
                       metadata: dict[str, Any] = _UNSET, owner: str | None = _UNSET) -> Resolution:
-        """Plan a change of the given fields. Raises NotFoundError, ValidationError."""
+        """Plan a change of the given fields (``metadata`` replaces the person's, but for
+        ``merged_external_ids``, kept unless given). Raises NotFoundError, ValidationError."""
         person = self._require(person_id)
         given: dict[str, Any] = {"name": name, "relation": relation, "aliases": aliases, "external_id": external_id,
                  "metadata": metadata, "owner": owner}
@@ -316,7 +317,7 @@ class PersonRegistry:
         if "aliases" in changes:
             changes["aliases"] = _aliases(changes["aliases"])
         if "metadata" in changes:
-            changes["metadata"] = check_metadata(changes["metadata"])
+            changes["metadata"] = _kept_merged_ids(person, check_metadata(changes["metadata"]))
         updated = replace(person, **changes, updated_at=to_datetime(self._clock()))
         self._check_person(updated)
         return Resolution(updated, False, updated.to_op())
@@ -517,6 +518,15 @@ def _merged_metadata(kept: Person, gone: Person) -> dict[str, Any]:
         united = [*_external_ids_list(kept), *_external_ids_list(gone), *lost]
         anchor = kept.external_id or gone.external_id
         metadata[MERGED_EXTERNAL_IDS] = [x for x in dict.fromkeys(united) if x != anchor]
+    return metadata
+
+
+def _kept_merged_ids(person: Person, metadata: dict[str, Any]) -> dict[str, Any]:
+    """New metadata for ``person``, with the ``merged_external_ids`` a merge recorded
+    unless ``metadata`` gives that key itself (a caller replacing the metadata would
+    otherwise unknowingly stop the faces merged in from finding the person)."""
+    if MERGED_EXTERNAL_IDS in person.metadata and MERGED_EXTERNAL_IDS not in metadata:
+        return {**metadata, MERGED_EXTERNAL_IDS: person.metadata[MERGED_EXTERNAL_IDS]}
     return metadata
 
 

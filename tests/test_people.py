@@ -288,6 +288,10 @@ def test_the_external_ids_of_merged_persons_still_find_the_person() -> None:
     with pytest.raises(ValidationError, match=f"already belongs to {cy.id}"):
         reg.add_person("Bobby", external_id="face:Bob")  # a second person for a face the store knows
     assert reg.update_person(cy.id, external_id="face:Bob").person.external_id == "face:Bob"  # his own: allowed
+    commit(reg, [reg.update_person(cy.id, metadata={"likes": "tea"})])  # new metadata keeps what the merges noted
+    assert reg.find_by_external_id("face:Dee") == reg.get(cy.id)
+    commit(reg, [reg.update_person(cy.id, metadata={"merged_external_ids": []})])  # unless it gives the key itself
+    assert reg.find_by_external_id("face:Dee") is None
 
 
 # -- owner scoping ---------------------------------------------------------------------------
