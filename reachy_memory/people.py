@@ -35,7 +35,15 @@ keys not starting with ``$``; values str, int, finite float, bool, None or lists
 of those) within ``MAX_METADATA_BYTES`` and ``MAX_METADATA_KEYS``.  Stored
 persons (journal, snapshot) are only checked for shape and size when read, so
 persons written before these rules still load; ``merge_people`` keeps the
-stored metadata of both as it is (plus ``merged_external_ids``, a list of str).
+stored metadata of both as it is (plus ``merged_external_ids``, a list of str: the
+external ids of the persons merged in, which ``find_by_external_id`` still finds the
+person by, and which ``update_person(metadata=)`` keeps unless it gives the key).
+
+Old ids: an id merged away names the person it was merged into for lookups,
+updates and merges (a merge already done is a no-op); ``delete_person`` needs the
+person's own id (an old one is refused, naming the live person).  A subject or
+reference shaped like the ids ``add_person`` makes that names no person the caller
+sees (deleted, another user's) is refused rather than made a person of that name.
 
 Owner scoping: a person belongs to an owner (a user of the robot) or, with
 ``owner=None``, to the household.  ``people(owner="alex")`` and
