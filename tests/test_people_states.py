@@ -7,7 +7,8 @@ id resolves to a live person, a delete only ever forgets the person its id names
 identity (external id) of both persons finding the united one, no person is ever
 named after an id.  And on demand: reopening, a full compaction (then ``verify``
 clean) and an export imported into a fresh store give the same persons, redirects,
-links and lookups.  Lexical-only stores (no model): person operations do not embed.
+links and lookups, as does a reopen after a crash (the journal replayed).
+Lexical-only stores (no model): person operations do not embed.
 
 Found by it: ``remember(subjects=[a deleted person's id])`` made a person named after
 the id ("C3A6317Adb1C44D6..."); the registry tests then pinned each fault found.
@@ -29,6 +30,7 @@ from reachy_memory import MemoryStore, NotFoundError, ValidationError
 from reachy_memory._export import person_entries
 from reachy_memory.backup import verify
 from reachy_memory.config import load_config
+from tests.store_util import abandon
 
 NAMES = ("Ann", "Bob", "Cy", "Dee")
 FACES = tuple(f"face:{n}" for n in range(4))
@@ -128,6 +130,14 @@ class PeopleStates(RuleBasedStateMachine):
     def reopen(self) -> None:
         before = _state(self.store, self.ids)
         self.store.close()
+        self.store = MemoryStore(config=self.config, embedder=None)
+        assert _state(self.store, self.ids) == before
+
+    @rule()
+    def crash_reopen(self) -> None:
+        """Reopen from the journal alone (no closing snapshot): the person ops replayed."""
+        before = _state(self.store, self.ids)
+        abandon(self.store)
         self.store = MemoryStore(config=self.config, embedder=None)
         assert _state(self.store, self.ids) == before
 
