@@ -182,7 +182,7 @@ _ROWS = [
     _op("resolve_person", "engine", [_req("reference", STR), _OWNER, _opt("create", BOOL, True)],
         '{"person": person | null, "created": bool}', "Find, or create, the person a reference means."),
     _op("person_by_external_id", "engine", [_req("external_id", STR)], "person | null",
-        "The person anchored to an outside identity."),
+        "The person anchored to an outside identity (or the one a person anchored to it was merged into)."),
     _op("people", "engine", [_OWNER], "[person]", "The persons an owner knows (everyone for none)."),
     _op("person_redirects", "engine", [], "{old_id: kept_id}",
         "Every person id merged away and the live person id it resolves to (what an export carries)."),

@@ -148,7 +148,8 @@ class PeopleMixin:
             return self._people.find_person(_text(reference, "reference"), owner)
 
     def person_by_external_id(self, external_id: str) -> Person | None:
-        """The person anchored to an outside identity (face or voice recognition), or None."""
+        """The person anchored to an outside identity (face or voice recognition), or the one
+        a person anchored to it was merged into (``people.PersonRegistry.find_by_external_id``), or None."""
         self._require_open()
         with self._lock:
             return self._people.find_by_external_id(_text(external_id, "external_id"))

@@ -242,7 +242,8 @@ class _Api:
                           timeout)
 
     def person_by_external_id(self, external_id: str, *, timeout: float | None = None) -> Any:
-        """The Person anchored to an outside identity (face, voice), or None."""
+        """The Person anchored to an outside identity (face, voice), or the one a person
+        anchored to it was merged into, or None."""
         return self._call("person_by_external_id", {"external_id": external_id}, proto.person_from_wire, timeout)
 
     def people(self, owner: str | None = None, *, timeout: float | None = None) -> Any:
