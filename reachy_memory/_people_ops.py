@@ -148,7 +148,8 @@ class PeopleMixin:
             return self._people.find_person(_text(reference, "reference"), owner)
 
     def person_by_external_id(self, external_id: str) -> Person | None:
-        """The person anchored to an outside identity (face or voice recognition), or None."""
+        """The person anchored to an outside identity (face or voice recognition), or the one
+        a person anchored to it was merged into (``people.PersonRegistry.find_by_external_id``), or None."""
         self._require_open()
         with self._lock:
             return self._people.find_by_external_id(_text(external_id, "external_id"))
@@ -180,23 +181,30 @@ class PeopleMixin:
     def update_person(self, person_id: str, **fields: Any) -> Person:
         """Change a person's name, relation, aliases, external_id, metadata or owner.
         ``person_id`` is read as every person operation reads one (``people.read_person_id``:
-        surrounding whitespace ignored). Raises NotFoundError, ValidationError."""
+        surrounding whitespace ignored); an id merged away names the person it was merged
+        into (the returned person has the live id). Raises NotFoundError, ValidationError."""
         self._require_open()
         with self._lock:
             return self._commit_person(self._people.update_person(person_id, **fields))
 
     def merge_people(self, keep: str, other: str) -> Person:
         """Merge ``other`` into ``keep``: aliases united, memories re-linked (ids read as
-        ``people.read_person_id`` says). Raises NotFoundError, ValidationError."""
+        ``people.read_person_id`` says; an id merged away names the person it was merged
+        into). Merging again what is merged already (a retry) changes nothing and returns
+        the person. Raises NotFoundError, ValidationError."""
         self._require_open()
         with self._lock:
             plan = self._people.merge_people(keep, other)
-            self._commit([*plan.ops, *self._relink_ops(plan.relink)])
+            if plan.ops:
+                self._commit([*plan.ops, *self._relink_ops(plan.relink)])
             return plan.person
 
     def delete_person(self, person_id: str) -> bool:
         """Forget a person (their memories stay, no longer linked); False if unknown.
-        ``person_id`` is read as ``people.read_person_id`` says. Raises ValidationError."""
+        ``person_id`` is read as ``people.read_person_id`` says, and must be the person's
+        own id: one merged away (``merge_people``) is a ValidationError whose message and
+        ``merged_into`` name the live person (deleting it would forget that person, whom
+        the caller may not mean). Raises ValidationError."""
         self._require_open()
         with self._lock:
             try:
@@ -243,17 +251,17 @@ class PeopleMixin:
         prepared = self.prepare([{"content": i["content"], "memory_type": MemoryType.FACT,
                                   "metadata": i.get("metadata")} for i in items])
         with self._lock:
-            self._check_facts(items)  # all or nothing: a refusal in fact 3 must not leave facts 1-2 stored
+            self._check_facts(items, owner)  # all or nothing: a refusal in fact 3 must not leave facts 1-2 stored
             return [self._remember_one(item, op, owner) for item, op in zip(items, prepared.ops, strict=True)]
 
-    def _check_facts(self, items: list[dict[str, Any]]) -> None:
+    def _check_facts(self, items: list[dict[str, Any]], owner: str | None) -> None:
         """Raise what storing ``items`` one by one would raise half-way: a subject that
-        names no one person, a note name taken (by a memory or an earlier item)."""
+        names no one person ``owner`` may see, a note name taken (by a memory or an earlier item)."""
         names: dict[str, str] = {}
         for item in items:
             for ref in item.get("subjects") or ():
-                if self._people.check_subject(ref):  # and as it will be resolved, with the name the fact gives
-                    self._people.check_subject(_enriched(ref, item["content"]))
+                if self._people.check_subject(ref, owner):  # and as it will be resolved, with the name the fact gives
+                    self._people.check_subject(_enriched(ref, item["content"]), owner)
             fields = self._name_fields(item.get("name"), item.get("aliases") or ())
             labels = {label.casefold(): label for label in (fields.get("name"), *fields.get("aliases", ())) if label}
             again = next((label for key, label in labels.items() if key in names), None)
@@ -286,7 +294,7 @@ class PeopleMixin:
         refs = item.get("subjects")
         if refs is not None:  # given: only those persons; [] or only "me"/"the user": a fact about nobody
             return [self._people.resolve_person(_enriched(_text(r, "subjects"), item["content"]), owner)
-                    for r in refs if self._people.check_subject(r)]
+                    for r in refs if self._people.check_subject(r, owner)]
         recent = self._recent_subjects.get(owner, [])
         return self._people.subjects_in(item["content"], owner, recent)
 

@@ -255,7 +255,8 @@ class _Api:
                           timeout)
 
     def person_by_external_id(self, external_id: str, *, timeout: float | None = None) -> Any:
-        """The Person anchored to an outside identity (face, voice), or None."""
+        """The Person anchored to an outside identity (face, voice), or the one a person
+        anchored to it was merged into, or None."""
         return self._call("person_by_external_id", {"external_id": external_id}, proto.person_from_wire, timeout)
 
     def people(self, owner: str | None = None, *, timeout: float | None = None) -> Any:
@@ -276,11 +277,12 @@ class _Api:
         return self._call("update_person", args, proto.person_from_wire, timeout)
 
     def merge_people(self, keep: str, other: str, *, timeout: float | None = None) -> Any:
-        """Merge ``other`` into ``keep``; returns the kept Person."""
+        """Merge ``other`` into ``keep``; returns the kept Person (a retry of a done merge: the same)."""
         return self._call("merge_people", {"keep": keep, "other": other}, proto.person_from_wire, timeout)
 
     def delete_person(self, person_id: str, *, timeout: float | None = None) -> Any:
-        """Forget a person (memories stay, unlinked); True if it existed."""
+        """Forget a person (memories stay, unlinked); True if it existed. An id merged away
+        is a ValidationError naming (``merged_into``) the person it was merged into."""
         return self._call("delete_person", {"id": person_id}, lambda r: bool(r["deleted"]), timeout)
 
     def note(self, name: str, *, timeout: float | None = None) -> Any:

@@ -35,7 +35,15 @@ keys not starting with ``$``; values str, int, finite float, bool, None or lists
 of those) within ``MAX_METADATA_BYTES`` and ``MAX_METADATA_KEYS``.  Stored
 persons (journal, snapshot) are only checked for shape and size when read, so
 persons written before these rules still load; ``merge_people`` keeps the
-stored metadata of both as it is (plus ``merged_external_ids``, a list of str).
+stored metadata of both as it is (plus ``merged_external_ids``, a list of str: the
+external ids of the persons merged in, which ``find_by_external_id`` still finds the
+person by, and which ``update_person(metadata=)`` keeps unless it gives the key).
+
+Old ids: an id merged away names the person it was merged into for lookups,
+updates and merges (a merge already done is a no-op); ``delete_person`` needs the
+person's own id (an old one is refused, naming the live person).  A subject or
+reference shaped like the ids ``add_person`` makes that names no person the caller
+sees (deleted, another user's) is refused rather than made a person of that name.
 
 Owner scoping: a person belongs to an owner (a user of the robot) or, with
 ``owner=None``, to the household.  ``people(owner="alex")`` and
@@ -51,6 +59,7 @@ no locks.  Readers on other threads must go through that owner.
 
 from __future__ import annotations
 
+import re
 import time
 import unicodedata
 import uuid
@@ -84,6 +93,7 @@ MAX_METADATA_KEYS = 64
 MAX_REFERENCE_CHARS = 200
 MAX_SENTENCE_CHARS = 4000
 OPS = ("person_put", "person_merge", "person_delete")
+MERGED_EXTERNAL_IDS = "merged_external_ids"  # the metadata key keeping the external ids of persons merged in
 
 _UNSET: Any = object()
 
@@ -206,15 +216,23 @@ class PersonRegistry:
         return sorted(self._visible(owner), key=lambda p: (norm(p.display_name), p.id))
 
     def find_by_external_id(self, external_id: str) -> Person | None:
-        """The person anchored to that outside identity, or None."""
-        return next((p for p in self._people.values() if p.external_id == external_id), None)
+        """The person anchored to that outside identity, else the person a person anchored
+        to it was merged into (it is in their ``metadata["merged_external_ids"]``: a face
+        seen again finds the merged person, not nobody), or None."""
+        anchored = next((p for p in self._people.values() if p.external_id == external_id), None)
+        return anchored or next((p for p in self._people.values() if external_id in _listed_external_ids(p)), None)
 
-    def check_subject(self, reference: Any) -> bool:
-        """Whether ``reference`` (a subject of a fact) is a person: True for a person id
-        or one person's name or relation, False for the user or the robot (the fact is
-        about nobody).  Raises ValidationError as :func:`subject_reference` does."""
-        if isinstance(reference, str) and self.get(reference.strip()) is not None:  # as read_person_id reads it
-            return True
+    def check_subject(self, reference: Any, owner: str | None = None) -> bool:
+        """Whether ``reference`` (a subject of a fact) is a person: True for the id of a
+        person ``owner`` sees or one person's name or relation, False for the user or the
+        robot (the fact is about nobody).  Raises ValidationError as :func:`subject_reference`
+        does, and for an id this store made that names no person ``owner`` sees
+        (:func:`_unknown_id`)."""
+        if isinstance(reference, str):
+            person = self.get(reference.strip())  # as read_person_id reads it
+            if person is not None and visible_to(person, owner):
+                return True
+            _unknown_id(reference, "subjects")
         return subject_reference(reference) is not None
 
     def find_person(self, reference: str, owner: str | None = None) -> Person | None:
@@ -275,6 +293,8 @@ class PersonRegistry:
         by_id = self.get(read_person_id(reference, "reference"))
         if by_id is not None and visible_to(by_id, owner):
             return Resolution(by_id, False, None)
+        if create:  # not a person named after the id: "C3a6317adb1c44d6..."
+            _unknown_id(reference, "reference")
         return self._resolve_ref(ref, owner, create)
 
     def _learn(self, person: Person, ref: Reference) -> Resolution:
@@ -292,7 +312,8 @@ class PersonRegistry:
     def update_person(self, person_id: str, *, name: str = _UNSET, relation: str | None = _UNSET,
                       aliases: Sequence[str] = _UNSET, external_id: str | None = _UNSET,
                       metadata: dict[str, Any] = _UNSET, owner: str | None = _UNSET) -> Resolution:
-        """Plan a change of the given fields. Raises NotFoundError, ValidationError."""
+        """Plan a change of the given fields (``metadata`` replaces the person's, but for
+        ``merged_external_ids``, kept unless given). Raises NotFoundError, ValidationError."""
         person = self._require(person_id)
         given: dict[str, Any] = {"name": name, "relation": relation, "aliases": aliases, "external_id": external_id,
                  "metadata": metadata, "owner": owner}
@@ -304,7 +325,7 @@ class PersonRegistry:
         if "aliases" in changes:
             changes["aliases"] = _aliases(changes["aliases"])
         if "metadata" in changes:
-            changes["metadata"] = check_metadata(changes["metadata"])
+            changes["metadata"] = _kept_merged_ids(person, check_metadata(changes["metadata"]))
         updated = replace(person, **changes, updated_at=to_datetime(self._clock()))
         self._check_person(updated)
         return Resolution(updated, False, updated.to_op())
@@ -314,12 +335,14 @@ class PersonRegistry:
         missing relation / external id taken from ``other`` (a second external id goes
         to ``metadata["merged_external_ids"]``), keep's metadata wins.  The stored
         metadata is not re-checked against the input rules (``check_metadata``), only
-        for size.  Raises NotFoundError, ValidationError (same person, or the union
-        is too large).
+        for size.  Either id may be one merged away: it names the person it was merged
+        into; ``other`` merged away into ``keep``'s person already is a retried merge (no
+        ops, the person as it is).  Raises NotFoundError, ValidationError (same person,
+        or the union is too large).
         """
         kept, gone = self._require(keep, "keep"), self._require(other, "other")
         if kept.id == gone.id:
-            raise ValidationError("cannot merge a person with itself", field="other")
+            return self._merged_already(kept, read_person_id(keep, "keep"), read_person_id(other, "other"))
         united = replace(kept, aliases=_united_aliases(kept, gone), relation=kept.relation or gone.relation,
                          external_id=kept.external_id or gone.external_id, metadata=_merged_metadata(kept, gone),
                          updated_at=to_datetime(self._clock()))
@@ -328,9 +351,29 @@ class PersonRegistry:
         ops = [united.to_op(), {"op": "person_merge", "keep": kept.id, "other": gone.id, "at": self._clock()}]
         return Merge(united, ops, relink)
 
+    def _merged_already(self, person: Person, keep: str, other: str) -> Merge:
+        """The plan of a merge whose two ids name one person: nothing to do (no ops) when
+        ``other`` was merged away into that person (a retried merge), else ValidationError
+        (``merge_people(a, a)``, or ``keep`` merged away into ``other``: the reverse merge)."""
+        if not self.is_live(other):
+            return Merge(person, [], {})
+        why = f": {keep} was merged into {person.id}" if keep != person.id else ""
+        raise ValidationError(f"cannot merge a person with itself{why}", field="other")
+
     def delete_person(self, person_id: str) -> dict[str, Any]:
-        """Plan deleting a person (the store drops the id from memories' subjects). Raises NotFoundError."""
+        """Plan deleting a person (the store drops the id from memories' subjects).
+
+        Only a live person's own id deletes: an id merged away (``merge_people``) names
+        the person it was merged into for reads, updates and merges, but deleting through
+        it (a stale id: "delete the duplicate I merged") would forget that other record.
+        Raises NotFoundError (unknown or deleted), ValidationError (a merged-away id: the
+        message and ``merged_into`` name the live person)."""
         person = self._require(person_id)
+        wanted = read_person_id(person_id)
+        if wanted != person.id:
+            raise ValidationError(f"person id {wanted} was merged into {person.id} ({person.display_name}); "
+                                  f"delete {person.id} to forget that person", field="person_id",
+                                  merged_into=person.id)
         return {"op": "person_delete", "id": person.id, "at": self._clock()}
 
     def subjects_in(self, sentence: str, owner: str | None = None, recent: Sequence[str] = (),
@@ -472,15 +515,45 @@ def _united_aliases(kept: Person, gone: Person) -> tuple[str, ...]:
 
 
 def _merged_metadata(kept: Person, gone: Person) -> dict[str, Any]:
+    """The united person's metadata: keep's wins, but ``merged_external_ids`` unites both
+    lists and ``gone``'s external id when keep has another (none is lost: each still finds
+    the person, :meth:`PersonRegistry.find_by_external_id`). Raises ValidationError when a
+    list to unite is a caller's value that is not a list of strings."""
     metadata = {**gone.metadata, **kept.metadata}
-    if kept.external_id and gone.external_id and kept.external_id != gone.external_id:
-        previous = metadata.get("merged_external_ids") or []
-        if not isinstance(previous, list) or not all(isinstance(x, str) for x in previous):
-            # a caller's own value under the key this merge keeps: refuse rather than lose or split it
-            raise ValidationError("metadata.merged_external_ids must be a list of strings to merge "
-                                  "two persons with different external ids", field="metadata")
-        metadata["merged_external_ids"] = [*previous, gone.external_id]
+    lost = [gone.external_id] if kept.external_id and gone.external_id not in (None, kept.external_id) else []
+    both = MERGED_EXTERNAL_IDS in kept.metadata and MERGED_EXTERNAL_IDS in gone.metadata
+    if lost or (both and kept.metadata[MERGED_EXTERNAL_IDS] != gone.metadata[MERGED_EXTERNAL_IDS]):
+        united = [*_external_ids_list(kept), *_external_ids_list(gone), *lost]
+        anchor = kept.external_id or gone.external_id
+        metadata[MERGED_EXTERNAL_IDS] = [x for x in dict.fromkeys(united) if x != anchor]
     return metadata
+
+
+def _kept_merged_ids(person: Person, metadata: dict[str, Any]) -> dict[str, Any]:
+    """New metadata for ``person``, with the ``merged_external_ids`` a merge recorded
+    unless ``metadata`` gives that key itself (a caller replacing the metadata would
+    otherwise unknowingly stop the faces merged in from finding the person)."""
+    if MERGED_EXTERNAL_IDS in person.metadata and MERGED_EXTERNAL_IDS not in metadata:
+        return {**metadata, MERGED_EXTERNAL_IDS: person.metadata[MERGED_EXTERNAL_IDS]}
+    return metadata
+
+
+def _external_ids_list(person: Person) -> list[str]:
+    """A person's ``merged_external_ids`` to unite ([] when absent or None). Raises
+    ValidationError for a caller's own value that is not a list of strings (refused
+    rather than lost or split into letters)."""
+    previous = person.metadata.get(MERGED_EXTERNAL_IDS) or []
+    if not isinstance(previous, list) or not all(isinstance(x, str) for x in previous):
+        raise ValidationError("metadata.merged_external_ids must be a list of strings to merge "
+                              "two persons with different external ids", field="metadata")
+    return previous
+
+
+def _listed_external_ids(person: Person) -> list[str]:
+    """The outside identities of persons merged into ``person`` (none if its metadata
+    holds something else under the key)."""
+    value = person.metadata.get(MERGED_EXTERNAL_IDS)
+    return [x for x in value if isinstance(x, str)] if isinstance(value, list) else []
 
 
 def _reference(reference: str) -> Reference:
@@ -490,6 +563,18 @@ def _reference(reference: str) -> Reference:
         raise ValidationError(f"{reference!r} does not name a person (a pronoun needs the sentence it is in: "
                               "give a name or a relation, such as 'Sarah' or 'my wife')", field="reference")
     return ref
+
+
+_MADE_ID = re.compile(r"[0-9a-fA-F]{32}")  # the ids add_person makes (uuid4 hex); no one's name
+
+
+def _unknown_id(reference: str, field: str) -> None:
+    """Raise ValidationError if ``reference`` is a person id as this store makes them (the
+    caller has checked it names no person it may see): a person deleted, or another
+    user's.  Read as a name, it made a new person named after the id."""
+    if _MADE_ID.fullmatch(reference.strip()):
+        raise ValidationError(f"{reference.strip()!r} is not the id of a person here (deleted?): give a live "
+                              "person's id, or their name or relation", field=field)
 
 
 def subject_reference(reference: Any) -> Reference | None:

@@ -238,6 +238,62 @@ def test_update_and_delete() -> None:
         reg.update_person(p.id, name="X")
 
 
+def test_a_merged_away_id_does_not_delete_the_person_it_was_merged_into() -> None:
+    """delete_person(an id merged away) deleted the kept person: an app cleaning up the
+    duplicate it had just merged lost the merged person instead."""
+    reg = registry()
+    ann, bob = commit(reg, [reg.add_person("Ann"), reg.add_person("Bob")])
+    for op in reg.merge_people(ann.id, bob.id).ops:
+        reg.apply(op)
+    with pytest.raises(ValidationError, match=f"{bob.id} was merged into {ann.id}") as caught:
+        reg.delete_person(f" {bob.id} ")
+    assert caught.value.fields == {"field": "person_id", "merged_into": ann.id}
+    assert reg.update_person(bob.id, relation="sister").person.id == ann.id  # reads and updates follow it
+    reg.apply(reg.delete_person(ann.id))  # her own id deletes her, and the redirect with her
+    with pytest.raises(NotFoundError):
+        reg.delete_person(bob.id)
+
+
+def test_a_retried_merge_changes_nothing_and_a_reversed_one_is_refused() -> None:
+    """merge_people(a, b) again after it succeeded (a retry after a timeout) said "cannot
+    merge a person with itself"; along a chain (b into a, a into c) the old ids follow."""
+    reg = registry()
+    a, b, c = commit(reg, [reg.add_person("Ann"), reg.add_person("Bob"), reg.add_person("Cy")])
+    for op in reg.merge_people(a.id, b.id).ops:
+        reg.apply(op)
+    again = reg.merge_people(a.id, b.id)
+    assert again.ops == [] and again.person == reg.get(a.id)
+    with pytest.raises(ValidationError, match=f"{b.id} was merged into {a.id}"):
+        reg.merge_people(b.id, a.id)
+    for op in reg.merge_people(c.id, a.id).ops:
+        reg.apply(op)
+    assert reg.merge_people(b.id, a.id).ops == [] and reg.merge_people(c.id, b.id).person.id == c.id
+    with pytest.raises(ValidationError, match=f"merged into {c.id}"):
+        reg.delete_person(b.id)
+
+
+def test_the_external_ids_of_merged_persons_still_find_the_person() -> None:
+    """After merging two face-anchored persons the second face found nobody (its id sat in
+    metadata only), so a recognizer made the duplicate again; along a chain of merges
+    (Dee into Cy, then Bob into Ann, then Ann into Cy) keep's metadata overwrote gone's
+    list and Bob's face was recorded nowhere."""
+    reg = registry()
+    ann, bob, cy, dee = commit(reg, [reg.add_person(n, external_id=f"face:{n}") for n in ("Ann", "Bob", "Cy", "Dee")])
+    for keep, other in ((cy, dee), (ann, bob), (cy, ann)):
+        for op in reg.merge_people(keep.id, other.id).ops:
+            reg.apply(op)
+    united = reg.get(cy.id)
+    assert united is not None and sorted(united.metadata["merged_external_ids"]) == ["face:Ann", "face:Bob", "face:Dee"]
+    assert {getattr(reg.find_by_external_id(f"face:{n}"), "id", None) for n in ("Ann", "Bob", "Cy", "Dee")} == {cy.id}
+    with pytest.raises(ValidationError, match=f"already belongs to {cy.id}"):
+        reg.add_person("Bobby", external_id="face:Bob")  # a second person for a face the store knows
+    assert reg.update_person(cy.id, external_id="face:Bob").person.external_id == "face:Bob"  # his own: allowed
+    commit(reg, [reg.update_person(cy.id, metadata={"likes": "tea"})])  # new metadata keeps what the merges noted
+    assert reg.find_by_external_id("face:Dee") == reg.get(cy.id)
+    commit(reg, [reg.update_person(cy.id, metadata={"merged_external_ids": []})])  # unless it gives the key itself
+    assert reg.find_by_external_id("face:Dee") is None
+
+
 # -- owner scoping ---------------------------------------------------------------------------
 
 def test_people_are_scoped_by_owner() -> None:

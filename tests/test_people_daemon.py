@@ -61,6 +61,30 @@ def test_persons_through_the_daemon(client: MemoryClient) -> None:
     assert {p.name for p in client.people()} >= {"Tom"}
 
 
+def test_a_merged_away_id_through_the_daemon(client: MemoryClient) -> None:
+    """Deleting through an id merged away deleted the person it was merged into; it is a
+    bad request naming that person, and a retried merge answers the person merged already."""
+    ines, nes = client.add_person("Ines"), client.add_person("Nes")
+    client.merge_people(ines.id, nes.id)
+    with pytest.raises(ValidationError, match=f"{nes.id} was merged into {ines.id}") as caught:
+        client.delete_person(nes.id)
+    assert caught.value.merged_into == ines.id  # type: ignore[attr-defined]
+    assert client.merge_people(ines.id, nes.id).id == ines.id and client.find_person(nes.id).id == ines.id
+    assert client.delete_person(ines.id) and client.find_person("Ines") is None
+
+
+def test_a_deleted_persons_id_is_no_subject_through_the_daemon_and_the_cli(daemon: DaemonProcess,
+                                                                             client: MemoryClient) -> None:
+    """remember(subjects=[a deleted person's id]) made a person named after the id."""
+    gil = client.add_person("Gil")
+    client.delete_person(gil.id)
+    with pytest.raises(ValidationError, match="not the id of a person here"):
+        client.remember("Gil plays chess", subjects=[gil.id])
+    done = cli(daemon, "remember", "Gil plays chess", "--about", gil.id)
+    assert done.returncode == 2 and "not the id of a person here" in done.stderr, done
+    assert all(p.name.casefold() != gil.id for p in client.people())
+
+
 def test_person_ids_with_spaces_around_them_through_the_daemon(client: MemoryClient) -> None:
     """The client passes ids as given; the daemon reads them as every person operation does
     (delete_person(" id ") answered False, update_person and merge_people not found)."""

@@ -190,6 +190,40 @@ def test_delete_person_keeps_memories_unlinked(people_store: MemoryStore) -> Non
     assert not people_store.delete_person("unknown")
 
 
+def test_deleting_through_a_merged_away_id_is_refused_and_loses_nothing(config: Config) -> None:
+    """delete_person(Bob's id) after Bob was merged into Ann deleted Ann: her record and
+    every memory's link to her were gone, though the caller named someone no longer there."""
+    with MemoryStore(config=config, embedder=None) as store:
+        ann, bob = store.add_person("Ann"), store.add_person("Bob")
+        [tea] = store.remember("Bob likes tea", subjects=[bob.id])
+        store.merge_people(ann.id, bob.id)
+        with pytest.raises(ValidationError, match=f"{bob.id} was merged into {ann.id} \\(Ann\\)") as caught:
+            store.delete_person(bob.id)
+        assert caught.value.merged_into == ann.id  # type: ignore[attr-defined]
+        assert store.merge_people(ann.id, bob.id).id == ann.id  # a retried merge: done already
+        assert store.update_person(bob.id, relation="sister").id == ann.id  # updates follow the old id
+    with MemoryStore(config=config, embedder=None) as store:  # nothing of it was lost on disk either
+        assert [p.id for p in store.people()] == [ann.id] and store.find_person(bob.id).id == ann.id  # type: ignore[union-attr]
+        assert store.get(tea.id).subjects == (ann.id,)  # type: ignore[union-attr]
+        assert store.delete_person(ann.id) and store.find_person(bob.id) is None
+
+
+def test_the_id_of_a_deleted_or_unseen_person_is_no_subject(lexical_store: MemoryStore) -> None:
+    """remember(subjects=[an id of a person deleted]) (an app holding the id) made a new
+    person named after the id ("C3A6317Adb1C44D6..."); another user's person id did too."""
+    ann, alexs = lexical_store.add_person("Ann"), lexical_store.add_person("Zoe", owner="alex")
+    lexical_store.delete_person(ann.id)
+    for subject, owner in ((ann.id, None), (f" {ann.id.upper()} ", None), (alexs.id, "bob")):
+        with pytest.raises(ValidationError, match="not the id of a person here"):
+            lexical_store.remember(facts=[{"content": "Ann likes tea", "subjects": ["Ann"]},
+                                          {"content": "She likes jazz", "subjects": [subject]}], owner=owner)
+        with pytest.raises(ValidationError, match="not the id of a person here"):
+            lexical_store.resolve_person(subject, owner=owner)
+        assert lexical_store.resolve_person(subject, owner=owner, create=False) == (None, False)
+    assert [p.id for p in lexical_store.people()] == [alexs.id] and len(lexical_store) == 0  # nothing written
+    assert lexical_store.remember("Zoe likes tea", subjects=[alexs.id], owner="alex")[0].subjects == (alexs.id,)
+
+
 # How a caller may wrap a person id, and whether every person operation finds the person.
 WRAPPED_PERSON_IDS = [
     (" {id} ", True),  # spaces around it: ignored

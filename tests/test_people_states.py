@@ -1,0 +1,174 @@
+"""A hypothesis state machine over person operations on a store, through every id it
+ever handed out: live, merged away (alone or along a chain of merges) or deleted.
+
+What it holds, after every step: a memory's subjects are live persons, a merged-away
+id resolves to a live person, a delete only ever forgets the person its id names
+(an id merged away is refused, naming that person), a merge keeps every outside
+identity (external id) of both persons finding the united one, no person is ever
+named after an id.  And on demand: reopening, a full compaction (then ``verify``
+clean) and an export imported into a fresh store give the same persons, redirects,
+links and lookups, as does a reopen after a crash (the journal replayed).
+Lexical-only stores (no model): person operations do not embed.
+
+Found by it: ``remember(subjects=[a deleted person's id])`` made a person named after
+the id ("C3A6317Adb1C44D6..."); the registry tests then pinned each fault found.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from reachy_memory import MemoryStore, NotFoundError, ValidationError
+from reachy_memory._export import person_entries
+from reachy_memory.backup import verify
+from reachy_memory.config import load_config
+from tests.store_util import abandon
+
+NAMES = ("Ann", "Bob", "Cy", "Dee")
+FACES = tuple(f"face:{n}" for n in range(4))
+ANY = st.integers(0, 63)  # an index into every id handed out (modulo their number)
+
+
+def _state(store: MemoryStore, ids: list[str]) -> tuple[Any, ...]:
+    """What a caller can see of the persons: persons, redirects, links, lookups by id and face."""
+    people = sorted((p.id, p.name, p.relation, p.aliases, p.external_id, repr(sorted(p.metadata.items())))
+                    for p in store.people())
+    links = sorted((m.id, m.subjects) for m in store.export_page(None, 10_000)[0])
+    by_id = [getattr(store.find_person(i), "id", None) for i in ids]
+    by_face = [getattr(store.person_by_external_id(f), "id", None) for f in FACES]
+    return people, store.person_redirects(), links, by_id, by_face
+
+
+class PeopleStates(RuleBasedStateMachine):
+    """Person operations through any id ever handed out (see the module doc)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tmp = Path(tempfile.mkdtemp(prefix="people-states-"))
+        # fsync adds nothing this test checks (a crash is not one of its steps), only time
+        self.config = load_config(memory={"path": str(self.tmp / "data"), "fsync": "never"})
+        self.store = MemoryStore(config=self.config, embedder=None)
+        self.ids: list[str] = []
+        self.facts = 0
+
+    def teardown(self) -> None:
+        self.store.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def _id(self, index: int) -> str:
+        return self.ids[index % len(self.ids)]
+
+    def _faces(self) -> dict[str, str | None]:
+        return {f: getattr(self.store.person_by_external_id(f), "id", None) for f in FACES}
+
+    @rule(name=st.sampled_from(NAMES), face=st.one_of(st.none(), st.sampled_from(FACES)))
+    def add(self, name: str, face: str | None) -> None:
+        try:
+            self.ids.append(self.store.add_person(name, external_id=face).id)
+        except ValidationError as exc:  # the face is anchored to someone already
+            assert self.store.person_by_external_id(face or "") is not None, exc
+
+    @precondition(lambda self: self.ids)
+    @rule(keep=ANY, other=ANY)
+    def merge(self, keep: int, other: int) -> None:
+        kept, gone = self.store.find_person(self._id(keep)), self.store.find_person(self._id(other))
+        faces = self._faces()
+        try:
+            united = self.store.merge_people(self._id(keep), self._id(other))
+        except (ValidationError, NotFoundError):
+            return
+        assert kept is not None and gone is not None and united.id == kept.id
+        for face, holder in faces.items():  # every face of either still finds the united person
+            if holder in (kept.id, gone.id):
+                assert self.store.person_by_external_id(face).id == united.id  # type: ignore[union-attr]
+
+    @precondition(lambda self: self.ids)
+    @rule(index=ANY)
+    def delete(self, index: int) -> None:
+        pid = self._id(index)
+        before = self.store.find_person(pid)
+        try:
+            deleted = self.store.delete_person(pid)
+        except ValidationError as exc:  # an id merged away: refused, naming who it is now
+            assert before is not None and before.id != pid and exc.merged_into == before.id  # type: ignore[attr-defined]
+            assert self.store.find_person(pid) == before
+            return
+        assert deleted == (before is not None) and (before is None or before.id == pid)
+        assert self.store.find_person(pid) is None
+
+    @precondition(lambda self: self.ids)
+    @rule(index=ANY, name=st.sampled_from(NAMES), face=st.one_of(st.none(), st.sampled_from(FACES)))
+    def update(self, index: int, name: str, face: str | None) -> None:
+        before = self.store.find_person(self._id(index))
+        fields: dict[str, Any] = {"name": name} if face is None else {"name": name, "external_id": face}
+        try:
+            updated = self.store.update_person(self._id(index), **fields)
+        except (ValidationError, NotFoundError):
+            return
+        assert before is not None and updated.id == before.id  # an old id updates the person it names
+
+    @rule(index=ANY, by_id=st.booleans())
+    def remember(self, index: int, by_id: bool) -> None:
+        self.facts += 1
+        subject = self._id(index) if self.ids and by_id else NAMES[index % len(NAMES)]
+        try:
+            [memory] = self.store.remember(f"fact {self.facts} zq{self.facts}", subjects=[subject])
+        except ValidationError:
+            assert self.store.find_person(subject) is None
+            return
+        assert [getattr(self.store.find_person(s), "id", None) for s in memory.subjects] == list(memory.subjects)
+
+    @rule()
+    def reopen(self) -> None:
+        before = _state(self.store, self.ids)
+        self.store.close()
+        self.store = MemoryStore(config=self.config, embedder=None)
+        assert _state(self.store, self.ids) == before
+
+    @rule()
+    def crash_reopen(self) -> None:
+        """Reopen from the journal alone (no closing snapshot): the person ops replayed."""
+        before = _state(self.store, self.ids)
+        abandon(self.store)
+        self.store = MemoryStore(config=self.config, embedder=None)
+        assert _state(self.store, self.ids) == before
+
+    @rule()
+    def compact_and_verify(self) -> None:
+        before = _state(self.store, self.ids)
+        self.store.compact(full=True)
+        self.store.close()
+        report = verify(self.tmp / "data")
+        assert report.ok, report.problems
+        self.store = MemoryStore(config=self.config, embedder=None)
+        assert _state(self.store, self.ids) == before
+
+    @rule()
+    def export_into_a_fresh_store(self) -> None:
+        people = person_entries(self.store.people(), self.store.person_redirects())
+        memories = [m.to_dict() for m in self.store.export_page(None, 10_000)[0]]
+        fresh = self.config.replace("memory", path=str(Path(tempfile.mkdtemp(dir=self.tmp)) / "data"))
+        with MemoryStore(config=fresh, embedder=None) as other:
+            other.import_memories(memories, people)
+            assert _state(other, self.ids) == _state(self.store, self.ids)
+
+    @invariant()
+    def links_and_redirects_name_live_persons(self) -> None:
+        live = {p.id for p in self.store.people()}
+        redirects = self.store.person_redirects()
+        assert set(redirects.values()) <= live and not set(redirects) & live
+        assert all(set(m.subjects) <= live for m in self.store.export_page(None, 10_000)[0])
+        assert not any(re.fullmatch(r"[0-9a-f]{32}", p.name.casefold()) for p in self.store.people())
+
+
+PeopleStates.TestCase.settings = settings(max_examples=25, stateful_step_count=25, deadline=None,
+                                          suppress_health_check=[HealthCheck.too_slow])
+test_people_states = PeopleStates.TestCase
