@@ -28,6 +28,7 @@ from reachy_memory import (
     ValidationError,
     load_config,
 )
+from reachy_memory.config import Config
 from reachy_memory.endpoint import ENV_ENDPOINT, check_endpoint, prepare_ipc_dir, resolve_endpoint
 from tests.daemon_util import ROOT, DaemonProcess, never_reading_dealer
 
@@ -763,3 +764,38 @@ def test_bad_client_options_are_a_validation_error_when_made(client_class: str, 
         else:
             asyncio.run(make())
     assert info.value.field == option
+
+
+@pytest.mark.parametrize("stats", [
+    {"store": {"conversation_ttl_days": float("nan")}}, {"store": {"conversation_ttl_days": float("inf")}},
+    {"store": {"conversation_ttl_days": 0}}, {"store": {"conversation_ttl_days": -5.0}},
+    {"store": {"conversation_ttl_days": 1e300}}, {"store": {"conversation_ttl_days": True}},
+    {"store": {"conversation_ttl_days": "7"}}, {"store": {}}, {"store": [1]}, [1, 2], "stats", None,
+])
+def test_a_stats_reply_without_a_usable_retention_gives_the_configured_one(tmp_path: Path, stats: Any) -> None:
+    """The LLM tools say how long conversation memories are kept from the daemon's stats: a
+    reply from an older or foreign daemon saying NaN, 0 or 1e300 days went into every tool
+    description ("kept nan days"), and one that was no map raised (AttributeError) where
+    ``daemon_retention`` promises never to."""
+    from reachy_memory.integrations import tools
+
+    fake = FakeDaemon(tmp_path, lambda request: [_reply(request, ok=True, result=stats)])
+    try:
+        config = Config().replace("memory", conversation_ttl_days=3.0)
+        tools._ASKED.clear()
+        assert _in_thread(lambda: tools.daemon_retention(config, fake.endpoint, timeout=2.0)) == (3.0, False)
+    finally:
+        tools._ASKED.clear()
+        fake.close()
+
+
+def test_tools_for_takes_only_a_retention_the_configuration_takes() -> None:
+    """``tools_for(nan)`` described "nan days" and cached a new table per call (NaN is no
+    equal key); ``tools_for(7)`` and ``tools_for(7.0)`` were two tables."""
+    from reachy_memory.integrations.tools import tools_for
+
+    for days in (float("nan"), float("inf"), 0, -1.0, 1e9, True, "7"):
+        with pytest.raises(ValidationError, match="conversation TTL"):
+            tools_for(days)
+    assert tools_for(7) is tools_for(7.0)
+    assert "kept 1 hour" in tools_for(1 / 24)[1].description
