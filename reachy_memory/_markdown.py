@@ -534,8 +534,10 @@ def _front_matter(text: str, keys: tuple[str, ...]) -> tuple[dict[str, Any], lis
         if not isinstance(node, yaml.MappingNode):
             raise _Bad("the front matter must be a mapping", 2)
         _no_key_twice(node)
-        ours = [(k, v) for k, v in node.value if _known(k, keys)]
-        others = [(k, v) for k, v in node.value if not _known(k, keys)]
+        ours: list[tuple[yaml.Node, yaml.Node]] = []
+        others: list[tuple[yaml.Node, yaml.Node]] = []
+        for key, value in node.value:
+            (ours if _known(key, keys) else others).append((key, value))
         for key, value in others:
             _check_ignored(loader, key, value)
         return dict(_front_field(loader, key, value) for key, value in ours), [str(k.value) for k, _ in others]
