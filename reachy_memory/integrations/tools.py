@@ -51,7 +51,7 @@ import threading
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, Self, cast
+from typing import Any, Literal, Protocol, Self, TypeGuard, cast
 
 from .._ingest import check_owner
 from .._mentions import norm
@@ -454,7 +454,7 @@ def tools_for(conversation_days: float) -> tuple[ToolDef, ...]:
     return _tools_for(float(conversation_days))
 
 
-def is_conversation_ttl(days: Any) -> bool:
+def is_conversation_ttl(days: Any) -> TypeGuard[float]:
     """Whether ``days`` is a number the configuration takes as ``memory.conversation_ttl_days``."""
     return isinstance(days, int | float) and not isinstance(days, bool) and _TTL_RANGE[0] <= days <= _TTL_RANGE[1]
 
