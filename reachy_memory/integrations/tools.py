@@ -447,14 +447,14 @@ def tools_for(conversation_days: float) -> tuple[ToolDef, ...]:
     :data:`TOOLS`'s); the same objects for the same days (``7`` and ``7.0`` alike).
     Raises ValidationError for days outside ``memory.conversation_ttl_days``'s range
     (NaN too: "nan days" to a model, and a new table cached for each NaN)."""
-    if not is_conversation_ttl(conversation_days):
+    if not _is_conversation_ttl(conversation_days):
         raise ValidationError(f"conversation_days must be a conversation TTL in days "
                               f"({_TTL_RANGE[0]:.4g} to {_TTL_RANGE[1]:g}), not {conversation_days!r}",
                               field="conversation_days")
     return _tools_for(float(conversation_days))
 
 
-def is_conversation_ttl(days: Any) -> TypeGuard[float]:
+def _is_conversation_ttl(days: Any) -> TypeGuard[float]:
     """Whether ``days`` is a number the configuration takes as ``memory.conversation_ttl_days``."""
     return isinstance(days, int | float) and not isinstance(days, bool) and _TTL_RANGE[0] <= days <= _TTL_RANGE[1]
 
@@ -509,7 +509,7 @@ def _ask_retention(config: Config, endpoint: str, timeout: float) -> tuple[float
         return None
     store = reply.get("store") if isinstance(reply, dict) else None  # a foreign daemon's may be anything
     days = store.get("conversation_ttl_days") if isinstance(store, dict) else None
-    return (float(days), True) if is_conversation_ttl(days) else None  # NaN, 0, -5, 1e300: not a TTL it runs with
+    return (float(days), True) if _is_conversation_ttl(days) else None  # NaN, 0, -5, 1e300: not a TTL it runs with
 
 
 # -- backends ----------------------------------------------------------------------------------
