@@ -364,10 +364,11 @@ def _checked_person(person: dict[str, Any]) -> dict[str, Any]:
 def _parse_note(path: str, text: str, stamp: str) -> tuple[dict[str, Any], list[str]]:
     """The named note of a note file, checked (its body as written when exported), and the
     front matter keys left out. Without front matter, or a name in it, the note is named
-    by its file name (as Obsidian names a note)."""
+    by its file name (as Obsidian names a note), composed (NFC) as a name typed is."""
     head, body, _, unused = _split_front(text, _NOTE_KEYS, optional=True)
     name = head.get("name")
-    name = PurePosixPath(path).name[:-3] if name is None else name
+    if name is None:  # named by its file; NFC: a Mac writes file names decomposed ("Cafe\u0301")
+        name = unicodedata.normalize("NFC", PurePosixPath(path).name[:-3])
     if not isinstance(name, str) or not name.strip():
         raise _Bad("a note's name must be text")
     meta = {} if head.get("rm") is None else head["rm"]

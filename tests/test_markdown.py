@@ -380,3 +380,13 @@ def test_notes_named_alike_by_their_files_are_refused_naming_both_files(files: d
                                               rf"{re.escape(first)}'s"):
         parse(files, now="2026-11-22T10:00:00+00:00")
     parse({first: files[first], second: "---\nname: Other\n---\ntwo\n"}, now="2026-11-22T10:00:00+00:00")
+
+
+def test_a_note_named_by_a_decomposed_file_name_gets_the_composed_name() -> None:
+    """A vault written on a Mac has decomposed file names ("Cafe" + U+0301): the note was named
+    so, and neither ``note("Café")`` typed on a keyboard nor a note "Café" beside it matched it."""
+    decomposed = "Cafe\u0301"
+    memories, _ = parse({f"notes/{decomposed}.md": "Open 8 to 18.\n"}, now="2026-11-22T10:00:00+00:00")
+    assert [m["name"] for m in memories] == ["Caf\u00e9"]
+    with pytest.raises(ValidationError, match="is also"):
+        parse({f"notes/{decomposed}.md": "one\n", "notes/x/Caf\u00e9.md": "two\n"}, now="2026-11-22T10:00:00+00:00")
