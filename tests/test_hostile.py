@@ -179,6 +179,43 @@ def test_every_error_class_keeps_its_class_and_fields_over_the_wire(cls: type) -
     assert info.value.fields["offset"] == 7 and info.value.path == "/x"
 
 
+@pytest.mark.parametrize("cls", _all_errors(), ids=lambda c: c.__name__)
+def test_an_error_field_named_self_is_still_our_error(cls: type) -> None:
+    """A daemon's error fields become keyword arguments: one named ``self`` raised a
+    TypeError (a foreign exception to every caller, and the end of the async client's
+    reader when the error came without an id)."""
+    from reachy_memory import protocol as proto
+
+    reply = {"v": 1, "id": None, "ok": False,
+             "error": {"type": cls.__name__, "code": cls.code, "message": "m", "fields": {"self": 1, "field": "x"}}}
+    with pytest.raises(cls) as info:
+        proto.raise_for(reply)
+    assert info.value.fields == {"self": 1, "field": "x"} and info.value.message == "m"
+
+
+def test_the_async_reader_outlives_an_id_less_error_with_odd_fields(tmp_path: Path) -> None:
+    """The reader task gives an id-less error to no call (a daemon from before peek_id): one
+    whose fields could not make an error ended the reader, and every call then timed out."""
+    import asyncio
+
+    from reachy_memory import AsyncMemoryClient
+
+    def answer(request: dict[str, Any] | None) -> list[bytes]:
+        odd = _reply(None, ok=False, error={"code": "too_large", "message": "m", "fields": {"self": 1}})
+        return [odd, _reply(request, ok=True, result={"pong": True})]
+
+    fake = FakeDaemon(tmp_path, answer)
+
+    async def calls() -> list[Any]:
+        async with AsyncMemoryClient(fake.endpoint, timeout=2.0) as c:
+            return [await c.ping(), await c.ping()]
+
+    try:
+        assert asyncio.run(asyncio.wait_for(calls(), 10)) == [{"pong": True}] * 2
+    finally:
+        fake.close()
+
+
 def test_remember_fact_timeout_is_a_timeout_not_metadata(daemon: DaemonProcess) -> None:
     with daemon.client() as c:
         memory = c.remember_fact("Sarah likes tea", {"person": "Sarah"}, timeout=5)
