@@ -60,7 +60,7 @@ import yaml
 
 from ._export import strict_object
 from ._filters import validate_metadata
-from ._people_ops import merged_ids_of
+from ._people_ops import merged_ids_of, note_labels
 from .errors import ValidationError
 from .model import MemoryType, check_time, check_unicode
 from .people import check_metadata, person_from_op
@@ -219,7 +219,7 @@ def parse(files: dict[str, str], now: str | None = None, ignored: dict[str, list
     stamp = now or datetime.now(UTC).isoformat()
     memories: list[dict[str, Any]] = []
     people: list[dict[str, Any]] = []
-    seen: dict[str, str] = {}
+    seen: dict[str, str] = {}  # "memory:<id>", "person:<id>", "name:<casefolded note name or alias>" -> path
     for path in sorted(files):
         _check_path(path)
         kind = _kind(path)
@@ -230,6 +230,7 @@ def parse(files: dict[str, str], now: str | None = None, ignored: dict[str, list
                 got, person, unused = _parse_file(kind, path, files[path].removeprefix("\ufeff"), stamp)
                 _unique(path, "memory", got, seen)
                 _unique(path, "person", [person] if person else [], seen)
+                _unique_names(path, got, seen)
         except _Bad as exc:
             where = path if exc.line is None else f"{path}:{exc.line}"
             raise ValidationError(f"{where}: {exc}", field="file") from exc
@@ -286,6 +287,18 @@ def _unique(path: str, kind: str, records: list[dict[str, Any]], seen: dict[str,
         if key in seen:
             raise _Bad(f"the {kind} id {record['id']} is given twice (also in {seen[key]})")
         seen[key] = path
+
+
+def _unique_names(path: str, records: list[dict[str, Any]], seen: dict[str, str]) -> None:
+    """Raises _Bad when a note's name or alias (case aside) is another file's too, naming
+    that file: a vault's notes named by their files collide across folders (``a/Ideas.md``,
+    ``b/ideas.md``), and the import's own check named only two memory ids."""
+    for record in records:
+        for label in note_labels(record):
+            key = f"name:{label.casefold()}"
+            if seen.setdefault(key, path) != path:
+                raise _Bad(f"the note name or alias {label!r} is also {seen[key]}'s (a note without a name "
+                           "in its front matter is named by its file: give one a name: of its own)")
 
 
 def _parse_file(kind: str, path: str, text: str,
@@ -351,10 +364,11 @@ def _checked_person(person: dict[str, Any]) -> dict[str, Any]:
 def _parse_note(path: str, text: str, stamp: str) -> tuple[dict[str, Any], list[str]]:
     """The named note of a note file, checked (its body as written when exported), and the
     front matter keys left out. Without front matter, or a name in it, the note is named
-    by its file name (as Obsidian names a note)."""
+    by its file name (as Obsidian names a note), composed (NFC) as a name typed is."""
     head, body, _, unused = _split_front(text, _NOTE_KEYS, optional=True)
     name = head.get("name")
-    name = PurePosixPath(path).name[:-3] if name is None else name
+    if name is None:  # named by its file; NFC: a Mac writes file names decomposed ("Cafe\u0301")
+        name = unicodedata.normalize("NFC", PurePosixPath(path).name[:-3])
     if not isinstance(name, str) or not name.strip():
         raise _Bad("a note's name must be text")
     meta = {} if head.get("rm") is None else head["rm"]
@@ -521,8 +535,10 @@ def _front_matter(text: str, keys: tuple[str, ...]) -> tuple[dict[str, Any], lis
         if not isinstance(node, yaml.MappingNode):
             raise _Bad("the front matter must be a mapping", 2)
         _no_key_twice(node)
-        ours = [(k, v) for k, v in node.value if _known(k, keys)]
-        others = [(k, v) for k, v in node.value if not _known(k, keys)]
+        ours: list[tuple[yaml.Node, yaml.Node]] = []
+        others: list[tuple[yaml.Node, yaml.Node]] = []
+        for key, value in node.value:
+            (ours if _known(key, keys) else others).append((key, value))
         for key, value in others:
             _check_ignored(loader, key, value)
         return dict(_front_field(loader, key, value) for key, value in ours), [str(k.value) for k, _ in others]

@@ -618,7 +618,7 @@ class PeopleMixin:
         for row in rows:
             if row["id"] in self._state.records:
                 continue  # kept as it is
-            for label in _note_labels(row):
+            for label in note_labels(row):
                 taken = self._note_holder(label)
                 if taken is not None and taken != row["id"]:
                     raise ValidationError(f"import: memory {row['id']}: the note name or alias {label!r} is "
@@ -853,14 +853,14 @@ def check_note_names(source: str, memories: Sequence[Any]) -> None:
     for m in memories:
         if not isinstance(m, Mapping) or not isinstance(m.get("id"), str):
             continue  # refused by check_import_memory
-        for label in _note_labels(m):
+        for label in note_labels(m):
             holder = holders.setdefault(label.casefold(), m["id"])
             if holder != m["id"]:
                 raise ValidationError(f"{source}: the note name or alias {label!r} is given to memories {holder} "
                                       f"and {m['id']}", field="name")
 
 
-def _note_labels(memory: Mapping[str, Any]) -> list[str]:
+def note_labels(memory: Mapping[str, Any]) -> list[str]:
     """A memory's note name and aliases (the strings among them), as its record keeps them."""
     aliases = memory.get("aliases")
     labels = [memory.get("name"), *(aliases if isinstance(aliases, list | tuple) else ())]

@@ -500,11 +500,12 @@ class MemoryClient(_Base):
     def _call(self, op: str, args: dict[str, Any], convert: Callable[[Any], Any] = lambda r: r,
               timeout: float | None = None) -> Any:
         timeout = self.timeout if timeout is None else timeout
-        for attempt in range(self._attempts(op, args)):
+        attempts = self._attempts(op, args)
+        for attempt in range(attempts):
             try:
                 return self._result(op, self._roundtrip(op, args, timeout), convert)
             except RequestTimeoutError:
-                if attempt + 1 == self._attempts(op, args):
+                if attempt + 1 == attempts:
                     raise
         raise AssertionError("unreachable")
 
@@ -600,11 +601,12 @@ class AsyncMemoryClient(_Base):
         return self._acall(op, args, convert, self.timeout if timeout is None else timeout)
 
     async def _acall(self, op: str, args: dict[str, Any], convert: Callable[[Any], Any], timeout: float) -> Any:
-        for attempt in range(self._attempts(op, args)):
+        attempts = self._attempts(op, args)
+        for attempt in range(attempts):
             try:
                 return self._result(op, await self._roundtrip(op, args, timeout), convert)
             except RequestTimeoutError:
-                if attempt + 1 == self._attempts(op, args):
+                if attempt + 1 == attempts:
                     raise
         raise AssertionError("unreachable")
 

@@ -42,12 +42,14 @@ class ReachyMemoryError(Exception):
 
     code = "internal"
 
-    def __init__(self, message: str, **fields: Any) -> None:
+    def __init__(self, message: str, /, **fields: Any) -> None:
+        """``fields`` are also attributes, ``message`` and ``fields`` kept whatever their names
+        (``message`` positional: a daemon's error field named ``self`` is a field, not a TypeError)."""
         super().__init__(message)
-        self.message = message
-        self.fields = fields
         for name, value in fields.items():
             setattr(self, name, value)
+        self.message = message
+        self.fields = fields
 
 
 class ConfigError(ReachyMemoryError):

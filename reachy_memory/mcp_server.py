@@ -214,12 +214,13 @@ def token_path(config: Config, given: str | os.PathLike[str] | None) -> Path:
 
 def _daemon_days(config: Config, endpoint: str | None) -> float:
     """The conversation TTL the tool descriptions state: the daemon's, asked once at start
-    (at most :data:`RETENTION_TIMEOUT` seconds); if none answers, this configuration's
+    (at most :data:`RETENTION_TIMEOUT` seconds); if none answers (or says), this configuration's
     (said on stderr). The tool list is built once: it does not change for the server's life."""
     days, asked = daemon_retention(config, endpoint, RETENTION_TIMEOUT)
     if not asked:
-        print(f"reachy-memory mcp: no daemon answered yet; the tools say conversation memories are kept "
-              f"{retention_text(days)} (this configuration's memory.conversation_ttl_days)", file=sys.stderr)
+        print(f"reachy-memory mcp: no daemon said its conversation TTL (none answered yet, or an older one); "
+              f"the tools say conversation memories are kept {retention_text(days)} (this configuration's "
+              "memory.conversation_ttl_days)", file=sys.stderr)
     return days
 
 

@@ -28,6 +28,7 @@ from reachy_memory import (
     ValidationError,
     load_config,
 )
+from reachy_memory.config import Config
 from reachy_memory.endpoint import ENV_ENDPOINT, check_endpoint, prepare_ipc_dir, resolve_endpoint
 from tests.daemon_util import ROOT, DaemonProcess, never_reading_dealer
 
@@ -176,6 +177,43 @@ def test_every_error_class_keeps_its_class_and_fields_over_the_wire(cls: type) -
         proto.raise_for(reply)
     assert type(info.value) is cls and info.value.message == "what went wrong"
     assert info.value.fields["offset"] == 7 and info.value.path == "/x"
+
+
+@pytest.mark.parametrize("cls", _all_errors(), ids=lambda c: c.__name__)
+def test_an_error_field_named_self_is_still_our_error(cls: type) -> None:
+    """A daemon's error fields become keyword arguments: one named ``self`` raised a
+    TypeError (a foreign exception to every caller, and the end of the async client's
+    reader when the error came without an id)."""
+    from reachy_memory import protocol as proto
+
+    reply = {"v": 1, "id": None, "ok": False,
+             "error": {"type": cls.__name__, "code": cls.code, "message": "m", "fields": {"self": 1, "field": "x"}}}
+    with pytest.raises(cls) as info:
+        proto.raise_for(reply)
+    assert info.value.fields == {"self": 1, "field": "x"} and info.value.message == "m"
+
+
+def test_the_async_reader_outlives_an_id_less_error_with_odd_fields(tmp_path: Path) -> None:
+    """The reader task gives an id-less error to no call (a daemon from before peek_id): one
+    whose fields could not make an error ended the reader, and every call then timed out."""
+    import asyncio
+
+    from reachy_memory import AsyncMemoryClient
+
+    def answer(request: dict[str, Any] | None) -> list[bytes]:
+        odd = _reply(None, ok=False, error={"code": "too_large", "message": "m", "fields": {"self": 1}})
+        return [odd, _reply(request, ok=True, result={"pong": True})]
+
+    fake = FakeDaemon(tmp_path, answer)
+
+    async def calls() -> list[Any]:
+        async with AsyncMemoryClient(fake.endpoint, timeout=2.0) as c:
+            return [await c.ping(), await c.ping()]
+
+    try:
+        assert asyncio.run(asyncio.wait_for(calls(), 10)) == [{"pong": True}] * 2
+    finally:
+        fake.close()
 
 
 def test_remember_fact_timeout_is_a_timeout_not_metadata(daemon: DaemonProcess) -> None:
@@ -763,3 +801,38 @@ def test_bad_client_options_are_a_validation_error_when_made(client_class: str, 
         else:
             asyncio.run(make())
     assert info.value.field == option
+
+
+@pytest.mark.parametrize("stats", [
+    {"store": {"conversation_ttl_days": float("nan")}}, {"store": {"conversation_ttl_days": float("inf")}},
+    {"store": {"conversation_ttl_days": 0}}, {"store": {"conversation_ttl_days": -5.0}},
+    {"store": {"conversation_ttl_days": 1e300}}, {"store": {"conversation_ttl_days": True}},
+    {"store": {"conversation_ttl_days": "7"}}, {"store": {}}, {"store": [1]}, [1, 2], "stats", None,
+])
+def test_a_stats_reply_without_a_usable_retention_gives_the_configured_one(tmp_path: Path, stats: Any) -> None:
+    """The LLM tools say how long conversation memories are kept from the daemon's stats: a
+    reply from an older or foreign daemon saying NaN, 0 or 1e300 days went into every tool
+    description ("kept nan days"), and one that was no map raised (AttributeError) where
+    ``daemon_retention`` promises never to."""
+    from reachy_memory.integrations import tools
+
+    fake = FakeDaemon(tmp_path, lambda request: [_reply(request, ok=True, result=stats)])
+    try:
+        config = Config().replace("memory", conversation_ttl_days=3.0)
+        tools._ASKED.clear()
+        assert _in_thread(lambda: tools.daemon_retention(config, fake.endpoint, timeout=2.0)) == (3.0, False)
+    finally:
+        tools._ASKED.clear()
+        fake.close()
+
+
+def test_tools_for_takes_only_a_retention_the_configuration_takes() -> None:
+    """``tools_for(nan)`` described "nan days" and cached a new table per call (NaN is no
+    equal key); ``tools_for(7)`` and ``tools_for(7.0)`` were two tables."""
+    from reachy_memory.integrations.tools import tools_for
+
+    for days in (float("nan"), float("inf"), 0, -1.0, 1e9, True, "7"):
+        with pytest.raises(ValidationError, match="conversation TTL"):
+            tools_for(days)
+    assert tools_for(7) is tools_for(7.0)
+    assert "kept 1 hour" in tools_for(1 / 24)[1].description

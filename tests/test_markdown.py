@@ -365,3 +365,28 @@ def test_an_obsidian_vault_imports_and_says_which_keys_it_left_out() -> None:
     facts = sorted(m["content"] for m in memories if not m.get("name"))
     assert facts == ["The bins go out on Monday", "likes Italian food", "shall we go to the park?"]
     assert parse(OBSIDIAN, now="2026-11-22T10:00:00+00:00") == (memories, people)  # the same ids again
+
+
+@pytest.mark.parametrize(("files", "first", "second"), [
+    ({"notes/a/Ideas.md": "one\n", "notes/b/Ideas.md": "two\n"}, "notes/a/Ideas.md", "notes/b/Ideas.md"),
+    ({"notes/Ideas.md": "one\n", "notes/ideas.md": "two\n"}, "notes/Ideas.md", "notes/ideas.md"),
+    ({"notes/Ideas.md": "one\n", "notes/x.md": "---\naliases: [IDEAS]\n---\ntwo\n"}, "notes/Ideas.md", "notes/x.md"),
+])
+def test_notes_named_alike_by_their_files_are_refused_naming_both_files(files: dict[str, str], first: str,
+                                                                          second: str) -> None:
+    """An Obsidian vault names notes by their files, and keeps the same file name in two
+    folders: the import refused it naming two memory ids, which no one can find in a vault."""
+    with pytest.raises(ValidationError, match=rf"^{re.escape(second)}: the note name or alias .* is also "
+                                              rf"{re.escape(first)}'s"):
+        parse(files, now="2026-11-22T10:00:00+00:00")
+    parse({first: files[first], second: "---\nname: Other\n---\ntwo\n"}, now="2026-11-22T10:00:00+00:00")
+
+
+def test_a_note_named_by_a_decomposed_file_name_gets_the_composed_name() -> None:
+    """A vault written on a Mac has decomposed file names ("Cafe" + U+0301): the note was named
+    so, and neither ``note("Café")`` typed on a keyboard nor a note "Café" beside it matched it."""
+    decomposed = "Cafe\u0301"
+    memories, _ = parse({f"notes/{decomposed}.md": "Open 8 to 18.\n"}, now="2026-11-22T10:00:00+00:00")
+    assert [m["name"] for m in memories] == ["Caf\u00e9"]
+    with pytest.raises(ValidationError, match="is also"):
+        parse({f"notes/{decomposed}.md": "one\n", "notes/x/Caf\u00e9.md": "two\n"}, now="2026-11-22T10:00:00+00:00")

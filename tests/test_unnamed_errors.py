@@ -16,6 +16,8 @@ from typing import Any
 import msgpack
 import pytest
 import zmq
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from reachy_memory import AsyncMemoryClient, MemoryClient, load_config
 from reachy_memory import protocol as proto
@@ -179,3 +181,40 @@ def test_an_older_daemons_error_without_an_id_goes_to_no_call_and_the_timeout_sa
         asyncio.run(scenario())
     finally:
         old.close()
+
+
+_LEAF = (st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1) | st.floats() | st.text(max_size=40)
+         | st.binary(max_size=40))
+_KEY = st.text(max_size=4) | st.integers(-2**63, 2**63)
+_VALUE = st.recursive(_LEAF, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_KEY, inner, max_size=4),
+                      max_leaves=20)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.dictionaries(_KEY | st.none(), _VALUE, max_size=6))
+def test_peek_id_finds_the_id_of_any_request_map_and_never_raises_on_a_cut_one(message: dict[Any, Any]) -> None:
+    """peek_id reads attacker-made bytes on the daemon's I/O thread: any map, cut at any byte."""
+    frame = msgpack.packb(message)
+    if len(frame) <= proto.PEEK_BYTES:
+        expected = message.get("id")
+        assert proto.peek_id(frame) == (expected if proto.is_request_id(expected) else None)
+    for cut in range(len(frame)):
+        found = proto.peek_id(frame[:cut])
+        assert found is None or found == message.get("id")
+
+
+@pytest.mark.parametrize("frame", [
+    b"\xdf\xff\xff\xff\xff" + b"\xc0" * 8192,  # a map of 4 G entries
+    b"\xdd\xff\xff\xff\xff" + b"\xc0" * 8192,  # an array of 4 G entries, no map at all
+    b"\x81" + b"\x91" * 8192,  # a key nested 8192 arrays deep
+    b"\x81\xa2id" + b"\x91" * 8192,  # an id nested 8192 arrays deep
+    b"\x81\xa2id\xdb\xff\xff\xff\xff" + b"x" * 8192,  # an id string said to be 4 GiB
+    b"\x81\xa2id\xc7\x05\x01abcde",  # an ext type
+    b"\x81\xa2id\xd6\xff\x00\x00\x00\x01",  # a msgpack timestamp
+    b"\x81\xc4\x02id\xa1x",  # the key as bytes
+    b"\x82\xa2id\xc3\xa2id\xa1x",  # a bool id, then a second id
+])
+def test_peek_id_on_crafted_frames_is_quick_and_finds_no_id(frame: bytes) -> None:
+    started = time.perf_counter()
+    assert proto.peek_id(frame) is None
+    assert time.perf_counter() - started < 0.5  # bounded work (a few ms; generous for a shared machine)

@@ -51,12 +51,12 @@ import threading
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, Self
+from typing import Any, Literal, Protocol, Self, TypeGuard, cast
 
 from .._ingest import check_owner
 from .._mentions import norm
 from ..client import AsyncMemoryClient, MemoryClient
-from ..config import Config, MemoryConfig
+from ..config import RANGES, Config, MemoryConfig
 from ..endpoint import ipc_listener_gone, resolve_endpoint
 from ..errors import DaemonUnavailableError, ReachyMemoryError, RequestTimeoutError, ValidationError
 from ..model import SEARCH_LIMIT, Memory, MemoryType, SearchResult
@@ -441,11 +441,29 @@ TOOLS: tuple[ToolDef, ...] = (SEARCH_MEMORIES, STORE_MEMORY, FORGET_MEMORY, REME
 TOOLS_BY_NAME: dict[str, ToolDef] = {t.name: t for t in TOOLS}
 
 
-@functools.cache
 def tools_for(conversation_days: float) -> tuple[ToolDef, ...]:
     """The tool table with descriptions saying conversation memories are kept
     ``conversation_days`` (``search_memories`` and ``store_memory`` say it; the rest are
-    :data:`TOOLS`'s); the same objects for the same days."""
+    :data:`TOOLS`'s); the same objects for the same days (``7`` and ``7.0`` alike).
+    Raises ValidationError for days outside ``memory.conversation_ttl_days``'s range
+    (NaN too: "nan days" to a model, and a new table cached for each NaN)."""
+    if not _is_conversation_ttl(conversation_days):
+        raise ValidationError(f"conversation_days must be a conversation TTL in days "
+                              f"({_TTL_RANGE[0]:.4g} to {_TTL_RANGE[1]:g}), not {conversation_days!r}",
+                              field="conversation_days")
+    return _tools_for(float(conversation_days))
+
+
+def _is_conversation_ttl(days: Any) -> TypeGuard[float]:
+    """Whether ``days`` is a number the configuration takes as ``memory.conversation_ttl_days``."""
+    return isinstance(days, int | float) and not isinstance(days, bool) and _TTL_RANGE[0] <= days <= _TTL_RANGE[1]
+
+
+_TTL_RANGE = cast(tuple[float, float], RANGES["memory.conversation_ttl_days"])
+
+
+@functools.cache
+def _tools_for(conversation_days: float) -> tuple[ToolDef, ...]:
     if conversation_days == DEFAULT_CONVERSATION_DAYS:
         return TOOLS
     return (_search_memories(conversation_days), _store_memory(conversation_days), FORGET_MEMORY, REMEMBER, RECALL)
@@ -486,11 +504,12 @@ def _ask_retention(config: Config, endpoint: str, timeout: float) -> tuple[float
         return None  # nobody listens (no socket, or a killed daemon's): do not wait for the timeout
     try:
         with MemoryClient(endpoint, config=config, timeout=timeout) as client:
-            store = client.stats().get("store")
+            reply = client.stats()
     except ReachyMemoryError:
         return None
+    store = reply.get("store") if isinstance(reply, dict) else None  # a foreign daemon's may be anything
     days = store.get("conversation_ttl_days") if isinstance(store, dict) else None
-    return (float(days), True) if isinstance(days, int | float) and not isinstance(days, bool) else None
+    return (float(days), True) if _is_conversation_ttl(days) else None  # NaN, 0, -5, 1e300: not a TTL it runs with
 
 
 # -- backends ----------------------------------------------------------------------------------
