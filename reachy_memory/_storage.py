@@ -87,12 +87,19 @@ class Storage:
             self.journal.close()
             raise
 
-    def append(self, ops: list[list[Any]], *, durable: bool = False) -> None:
+    def append(self, ops: list[list[Any]], *, durable: bool = False, defer: bool = False) -> None:
         """Journal one batch of ops (durable per policy when this returns, or synced
-        whatever the policy with ``durable``); the caller holds the lock.  Raises
-        ClosedError after :meth:`close`."""
+        whatever the policy with ``durable``; ``defer``: see :meth:`Journal.append`);
+        the caller holds the lock.  Raises ClosedError after :meth:`close`."""
         self._require_open()
-        self.journal.append(ops, durable=durable)
+        self.journal.append(ops, durable=durable, defer=defer)
+
+    def durability_mark(self) -> Callable[[], None] | None:
+        """Under the lock: what makes every frame journaled so far durable (a call of
+        :meth:`Journal.sync_through` on the journal of now: a compaction may switch
+        journals before it runs), or None when they are durable already."""
+        journal, end = self.journal, self.journal.size
+        return None if journal.synced_through(end) else lambda: journal.sync_through(end)
 
     def apply(self, ops: list[list[Any]]) -> None:
         """Apply journaled ops to the state; a malformed op is CorruptionError naming the journal."""

@@ -1,0 +1,169 @@
+"""The daemon's sync thread: a write's reply waits for its fsync, nothing else does.
+
+A daemon serves in this process (a thread, loopback ipc in a temp dir) so that the
+journal's fsync (``journal._os.fdatasync``, the syscall seam) can be held: an SD
+card's fsync takes milliseconds to tens of them, and a search queued behind a write
+used to wait for all of it on the engine thread.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reachy_memory import MemoryClient, MemoryStore
+from reachy_memory import journal as jr
+from reachy_memory.config import Config
+from reachy_memory.errors import ReadOnlyError
+from reachy_memory.server import Daemon
+
+pytestmark = pytest.mark.timeout(120)
+WAIT = 10.0  # seconds: bounds a broken run only
+
+
+class HeldDisk:
+    """``fdatasync`` that, once ``hold()`` is called, blocks until ``release()`` (or
+    fails with EIO when ``failing``); counts the calls made while held or after."""
+
+    def __init__(self) -> None:
+        self.real = os.fdatasync
+        self.held = False
+        self.failing = False
+        self.entered = threading.Event()
+        self.released = threading.Event()
+        self.calls = 0
+
+    def fdatasync(self, fd: int) -> None:
+        if self.held:
+            self.calls += 1
+            self.entered.set()
+            assert self.released.wait(WAIT), "the test never released the disk"
+            if self.failing:
+                raise OSError(errno.EIO, "Input/output error")
+        self.real(fd)
+
+    def hold(self) -> None:
+        self.held = True
+
+    def release(self) -> None:
+        self.released.set()
+
+
+@pytest.fixture
+def disk(monkeypatch: pytest.MonkeyPatch) -> HeldDisk:
+    held = HeldDisk()
+    monkeypatch.setattr(jr._os, "fdatasync", held.fdatasync)
+    return held
+
+
+@pytest.fixture
+def served(config: Config, tmp_path: Path, disk: HeldDisk) -> Iterator[Daemon]:
+    """A words-only daemon serving on a thread of this process; stopped after the test."""
+    store = MemoryStore(config=config, embedder=None)
+    daemon = Daemon(config, store=store, endpoint=f"ipc://{tmp_path}/run/m.sock", clock_sync=lambda: None)
+    thread = threading.Thread(target=daemon.serve, daemon=True)
+    thread.start()
+    try:
+        with client(daemon, timeout=WAIT) as c:
+            c.ping()
+        yield daemon
+    finally:
+        disk.release()
+        daemon.stop()
+        thread.join(WAIT)
+        assert not thread.is_alive()
+
+
+def client(daemon: Daemon, timeout: float = WAIT) -> MemoryClient:
+    return MemoryClient(daemon.endpoint, config=daemon.config, timeout=timeout)
+
+
+def in_background(call: Callable[[MemoryClient], Any], daemon: Daemon, pool: ThreadPoolExecutor) -> Future[Any]:
+    """``call`` with a client of its own, on a pool thread."""
+    def run() -> Any:
+        with client(daemon) as c:
+            return call(c)
+    return pool.submit(run)
+
+
+def test_reads_are_answered_while_a_write_waits_for_its_fsync(served: Daemon, disk: HeldDisk) -> None:
+    """Before: the engine thread ran the fsync, and the search queued behind it waited for
+    the disk (here: forever, so it timed out)."""
+    with ThreadPoolExecutor(2) as pool, client(served, timeout=3.0) as c:
+        c.store("the kettle is in the kitchen")
+        disk.hold()
+        write = in_background(lambda w: w.store("the garden gate is green", id="gate"), served, pool)
+        assert disk.entered.wait(WAIT)
+        hits = c.search("garden gate", mode="lexical")  # not held by the fsync in flight
+        assert [h.memory.id for h in hits] == ["gate"]  # (it shows a write not yet durable)
+        assert c.get("gate") is not None and c.people() == []
+        time.sleep(0.2)
+        assert not write.done()  # its reply waits for the disk
+        disk.release()
+        assert write.result(WAIT).id == "gate"
+
+
+def test_a_retry_of_a_write_not_yet_durable_waits_for_it_too(served: Daemon, disk: HeldDisk) -> None:
+    """A retry finds its memory written: it must not say so before the first copy is durable."""
+    with ThreadPoolExecutor(2) as pool:
+        disk.hold()
+        first = in_background(lambda w: w.store("the spare key is under the pot", id="key"), served, pool)
+        assert disk.entered.wait(WAIT)
+        retry = in_background(lambda w: w.store("the spare key is under the pot", id="key"), served, pool)
+        time.sleep(0.3)
+        assert not first.done() and not retry.done()
+        disk.release()
+        assert first.result(WAIT).id == retry.result(WAIT).id == "key"
+
+
+def test_writes_made_during_one_fsync_share_the_next(served: Daemon, disk: HeldDisk) -> None:
+    """Group commit: before, each write had an fsync of its own (6 here)."""
+    with ThreadPoolExecutor(6) as pool:
+        disk.hold()
+        first = in_background(lambda w: w.store("first"), served, pool)
+        assert disk.entered.wait(WAIT)
+        rest = [in_background(lambda w, i=i: w.store(f"note {i}"), served, pool) for i in range(5)]
+        deadline = time.monotonic() + WAIT
+        while served.store.stats()["memories"] < 6:  # all five applied while the first fsync is held
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        disk.release()
+        assert first.result(WAIT) and all(f.result(WAIT) for f in rest)
+    assert disk.calls == 2
+
+
+def test_a_failed_fsync_fails_the_write_and_the_store_refuses_writes(served: Daemon, disk: HeldDisk) -> None:
+    with ThreadPoolExecutor(1) as pool, client(served) as c:
+        disk.hold()
+        disk.failing = True
+        write = in_background(lambda w: w.store("maybe never on disk"), served, pool)
+        assert disk.entered.wait(WAIT)
+        disk.release()
+        with pytest.raises(ReadOnlyError, match="may not be durable"):
+            write.result(WAIT)
+        with pytest.raises(ReadOnlyError):
+            c.store("refused")
+        assert c.health()["status"] == "read_only" and c.ping()["pong"]
+
+
+def test_a_stop_during_a_held_fsync_answers_the_write_and_closes_clean(served: Daemon, disk: HeldDisk,
+                                                                        config: Config) -> None:
+    with ThreadPoolExecutor(1) as pool:
+        disk.hold()
+        write = in_background(lambda w: w.store("said just before the stop", id="last"), served, pool)
+        assert disk.entered.wait(WAIT)
+        served.stop()
+        time.sleep(0.2)
+        disk.release()
+        assert write.result(WAIT).id == "last"
+    served.store.close()  # (idempotent: the daemon closed it) then it reopens with the write
+    with MemoryStore(config=config, embedder=None) as again:
+        assert again.get("last") is not None
