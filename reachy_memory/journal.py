@@ -649,9 +649,12 @@ class Journal:
                 self._synced = self.size
 
     def synced_through(self, end: int) -> bool:
-        """Whether every frame up to byte ``end`` is known durable."""
+        """Whether every frame up to byte ``end`` is as durable as the policy promises:
+        fsynced (``always``: by an fsync that returned, before a failure or since the
+        journal was closed, closing syncs), or written (``batch``, ``never``: their
+        replies never waited for an fsync; a failed one is refused, as by :meth:`append`)."""
         with self._lock:
-            return self._synced >= end or self._fd is None
+            return self._synced >= end or (self.failure is None and (self._policy != "always" or self._fd is None))
 
     def sync_through(self, end: int) -> None:
         """Make every frame up to byte ``end`` durable (a deferred append's :attr:`size`):
@@ -660,14 +663,21 @@ class Journal:
         syncs).  The fsync runs outside the lock, on a duplicate of the descriptor,
         so appends (and :meth:`close`) go on meanwhile.
 
-        Raises ReadOnlyError when this fsync, or an earlier one, failed.
+        Raises ReadOnlyError when this fsync, or an earlier one, failed (and ``end`` was
+        not covered before it); StorageError when no descriptor is left to duplicate
+        (the frames may still be made durable by a later call).
         """
         with self._lock:
+            if self._synced >= end:
+                return
             if self.failure is not None:
                 raise ReadOnlyError(f"the store is read-only: {self.failure}", path=str(self.path))
-            if self._synced >= end or self._fd is None:
+            if self._fd is None:
                 return
-            fd, upto = os.dup(self._fd), self.size
+            try:
+                fd, upto = os.dup(self._fd), self.size
+            except OSError as exc:
+                raise storage_error(f"cannot make the last writes to {self.path} durable", self.path, exc) from exc
         try:
             _os.fdatasync(fd)
         except OSError as exc:
@@ -675,8 +685,12 @@ class Journal:
                 self._fail(f"fsync of {self.path} failed ({exc.strerror}); recent writes may not be durable")
             raise ReadOnlyError(self.failure or "", path=str(self.path)) from exc
         finally:
-            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.close(fd)
         with self._lock:
+            if self.failure is not None:  # another fsync of this file failed meanwhile: the kernel
+                # reports a writeback error to one fsync of a file description, and ours shares it
+                raise ReadOnlyError(f"the store is read-only: {self.failure}", path=str(self.path))
             self._synced = max(self._synced, upto)
 
     def _require_writable(self) -> int:

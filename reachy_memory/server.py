@@ -268,8 +268,9 @@ class Daemon:
         self._background_q: queue.Queue[_Job | None] = queue.Queue(1)  # one running, one waiting
         # (job, reply, what makes it durable): bounded, so a write flood on a slow disk holds the
         # engine back (backpressure) instead of growing without end
-        self._sync_q: queue.Queue[tuple[_Job, bytes, Callable[[], None]] | None] = queue.Queue(
+        self._sync_q: queue.Queue[tuple[_Job | None, bytes, Callable[[], None]] | None] = queue.Queue(
             4 * config.server.queue_size)
+        self._upkeep_syncing = threading.Event()  # the engine's own writes wait in _sync_q (see _sync_later)
         self._stats: dict[str, _OpStats] = {}  # op -> stats; threads add ops by setdefault
         self.bad_requests = BadRequestLog()
         self.replies_dropped = 0  # I/O thread only
@@ -537,7 +538,9 @@ class Daemon:
                 item = self._engine_q.get(timeout=0.005 if self._upkeep_left else 0.05)
             except queue.Empty:
                 self._check_sync()
-                self._upkeep_left = self._idle()
+                with self.store.deferred_durability():
+                    self._upkeep_left = self._idle()
+                self._sync_later()
                 continue
             if item is None:
                 break
@@ -545,8 +548,26 @@ class Daemon:
             if isinstance(item, _Job):
                 self._answer(push, item)
             else:
-                self._internal(item)
+                with self.store.deferred_durability():
+                    self._internal(item)
+                self._sync_later()
         push.close()
+
+    def _sync_later(self) -> None:
+        """Engine thread, after its own upkeep (decay clock refreshes, vectors embedded
+        late, the scheduled expiry sweep): their fsync goes to the sync thread too, so
+        that a search arriving meanwhile does not wait for it.  Nobody waits for their
+        durability: with the sync queue full, the next write's fsync (or closing) covers
+        them; a power cut before that loses only what the daemon redoes by itself."""
+        if self._upkeep_syncing.is_set():  # one at a time (an idle tick comes every 5-50 ms)
+            return
+        mark = self.store.durability_mark()
+        if mark is not None:
+            self._upkeep_syncing.set()  # (before the put: the sync thread clears it once done)
+            try:
+                self._sync_q.put_nowait((None, b"", mark))
+            except queue.Full:
+                self._upkeep_syncing.clear()
 
     def _answer(self, push: zmq.Socket, job: _Job) -> None:
         """Engine thread: run ``job``; a read's reply goes at once, another's once what
@@ -570,16 +591,29 @@ class Daemon:
         push = self._push_socket()
         while (item := self._sync_q.get()) is not None:
             job, reply, mark = item
-            started = time.monotonic()
-            try:
-                mark()
-            except ReachyMemoryError as exc:
-                reply = self._failure(job, exc)
-            else:
-                job.stages["sync"] = time.monotonic() - started
-                self._record_done(job)
-            push.send_multipart([*job.envelope, reply])
+            if job is None:  # the engine's own upkeep: no reply waits for it
+                try:
+                    mark()
+                except Exception as exc:
+                    log.warning("the engine's upkeep writes are not known durable yet: %s", exc)
+                self._upkeep_syncing.clear()
+                continue
+            push.send_multipart([*job.envelope, self._durable_reply(job, reply, mark)])
         push.close()
+
+    def _durable_reply(self, job: _Job, reply: bytes, mark: Callable[[], None]) -> bytes:
+        """``reply`` once ``mark`` has returned; when it raises, the error instead (a
+        reply that already was an error stays that error, counted once).  Never raises:
+        whatever ``mark`` raises, the sync thread goes on (else every later write would
+        wait for good, and the engine with them once the queue is full)."""
+        started = time.monotonic()
+        try:
+            mark()
+        except Exception as exc:
+            return self._failure(job, exc) if job.done else reply
+        job.stages["sync"] = time.monotonic() - started
+        self._record_done(job)
+        return reply
 
     def _background_loop(self) -> None:
         """Background thread: long jobs (backups), one at a time, beside the engine."""
@@ -776,7 +810,7 @@ class Daemon:
                                             for name, v in sorted(s.stages.items())}
         return {"ops": ops, "store": self.store.stats(), "uptime_s": round(time.monotonic() - self._started, 3),
                 "queues": {"embed": self._embed_q.qsize(), "engine": self._engine_q.qsize(),
-                           "background": self._background_q.qsize()},
+                           "sync": self._sync_q.qsize(), "background": self._background_q.qsize()},
                 "replies_dropped": self.replies_dropped, "heap_trims": _trim_summary(self._trims)}
 
     # -- lifecycle ---------------------------------------------------------------------

@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ import pytest
 from reachy_memory import MemoryClient, MemoryStore
 from reachy_memory import journal as jr
 from reachy_memory.config import Config
-from reachy_memory.errors import ReadOnlyError
+from reachy_memory.errors import NotFoundError, ReadOnlyError, StorageError
 from reachy_memory.server import Daemon
 
 pytestmark = pytest.mark.timeout(120)
@@ -167,3 +168,146 @@ def test_a_stop_during_a_held_fsync_answers_the_write_and_closes_clean(served: D
     served.store.close()  # (idempotent: the daemon closed it) then it reopens with the write
     with MemoryStore(config=config, embedder=None) as again:
         assert again.get("last") is not None
+
+
+@contextmanager
+def serving(config: Config, tmp_path: Path) -> Iterator[Daemon]:
+    """A words-only daemon of ``config`` serving on a thread of this process until the block ends."""
+    store = MemoryStore(config=config, embedder=None)
+    daemon = Daemon(config, store=store, endpoint=f"ipc://{tmp_path}/run/m.sock", clock_sync=lambda: None)
+    thread = threading.Thread(target=daemon.serve, daemon=True)
+    thread.start()
+    try:
+        yield daemon
+    finally:
+        daemon.stop()
+        thread.join(WAIT)
+        assert not thread.is_alive()
+
+
+@pytest.mark.parametrize("policy", ["batch", "never"])
+def test_a_write_under_a_lighter_fsync_policy_never_waits_for_an_fsync(config: Config, tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch,
+                                                                        policy: str) -> None:
+    """``batch`` answers before its group fsync (a power cut may lose the last window),
+    ``never`` leaves write-back to the OS. Before: every reply waited for an fdatasync of
+    the sync thread, whatever the policy said."""
+    synced: list[int] = []
+    monkeypatch.setattr(jr._os, "fdatasync", lambda fd: synced.append(fd))
+    cfg = config.replace("memory", fsync=policy, fsync_batch_window_ms=10_000.0)
+    with serving(cfg, tmp_path) as daemon, client(daemon) as c:
+        for i in range(5):
+            c.store(f"fact {i}", id=f"f{i}")
+        c.forget("f0")
+        assert synced == []
+        assert c.get("f4") is not None
+
+
+def test_the_sync_thread_outlives_an_unexpected_error(served: Daemon, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No descriptor left to duplicate (EMFILE) for the fsync: the write waiting for it is
+    answered with the error, and the next one is made durable.  Before: the OSError ended
+    the sync thread, and every later write waited for good (here: timed out)."""
+    real_dup = os.dup
+    failed: list[int] = []
+
+    def dup(fd: int) -> int:
+        if not failed:
+            failed.append(fd)
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real_dup(fd)
+
+    monkeypatch.setattr(os, "dup", dup)
+    with client(served, timeout=5.0) as c:
+        with pytest.raises(StorageError, match="cannot make the last writes"):
+            c.store("the first write: its fsync could not start", id="first")
+        assert failed
+        assert c.store("the second write", id="second").id == "second"
+        assert c.store("the first write: its fsync could not start", id="first").id == "first"  # the retry
+
+
+def test_a_write_that_failed_keeps_its_own_error_when_the_fsync_fails_too(served: Daemon,
+                                                                          disk: HeldDisk) -> None:
+    """A failed request queued behind a write whose fsync then fails: its own error, counted
+    once.  Before: the fsync's ReadOnlyError replaced it and it was counted twice."""
+    with ThreadPoolExecutor(2) as pool, client(served) as c:
+        disk.hold()
+        disk.failing = True
+        write = in_background(lambda w: w.store("maybe never on disk"), served, pool)
+        assert disk.entered.wait(WAIT)
+        wrong = in_background(lambda w: w.confirm("no-such-memory"), served, pool)
+        deadline = time.monotonic() + WAIT
+        while c.stats()["queues"]["sync"] < 1:  # the confirm waits behind the held fsync
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        disk.release()
+        with pytest.raises(ReadOnlyError):
+            write.result(WAIT)
+        with pytest.raises(NotFoundError):
+            wrong.result(WAIT)
+        assert c.stats()["ops"]["confirm"]["errors"] == 1
+
+
+def test_a_journal_whose_fsync_failed_never_says_its_frames_are_durable(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Closed after its last fsync failed (a compaction's switch closes the journal; a
+    switch that fails then leaves it the store's journal): before, a closed journal
+    counted as synced, and the write was answered as durable."""
+    journal = jr.Journal(tmp_path / "journal.rmj")
+    journal.open({"kind": "journal", "generation": 0})
+    journal.append([["op", 1]], defer=True)
+    end = journal.size
+    assert not journal.synced_through(end)
+
+    def failing(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(jr._os, "fdatasync", failing)
+    journal.close()  # its fsync fails (logged): the journal is read-only, and closed
+    assert journal.failure is not None
+    assert not journal.synced_through(end)
+    with pytest.raises(ReadOnlyError):
+        journal.sync_through(end)
+
+
+def test_an_fsync_that_succeeds_after_another_failed_does_not_count(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel reports a write-back error to one fsync of a file description: the sync
+    thread's fsync (of a duplicate) may return 0 while the one a closing compaction made
+    failed.  Before: the write was answered as durable."""
+    journal = jr.Journal(tmp_path / "journal.rmj")
+    journal.open({"kind": "journal", "generation": 0})
+    journal.append([["op", 1]], defer=True)
+    end = journal.size
+    real = os.fdatasync
+
+    def the_other_fsync_fails_meanwhile(fd: int) -> None:
+        real(fd)
+        with journal._lock:
+            journal._fail("fsync of the journal failed (Input/output error)")
+
+    monkeypatch.setattr(jr._os, "fdatasync", the_other_fsync_fails_meanwhile)
+    with pytest.raises(ReadOnlyError):
+        journal.sync_through(end)
+    assert not journal.synced_through(end)
+    journal.close()
+
+
+def test_a_search_is_answered_while_the_scheduled_sweep_waits_for_its_fsync(served: Daemon,
+                                                                             disk: HeldDisk) -> None:
+    """The expiry sweep (like the decay clock refreshes and late vectors of idle upkeep) is
+    the engine's own write: its fsync goes to the sync thread too.  Before: the engine
+    thread ran it, and a search arriving then waited for the disk (here: timed out)."""
+    with client(served, timeout=3.0) as c:
+        c.store("the kettle is in the kitchen", id="kettle")
+        c.store_batch([{"content": "an old chat about the garden", "memory_type": "conversation",
+                        "created_at": time.time() - 400 * 86400, "id": "old"}])
+        assert served.store.stats()["expired_unswept"] == 1
+        disk.hold()
+        served._enqueue_internal(served._cleanup)
+        assert disk.entered.wait(WAIT)
+        assert [h.memory.id for h in c.search("kettle kitchen", mode="lexical")] == ["kettle"]
+        disk.release()
+        deadline = time.monotonic() + WAIT
+        while served.store.stats()["expired_unswept"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
