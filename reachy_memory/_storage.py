@@ -352,8 +352,12 @@ class Storage:
 
     def _finish_compaction(self, job: _Compaction) -> None:
         """Under the lock, the new snapshot being durable: carry the frames appended
-        since the freeze into the next generation's journal and switch to it."""
+        since the freeze into the next generation's journal and switch to it (not when
+        the journal failed meanwhile: it stays the store's, read-only, until a reopen)."""
         self.generation, self.follows = job.generation, job.follows
+        if self.journal.failure is not None:  # an fsync failed meanwhile: a fresh journal would take
+            _log_kept(ReadOnlyError(self.journal.failure))  # writes again; the store stays read-only
+            return
         start = job.carried_to if job.carried_to is not None else job.follows[1]
         frames = jr.frames_from(self.journal.path, start, self.journal.version)
         try:

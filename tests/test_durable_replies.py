@@ -23,7 +23,7 @@ import pytest
 from reachy_memory import MemoryClient, MemoryStore
 from reachy_memory import journal as jr
 from reachy_memory.config import Config
-from reachy_memory.errors import NotFoundError, ReadOnlyError, StorageError
+from reachy_memory.errors import BusyError, NotFoundError, ReadOnlyError, StorageError
 from reachy_memory.server import Daemon
 
 pytestmark = pytest.mark.timeout(120)
@@ -311,3 +311,94 @@ def test_a_search_is_answered_while_the_scheduled_sweep_waits_for_its_fsync(serv
         while served.store.stats()["expired_unswept"]:
             assert time.monotonic() < deadline
             time.sleep(0.01)
+
+
+def test_a_full_sync_queue_holds_the_engine_back_and_everything_is_answered(config: Config, tmp_path: Path,
+                                                                            disk: HeldDisk) -> None:
+    """A write flood while the disk stalls: the sync queue (4 x queue_size) fills, the engine
+    waits for room (backpressure), later requests are refused busy; once the disk answers,
+    every write accepted is answered, and then a stop finds it durable."""
+    cfg = config.replace("server", queue_size=2)
+    with serving(cfg, tmp_path) as daemon, ThreadPoolExecutor(24) as pool:
+        with client(daemon) as c:
+            c.ping()
+        disk.hold()
+        writes = [in_background(lambda w, i=i: w.store(f"fact {i}", id=f"f{i}"), daemon, pool) for i in range(24)]
+        assert disk.entered.wait(WAIT)
+        deadline = time.monotonic() + WAIT
+        while daemon._sync_q.qsize() < 8:  # the queue fills (the engine then waits for room)
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        time.sleep(1.5)  # the embed thread's 1-s wait for the engine queue runs out: busy
+        disk.release()
+        answered, busy = [], 0
+        for i, write in enumerate(writes):
+            try:
+                answered.append(write.result(WAIT).id)
+            except BusyError:
+                busy += 1
+            else:
+                assert answered[-1] == f"f{i}"
+        assert answered and busy and len(answered) + busy == 24
+    with MemoryStore(config=cfg, embedder=None) as again:
+        assert all(again.get(i) is not None for i in answered)
+
+
+def test_a_stop_while_writes_wait_for_a_stalled_fsync_answers_them_all(served: Daemon, disk: HeldDisk,
+                                                                       config: Config) -> None:
+    with ThreadPoolExecutor(6) as pool:
+        disk.hold()
+        writes = [in_background(lambda w, i=i: w.store(f"said before the stop {i}", id=f"s{i}"), served, pool)
+                  for i in range(6)]
+        assert disk.entered.wait(WAIT)
+        deadline = time.monotonic() + WAIT
+        while served.store.stats()["memories"] < 6:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        served.stop()
+        time.sleep(0.3)
+        assert not any(w.done() for w in writes)
+        disk.release()
+        assert sorted(w.result(WAIT).id for w in writes) == [f"s{i}" for i in range(6)]
+    served.store.close()
+    with MemoryStore(config=config, embedder=None) as again:
+        assert all(again.get(f"s{i}") is not None for i in range(6))
+
+
+def test_a_store_whose_fsync_failed_stays_read_only_when_a_compaction_in_flight_ends(
+        config: Config, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A background compaction is writing its snapshot when a journal fsync fails (the
+    sync thread's, or any): its switch used to open a fresh journal, and the store took
+    writes again (``health`` ok) after its journal had said that recent writes may be lost."""
+    from reachy_memory import _persistence as files
+
+    cfg = config.replace("memory", compact_journal_bytes=2000)
+    writing, go_on = threading.Event(), threading.Event()
+    real_write = files.write_snapshot_keeping_previous
+
+    def slow_snapshot(directory: Path, frames: Any) -> None:
+        writing.set()
+        assert go_on.wait(WAIT)
+        real_write(directory, frames)
+
+    monkeypatch.setattr(files, "write_snapshot_keeping_previous", slow_snapshot)
+    with MemoryStore(config=cfg, embedder=None) as store:
+        i = 0
+        while not writing.is_set():  # until the journal outgrows the threshold
+            store.store(f"fact {i} about the garden gate")
+            i += 1
+        with store.deferred_durability():
+            store.store("its fsync is about to fail", id="doomed")
+        mark = store.durability_mark()
+        assert mark is not None
+        monkeypatch.setattr(jr._os, "fdatasync", lambda fd: (_ for _ in ()).throw(OSError(errno.EIO, "EIO")))
+        with pytest.raises(ReadOnlyError):
+            mark()
+        monkeypatch.setattr(jr._os, "fdatasync", os.fdatasync)
+        go_on.set()
+        store._storage.wait()  # the compaction ends
+        assert store.read_only
+        with pytest.raises(ReadOnlyError):
+            store.store("refused: the store is read-only until reopened")
+    with MemoryStore(config=cfg, embedder=None) as again:  # the snapshot and the journal it follows
+        assert len(again) == i + 1 and not again.read_only
