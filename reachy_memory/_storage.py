@@ -372,8 +372,13 @@ class Storage:
 
     def _switch_journals(self, *, known: bool = False) -> None:
         """Retire the current journal and open ``journal.next.rmj`` in its place
-        (``known``: this process just wrote and synced it, so it is not read back)."""
+        (``known``: this process just wrote and synced it, so it is not read back).
+        Raises ReadOnlyError, switching nothing, when closing fails to sync the current
+        journal (it holds writes whose replies wait for that fsync): it stays the
+        store's, read-only until a reopen, as after any failed fsync."""
         self.journal.close()
+        if self.journal.failure is not None:
+            raise ReadOnlyError(f"the store is read-only: {self.journal.failure}", path=str(self.journal.path))
         try:
             files.switch_journals(self.path)
             self._open_journal(known=known)

@@ -402,3 +402,41 @@ def test_a_store_whose_fsync_failed_stays_read_only_when_a_compaction_in_flight_
             store.store("refused: the store is read-only until reopened")
     with MemoryStore(config=cfg, embedder=None) as again:  # the snapshot and the journal it follows
         assert len(again) == i + 1 and not again.read_only
+
+
+def test_a_store_stays_read_only_when_the_fsync_closing_its_journal_at_a_switch_fails(
+        config: Config, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The switch closes (and syncs) the retired journal, which holds writes not yet synced
+    (their replies wait for the sync thread): that fsync failing was logged, and the store
+    went on writing into the fresh journal as if nothing had happened."""
+    from reachy_memory import _persistence as files
+
+    cfg = config.replace("memory", compact_journal_bytes=2000)
+    real_write = files.write_snapshot_keeping_previous
+    failing = threading.Event()
+
+    def then_fsyncs_fail(directory: Path, frames: Any) -> None:
+        real_write(directory, frames)
+        failing.set()
+
+    def fdatasync(fd: int) -> None:
+        if failing.is_set():
+            raise OSError(errno.EIO, "Input/output error")
+        os.fdatasync(fd)
+
+    monkeypatch.setattr(files, "write_snapshot_keeping_previous", then_fsyncs_fail)
+    monkeypatch.setattr(jr._os, "fdatasync", fdatasync)
+    with MemoryStore(config=cfg, embedder=None) as store:
+        with store.deferred_durability():  # as the daemon's engine writes (the sync thread syncs)
+            while store._storage.compacting is None:
+                store.store("a fact about the garden gate, written until a compaction starts")
+        mark = store.durability_mark()
+        store._storage.wait()
+        assert failing.is_set()
+        assert store.read_only
+        with pytest.raises(ReadOnlyError):
+            store.store("refused: the store is read-only until reopened")
+        assert mark is not None
+        with pytest.raises(ReadOnlyError):
+            mark()
+        failing.clear()
