@@ -56,6 +56,7 @@ class FsyncRecorder:
     """Records a :class:`Cut` at every completed fsync of a file in ``directory`` (flat)."""
 
     directory: Path
+    slowness: float = 0.0  # seconds: each fsync takes up to this long (a slow card)
     acks: list[Effect] = field(default_factory=list)
     cuts: list[Cut] = field(default_factory=list)
     _synced: dict[int, tuple[int, bytes]] = field(default_factory=dict)  # inode -> (start seq, content)
@@ -121,9 +122,10 @@ class FsyncRecorder:
 
 
 @contextmanager
-def recording(directory: Path) -> Iterator[FsyncRecorder]:
-    """Every fsync and fdatasync of the process goes through a recorder of ``directory``."""
-    rec = FsyncRecorder(directory)
+def recording(directory: Path, slowness: float = 0.0) -> Iterator[FsyncRecorder]:
+    """Every fsync and fdatasync of the process goes through a recorder of ``directory``,
+    each taking up to ``slowness`` seconds more."""
+    rec = FsyncRecorder(directory, slowness)
     with contextlib.suppress(FileNotFoundError), os.scandir(directory) as entries:
         listing = {e.name: e.inode() for e in entries if e.is_file(follow_symlinks=False)}
         rec._entries = (0, listing)
@@ -135,6 +137,7 @@ def recording(directory: Path) -> Iterator[FsyncRecorder]:
         def call(fd: int) -> None:
             token = rec.started(fd)
             is_dir = stat.S_ISDIR(os.fstat(fd).st_mode)
+            time.sleep(rec.slowness * random.random())  # a slow card: writes pile up meanwhile
             real(fd)
             rec.finished(token, is_dir)
         return call
@@ -277,13 +280,16 @@ def _sample(cuts: list[Cut], most: int) -> list[Cut]:
     return [cuts[int(k * step)] for k in range(most)] + cuts[-4:]
 
 
-def test_every_write_a_serving_daemon_acknowledged_survives_a_power_cut(config: Config, tmp_path: Path) -> None:
+@pytest.mark.parametrize("slowness", [0.0, 0.004])
+def test_every_write_a_serving_daemon_acknowledged_survives_a_power_cut(config: Config, tmp_path: Path,
+                                                                        slowness: float) -> None:
+    """On a fast disk, and on a slow one (an SD card: more writes journaled during each fsync)."""
     cfg = config.replace("memory", compact_journal_bytes=3000).replace("embedding", enabled=False)
     data = Path(cfg.memory.path)
     data.mkdir(mode=0o700, parents=True, exist_ok=True)
     sent: list[Effect] = []
     lock = threading.Lock()
-    with recording(data) as rec, serving(cfg, rec, tmp_path) as daemon, ThreadPoolExecutor(6) as pool:
+    with recording(data, slowness) as rec, serving(cfg, rec, tmp_path) as daemon, ThreadPoolExecutor(6) as pool:
         jobs = [pool.submit(_writer, daemon, cfg, w, 40, sent, lock) for w in range(6)]
         for job in jobs:
             job.result(120)
