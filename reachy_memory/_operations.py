@@ -111,11 +111,11 @@ _ROWS = [
     _op("health", "inline", [], "{status, embedder, memories, last_cleanup, uptime_s, ...}",
         "Whether the daemon and its model are usable (status ok | degraded | read_only)."),
     _op("stats", "inline", [], "{ops: {op: {count, errors, p50_ms, p99_ms, stages_p50_ms}}, store: {...}, uptime_s, "
-        "queues: {embed, engine}, replies_dropped, heap_trims: {recent, p50_ms, max_ms}}",
-        "Per-operation counts and latencies (p50 per stage: wait, embed, engine), store sizes (store.memories "
-        "and by_type: what readers see; expired_unswept: expired, hidden, deleted by the next sweep) and the "
-        "conversation TTL (store.conversation_ttl_days), queue depths, replies dropped, the last heap trims "
-        "(ms; null before the first)."),
+        "queues: {embed, engine, sync, background}, replies_dropped, heap_trims: {recent, p50_ms, max_ms}}",
+        "Per-operation counts and latencies (p50 per stage: wait, embed, engine, sync: a write's fsync), store "
+        "sizes (store.memories and by_type: what readers see; expired_unswept: expired, hidden, deleted by the "
+        "next sweep) and the conversation TTL (store.conversation_ttl_days), queue depths, replies dropped, "
+        "the last heap trims (ms; null before the first)."),
     # -- memories -------------------------------------------------------------------------
     _op("store", "embed", [_req("content", STR), _opt("memory_type", STR, "fact"), _opt("metadata", DICT),
                            _opt("id", STR, doc="client-chosen: a retry never duplicates"), _OWNER,

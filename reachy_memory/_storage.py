@@ -87,12 +87,19 @@ class Storage:
             self.journal.close()
             raise
 
-    def append(self, ops: list[list[Any]], *, durable: bool = False) -> None:
+    def append(self, ops: list[list[Any]], *, durable: bool = False, defer: bool = False) -> None:
         """Journal one batch of ops (durable per policy when this returns, or synced
-        whatever the policy with ``durable``); the caller holds the lock.  Raises
-        ClosedError after :meth:`close`."""
+        whatever the policy with ``durable``; ``defer``: see :meth:`Journal.append`);
+        the caller holds the lock.  Raises ClosedError after :meth:`close`."""
         self._require_open()
-        self.journal.append(ops, durable=durable)
+        self.journal.append(ops, durable=durable, defer=defer)
+
+    def durability_mark(self) -> Callable[[], None] | None:
+        """Under the lock: what makes every frame journaled so far durable (a call of
+        :meth:`Journal.sync_through` on the journal of now: a compaction may switch
+        journals before it runs), or None when they are durable already."""
+        journal, end = self.journal, self.journal.size
+        return None if journal.synced_through(end) else lambda: journal.sync_through(end)
 
     def apply(self, ops: list[list[Any]]) -> None:
         """Apply journaled ops to the state; a malformed op is CorruptionError naming the journal."""
@@ -345,8 +352,12 @@ class Storage:
 
     def _finish_compaction(self, job: _Compaction) -> None:
         """Under the lock, the new snapshot being durable: carry the frames appended
-        since the freeze into the next generation's journal and switch to it."""
+        since the freeze into the next generation's journal and switch to it (not when
+        the journal failed meanwhile: it stays the store's, read-only, until a reopen)."""
         self.generation, self.follows = job.generation, job.follows
+        if self.journal.failure is not None:  # an fsync failed meanwhile: a fresh journal would take
+            _log_kept(ReadOnlyError(self.journal.failure))  # writes again; the store stays read-only
+            return
         start = job.carried_to if job.carried_to is not None else job.follows[1]
         frames = jr.frames_from(self.journal.path, start, self.journal.version)
         try:
@@ -361,8 +372,13 @@ class Storage:
 
     def _switch_journals(self, *, known: bool = False) -> None:
         """Retire the current journal and open ``journal.next.rmj`` in its place
-        (``known``: this process just wrote and synced it, so it is not read back)."""
+        (``known``: this process just wrote and synced it, so it is not read back).
+        Raises ReadOnlyError, switching nothing, when closing fails to sync the current
+        journal (it holds writes whose replies wait for that fsync): it stays the
+        store's, read-only until a reopen, as after any failed fsync."""
         self.journal.close()
+        if self.journal.failure is not None:
+            raise ReadOnlyError(f"the store is read-only: {self.journal.failure}", path=str(self.journal.path))
         try:
             files.switch_journals(self.path)
             self._open_journal(known=known)

@@ -528,6 +528,7 @@ class Journal:
         self._sync_error: OSError | None = None
         self.failure: str | None = None
         self.size = 0
+        self._synced = 0  # bytes known durable (every fsync of this journal raises it)
 
     @property
     def version(self) -> int:
@@ -573,9 +574,11 @@ class Journal:
         os.ftruncate(self._fd, result.end)
         os.fsync(self._fd)
 
-    def append(self, obj: Any, *, durable: bool = False) -> None:
+    def append(self, obj: Any, *, durable: bool = False, defer: bool = False) -> None:
         """Append one frame; durable per the policy when this returns, or synced
-        whatever the policy with ``durable``.
+        whatever the policy with ``durable``.  ``defer`` (policy ``always``, not
+        ``durable``): written but not synced; the caller makes it durable with
+        :meth:`sync_through` (:attr:`size` after this call) before it says so.
 
         Raises StorageFullError (disk full; nothing written, the journal stays
         usable), ReadOnlyError (an earlier fsync failed), StorageError.
@@ -585,11 +588,16 @@ class Journal:
             fd = self._require_writable()
             self._write_frame(fd, frame)
             try:
-                _os.fdatasync(fd) if durable else self._sync_per_policy(fd)
+                if durable:
+                    _os.fdatasync(fd)
+                elif not (defer and self._policy == "always"):
+                    self._sync_per_policy(fd)
             except OSError as exc:
                 self._fail(f"fsync of {self.path} failed ({exc.strerror}); the last write may not be durable")
                 raise ReadOnlyError(self.failure or "", path=str(self.path)) from exc
             self.size += len(frame)
+            if durable or (self._policy == "always" and not defer):
+                self._synced = self.size
 
     def _write_frame(self, fd: int, frame: bytes) -> None:
         """Write all of ``frame`` or roll the file back to ``self.size``."""
@@ -638,6 +646,52 @@ class Journal:
                 except OSError as exc:
                     self._fail(f"fsync of {self.path} failed ({exc.strerror}); recent writes may not be durable")
                     raise ReadOnlyError(self.failure or "", path=str(self.path)) from exc
+                self._synced = self.size
+
+    def synced_through(self, end: int) -> bool:
+        """Whether every frame up to byte ``end`` is as durable as the policy promises:
+        fsynced (``always``: by an fsync that returned, before a failure or since the
+        journal was closed, closing syncs), or written (``batch``, ``never``: their
+        replies never waited for an fsync; a failed one is refused, as by :meth:`append`)."""
+        with self._lock:
+            return self._synced >= end or (self.failure is None and (self._policy != "always" or self._fd is None))
+
+    def sync_through(self, end: int) -> None:
+        """Make every frame up to byte ``end`` durable (a deferred append's :attr:`size`):
+        at once when an fsync already covered it (one fsync serves every append made
+        before it: group commit), and when this journal was closed since (closing
+        syncs).  The fsync runs outside the lock, on a duplicate of the descriptor,
+        so appends (and :meth:`close`) go on meanwhile.
+
+        Raises ReadOnlyError when this fsync, or an earlier one, failed (and ``end`` was
+        not covered before it); StorageError when no descriptor is left to duplicate
+        (the frames may still be made durable by a later call).
+        """
+        with self._lock:
+            if self._synced >= end:
+                return
+            if self.failure is not None:
+                raise ReadOnlyError(f"the store is read-only: {self.failure}", path=str(self.path))
+            if self._fd is None:
+                return
+            try:
+                fd, upto = os.dup(self._fd), self.size
+            except OSError as exc:
+                raise storage_error(f"cannot make the last writes to {self.path} durable", self.path, exc) from exc
+        try:
+            _os.fdatasync(fd)
+        except OSError as exc:
+            with self._lock:
+                self._fail(f"fsync of {self.path} failed ({exc.strerror}); recent writes may not be durable")
+            raise ReadOnlyError(self.failure or "", path=str(self.path)) from exc
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        with self._lock:
+            if self.failure is not None:  # another fsync of this file failed meanwhile: the kernel
+                # reports a writeback error to one fsync of a file description, and ours shares it
+                raise ReadOnlyError(f"the store is read-only: {self.failure}", path=str(self.path))
+            self._synced = max(self._synced, upto)
 
     def _require_writable(self) -> int:
         if self.failure is not None:

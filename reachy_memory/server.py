@@ -8,6 +8,9 @@ Threads, so that the robot's control loop never waits behind slow work::
     embed thread        embeds queries and new memories (onnxruntime releases the GIL)
     engine thread       the only thread that mutates the store or searches its indexes;
                         idle time inserts pending vectors into the graph
+    sync thread         makes each write durable (fsync), then sends its reply: the engine
+                        goes on meanwhile (a search never waits behind a write's fsync),
+                        and one fsync serves every write made before it (group commit)
     background thread   writes backups from a frozen view of the store, one at a time
                         (the store lock only to freeze and thaw: the engine goes on)
 
@@ -76,6 +79,12 @@ REPLY_HWM = 256
 # reply echoes what it stored, so it is bounded by the request limit, and is never refused
 # after the write was made durable).
 CAPPED = frozenset({"search", "recall", "export", "history", "context_for", "people"})
+# Engine-thread reads: answered at once, never held for the fsync of an earlier write (what
+# they return may be a write not durable yet, whose own reply still waits for it). Every
+# other engine-thread op is answered once what the journal holds is durable, even when it
+# wrote nothing itself: a retried store finds its memory written but maybe not synced.
+READS = frozenset({"search", "export", "recall", "history", "find_person", "person_by_external_id", "people",
+                   "person_redirects", "note", "context_for"})
 IDLE_STEP = 8  # vectors (or buried records) per upkeep step: 2-4 ms of graph insertion on this VM
 IDLE_SLICE = 0.04  # seconds of upkeep per idle tick (the engine then checks its queue again)
 UPKEEP_PAUSE_SECONDS = 60.0  # after an unexpected fault in idle upkeep (not retried every 50 ms)
@@ -108,6 +117,7 @@ class _Job:
     received: float
     prepared: Any = None
     stages: dict[str, float] = field(default_factory=dict)  # seconds spent per stage (see stats)
+    done: bool = False  # it succeeded (its reply is an ok one)
 
 
 class _BackupProgress:
@@ -256,6 +266,11 @@ class Daemon:
         self._embed_q: queue.Queue[_Job | None] = queue.Queue(config.server.queue_size)
         self._engine_q: queue.Queue[_Job | Callable[[], None] | None] = queue.Queue(config.server.queue_size)
         self._background_q: queue.Queue[_Job | None] = queue.Queue(1)  # one running, one waiting
+        # (job, reply, what makes it durable): bounded, so a write flood on a slow disk holds the
+        # engine back (backpressure) instead of growing without end
+        self._sync_q: queue.Queue[tuple[_Job | None, bytes, Callable[[], None]] | None] = queue.Queue(
+            4 * config.server.queue_size)
+        self._upkeep_syncing = threading.Event()  # the engine's own writes wait in _sync_q (see _sync_later)
         self._stats: dict[str, _OpStats] = {}  # op -> stats; threads add ops by setdefault
         self.bad_requests = BadRequestLog()
         self.replies_dropped = 0  # I/O thread only
@@ -319,6 +334,7 @@ class Daemon:
         replies.bind(REPLIES)
         workers = [threading.Thread(target=self._embed_loop, name="embed", daemon=True),
                    threading.Thread(target=self._engine_loop, name="engine", daemon=True),
+                   threading.Thread(target=self._sync_loop, name="sync", daemon=True),
                    threading.Thread(target=self._background_loop, name="background", daemon=True)]
         for w in workers:
             w.start()
@@ -522,16 +538,82 @@ class Daemon:
                 item = self._engine_q.get(timeout=0.005 if self._upkeep_left else 0.05)
             except queue.Empty:
                 self._check_sync()
-                self._upkeep_left = self._idle()
+                with self.store.deferred_durability():
+                    self._upkeep_left = self._idle()
+                self._sync_later()
                 continue
             if item is None:
                 break
             self._check_sync()  # before each job too: a write after a sync lands after its redate
             if isinstance(item, _Job):
-                push.send_multipart([*item.envelope, self._run(item, self._handlers)])
+                self._answer(push, item)
             else:
-                self._internal(item)
+                with self.store.deferred_durability():
+                    self._internal(item)
+                self._sync_later()
         push.close()
+
+    def _sync_later(self) -> None:
+        """Engine thread, after its own upkeep (decay clock refreshes, vectors embedded
+        late, the scheduled expiry sweep): their fsync goes to the sync thread too, so
+        that a search arriving meanwhile does not wait for it.  Nobody waits for their
+        durability: with the sync queue full, the next write's fsync (or closing) covers
+        them; a power cut before that loses only what the daemon redoes by itself."""
+        if self._upkeep_syncing.is_set():  # one at a time (an idle tick comes every 5-50 ms)
+            return
+        mark = self.store.durability_mark()
+        if mark is not None:
+            self._upkeep_syncing.set()  # (before the put: the sync thread clears it once done)
+            try:
+                self._sync_q.put_nowait((None, b"", mark))
+            except queue.Full:
+                self._upkeep_syncing.clear()
+
+    def _answer(self, push: zmq.Socket, job: _Job) -> None:
+        """Engine thread: run ``job``; a read's reply goes at once, another's once what
+        the journal holds is durable (on the sync thread, when an fsync is due)."""
+        if job.op in READS:
+            push.send_multipart([*job.envelope, self._run(job, self._handlers)])
+            return
+        with self.store.deferred_durability():
+            reply = self._run(job, self._handlers, record=False)
+        mark = self.store.durability_mark()
+        if mark is None:
+            self._record_done(job)
+            push.send_multipart([*job.envelope, reply])
+        else:
+            self._sync_q.put((job, reply, mark))
+
+    def _sync_loop(self) -> None:
+        """Sync thread: make each write durable, then send its reply (an fsync that
+        fails replaces it by the error; the store then refuses writes). One fsync covers
+        every write queued before it: the later marks return at once."""
+        push = self._push_socket()
+        while (item := self._sync_q.get()) is not None:
+            job, reply, mark = item
+            if job is None:  # the engine's own upkeep: no reply waits for it
+                try:
+                    mark()
+                except Exception as exc:
+                    log.warning("the engine's upkeep writes are not known durable yet: %s", exc)
+                self._upkeep_syncing.clear()
+                continue
+            push.send_multipart([*job.envelope, self._durable_reply(job, reply, mark)])
+        push.close()
+
+    def _durable_reply(self, job: _Job, reply: bytes, mark: Callable[[], None]) -> bytes:
+        """``reply`` once ``mark`` has returned; when it raises, the error instead (a
+        reply that already was an error stays that error, counted once).  Never raises:
+        whatever ``mark`` raises, the sync thread goes on (else every later write would
+        wait for good, and the engine with them once the queue is full)."""
+        started = time.monotonic()
+        try:
+            mark()
+        except Exception as exc:
+            return self._failure(job, exc) if job.done else reply
+        job.stages["sync"] = time.monotonic() - started
+        self._record_done(job)
+        return reply
 
     def _background_loop(self) -> None:
         """Background thread: long jobs (backups), one at a time, beside the engine."""
@@ -590,7 +672,9 @@ class Daemon:
         push.connect(REPLIES)
         return push
 
-    def _run(self, job: _Job, table: dict[str, Callable[[Daemon, _Job], Any]]) -> bytes:
+    def _run(self, job: _Job, table: dict[str, Callable[[Daemon, _Job], Any]], *, record: bool = True) -> bytes:
+        """``job``'s reply (its error's, when it fails: recorded then); a success is
+        recorded in the stats unless ``record`` is False (see :meth:`_record_done`)."""
         started = time.monotonic()
         try:
             self._check_deadline(job)
@@ -605,8 +689,16 @@ class Daemon:
             return self._failure(job, TooLargeError(
                 f"{job.op}: the result is {len(reply)} bytes, over the {limit}-byte reply limit; ask for fewer "
                 "results (limit) or raise server.max_reply_bytes", field="result", size=len(reply), limit=limit))
-        self._record(job.op, time.monotonic() - job.received, failed=False, stages=job.stages)
+        job.done = True
+        if record:
+            self._record_done(job)
         return reply
+
+    def _record_done(self, job: _Job) -> None:
+        """Record a job :meth:`_run` did not record (a success whose reply waited for its
+        fsync: the wait counts)."""
+        if job.done:
+            self._record(job.op, time.monotonic() - job.received, failed=False, stages=job.stages)
 
     def _failure(self, job: _Job, exc: Exception) -> bytes:
         self._record(job.op, time.monotonic() - job.received, failed=True)
@@ -718,7 +810,7 @@ class Daemon:
                                             for name, v in sorted(s.stages.items())}
         return {"ops": ops, "store": self.store.stats(), "uptime_s": round(time.monotonic() - self._started, 3),
                 "queues": {"embed": self._embed_q.qsize(), "engine": self._engine_q.qsize(),
-                           "background": self._background_q.qsize()},
+                           "sync": self._sync_q.qsize(), "background": self._background_q.qsize()},
                 "replies_dropped": self.replies_dropped, "heap_trims": _trim_summary(self._trims)}
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -746,7 +838,7 @@ class Daemon:
         forward the last replies, close the store and release the endpoint."""
         deadline = time.monotonic() + STOP_WORKERS_SECONDS
         self.store.begin_closing()  # a backup being written is abandoned now, not waited for
-        queues: list[queue.Queue[Any]] = [self._embed_q, self._engine_q, self._background_q]
+        queues: list[queue.Queue[Any]] = [self._embed_q, self._engine_q, self._sync_q, self._background_q]
         stages = list(zip(queues, workers, strict=True))
         for jobs, worker in stages:
             try:

@@ -28,7 +28,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -152,6 +152,7 @@ class MemoryStore(PeopleMixin):
         self._touched: dict[str, float] = {}  # engine thread: decay clock refreshes not yet journaled
         self._touches_flushed = time.monotonic()
         self._backfill = Backfill()  # engine thread: memories waiting for a vector (see maintain)
+        self._deferring: int | None = None  # the thread whose writes skip their fsync (deferred_durability)
         pin_native_threads(self._config.search.blas_threads)
         files.secure_dir(self.path)
         self._dir_lock = jr.DirLock(self.path)
@@ -303,11 +304,31 @@ class MemoryStore(PeopleMixin):
         """Journal ``ops`` (durably per policy, or whatever the policy with
         ``durable``), then apply them to the state."""
         with self._lock:
-            self._storage.append(ops, durable=durable)
+            self._storage.append(ops, durable=durable, defer=self._deferring == threading.get_ident())
             self._storage.apply(ops)
             if self._embedder is not None:
                 self._backfill.note(ops)  # written without a vector (the model failed): embedded later
             self._storage.maybe_compact()
+
+    @contextlib.contextmanager
+    def deferred_durability(self) -> Iterator[None]:
+        """Inside, this thread's writes (with ``memory.fsync: always``) are journaled and
+        applied without waiting for their fsync: readers see them at once, and nothing
+        may say they are durable before :meth:`durability_mark`'s call has returned.
+        The daemon's engine thread runs each request so, and hands the fsync (and the
+        reply) to a thread of its own: a search never waits behind a write's fsync."""
+        self._deferring = threading.get_ident()
+        try:
+            yield
+        finally:
+            self._deferring = None
+
+    def durability_mark(self) -> Callable[[], None] | None:
+        """What makes every write journaled so far durable (call it on any thread; it
+        raises ReadOnlyError if the fsync fails, the store then refusing writes), or
+        None when they are durable already."""
+        with self._lock:
+            return self._storage.durability_mark()
 
     # -- writing ---------------------------------------------------------------------
 

@@ -96,7 +96,8 @@ def test_every_op_round_trips(daemon: DaemonProcess) -> None:
         assert set(search["stages_p50_ms"]) == {"wait", "embed", "engine"}
         assert search["stages_p50_ms"]["embed"] > 0 and search["stages_p50_ms"]["engine"] > 0
         assert sum(search["stages_p50_ms"].values()) <= 3 * search["p50_ms"]  # parts of the whole, not extra time
-        assert set(stats["ops"]["forget"]["stages_p50_ms"]) == {"wait", "engine"}  # nothing to embed
+        # nothing to embed; its reply waited for the fsync (on the sync thread, not the engine's)
+        assert set(stats["ops"]["forget"]["stages_p50_ms"]) == {"wait", "engine", "sync"}
         assert "stages_p50_ms" not in stats["ops"]["ping"]  # answered inline
 
 
@@ -920,11 +921,11 @@ def test_stop_gives_stuck_workers_one_shared_deadline(monkeypatch: pytest.Monkey
         busy.wait()
         sock.close(linger=0)
 
-    names = ("embed", "engine", "background")
+    names = ("embed", "engine", "sync", "background")
     workers = [threading.Thread(target=stuck, name=name, daemon=True) for name in names]
     daemon: Any = server.Daemon.__new__(server.Daemon)  # only what _shutdown reads
-    daemon._embed_q, daemon._engine_q, daemon._background_q = queue.Queue(1), queue.Queue(1), queue.Queue(1)
-    for jobs in (daemon._embed_q, daemon._engine_q, daemon._background_q):
+    daemon._embed_q, daemon._engine_q, daemon._sync_q, daemon._background_q = (queue.Queue(1) for _ in names)
+    for jobs in (daemon._embed_q, daemon._engine_q, daemon._sync_q, daemon._background_q):
         jobs.put("job")
     daemon._auth, daemon.endpoint, daemon._ctx = None, "tcp://127.0.0.1:1", ctx
     daemon.store, daemon._endpoint_lock = _Closable(), _Closable()

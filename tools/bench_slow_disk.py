@@ -2,6 +2,7 @@
 
     python tools/bench_slow_disk.py                     # fsync +0 and +10 ms, 2 rounds
     python tools/bench_slow_disk.py --fsync-ms 0 25 --rounds 3
+    python tools/bench_slow_disk.py --against ../other-checkout   # the same, that code's daemon in turn
 
 A write's fsync runs on the daemon's engine thread (README, "What is not done"), so a
 search queued behind a write waits for it.  This VM's fdatasync takes ~0.1 ms; an SD
@@ -44,9 +45,9 @@ sys.exit(main(["serve", "--config", sys.argv[2]]))
 """
 
 
-def start(config_path: Path, fsync_ms: float) -> subprocess.Popen[bytes]:
-    """The daemon with every journal fdatasync delayed by ``fsync_ms``."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def start(config_path: Path, fsync_ms: float, root: Path = ROOT) -> subprocess.Popen[bytes]:
+    """The daemon of the checkout at ``root``, every journal fdatasync delayed by ``fsync_ms``."""
+    env = {**os.environ, "PYTHONPATH": str(root)}
     return subprocess.Popen([sys.executable, "-c", _SERVE, str(fsync_ms), str(config_path)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -96,8 +97,9 @@ def stores(c: MemoryClient, count: int, offset: int) -> list[float]:
 CASES = ("search alone", "search, a store every 200 ms beside", "search, stores flat out beside", "store")
 
 
-def one_round(config_path: Path, fsync_ms: float, count: int, offset: int) -> dict[str, list[float]]:
-    proc = start(config_path, fsync_ms)
+def one_round(config_path: Path, fsync_ms: float, count: int, offset: int,
+              root: Path = ROOT) -> dict[str, list[float]]:
+    proc = start(config_path, fsync_ms, root)
     try:
         with MemoryClient(config=load_config(config_path), timeout=60) as c:
             _wait_ping(c)
@@ -117,20 +119,24 @@ def main() -> None:
                         help="delays added to every journal fdatasync, alternated")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--count", type=int, default=150, help="samples per case and round")
+    parser.add_argument("--against", type=Path, metavar="CHECKOUT", help="another checkout's daemon, in turn")
     args = parser.parse_args()
-    samples: dict[tuple[float, str], list[float]] = {}
+    systems = {"": ROOT} | ({f" [{args.against.name}]": args.against.resolve()} if args.against else {})
+    samples: dict[tuple[str, float, str], list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="rm-slow-disk-") as tmp:
         config_path = prepare(Path(tmp), args.memories)
         offset = 0
         for r in range(args.rounds):
-            for ms in args.fsync_ms:
-                print(f"  round {r + 1}/{args.rounds}, fsync +{ms:g} ms", file=sys.stderr, flush=True)
-                for case, got in one_round(config_path, ms, args.count, offset).items():
-                    samples.setdefault((ms, case), []).extend(got)
-                offset += 3 * args.count
+            for label, root in systems.items():
+                for ms in args.fsync_ms:
+                    print(f"  round {r + 1}/{args.rounds}, fsync +{ms:g} ms{label}", file=sys.stderr, flush=True)
+                    for case, got in one_round(config_path, ms, args.count, offset, root).items():
+                        samples.setdefault((label, ms, case), []).extend(got)
+                    offset += 3 * args.count
     for case in CASES:
-        for ms in args.fsync_ms:
-            print(row(f"{case}, fsync +{ms:g} ms", percentiles(samples[ms, case])))
+        for label in systems:
+            for ms in args.fsync_ms:
+                print(row(f"{case}, fsync +{ms:g} ms{label}", percentiles(samples[label, ms, case])))
     print(f"({args.rounds} rounds alternated, {args.count} samples per case and round, "
           f"{args.memories} memories; the rounds' samples pooled)")
 
