@@ -64,8 +64,9 @@ def start(config_path: Path, notify: str | None = None) -> subprocess.Popen[byte
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     if notify:
         env["NOTIFY_SOCKET"] = notify
+    # cwd: `python -m` puts the working directory first on sys.path, before PYTHONPATH
     return subprocess.Popen([sys.executable, "-m", "reachy_memory.cli", "serve", "--config", str(config_path)],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:

@@ -48,7 +48,8 @@ sys.exit(main(["serve", "--config", sys.argv[2]]))
 def start(config_path: Path, fsync_ms: float, root: Path = ROOT) -> subprocess.Popen[bytes]:
     """The daemon of the checkout at ``root``, every journal fdatasync delayed by ``fsync_ms``."""
     env = {**os.environ, "PYTHONPATH": str(root)}
-    return subprocess.Popen([sys.executable, "-c", _SERVE, str(fsync_ms), str(config_path)], env=env,
+    # cwd: `python -c` puts the working directory first on sys.path, before PYTHONPATH
+    return subprocess.Popen([sys.executable, "-c", _SERVE, str(fsync_ms), str(config_path)], env=env, cwd=root,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
