@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -14,6 +15,18 @@ from pathlib import Path
 import pytest
 
 from reachy_memory import Config, MemoryStore
+
+
+def files_by_inode(directory: Path) -> dict[str, int]:
+    """The regular files of ``directory`` (name -> inode); a file another thread removes
+    meanwhile (a background compaction's temp file) is skipped."""
+    listing: dict[str, int] = {}
+    with contextlib.suppress(FileNotFoundError), os.scandir(directory) as entries:
+        for entry in entries:
+            with contextlib.suppress(FileNotFoundError):
+                if entry.is_file(follow_symlinks=False):
+                    listing[entry.name] = entry.inode()
+    return listing
 
 
 def abandon(store: MemoryStore) -> None:

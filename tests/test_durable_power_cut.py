@@ -14,7 +14,6 @@ every acknowledgement counted before the next fsync returned.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
 import stat
@@ -35,6 +34,7 @@ from reachy_memory.config import Config
 from reachy_memory.errors import ReachyMemoryError
 from reachy_memory.server import Daemon
 from tests.daemon_util import DaemonProcess
+from tests.store_util import files_by_inode
 
 pytestmark = pytest.mark.timeout(300)
 WAIT = 20.0
@@ -112,13 +112,7 @@ class FsyncRecorder:
         self._open = None
 
     def _listing(self) -> dict[str, int]:
-        listing: dict[str, int] = {}
-        with contextlib.suppress(FileNotFoundError), os.scandir(self.directory) as entries:
-            for entry in entries:
-                with contextlib.suppress(FileNotFoundError):
-                    if entry.is_file(follow_symlinks=False):
-                        listing[entry.name] = entry.inode()
-        return listing
+        return files_by_inode(self.directory)
 
 
 @contextmanager
@@ -126,11 +120,10 @@ def recording(directory: Path, slowness: float = 0.0) -> Iterator[FsyncRecorder]
     """Every fsync and fdatasync of the process goes through a recorder of ``directory``,
     each taking up to ``slowness`` seconds more."""
     rec = FsyncRecorder(directory, slowness)
-    with contextlib.suppress(FileNotFoundError), os.scandir(directory) as entries:
-        listing = {e.name: e.inode() for e in entries if e.is_file(follow_symlinks=False)}
-        rec._entries = (0, listing)
-        for name, ino in listing.items():
-            rec._synced[ino] = (0, (directory / name).read_bytes())
+    listing = files_by_inode(directory)
+    rec._entries = (0, listing)
+    for name, ino in listing.items():
+        rec._synced[ino] = (0, (directory / name).read_bytes())
     real_fsync, real_fdatasync = os.fsync, os.fdatasync
 
     def wrapped(real: Callable[[int], None]) -> Callable[[int], None]:

@@ -14,7 +14,6 @@ had acknowledged before the next fsync must be there, and nothing forgotten back
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import signal
@@ -33,7 +32,7 @@ from reachy_memory import Config, MemoryStore, MemoryType
 from reachy_memory import backup as bk
 from reachy_memory import journal as jr
 from tests.conftest import HashEmbedder
-from tests.store_util import abandon
+from tests.store_util import abandon, files_by_inode
 
 
 @dataclass(frozen=True)
@@ -105,14 +104,7 @@ class DiskAtPowerCut:
         self._open_cut = None
 
     def _listing(self) -> dict[str, int]:
-        # Another thread (a background compaction) may remove a temp file meanwhile: skipped.
-        listing: dict[str, int] = {}
-        with contextlib.suppress(FileNotFoundError), os.scandir(self.directory) as entries:
-            for entry in entries:
-                with contextlib.suppress(FileNotFoundError):
-                    if entry.is_file(follow_symlinks=False):
-                        listing[entry.name] = entry.inode()
-        return listing
+        return files_by_inode(self.directory)
 
 
 @contextmanager

@@ -189,22 +189,27 @@ def test_the_bridge_keeps_the_control_loop_running_and_recovers(daemon: DaemonPr
     assert worst < 0.25, f"a control-loop call took {worst * 1000:.0f} ms"
 
 
-def test_a_write_whose_reply_was_lost_is_retried_without_a_duplicate(daemon: DaemonProcess) -> None:
-    """The daemon journals a store, then dies before the client gets the reply: the client
-    cannot know. ``store`` carries a client-made id, so the retry (``retries=``, or the
-    caller's own) finds the memory the dead daemon kept and stores nothing twice."""
+def answered(daemon: DaemonProcess, op: str, args: dict[str, Any]) -> dict[str, Any]:
+    """The daemon's reply to one request sent on a raw socket of its own (closed after)."""
     ctx = zmq.Context()
     raw = ctx.socket(zmq.DEALER)
     raw.linger, raw.rcvtimeo = 0, 10_000
     raw.connect(daemon.endpoint)
-    try:  # the first attempt: journaled and answered; the answer never reaches its caller
-        raw.send(msgpack.packb({"v": 1, "id": "r1", "op": "store",
-                                "args": {"content": "the keys are in the blue bowl", "memory_type": "fact",
-                                         "id": "kept-once"}}))
-        assert msgpack.unpackb(raw.recv())["ok"]
+    try:
+        raw.send(msgpack.packb({"v": 1, "id": "r1", "op": op, "args": args}))
+        return dict(msgpack.unpackb(raw.recv()))
     finally:
         raw.close(linger=0)
         ctx.term()
+
+
+def test_a_write_whose_reply_was_lost_is_retried_without_a_duplicate(daemon: DaemonProcess) -> None:
+    """The daemon journals a store, then dies before the client gets the reply: the client
+    cannot know. ``store`` carries a client-made id, so the retry (``retries=``, or the
+    caller's own) finds the memory the dead daemon kept and stores nothing twice."""
+    # the first attempt: journaled and answered; the answer never reaches its caller
+    assert answered(daemon, "store", {"content": "the keys are in the blue bowl", "memory_type": "fact",
+                                      "id": "kept-once"})["ok"]
     daemon.kill()
     daemon.start()
     with daemon.client(timeout=5.0, retries=2) as c:
@@ -387,18 +392,8 @@ def test_record_turn_with_an_id_replayed_after_a_kill_gives_the_same_memory(daem
     """kill -9 after the daemon journaled a turn and before its caller got the reply: the
     retry (same id) is answered from the replayed journal with the same memory, one copy;
     the id reused for another turn is refused."""
-    ctx = zmq.Context()
-    raw = ctx.socket(zmq.DEALER)
-    raw.linger, raw.rcvtimeo = 0, 10_000
-    raw.connect(daemon.endpoint)
-    try:
-        raw.send(msgpack.packb({"v": 1, "id": "r1", "op": "record_turn",
-                                "args": {"role": "user", "content": "the keys are in the blue bowl", "id": "t1"}}))
-        reply = msgpack.unpackb(raw.recv())
-        assert reply["ok"], reply
-    finally:
-        raw.close(linger=0)
-        ctx.term()
+    reply = answered(daemon, "record_turn", {"role": "user", "content": "the keys are in the blue bowl", "id": "t1"})
+    assert reply["ok"], reply
     daemon.kill()
     daemon.start()
     with daemon.client(timeout=5.0, retries=2) as c:
