@@ -210,7 +210,7 @@ def test_a_frame_that_cannot_be_written_keeps_its_memories_queued(tmp_path: Path
     with MemoryStore(tmp_path, embedder=HashEmbedder()) as store:
         real = store._storage.append
 
-        def full_once(ops: list[Any], durable: bool = False) -> None:
+        def full_once(ops: list[Any], durable: bool = False, defer: bool = False) -> None:
             store._storage.append = real  # type: ignore[method-assign]
             raise StorageFullError("disk full", path=str(tmp_path))
 
@@ -330,7 +330,7 @@ def test_an_adoption_whose_model_op_cannot_be_written_still_queues_the_memories(
         store.remember_fact("Sarah is allergic to peanuts")
         real = store._storage.append
 
-        def full_once(ops: list[Any], durable: bool = False) -> None:
+        def full_once(ops: list[Any], durable: bool = False, defer: bool = False) -> None:
             store._storage.append = real  # type: ignore[method-assign]
             raise StorageFullError("disk full", path=str(tmp_path))
 
