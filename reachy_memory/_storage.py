@@ -378,7 +378,7 @@ class Storage:
         store's, read-only until a reopen, as after any failed fsync."""
         self.journal.close()
         if self.journal.failure is not None:
-            raise ReadOnlyError(f"the store is read-only: {self.journal.failure}", path=str(self.journal.path))
+            raise self.journal.read_only()
         try:
             files.switch_journals(self.path)
             self._open_journal(known=known)
@@ -402,7 +402,7 @@ class Storage:
 
     def _require_writable(self) -> None:
         if self.journal.failure is not None:
-            raise ReadOnlyError(f"the store is read-only: {self.journal.failure}", path=str(self.journal.path))
+            raise self.journal.read_only()
 
     def _snapshot_head(self, generation: int) -> dict[str, Any]:
         state = self.state

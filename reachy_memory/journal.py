@@ -671,7 +671,7 @@ class Journal:
             if self._synced >= end:
                 return
             if self.failure is not None:
-                raise ReadOnlyError(f"the store is read-only: {self.failure}", path=str(self.path))
+                raise self.read_only()
             if self._fd is None:
                 return
             try:
@@ -690,12 +690,16 @@ class Journal:
         with self._lock:
             if self.failure is not None:  # another fsync of this file failed meanwhile: the kernel
                 # reports a writeback error to one fsync of a file description, and ours shares it
-                raise ReadOnlyError(f"the store is read-only: {self.failure}", path=str(self.path))
+                raise self.read_only()
             self._synced = max(self._synced, upto)
+
+    def read_only(self) -> ReadOnlyError:
+        """The error every write gets once :attr:`failure` is set (it names the failure)."""
+        return ReadOnlyError(f"the store is read-only: {self.failure}", path=str(self.path))
 
     def _require_writable(self) -> int:
         if self.failure is not None:
-            raise ReadOnlyError(f"the store is read-only: {self.failure}", path=str(self.path))
+            raise self.read_only()
         if self._fd is None:
             raise StorageError(f"journal {self.path} is not open", path=str(self.path))
         return self._fd
