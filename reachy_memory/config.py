@@ -104,7 +104,7 @@ class EmbeddingConfig:
     enabled: bool = True
     model: str = "all-MiniLM-L6-v2"
     # int8 on one thread: about twice as fast per core as fp32 on two, same LoCoMo recall
-    # (README "Embedder"), and it leaves a core to the control loop.
+    # (docs/MEASUREMENTS.md, "Embedder"), and it leaves a core to the control loop.
     precision: Literal["fp32", "int8"] = "int8"
     threads: int = 1  # onnxruntime intra-op threads
     max_seq_length: int = 256

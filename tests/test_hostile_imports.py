@@ -2,7 +2,7 @@
 truncated, crafted): each is refused with a ValidationError naming the file and line
 (or the markdown file) before anything is written, in bounded memory and time, and a
 state no store operation makes is not let in.  The attack's other ~160 crafted files
-were already refused or harmless (README, "What is not done / known limits")."""
+were already refused or harmless (docs/LIMITS.md)."""
 
 from __future__ import annotations
 

@@ -4,12 +4,13 @@
     python tools/bench_slow_disk.py --fsync-ms 0 25 --rounds 3
     python tools/bench_slow_disk.py --against ../other-checkout   # the same, that code's daemon in turn
 
-A write's fsync runs on the daemon's engine thread (README, "What is not done"), so a
-search queued behind a write waits for it.  This VM's fdatasync takes ~0.1 ms; an SD
-card's takes milliseconds to tens of them.  The daemon here is the real one, started
-with ``journal._os.fdatasync`` (the journal's syscall seam) wrapped to sleep the given
-milliseconds first (the sleep, like the real call, releases the GIL: only the engine
-thread waits).  For each delay, alternated over rounds, it prints search latency
+A write's fsync runs on the daemon's sync thread (before the sync thread, on its engine
+thread, where a search queued behind a write waited for it: ``--against`` an older
+checkout shows that).  This VM's fdatasync takes ~0.1 ms; an SD card's takes
+milliseconds to tens of them.  The daemon here is the real one, started with
+``journal._os.fdatasync`` (the journal's syscall seam) wrapped to sleep the given
+milliseconds first (the sleep, like the real call, releases the GIL: only the thread
+calling it waits).  For each delay, alternated over rounds, it prints search latency
 through the client (one search every 70 ms) alone, while another process stores a
 turn every 200 ms (a lively conversation), and while it stores flat out; then the
 store latency itself.
