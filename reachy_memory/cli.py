@@ -690,8 +690,9 @@ def cmd_mcp(args: argparse.Namespace) -> int:
 
 
 def _common(late: bool = False) -> argparse.ArgumentParser:
-    """The options every command takes; ``late``: for a nested action ("context show"),
-    with no defaults, so the options given before the action are not reset by it."""
+    """The options every command takes, before or after it; ``late``: the copy a command
+    or nested action ("context show") takes, with no defaults, so the options given
+    before it are not reset by it."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--config", type=Path, help="YAML config file (default: $REACHY_MEMORY_CONFIG)")
     common.add_argument("--endpoint", help="daemon endpoint (default: the private ipc socket)")
@@ -706,12 +707,15 @@ def _common(late: bool = False) -> argparse.ArgumentParser:
 
 
 def _parser() -> argparse.ArgumentParser:
-    common, late = _common(), _common(late=True)
-    parser = argparse.ArgumentParser(prog="reachy-memory", description="Long-term memory for the Reachy Mini robot.")
+    # The common options go before the command ("reachy-memory --config F stats") or
+    # after it: the command's copies have no defaults, so they only override.
+    late = _common(late=True)
+    parser = argparse.ArgumentParser(prog="reachy-memory", description="Long-term memory for the Reachy Mini robot.",
+                                     parents=[_common()])
     sub = parser.add_subparsers(dest="command", required=True)
 
     def add(name: str, func: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, parents=[common], help=help, description=help)
+        p = sub.add_parser(name, parents=[late], help=help, description=help)
         p.set_defaults(func=func)
         return p
 

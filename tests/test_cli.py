@@ -477,6 +477,34 @@ def test_bad_arguments_exit_2_with_one_line(argv: list[str], capsys: pytest.Capt
     assert code == 2 and "Traceback" not in err and err.strip()
 
 
+def _cli_options_first(daemon: DaemonProcess, *argv: str) -> subprocess.CompletedProcess[str]:
+    """``reachy-memory --config <daemon's config> ARGV``: the common options before the command."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("REACHY_MEMORY_ENDPOINT", None)
+    return subprocess.run([sys.executable, "-m", "reachy_memory.cli", "--config", str(daemon.config_path), *argv],
+                          capture_output=True, text=True, timeout=120, env=env)
+
+
+@pytest.mark.parametrize("argv", [
+    ["--json", "stats"],  # was "invalid choice: '<config path>'", exit 2: --config was a command's option only
+    ["stats", "--json"],  # options on both sides of the command
+    ["--json", "context", "show"],  # a nested action keeps what came before the command
+    ["context", "--json", "show"],
+])
+def test_common_options_go_before_or_after_the_command(daemon: DaemonProcess, argv: list[str]) -> None:
+    out = _cli_options_first(daemon, *argv)
+    assert out.returncode == 0, out.stderr
+    json.loads(out.stdout)  # --json was taken wherever it stood
+
+
+def test_an_option_after_the_command_overrides_the_one_before(daemon: DaemonProcess) -> None:
+    out = _cli_options_first(daemon, "--endpoint", "ipc:///nonexistent/memory.sock", "stats",
+                             "--endpoint", daemon.endpoint, "--json")
+    assert out.returncode == 0, out.stderr
+    out = _cli_options_first(daemon, "--endpoint", "ipc:///nonexistent/memory.sock", "--timeout", "0.5", "stats")
+    assert out.returncode != 0 and "nonexistent" in out.stderr  # the option before the command was used
+
+
 def test_retention_shows_then_applies_the_daemons_ttl_only_with_consent(tmp_path: Path) -> None:
     """`retention` previews; `--apply` refuses while it would delete turns unless
     `--yes`; then the stored turns carry the daemon's TTL (7 days, not the 30 they
