@@ -7,10 +7,15 @@ the round trip uses a real daemon process.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -150,7 +155,7 @@ def test_refresh_error_keeps_the_last_window(bridge: MemoryBridge, fake: Recordi
     assert "no reply" in (bridge.stats.last_error or "")
 
 
-def test_close_cancels_queued_jobs_and_is_idempotent(fake: RecordingClient) -> None:
+def test_close_with_timeout_0_cancels_queued_jobs_at_once(fake: RecordingClient) -> None:
     bridge = MemoryBridge(client_factory=lambda: fake, queue_size=8, refresh_interval=3600).start()
     wait_for(lambda: bridge.latest().fetched_at > 0)
     fake.gate.clear()
@@ -158,12 +163,13 @@ def test_close_cancels_queued_jobs_and_is_idempotent(fake: RecordingClient) -> N
     in_flight = bridge.search("in flight")
     assert fake.entered.wait(30)
     queued = bridge.search("queued")
-    threading.Timer(0.2, fake.gate.set).start()  # the call in flight finishes during close
+    threading.Timer(0.2, fake.gate.set).start()  # the call in flight finishes after close returned
+    assert _timed(lambda: bridge.close(timeout=0)) < 0.5
     bridge.close()
-    bridge.close()
-    assert in_flight.result(timeout=30)
     assert isinstance(queued.exception(timeout=0), ClosedError)
-    assert fake.closed == 1
+    assert bridge.stats.discarded_at_close == 1
+    assert in_flight.result(timeout=30)  # not waited for, not cancelled
+    wait_for(lambda: fake.closed == 1)
     assert bridge.record_turn("user", "late") is False
     assert isinstance(bridge.search("late").exception(timeout=0), BusyError)
     with pytest.raises(ClosedError):
@@ -227,6 +233,74 @@ def test_context_for_gives_a_prompt_context_off_the_loop(daemon: DaemonProcess) 
     with MemoryBridge(daemon.endpoint, config=daemon.config, refresh_interval=3600) as bridge:
         context = bridge.context_for("what does Ines keep?", max_tokens=200).result(timeout=30)
     assert "Ines keeps bees" in context.text and any(p.display_name == "Ines" for p in context.people)
+
+
+@contextlib.contextmanager
+def frozen(daemon: DaemonProcess) -> Iterator[None]:
+    """The daemon SIGSTOPped (its socket accepts, nobody answers) for the block, then continued."""
+    assert daemon.proc is not None
+    os.kill(daemon.proc.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(daemon.proc.pid, signal.SIGCONT)
+
+
+def kept_turns(daemon: DaemonProcess, person: str) -> list[str]:
+    """The contents of the conversation memories tagged with ``person``, sorted."""
+    with daemon.client() as c:
+        hits = c.search(person, "conversation", limit=50, min_score=0.0, where={"person": person})
+    return sorted(h.memory.content for h in hits)
+
+
+def test_turns_queued_just_before_close_reach_the_daemon(daemon: DaemonProcess) -> None:
+    # close() cancelled the jobs still queued: an app that said goodbye and left the `with`
+    # block lost its last turns (record_turn had said True) and nothing counted them.
+    turns = [f"Dora says goodbye, part {i}" for i in range(10)]
+    with MemoryBridge(daemon.endpoint, config=daemon.config, refresh_interval=3600) as bridge:
+        assert all(bridge.record_turn("user", turn, person="Dora") for turn in turns)
+        noted = bridge.remember("Dora leaves at noon", "context", {"person": "Dora"})
+    # The block's close() (5 s by default) returned: the turns are in the daemon.
+    assert kept_turns(daemon, "Dora") == sorted(turns)
+    assert noted.result(timeout=0).content == "Dora leaves at noon"
+    assert (bridge.stats.done, bridge.stats.discarded_at_close, bridge.stats.errors) == (11, 0, 0)
+
+
+@pytest.mark.parametrize("state", ["frozen", "absent"])
+def test_close_returns_within_its_timeout_and_counts_what_it_discarded(
+        daemon: DaemonProcess, tmp_path: Path, caplog: pytest.LogCaptureFixture, state: str) -> None:
+    # The worker waits in a call (up to the bridge's 5 s timeout) on a frozen or absent daemon:
+    # close(timeout=0.5) does not wait for it, and says what it could not send.
+    endpoint = daemon.endpoint if state == "frozen" else f"ipc://{tmp_path}/nobody.sock"
+    with frozen(daemon) if state == "frozen" else contextlib.nullcontext():
+        bridge = MemoryBridge(endpoint, config=daemon.config, timeout=5.0, refresh_interval=3600).start()
+        assert all(bridge.record_turn("user", f"never sent {i}") for i in range(6))
+        found = bridge.search("never sent")
+        with caplog.at_level(logging.WARNING, logger="reachy_memory.bridge"):
+            took = _timed(lambda: bridge.close(timeout=0.5))
+        assert 0.4 <= took < 0.5 + 1.0
+        assert bridge.stats.discarded_at_close == 7
+        assert isinstance(found.exception(timeout=0), ClosedError)
+        warnings = [r.getMessage() for r in caplog.records if r.name == "reachy_memory.bridge"]
+        assert len(warnings) == 1 and "7 queued job(s) (6 turn(s))" in warnings[0]
+        assert bridge.record_turn("user", "after close") is False
+
+
+def test_close_twice_the_second_call_returns_at_once_and_cuts_no_drain_short(daemon: DaemonProcess) -> None:
+    turns = [f"Cleo waves, part {i}" for i in range(5)]
+    with frozen(daemon):  # the worker waits in its first fetch: the turns stay queued
+        bridge = MemoryBridge(daemon.endpoint, config=daemon.config, timeout=20.0, refresh_interval=3600).start()
+        assert all(bridge.record_turn("user", turn, person="Cleo") for turn in turns)
+        first = threading.Thread(target=bridge.close, kwargs={"timeout": 30.0}, daemon=True)
+        first.start()
+        wait_for(lambda: bridge.record_turn("user", "too late", person="Probe") is False, timeout=10)
+        assert _timed(lambda: bridge.close(timeout=0)) < 0.5
+        assert first.is_alive()  # still draining: the second call cut nothing short
+    first.join(30)  # continued: the worker's fetch is answered, then the queued turns are sent
+    assert not first.is_alive()
+    assert kept_turns(daemon, "Cleo") == sorted(turns)
+    assert bridge.stats.discarded_at_close == 0
+    assert _timed(bridge.close) < 0.5
 
 
 # -- failures that are not the daemon's ---------------------------------------------------------
@@ -389,13 +463,42 @@ def test_a_turn_is_given_up_after_turn_retry_for_and_the_loop_never_waits() -> N
         assert bridge.stats.errors == 4 and "down" in (bridge.stats.last_error or "")
 
 
-def test_close_ends_a_turn_waiting_for_the_daemon_at_once() -> None:
+def test_close_gives_up_a_turn_waiting_for_the_daemon_at_its_deadline() -> None:
     fake = FlakyTurnClient(*[DaemonUnavailableError("down")] * 10**6)
     bridge = MemoryBridge(client_factory=lambda: fake, queue_size=8, refresh_interval=0.05).start()
     assert bridge.record_turn("user", "waiting")
     wait_for(lambda: bridge.stats.retries > 0)
-    assert _timed(bridge.close) < 2.0  # not the 60 s of turn_retry_for
-    assert bridge.stats.turns_lost == 1
+    assert _timed(lambda: bridge.close(timeout=0.3)) < 2.0  # not the 60 s of turn_retry_for
+    wait_for(lambda: bridge.stats.turns_lost == 1, timeout=10)
+    assert bridge.stats.discarded_at_close == 0  # it was sent (and failed), not left in the queue
+
+
+def test_close_from_a_done_callback_returns_and_the_worker_drains(fake: RecordingClient) -> None:
+    # A callback runs on the worker thread: close() there joined the worker from itself
+    # (RuntimeError, swallowed by the future) and the queued jobs were cancelled.
+    bridge = MemoryBridge(client_factory=lambda: fake, queue_size=8, refresh_interval=3600).start()
+    wait_for(lambda: bridge.latest().fetched_at > 0)
+    fake.gate.clear()
+    first = bridge.search("first")
+    assert bridge.record_turn("user", "queued behind it")
+    queued = bridge.search("queued")
+    returned: list[float] = []
+    first.add_done_callback(lambda f: returned.append(_timed(bridge.close)))
+    fake.gate.set()
+    assert queued.result(timeout=10)[0].memory.content == "about queued"
+    wait_for(lambda: fake.closed == 1, timeout=10)
+    assert returned and returned[0] < 0.5 and fake.window[-1]["content"] == "queued behind it"
+    assert bridge.stats.discarded_at_close == 0 and bridge.record_turn("user", "late") is False
+
+
+@pytest.mark.parametrize("bad", [-1, float("nan"), float("inf"), "5", None])
+def test_close_timeout_must_be_seconds_and_a_refused_one_closes_nothing(bad: Any) -> None:
+    bridge = MemoryBridge(client_factory=RecordingClient, queue_size=8)
+    with pytest.raises(ValidationError, match="timeout"):
+        bridge.close(bad)
+    assert bridge.record_turn("user", "still open")
+    bridge.close(timeout=0)
+    assert bridge.stats.discarded_at_close == 1  # never started: nothing could send it
 
 
 @pytest.mark.parametrize("bad", [-1, float("nan"), float("inf"), "60", True])

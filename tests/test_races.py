@@ -294,9 +294,15 @@ def test_a_job_submitted_while_the_bridge_closes_on_another_thread_is_never_left
     control = threading.Thread(target=lambda: futures.append(bridge.remember("the kettle is broken")))
     control.start()
     assert about_to_put.wait(5)
-    bridge.close()  # another thread (the app's shutdown) closes meanwhile
+    # Another thread (the app's shutdown) closes meanwhile. close() now waits for the put
+    # (the bridge's lock) and then drains the job; it ran in between before.
+    closer = threading.Thread(target=bridge.close)
+    closer.start()
+    time.sleep(0.05)
     go.set()
     control.join(timeout=5)
+    closer.join(timeout=10)
+    assert not closer.is_alive()
     future = futures[0]
     try:
         future.exception(timeout=1.0)  # ClosedError or BusyError would do

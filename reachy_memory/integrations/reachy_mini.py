@@ -28,8 +28,16 @@ the loop must never call the daemon.  :class:`MemoryBridge` does it for the loop
   it arrives.  Turns keep their order: jobs queued behind a waiting turn wait
   too (the queue stays bounded; when full, later calls are dropped and counted),
   and no refresh is done meanwhile (``latest().error`` says the turn waits).  A
-  turn given up (the bound passed, the bridge closed, or an error that is not
+  turn given up (the bound or close()'s deadline passed, or an error that is not
   "not now") is counted in ``stats.errors`` and ``stats.turns_lost``.
+* :meth:`~MemoryBridge.close` (or leaving the ``with`` block) takes no new job
+  and lets the queued ones reach the daemon (turns with their retries) for up to
+  its ``timeout`` (5 s by default), then stops the worker.  Jobs still queued then
+  are discarded, counted in ``stats.discarded_at_close`` and logged; their futures
+  fail with :class:`~reachy_memory.ClosedError`.  close() returns within its
+  ``timeout`` even when the daemon is gone or frozen (a call in flight is not
+  waited for); it blocks its caller meanwhile, so a control loop calls it once it
+  has ended; ``close(timeout=0)`` discards at once.
 * Should the worker itself end (its client cannot be made), queued futures fail
   with :class:`~reachy_memory.ClosedError`, later calls are dropped, and
   ``latest().error`` says so.
@@ -91,7 +99,8 @@ class MemorySnapshot:
 
 @dataclass
 class BridgeStats:
-    """Counters (written by the worker, except ``dropped`` which callers bump under the GIL)."""
+    """Counters, written by the worker, except ``enqueued`` and ``dropped`` (the callers,
+    under the bridge's lock) and ``discarded_at_close`` (close() or the worker, under it)."""
 
     enqueued: int = 0
     dropped: int = 0
@@ -99,7 +108,10 @@ class BridgeStats:
     errors: int = 0
     refreshes: int = 0
     retries: int = 0  # a turn sent again after a "not now" failure
-    turns_lost: int = 0  # turns given up (also counted in ``errors``)
+    turns_lost: int = 0  # turns given up after being sent (also counted in ``errors``)
+    # Jobs queued but never sent: close()'s timeout passed first (turns among them are
+    # not in ``turns_lost``: they were never tried); their futures failed with ClosedError.
+    discarded_at_close: int = 0
     last_error: str | None = None
 
 
@@ -129,11 +141,7 @@ class MemoryBridge:
                  refresh_interval: float = 0.5, timeout: float = 2.0, person_facts: int = 5,
                  turn_retry_for: float = 60.0, client_factory: Callable[[], Any] | None = None) -> None:
         """Raises ValidationError for a ``turn_retry_for`` that is not seconds >= 0."""
-        if isinstance(turn_retry_for, bool) or not isinstance(turn_retry_for, int | float) \
-                or not 0 <= turn_retry_for < float("inf"):
-            raise ValidationError(f"turn_retry_for must be seconds >= 0, not {turn_retry_for!r}",
-                                  field="turn_retry_for")
-        self._retry_for = float(turn_retry_for)
+        self._retry_for = _seconds(turn_retry_for, "turn_retry_for")
         self._factory = client_factory or (lambda: MemoryClient(endpoint, config=config, timeout=timeout))
         self._jobs: queue.Queue[_Job | None] = queue.Queue(maxsize=queue_size)
         self._refresh_interval = refresh_interval
@@ -141,9 +149,13 @@ class MemoryBridge:
         self._snapshot = MemorySnapshot()
         self._person: str | None = None  # worker-owned: the person the snapshot is about
         self._dirty = False  # worker-owned: a job changed what the snapshot shows
-        self._stop = threading.Event()
+        self._stop = threading.Event()  # the worker takes no more jobs
         self._thread: threading.Thread | None = None
+        # Queueing and close() (and the worker's end) take this lock, never across I/O or a
+        # wait: a job is either queued before close() started (and drained) or refused.
+        self._lock = threading.Lock()
         self._closed = False
+        self._close_by = float("inf")  # close()'s deadline (time.monotonic()): the drain ends there
         self.stats = BridgeStats()
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -158,17 +170,37 @@ class MemoryBridge:
         return self
 
     def close(self, timeout: float = 5.0) -> None:
-        """Stop the worker: jobs still queued are cancelled (their futures fail with
-        ClosedError); waits up to ``timeout`` for a call in flight. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        self._stop.set()
-        with contextlib.suppress(queue.Full):
-            self._jobs.put_nowait(None)  # wake the worker now
-        if self._thread is not None:
-            self._thread.join(timeout)
-        self._cancel_pending()
+        """Take no new job, let the queued ones reach the daemon, then stop the worker.
+
+        From the call on, ``record_turn`` & co. return False (futures: BusyError). Jobs
+        already queued (turns, ``remember``, searches...) still run in order, a turn with
+        its retries, until the queue is empty or ``timeout`` seconds have passed; then the
+        worker stops. Jobs still queued then are discarded: counted in
+        ``stats.discarded_at_close``, logged once, their futures fail with ClosedError.
+        A call in flight at the deadline is not waited for (it ends on the worker within
+        the client's timeout), so close() returns within ``timeout`` (plus a few ms) also
+        when the daemon is gone or frozen; ``close(timeout=0)`` discards at once. It
+        blocks its caller meanwhile: a control loop calls it once its loop has ended.
+        Called from the worker's thread (a future's done callback) it returns at once and
+        the worker drains as above once the callback returns. Idempotent: a second call
+        returns at once. Raises ValidationError for a ``timeout`` that is not seconds >= 0
+        (the bridge stays open then).
+        """
+        seconds = _seconds(timeout, "timeout")
+        with self._lock:
+            if self._closed:
+                return
+            self._close_by = time.monotonic() + seconds  # first: a worker seeing _closed sees it too
+            self._closed = True
+        with contextlib.suppress(queue.Full):  # full: the worker is not idle, it finds the end itself
+            self._jobs.put_nowait(None)  # the queue ends here; wakes an idle worker now
+        worker = self._thread
+        if worker is threading.current_thread():  # a done callback: the worker cannot wait for itself
+            return  # it drains once the callback returns, then discards what is left itself
+        if worker is not None:
+            worker.join(max(0.0, self._close_by - time.monotonic()))
+        self._stop.set()  # the deadline passed (or the queue is drained): no more jobs
+        self._discard_pending()
 
     stop = close
 
@@ -254,29 +286,38 @@ class MemoryBridge:
         return future
 
     def _put(self, job: _Job) -> _Job | None:
-        if self._stop.is_set():  # closed, or the worker ended
-            self.stats.dropped += 1
-            return None
-        try:
-            self._jobs.put_nowait(job)
-        except queue.Full:
-            self.stats.dropped += 1
-            return None
-        if self._stop.is_set():  # close() or the worker's end since the check: its drain may have missed it
-            self._cancel_pending()
-            self.stats.dropped += 1
-            return None
-        self.stats.enqueued += 1
+        """Queue ``job``; None when it is dropped (queue full, closing or closed, worker ended)."""
+        with self._lock:  # close() cannot start between the check and the put (see __init__)
+            queued = not (self._closed or self._stop.is_set()) and _put_nowait(self._jobs, job)
+            if not queued:
+                self.stats.dropped += 1
+                return None
+            self.stats.enqueued += 1
         return job
 
-    def _cancel_pending(self) -> None:
+    def _discard_pending(self) -> None:
+        """Take every job still queued and fail its future with ClosedError; after close(),
+        count them in ``stats.discarded_at_close`` and log the count (once: no job is
+        queued after close() started, so whichever of close() and the worker comes first
+        takes them all)."""
+        jobs: list[_Job] = []
+        with self._lock:
+            while True:
+                try:
+                    job = self._jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if job is not None:
+                    jobs.append(job)
+            if self._closed:
+                self.stats.discarded_at_close += len(jobs)
+        if jobs and self._closed:
+            turns = sum(job.retry for job in jobs)  # the turns are the jobs sent again
+            log.warning("memory bridge closed: %d queued job(s) (%d turn(s)) not sent within close()'s timeout,"
+                        " discarded", len(jobs), turns)
         why = "closed" if self._closed else "worker failed (see the log)"
-        while True:
-            try:
-                job = self._jobs.get_nowait()
-            except queue.Empty:
-                return
-            if job is not None and job.future is not None and not job.future.done():
+        for job in jobs:  # outside the lock: a done callback may call the bridge
+            if job.future is not None and not job.future.done():
                 job.future.set_exception(ClosedError(f"memory bridge {why} before the job ran"))
 
     # -- the worker thread ------------------------------------------------------------------------
@@ -285,21 +326,29 @@ class MemoryBridge:
         client = None
         try:
             client = self._factory()
-            self._refresh(client)
-            while not self._stop.is_set():
-                self._step(client)
+            if not self._closed:  # closing: the deadline is for the queued jobs
+                self._refresh(client)
+            while self._step(client):
+                pass
         except Exception:  # the worker must not die silently: the snapshot says why
             log.exception("memory bridge worker failed")
             self._snapshot = MemorySnapshot(error="memory bridge worker failed; see the log")
         finally:
             # No job is taken after this: refuse new ones and fail the queued ones (their
             # futures would otherwise never finish); close() does the same.
-            self._stop.set()
-            self._cancel_pending()
+            with self._lock:  # a job is queued before this (and discarded) or refused
+                self._stop.set()
+            self._discard_pending()
             if client is not None:
                 client.close()
 
-    def _step(self, client: Any) -> None:
+    def _step(self, client: Any) -> bool:
+        """Run the next job, and a refresh when one is due; False when the worker is to end
+        (stopped, or close() started and the queue is drained or its deadline passed)."""
+        if self._stop.is_set():
+            return False
+        if self._closed:
+            return self._drain_one(client)
         due = self._snapshot.fetched_at + self._refresh_interval if self._snapshot.fetched_at else 0.0
         try:
             job = self._jobs.get(timeout=max(0.0, min(due - time.monotonic(), self._refresh_interval)))
@@ -311,9 +360,26 @@ class MemoryBridge:
         # Refresh after a burst of jobs rather than after each one, but never let
         # a steady stream of jobs keep the snapshot older than two intervals.
         wanted = self._dirty or now >= due
-        if wanted and not self._stop.is_set() and (self._jobs.empty() or now >= due + self._refresh_interval):
+        if wanted and not self._closed and not self._stop.is_set() \
+                and (self._jobs.empty() or now >= due + self._refresh_interval):
             self._refresh(client)
             self._dirty = False
+        return True
+
+    def _drain_one(self, client: Any) -> bool:
+        """close() started: run the next queued job (no refresh: nobody reads the snapshot
+        for long now); False when none is left or close()'s deadline passed (the jobs left
+        are discarded by whichever of close() and the worker's end comes first)."""
+        if time.monotonic() >= self._close_by:
+            return False
+        try:
+            job = self._jobs.get_nowait()
+        except queue.Empty:
+            return False
+        if job is None:  # close()'s mark: nothing is queued behind it
+            return False
+        self._run(client, job)
+        return True
 
     def _run(self, client: Any, job: _Job) -> bool:
         if job.future is not None and not job.future.set_running_or_notify_cancel():
@@ -340,17 +406,24 @@ class MemoryBridge:
     def _run_retrying(self, client: Any, job: _Job) -> Any:
         """``job.run(client)``, run again with backoff after each "not now" failure
         (:data:`RETRY_CODES`) until it succeeds or ``turn_retry_for`` seconds have passed
-        since it was queued (one attempt at least); ``latest().error`` says it waits
-        meanwhile. Raises the last failure when given up, ClosedError when the bridge
-        closes meanwhile, any other failure at once."""
+        since it was queued (one attempt at least), or close()'s deadline, whichever comes
+        first; ``latest().error`` says it waits meanwhile. Raises the last failure when
+        ``turn_retry_for`` passed, ClosedError when close()'s deadline passed or the worker
+        stopped, any other failure at once."""
         deadline = job.queued_at + self._retry_for
         pause = _FIRST_PAUSE
         while True:
             try:
                 return job.run(client)
             except ReachyMemoryError as exc:
-                left = deadline - time.monotonic()
-                if getattr(exc, "code", None) not in RETRY_CODES or left <= 0 or self._stop.is_set():
+                if getattr(exc, "code", None) not in RETRY_CODES:
+                    raise
+                now = time.monotonic()
+                if now >= self._close_by or self._stop.is_set():
+                    raise ClosedError(f"memory bridge closed while a {job.label} waited for the daemon: {exc}",
+                                      label=job.label) from exc
+                left = min(deadline, self._close_by) - now
+                if left <= 0:
                     raise
                 self.stats.retries += 1
                 self.stats.last_error = f"{job.label}: {exc} (sending it again)"
@@ -392,6 +465,22 @@ class MemoryBridge:
 
 
 __all__ = ["NOBODY", "PERSON_KEY", "RETRY_CODES", "BridgeStats", "MemoryBridge", "MemorySnapshot"]
+
+
+def _put_nowait(jobs: queue.Queue[_Job | None], job: _Job) -> bool:
+    """Put ``job`` on ``jobs`` without waiting; False when the queue is full."""
+    try:
+        jobs.put_nowait(job)
+    except queue.Full:
+        return False
+    return True
+
+
+def _seconds(value: Any, name: str) -> float:
+    """``value`` as finite seconds >= 0; raises ValidationError (``field=name``) otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < float("inf"):
+        raise ValidationError(f"{name} must be seconds >= 0, not {value!r}", field=name)
+    return float(value)
 
 
 def _refuses_turn_ids(exc: ValidationError) -> bool:
