@@ -165,7 +165,13 @@ def _note_file(memory: dict[str, Any]) -> str:
 class _Dumper(yaml.SafeDumper):
     """safe_dump, but a string holding anything unprintable (line ends of any kind, tabs,
     controls) is written double-quoted with escapes: PyYAML reads U+0085 / U+2028 in a
-    plain or single-quoted scalar back as a line break, changing the text."""
+    plain or single-quoted scalar back as a line break, changing the text.  And never an
+    anchor or alias (``&id001`` / ``*id001``): an object met twice (a note's ``aliases``
+    list is also in its ``rm``) is written out again in full, as Obsidian and other YAML
+    readers show and keep it (our own import refuses an alias in a key it leaves out)."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
 
 
 def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:

@@ -193,7 +193,8 @@ _ROWS = [
                                     _opt("external_id", STR), _opt("metadata", DICT), _OWNER],
         "person", "Change the given fields of a person."),
     _op("merge_people", "engine", [_req("keep", STR), _req("other", STR)], "person",
-        "Merge two persons: aliases united, memories re-linked (a retry of a done merge changes nothing)."),
+        "Merge two persons: aliases united, memories re-linked (a retry of a done merge changes nothing); "
+        "into another owner's person is bad_request naming both owners (keep a household person instead)."),
     _op("delete_person", "engine", [_req("id", STR)], '{"deleted": bool}',
         "Forget a person (memories stay, unlinked); an id merged away is bad_request naming the live person."),
     _op("note", "engine", [_req("name", STR)], "memory | null", "The note with this name or alias."),

@@ -191,7 +191,10 @@ class PeopleMixin:
         """Merge ``other`` into ``keep``: aliases united, memories re-linked (ids read as
         ``people.read_person_id`` says; an id merged away names the person it was merged
         into). Merging again what is merged already (a retry) changes nothing and returns
-        the person. Raises NotFoundError, ValidationError."""
+        the person. ``keep`` must be seen by everyone who sees ``other`` (the same owner, or
+        the household's): else a ValidationError naming both owners (``owner``,
+        ``other_owner``), as its memories would name a person their owner cannot see.
+        Raises NotFoundError, ValidationError."""
         self._require_open()
         with self._lock:
             plan = self._people.merge_people(keep, other)

@@ -277,7 +277,8 @@ class _Api:
         return self._call("update_person", args, proto.person_from_wire, timeout)
 
     def merge_people(self, keep: str, other: str, *, timeout: float | None = None) -> Any:
-        """Merge ``other`` into ``keep``; returns the kept Person (a retry of a done merge: the same)."""
+        """Merge ``other`` into ``keep``; returns the kept Person (a retry of a done merge: the same).
+        Into another owner's person: a ValidationError naming both (``owner``, ``other_owner``)."""
         return self._call("merge_people", {"keep": keep, "other": other}, proto.person_from_wire, timeout)
 
     def delete_person(self, person_id: str, *, timeout: float | None = None) -> Any:

@@ -51,7 +51,9 @@ Owner scoping: a person belongs to an owner (a user of the robot) or, with
 ``owner=None`` sees everyone (an unscoped store keeps today's behaviour).
 A reference resolved for an owner teaches (a missing name or relation) only that
 owner's persons: "my therapist Dr. Evil" from Bob links a household therapist
-but does not rename it for everyone.
+but does not rename it for everyone.  A merge keeps a person everyone who saw
+either sees (:func:`check_merge_owners`): two persons of one owner, or an owned
+person into the household's; the memories it re-links stay about a person their owner sees.
 
 Thread ownership: a registry is owned by the store's writer thread; it takes
 no locks.  Readers on other threads must go through that owner.
@@ -338,11 +340,13 @@ class PersonRegistry:
         for size.  Either id may be one merged away: it names the person it was merged
         into; ``other`` merged away into ``keep``'s person already is a retried merge (no
         ops, the person as it is).  Raises NotFoundError, ValidationError (same person,
-        or the union is too large).
+        or the union is too large, or ``keep`` is not seen by everyone who sees ``other``:
+        :func:`check_merge_owners`).
         """
         kept, gone = self._require(keep, "keep"), self._require(other, "other")
         if kept.id == gone.id:
             return self._merged_already(kept, read_person_id(keep, "keep"), read_person_id(other, "other"))
+        check_merge_owners(kept, gone)
         united = replace(kept, aliases=_united_aliases(kept, gone), relation=kept.relation or gone.relation,
                          external_id=kept.external_id or gone.external_id, metadata=_merged_metadata(kept, gone),
                          updated_at=to_datetime(self._clock()))
@@ -497,6 +501,26 @@ def person_from_op(op: dict[str, Any]) -> Person:
 def visible_to(person: Person, owner: str | None) -> bool:
     """Whether ``owner`` sees ``person``: their own or the household's (None sees everyone)."""
     return owner is None or person.owner is None or person.owner == owner
+
+
+def check_merge_owners(kept: Person, gone: Person) -> None:
+    """Raise ValidationError unless everyone who sees ``gone`` sees ``kept``: the same owner,
+    or ``kept`` the household's (owner None).  A merge re-links every memory about ``gone``
+    and makes its id name ``kept``: merged into another user's person, ``gone``'s owner's
+    memories (and lookups, ``recall(about=)``) would name a person that owner cannot see,
+    and a household person merged into one user's would vanish for every other user.  The
+    error names both owners (``owner`` and ``other_owner``; None: the household)."""
+    if kept.owner is None or kept.owner == gone.owner:
+        return
+    raise ValidationError(
+        f"cannot merge {gone.id} ({gone.display_name}, {_whose(gone)}) into {kept.id} ({kept.display_name}, "
+        f"{_whose(kept)}): the memories and users that see the first would not see the person it becomes; "
+        "merge persons of one owner, or into a household person (update_person(keep, owner=None) makes one)",
+        field="other", owner=kept.owner, other_owner=gone.owner)
+
+
+def _whose(person: Person) -> str:
+    return "the household's (no owner)" if person.owner is None else f"owner {person.owner!r}"
 
 
 def _best(people: list[Person], owner: str | None) -> Person | None:

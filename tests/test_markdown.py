@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -41,6 +42,8 @@ def stores(draw: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
             p["relation"] = "friend"
         # ids merged into the person (kept as written: "017" is not the number 17)
         p["merged_ids"] = draw(st.lists(st.sampled_from([f"gone{i}", f"0{i}7", f"yes{i}"]), max_size=2, unique=True))
+        if p["aliases"] and draw(st.booleans()):  # one list object twice in the front matter (YAML would alias it)
+            p["metadata"] = {"aka": p["aliases"], "also": p["aliases"]}
     memories = []
     for i in range(draw(st.integers(0, 6))):
         kind = draw(st.sampled_from(["fact", "fact", "conversation", "context"]))
@@ -62,6 +65,18 @@ def stores(draw: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     return memories, people
 
 
+def _yaml_anchors(files: dict[str, str]) -> list[tuple[str, str]]:
+    """(file, anchor) for each YAML anchor or alias (``&id001``, ``*id001``) in the files'
+    front matter: Obsidian shows them raw, and other tools read them differently or not at all."""
+    found = []
+    for path, text in files.items():
+        if text.startswith("---\n"):
+            front = text[4:text.index("\n---\n", 3)]
+            found += [(path, str(e.anchor)) for e in yaml.parse(front, Loader=yaml.SafeLoader)
+                      if getattr(e, "anchor", None) is not None]
+    return found
+
+
 def _clean(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Records compared field by field, defaults dropped (they are left out of the files)."""
     return sorted(({k: v for k, v in d.items() if v not in (None, [], {}, False)} for d in items),
@@ -73,6 +88,7 @@ def _clean(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def test_render_then_parse_gives_back_every_memory_and_person(data: tuple[list[dict[str, Any]], ...]) -> None:
     memories, people = data
     files = render(memories, people)
+    assert _yaml_anchors(files) == []  # an object met twice is written out twice, never aliased
     ignored: dict[str, list[str]] = {}
     got_memories, got_people = parse(files, ignored=ignored)
     assert ignored == {}  # our own front matter: every key ours
@@ -81,6 +97,24 @@ def test_render_then_parse_gives_back_every_memory_and_person(data: tuple[list[d
     for path, text in files.items():  # a list file has no line end str.splitlines() sees and parse does not
         if not path.startswith("notes/"):
             assert text.splitlines() == text.split("\n")[:-1], path
+
+
+def test_a_named_note_and_a_person_sharing_a_list_are_written_without_yaml_aliases() -> None:
+    """A note's front matter holds its ``aliases`` list twice (top level, where Obsidian reads
+    it, and in ``rm``), and PyYAML wrote the second as an alias of the first: ``aliases: &id001``
+    ... ``aliases: *id001``, shown raw in Obsidian and read differently by other tools."""
+    aliases = ["router", "ssid"]
+    note = {"id": "m1", "content": "The password is on the fridge.", "type": "fact",
+            "created_at": "2026-11-02T10:00:00+00:00", "metadata": {}, "subjects": [], "name": "wifi",
+            "aliases": aliases}
+    person = {"id": "p1", "name": "Sarah", "relation": None, "aliases": ["Sassy"], "owner": None,
+              "external_id": None, "metadata": {"aka": aliases, "also": aliases},
+              "created_at": "2026-11-01T10:00:00+00:00", "updated_at": "2026-11-01T10:00:00+00:00"}
+    files = render([note], [person])
+    assert _yaml_anchors(files) == [] and not re.search(r"[&*]id\d", "".join(files.values()))
+    assert files["notes/wifi.md"].count("- router\n") == 2  # written out in full both times
+    memories, people = parse(files)
+    assert (_clean(memories), _clean(people)) == (_clean([note]), _clean([person]))
 
 
 def test_a_line_separator_in_a_record_keeps_it_whole() -> None:

@@ -1,17 +1,22 @@
 """A hypothesis state machine over person operations on a store, through every id it
 ever handed out: live, merged away (alone or along a chain of merges) or deleted.
 
-What it holds, after every step: a memory's subjects are live persons, a merged-away
-id resolves to a live person, a delete only ever forgets the person its id names
-(an id merged away is refused, naming that person), a merge keeps every outside
-identity (external id) of both persons finding the united one, no person is ever
-named after an id.  And on demand: reopening, a full compaction (then ``verify``
-clean) and an export imported into a fresh store give the same persons, redirects,
-links and lookups, as does a reopen after a crash (the journal replayed).
+Persons and memories belong to two users or the household (owner None).  What it
+holds, after every step: a memory's subjects are live persons its owner sees, a
+merged-away id resolves to a live person, a delete only ever forgets the person its id
+names (an id merged away is refused, naming that person), a merge keeps every outside
+identity (external id) of both persons finding the united one and is refused, naming
+both owners, unless everyone who saw the person merged away sees the kept one, no
+person is ever named after an id.  And on demand: reopening, a full compaction (then
+``verify`` clean) and an export imported into a fresh store give the same persons,
+owners, redirects, links and lookups (the fresh store's memories too only about persons
+their owners see), as does a reopen after a crash (the journal replayed); the export
+goes as entries (JSON Lines) or through a markdown folder's files.
 Lexical-only stores (no model): person operations do not embed.
 
 Found by it: ``remember(subjects=[a deleted person's id])`` made a person named after
-the id ("C3A6317Adb1C44D6..."); the registry tests then pinned each fault found.
+the id ("C3A6317Adb1C44D6..."); merging Bob's person into Alice's linked Bob's memories
+to a person Bob cannot see; the registry tests then pinned each fault found.
 """
 
 from __future__ import annotations
@@ -28,23 +33,32 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from reachy_memory import MemoryStore, NotFoundError, ValidationError
 from reachy_memory._export import person_entries
+from reachy_memory._markdown import parse, render
 from reachy_memory.backup import verify
 from reachy_memory.config import load_config
 from tests.store_util import abandon
 
 NAMES = ("Ann", "Bob", "Cy", "Dee")
 FACES = tuple(f"face:{n}" for n in range(4))
+OWNERS = st.sampled_from([None, "alice", "bob"])  # None: the household's person, an unscoped memory
+THEIRS = "(the subject's owner)"
 ANY = st.integers(0, 63)  # an index into every id handed out (modulo their number)
 
 
 def _state(store: MemoryStore, ids: list[str]) -> tuple[Any, ...]:
     """What a caller can see of the persons: persons, redirects, links, lookups by id and face."""
-    people = sorted((p.id, p.name, p.relation, p.aliases, p.external_id, repr(sorted(p.metadata.items())))
+    people = sorted((p.id, p.name, p.relation, p.aliases, p.owner, p.external_id, repr(sorted(p.metadata.items())))
                     for p in store.people())
-    links = sorted((m.id, m.subjects) for m in store.export_page(None, 10_000)[0])
+    links = sorted((m.id, m.owner, m.subjects) for m in store.export_page(None, 10_000)[0])
     by_id = [getattr(store.find_person(i), "id", None) for i in ids]
     by_face = [getattr(store.person_by_external_id(f), "id", None) for f in FACES]
     return people, store.person_redirects(), links, by_id, by_face
+
+
+def _unseen_subjects(store: MemoryStore) -> list[tuple[str, str | None, str]]:
+    """(memory id, its owner, subject) for each subject its owner cannot see (none is)."""
+    return [(m.id, m.owner, s) for m in store.export_page(None, 10_000)[0] for s in m.subjects
+            if store.find_person(s, owner=m.owner) is None]
 
 
 class PeopleStates(RuleBasedStateMachine):
@@ -69,10 +83,10 @@ class PeopleStates(RuleBasedStateMachine):
     def _faces(self) -> dict[str, str | None]:
         return {f: getattr(self.store.person_by_external_id(f), "id", None) for f in FACES}
 
-    @rule(name=st.sampled_from(NAMES), face=st.one_of(st.none(), st.sampled_from(FACES)))
-    def add(self, name: str, face: str | None) -> None:
+    @rule(name=st.sampled_from(NAMES), face=st.one_of(st.none(), st.sampled_from(FACES)), owner=OWNERS)
+    def add(self, name: str, face: str | None, owner: str | None) -> None:
         try:
-            self.ids.append(self.store.add_person(name, external_id=face).id)
+            self.ids.append(self.store.add_person(name, external_id=face, owner=owner).id)
         except ValidationError as exc:  # the face is anchored to someone already
             assert self.store.person_by_external_id(face or "") is not None, exc
 
@@ -81,11 +95,18 @@ class PeopleStates(RuleBasedStateMachine):
     def merge(self, keep: int, other: int) -> None:
         kept, gone = self.store.find_person(self._id(keep)), self.store.find_person(self._id(other))
         faces = self._faces()
+        across = kept is not None and gone is not None and kept.id != gone.id and kept.owner not in (None, gone.owner)
         try:
             united = self.store.merge_people(self._id(keep), self._id(other))
-        except (ValidationError, NotFoundError):
+        except ValidationError as exc:
+            if across:  # refused, naming both owners
+                assert (exc.owner, exc.other_owner) == (kept.owner, gone.owner), exc  # type: ignore[union-attr,attr-defined]
+                assert self.store.find_person(self._id(other)) == gone  # nothing merged
+            return
+        except NotFoundError:
             return
         assert kept is not None and gone is not None and united.id == kept.id
+        assert not across, f"{gone.owner}'s person merged into {kept.owner}'s"
         for face, holder in faces.items():  # every face of either still finds the united person
             if holder in (kept.id, gone.id):
                 assert self.store.person_by_external_id(face).id == united.id  # type: ignore[union-attr]
@@ -115,16 +136,19 @@ class PeopleStates(RuleBasedStateMachine):
             return
         assert before is not None and updated.id == before.id  # an old id updates the person it names
 
-    @rule(index=ANY, by_id=st.booleans())
-    def remember(self, index: int, by_id: bool) -> None:
+    @rule(index=ANY, by_id=st.booleans(), owner=st.one_of(OWNERS, st.just(THEIRS)))
+    def remember(self, index: int, by_id: bool, owner: str | None) -> None:
         self.facts += 1
         subject = self._id(index) if self.ids and by_id else NAMES[index % len(NAMES)]
+        if owner == THEIRS:  # the person's owner speaking of them: the memories a merge must keep in sight
+            owner = getattr(self.store.find_person(subject), "owner", None)
         try:
-            [memory] = self.store.remember(f"fact {self.facts} zq{self.facts}", subjects=[subject])
-        except ValidationError:
-            assert self.store.find_person(subject) is None
+            [memory] = self.store.remember(f"fact {self.facts} zq{self.facts}", subjects=[subject], owner=owner)
+        except ValidationError:  # an id of a person gone, or one the owner does not see
+            assert self.store.find_person(subject, owner=owner) is None
             return
-        assert [getattr(self.store.find_person(s), "id", None) for s in memory.subjects] == list(memory.subjects)
+        found = [getattr(self.store.find_person(s, owner=owner), "id", None) for s in memory.subjects]
+        assert found == list(memory.subjects)
 
     @rule()
     def reopen(self) -> None:
@@ -151,14 +175,18 @@ class PeopleStates(RuleBasedStateMachine):
         self.store = MemoryStore(config=self.config, embedder=None)
         assert _state(self.store, self.ids) == before
 
-    @rule()
-    def export_into_a_fresh_store(self) -> None:
+    @rule(markdown=st.booleans())
+    def export_into_a_fresh_store(self, markdown: bool) -> None:
+        """JSON Lines' entries as they are, or through the markdown folder's files."""
         people = person_entries(self.store.people(), self.store.person_redirects())
         memories = [m.to_dict() for m in self.store.export_page(None, 10_000)[0]]
+        if markdown:
+            memories, people = parse(render(memories, people))
         fresh = self.config.replace("memory", path=str(Path(tempfile.mkdtemp(dir=self.tmp)) / "data"))
         with MemoryStore(config=fresh, embedder=None) as other:
             other.import_memories(memories, people)
             assert _state(other, self.ids) == _state(self.store, self.ids)
+            assert _unseen_subjects(other) == []
 
     @invariant()
     def links_and_redirects_name_live_persons(self) -> None:
@@ -166,6 +194,7 @@ class PeopleStates(RuleBasedStateMachine):
         redirects = self.store.person_redirects()
         assert set(redirects.values()) <= live and not set(redirects) & live
         assert all(set(m.subjects) <= live for m in self.store.export_page(None, 10_000)[0])
+        assert _unseen_subjects(self.store) == []  # a memory's persons are ones its owner sees
         assert not any(re.fullmatch(r"[0-9a-f]{32}", p.name.casefold()) for p in self.store.people())
 
 

@@ -208,6 +208,33 @@ def test_deleting_through_a_merged_away_id_is_refused_and_loses_nothing(config: 
         assert store.delete_person(ann.id) and store.find_person(bob.id) is None
 
 
+# (keep's owner, other's owner): merged into another user's person, or a household person
+# into one user's, the memories and users that saw the person merged away would not see it.
+CROSS_OWNER_MERGES = [("alice", "bob"), ("alice", None)]
+
+
+@pytest.mark.parametrize(("keeps", "others"), CROSS_OWNER_MERGES)
+def test_a_merge_across_owners_is_refused_naming_both(lexical_store: MemoryStore, keeps: str,
+                                                      others: str | None) -> None:
+    """merge_people(Alice's Carol, Bob's Carol) re-linked Bob's memories to Alice's person:
+    Bob's own facts named a person Bob cannot see (recall(about=) by him found nothing).
+    The way the error gives: the kept person made the household's, the merge is allowed
+    (everyone sees the person) and Bob's facts follow it."""
+    kept, gone = lexical_store.add_person("Carol", owner=keeps), lexical_store.add_person("Carol", owner=others)
+    [tea] = lexical_store.remember("Carol likes tea", subjects=[gone.id], owner="bob")
+    with pytest.raises(ValidationError, match=f"owner {keeps!r}") as caught:
+        lexical_store.merge_people(kept.id, gone.id)
+    assert (caught.value.owner, caught.value.other_owner) == (keeps, others)  # type: ignore[attr-defined]
+    assert ("household" if others is None else repr(others)) in caught.value.message
+    assert lexical_store.get(tea.id).subjects == (gone.id,)  # type: ignore[union-attr]  # nothing merged
+    assert lexical_store.find_person(gone.id, owner="bob") == gone and lexical_store.person_redirects() == {}
+    lexical_store.update_person(kept.id, owner=None)
+    united = lexical_store.merge_people(kept.id, gone.id)
+    assert united.owner is None and lexical_store.find_person(gone.id, owner="bob") == united
+    assert lexical_store.get(tea.id).subjects == (kept.id,)  # type: ignore[union-attr]
+    assert [h.memory.id for h in lexical_store.recall("tea", about="Carol", owner="bob")] == [tea.id]
+
+
 def test_the_id_of_a_deleted_or_unseen_person_is_no_subject(lexical_store: MemoryStore) -> None:
     """remember(subjects=[an id of a person deleted]) (an app holding the id) made a new
     person named after the id ("C3A6317Adb1C44D6..."); another user's person id did too."""
