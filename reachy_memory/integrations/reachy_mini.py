@@ -51,8 +51,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .. import protocol as proto
 from .._ingest import check_owner
-from ..client import MemoryClient
+from ..client import MemoryClient, refuses_ids
 from ..config import Config
 from ..errors import BusyError, ClosedError, ReachyMemoryError, ValidationError
 from ..model import SEARCH_LIMIT, Memory, MemoryType, SearchResult
@@ -65,7 +66,7 @@ PERSON_KEY = "current_person"
 NOBODY = "(nobody)"  # the stored value when nobody is there (context values cannot be empty)
 #: Protocol error codes that mean "not now" (the daemon restarting, stopping, slow or full):
 #: a turn failing with one is sent again, with its id, until ``turn_retry_for`` passes.
-RETRY_CODES = frozenset({"unavailable", "timeout", "busy"})
+RETRY_CODES = proto.RETRY_CODES
 _FIRST_PAUSE, _LONGEST_PAUSE = 0.05, 1.0  # seconds between a turn's attempts: doubling, capped
 
 
@@ -205,7 +206,7 @@ class MemoryBridge:
             try:
                 c.record_turn(role, text, tagged[0], **owned)  # window and memory: one write
             except ValidationError as exc:
-                if not _refuses_turn_ids(exc):
+                if not refuses_ids(exc):
                     raise
                 del owned["id"]  # a daemon not restarted since an upgrade: keep the turn, sent once
                 c.record_turn(role, text, tagged[0], **owned)
@@ -392,11 +393,6 @@ class MemoryBridge:
 
 
 __all__ = ["NOBODY", "PERSON_KEY", "RETRY_CODES", "BridgeStats", "MemoryBridge", "MemorySnapshot"]
-
-
-def _refuses_turn_ids(exc: ValidationError) -> bool:
-    """Whether ``exc`` is an older daemon's refusal of ``record_turn``'s ``id`` argument."""
-    return exc.fields.get("field") == "args" and "'id'" in str(exc)
 
 
 def _owned(owner: str | None) -> dict[str, Any]:
