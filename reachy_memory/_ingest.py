@@ -35,6 +35,8 @@ PREVIOUS_CHARS = 1000
 ITEM_KEYS = frozenset({"content", "memory_type", "metadata", "id", "created_at", "owner", "shared"})
 MODES = ("hybrid", "vector", "lexical")
 MAX_NAME_CHARS = 200  # an owner, a note name, an id a memory's fields take
+MAX_ID_CHARS = 128  # a memory's own id (a uuid4 hex is 32)
+_ID_QUOTES = frozenset("\"'`")
 
 
 class Item(NamedTuple):
@@ -62,8 +64,10 @@ def as_list(items: Iterable[Any], limit: int) -> list[Any]:
     return items
 
 
-def validate_item(item: Any, config: Config) -> Item:
-    """One item of a batch store, checked.  ``owner`` (optional) must be a valid owner
+def validate_item(item: Any, config: Config, *, imported: bool = False) -> Item:
+    """One item of a batch store, checked.  ``id`` (optional) must be a client id
+    (:func:`check_id`); ``imported``: an exported memory's id, taken as any earlier version
+    wrote it (1 to 128 characters).  ``owner`` (optional) must be a valid owner
     (:func:`check_owner`), ``shared`` a bool; shared without an owner is kept as given,
     as ``remember`` does (an unscoped memory is seen by every user anyway).
     Raises ValidationError / TooLargeError."""
@@ -78,8 +82,8 @@ def validate_item(item: Any, config: Config) -> Item:
     metadata = validate_metadata(item.get("metadata"), max_bytes=mem.max_metadata_bytes,
                                  max_keys=mem.max_metadata_keys)
     memory_id = item.get("id")
-    if memory_id is not None and (not isinstance(memory_id, str) or not 0 < len(memory_id) <= 128):
-        raise ValidationError("id must be a non-empty string of at most 128 characters", field="id")
+    if memory_id is not None:
+        memory_id = _check_imported_id(memory_id) if imported else check_id(memory_id)
     owner, shared = item.get("owner"), item.get("shared", False)
     if owner is not None:
         owner = check_owner(owner)
@@ -87,6 +91,33 @@ def validate_item(item: Any, config: Config) -> Item:
         raise ValidationError("shared must be true or false", field="shared")
     return Item(content, mtype.value, metadata, memory_id, check_time(item.get("created_at"), "created_at"),
                 owner, shared)
+
+
+def check_id(value: Any, field: str = "id") -> str:
+    """``value`` if it is a memory id a client may choose for a new write: a string of 1 to
+    :data:`MAX_ID_CHARS` printable characters, none of them whitespace or a quote (``"``, ``'``,
+    a backquote).  Raises ValidationError naming ``field``.
+
+    Why the characters: an id is handed back to language models and people, who copy it
+    (the tools strip the whitespace and quotes models wrap copies in, so an id holding
+    them could never be forgotten through a tool); a control character, a lone surrogate
+    or an invisible one (U+200B) would make an id nobody can type or read back."""
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_ID_CHARS:
+        raise ValidationError(f"{field} must be a non-empty string of at most {MAX_ID_CHARS} characters",
+                              field=field)
+    bad = next((c for c in value if not c.isprintable() or c.isspace() or c in _ID_QUOTES), None)
+    if bad is not None:
+        raise ValidationError(f"{field} {value[:40]!r} holds {bad!r}: an id is printable characters without "
+                              "whitespace or quotes (e.g. a uuid4 hex)", field=field)
+    return value
+
+
+def _check_imported_id(value: Any) -> str:
+    """An exported memory's id: 1 to :data:`MAX_ID_CHARS` characters, as every earlier version
+    took it (an export must import again; :func:`check_id`'s characters came later)."""
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_ID_CHARS:
+        raise ValidationError(f"id must be a non-empty string of at most {MAX_ID_CHARS} characters", field="id")
+    return value
 
 
 def check_label(value: Any, field: str, where: str = "") -> str:
@@ -231,6 +262,15 @@ def check_search(query: Any, limit: Any, min_score: Any, mode: str | None, confi
     if mode not in MODES:
         raise ValidationError(f"mode must be hybrid, vector or lexical, got {mode!r}", field="mode")
     return mode
+
+
+def check_seconds(value: Any, field: str, *, finite: bool = False) -> float:
+    """``value`` as a float number of seconds >= 0 (``inf``, no limit, unless ``finite``);
+    raises ValidationError naming ``field`` otherwise (NaN, negative, bool, not a number)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0 \
+            or (finite and not math.isfinite(value)):
+        raise ValidationError(f"{field} must be a number of seconds >= 0, not {value!r}", field=field)
+    return float(value)
 
 
 def check_str(value: Any, field: str) -> None:

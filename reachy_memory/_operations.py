@@ -163,10 +163,12 @@ _ROWS = [
         "A consistent snapshot file on the daemon's machine (a directory gets a timestamped file)."),
     _op("compact", "engine", [], "null", "Fold the journal into a snapshot now."),
     # -- people-aware memory (issue 10) ----------------------------------------------------------
-    _op("remember", "engine", [_opt("content", STR), _opt("facts", LIST, doc="[{content, subjects?, name?, ...}]"),
+    _op("remember", "engine", [_opt("content", STR), _opt("facts", LIST, doc="[{content, subjects?, name?, id?, ...}]"),
                                _opt("subjects", LIST, doc="references: 'my wife', 'Sarah', person ids"),
                                _opt("expires_in_days", NUM), _opt("shared", BOOL, False), _OWNER,
-                               _opt("name", STR, doc="a unique note name"), _opt("aliases", LIST)],
+                               _opt("name", STR, doc="a unique note name"), _opt("aliases", LIST),
+                               _opt("id", STR, doc="client-chosen, with content (with facts: each fact's id): "
+                                                   "a retry never stores a fact twice")],
         "[memory]", "Store facts about people; persons are resolved or created; conflicting older facts superseded."),
     _op("recall", "engine", [_req("query", STR), _opt("about", STR), _OWNER, _opt("limit", INT, SEARCH_LIMIT),
                              _opt("include_superseded", BOOL, False)],
@@ -222,12 +224,22 @@ IDEMPOTENT = frozenset({"ping", "health", "stats", "get", "get_context", "get_co
                         "store_batch", "remember_fact", "remember_conversation", "export", "import", "recall",
                         "history", "find_person", "person_by_external_id", "people", "person_redirects", "note",
                         "context_for"})
-# Retried only when the call carries a client-chosen id (``id`` in its args): without one, a retry
+# Retried only when the call carries a client-chosen id (:func:`carries_ids`): without one, a retry
 # after a lost reply would keep the write twice.
-IDEMPOTENT_WITH_ID = frozenset({"record_turn"})
+IDEMPOTENT_WITH_ID = frozenset({"record_turn", "remember"})
 OPERATIONS: dict[str, Op] = {op.name: op for op in _ROWS}
 LANES = {lane: frozenset(o.name for o in _ROWS if o.lane == lane)
          for lane in ("inline", "embed", "engine", "background")}
+
+
+def carries_ids(args: dict[str, Any]) -> bool:
+    """Whether a call of an op of :data:`IDEMPOTENT_WITH_ID` names what it writes: its ``id``,
+    or (``remember``) an ``id`` in each of its facts."""
+    if args.get("id") is not None:
+        return True
+    facts = args.get("facts")
+    return isinstance(facts, list) and bool(facts) and all(isinstance(f, dict) and f.get("id") is not None
+                                                          for f in facts)
 
 
 def check_args(op: Op, args: dict[str, Any]) -> dict[str, Any]:

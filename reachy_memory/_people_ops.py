@@ -73,7 +73,7 @@ MAX_NAME_CHARS = ingest.MAX_NAME_CHARS
 MAX_ALIASES = 32
 CANDIDATES = 10  # older facts checked for supersession per new fact
 REPEAT_SECONDS = 3600.0  # a fact told again within this is the same telling (see _same_fact)
-FACT_KEYS = frozenset({"content", "subjects", "name", "aliases", "shared", "expires_in_days", "metadata"})
+FACT_KEYS = frozenset({"content", "subjects", "name", "aliases", "shared", "expires_in_days", "metadata", "id"})
 ARCHIVE_MARKER = 120  # characters of the summary kept in the window's marker
 
 
@@ -103,7 +103,11 @@ class PeopleMixin:
     def _stored_text(self, rec: Record) -> str:
         raise NotImplementedError
 
-    def prepare(self, items: Iterable[Mapping[str, Any]], now: float | None = None) -> _Prepared:
+    def prepare(self, items: Iterable[Mapping[str, Any]], now: float | None = None, *,
+                imported: bool = False) -> _Prepared:
+        raise NotImplementedError
+
+    def _check_retries_still_stored(self, prepared: _Prepared) -> None:
         raise NotImplementedError
 
     def embed_query(self, query: str) -> np.ndarray | None:
@@ -238,24 +242,51 @@ class PeopleMixin:
     def remember(self, content: str | None = None, facts: Sequence[Mapping[str, Any]] | None = None,
                  subjects: Sequence[str] | None = None, expires_in_days: float | None = None,
                  shared: bool = False, owner: str | None = None, name: str | None = None,
-                 aliases: Sequence[str] = ()) -> list[Memory]:
+                 aliases: Sequence[str] = (), *, id: str | None = None) -> list[Memory]:
         """Store one fact (``content``) or several (``facts``: dicts with content and
-        optionally subjects, name, aliases, shared, expires_in_days, metadata).
+        optionally subjects, name, aliases, shared, expires_in_days, metadata, id).
 
         Each fact's ``subjects`` (references: "my wife", "Sarah", a person id) are
         resolved, or created as persons; without them (None) the persons the sentence
         names are found ("she" is the person of the previous fact); ``[]`` is a fact
         about nobody.  An older fact
         the new one contradicts is superseded (kept, hidden by default).
-        Returns the stored memories. Raises ValidationError / TooLargeError.
+        ``id`` (optional, client-chosen, :func:`~._ingest.check_id`; with ``facts`` each
+        fact's own ``id``) makes it idempotent as :meth:`store` is: a fact whose id already
+        holds it (same content, owner and sharing) is not written again, nor its persons or
+        supersessions, and the memory kept first is returned (the id holding another memory:
+        ValidationError, nothing written).
+        Returns the stored memories. Raises ValidationError / TooLargeError, NotFoundError
+        (nothing written) when a fact kept under its id was forgotten while the retry waited.
         """
         self._require_open()
-        items = _fact_items(content, facts, subjects, expires_in_days, shared, name, aliases)
+        items = _fact_items(content, facts, subjects, expires_in_days, shared, name, aliases, id)
+        # owner and sharing too: a retry is recognised (check_duplicate) by what its id's memory holds
         prepared = self.prepare([{"content": i["content"], "memory_type": MemoryType.FACT,
-                                  "metadata": i.get("metadata")} for i in items])
+                                  "metadata": i.get("metadata"), "id": i.get("id"), "owner": owner,
+                                  "shared": bool(i.get("shared"))} for i in items])
         with self._lock:
-            self._check_facts(items, owner)  # all or nothing: a refusal in fact 3 must not leave facts 1-2 stored
-            return [self._remember_one(item, op, owner) for item, op in zip(items, prepared.ops, strict=True)]
+            # all or nothing: a refusal in fact 3 must not leave facts 1-2 stored
+            self._check_retries_still_stored(prepared)
+            kept = self._kept_facts(items, prepared.ids, owner)
+            self._check_facts([item for item, i in zip(items, prepared.ids, strict=True) if i not in kept], owner)
+            ops = {op[1]["id"]: op for op in prepared.ops}
+            return [self._remembered(item, memory_id, ops, owner)
+                    for item, memory_id in zip(items, prepared.ids, strict=True)]
+
+    def _kept_facts(self, items: list[dict[str, Any]], ids: list[str], owner: str | None) -> set[str]:
+        """The ids of ``items`` whose memory is already stored (a retry with client ids).
+        Raises ValidationError when an id holds another memory."""
+        return {memory_id for item, memory_id in zip(items, ids, strict=True)
+                if ingest.check_duplicate(self._state.records.get(memory_id), memory_id, item["content"],
+                                          MemoryType.FACT.value, owner, bool(item.get("shared")))}
+
+    def _remembered(self, item: dict[str, Any], memory_id: str, ops: Mapping[str, list[Any]],
+                    owner: str | None) -> Memory:
+        """The memory of one fact: the one its id holds (a retry, or the same id given twice in
+        the call), else the fact stored now."""
+        kept = self._state.records.get(memory_id)
+        return kept.memory() if kept is not None else self._remember_one(item, ops[memory_id], owner)
 
     def _check_facts(self, items: list[dict[str, Any]], owner: str | None) -> None:
         """Raise what storing ``items`` one by one would raise half-way: a subject that
@@ -651,7 +682,7 @@ class PeopleMixin:
         items = [{"content": r["content"], "memory_type": r["type"], "metadata": r.get("metadata"), "id": r["id"],
                   "created_at": r["created"], "owner": r.get("owner"), "shared": r.get("shared", False)}
                  for r in rows]  # owned: a turn borrows the previous turn's words by its owner (_ingest.lends_to)
-        ops = self.prepare(items).ops if items else []
+        ops = self.prepare(items, imported=True).ops if items else []
         return _Import(person_ops, rows, {op[1]["id"]: op for op in ops}, merged)
 
     def _redirect_ops(self, merged: Mapping[str, str], fresh: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -876,7 +907,7 @@ def check_import_memory(where: str, memory: Any, config: Config) -> dict[str, An
     try:
         row = _import_row(where, memory)
         ingest.validate_item({"content": row["content"], "memory_type": row["type"],
-                              "metadata": row.get("metadata"), "id": row["id"]}, config)
+                              "metadata": row.get("metadata"), "id": row["id"]}, config, imported=True)
     except ValidationError as exc:
         if exc.message.startswith(f"{where}:"):
             raise
@@ -1034,14 +1065,16 @@ def _item(hit: SearchResult) -> ContextItem:
 
 def _fact_items(content: str | None, facts: Sequence[Mapping[str, Any]] | None, subjects: Sequence[str] | None,
                 expires_in_days: float | None, shared: bool, name: str | None,
-                aliases: Sequence[str]) -> list[dict[str, Any]]:
-    """The facts of a ``remember`` call, each a checked dict."""
+                aliases: Sequence[str], memory_id: str | None = None) -> list[dict[str, Any]]:
+    """The facts of a ``remember`` call, each a checked dict (its id checked by ``prepare``)."""
     if (content is None) == (facts is None):
         raise ValidationError("give either content or facts", field="content")
     if facts is None:
-        facts = [{"content": content, "name": name, "aliases": aliases}]
+        facts = [{"content": content, "name": name, "aliases": aliases, "id": memory_id}]
     elif name is not None or aliases:
         raise ValidationError("with facts, a note name and aliases go inside the fact they name", field="name")
+    elif memory_id is not None:
+        raise ValidationError("with facts, each fact's id goes inside it", field="id")
     if isinstance(facts, str | bytes | Mapping) or not facts:
         raise ValidationError("facts must be a non-empty list of dicts", field="facts")
     # The other top-level arguments are defaults for every fact that does not give its own.

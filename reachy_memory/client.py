@@ -34,7 +34,8 @@ if TYPE_CHECKING:  # imported when an AsyncMemoryClient is made: asyncio costs t
     import asyncio
 
 from . import protocol as proto
-from ._operations import IDEMPOTENT, IDEMPOTENT_WITH_ID
+from ._ingest import check_seconds
+from ._operations import IDEMPOTENT, IDEMPOTENT_WITH_ID, carries_ids
 from .config import Config, load_config
 from .endpoint import check_tcp_port, ipc_path, load_certificate, resolve_endpoint
 from .errors import (
@@ -207,10 +208,15 @@ class _Api:
     def remember(self, content: str | None = None, facts: list[dict[str, Any]] | None = None,
                  subjects: list[str] | None = None, expires_in_days: float | None = None, shared: bool = False,
                  owner: str | None = None, name: str | None = None, aliases: list[str] | None = None, *,
-                 timeout: float | None = None) -> Any:
-        """Store one fact or several, about people (resolved or created); returns [Memory]."""
+                 id: str | None = None, timeout: float | None = None) -> Any:
+        """Store one fact or several, about people (resolved or created); returns [Memory].
+        With ``id`` (client-chosen, with ``content``; with ``facts``: an ``id`` in each fact)
+        a retry stores nothing twice and returns the memories kept first, and ``retries=``
+        sends it again after a timeout; without, it is sent once (the request daemons before
+        the id know: a daemon that does not know it refuses it, ValidationError naming "args"
+        or "facts", nothing stored: see :func:`refuses_ids`)."""
         args = _given(content=content, facts=facts, subjects=subjects, expires_in_days=expires_in_days,
-                      shared=shared, owner=owner, name=name, aliases=aliases)
+                      shared=shared, owner=owner, name=name, aliases=aliases, id=id)
         return self._call("remember", args, _memories, timeout)
 
     def recall(self, query: str, about: str | None = None, owner: str | None = None, limit: int = SEARCH_LIMIT,
@@ -337,6 +343,14 @@ def _unsendable(exc: Exception) -> str:
     return str(exc)
 
 
+def refuses_ids(exc: ValidationError) -> bool:
+    """Whether ``exc`` is a daemon's refusal of a client-made ``id`` it does not know yet (one
+    from before ids on that op, not restarted since an upgrade): an unknown argument (field
+    "args"), or ``remember``'s unknown fact key (field "facts"); it stored nothing. The caller
+    may send the write once without its id (never again: then a retry could keep it twice)."""
+    return exc.fields.get("field") in ("args", "facts") and "'id'" in exc.message
+
+
 def _given(**args: Any) -> dict[str, Any]:
     """The arguments that were given (None means "not given" on the wire)."""
     return {k: v for k, v in args.items() if v is not None}
@@ -345,8 +359,7 @@ def _given(**args: Any) -> dict[str, Any]:
 def _check_timeout(timeout: Any) -> None:
     """ValidationError (field "timeout") unless ``timeout`` is a number of seconds >= 0
     (NaN and negative numbers are refused; ``inf`` waits without limit)."""
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0:
-        raise ValidationError(f"timeout must be a number of seconds >= 0, not {timeout!r}", field="timeout")
+    check_seconds(timeout, "timeout")
 
 
 class _Base(_Api):
@@ -459,7 +472,7 @@ class _Base(_Api):
 
     def _attempts(self, op: str, args: dict[str, Any]) -> int:
         """1, plus ``retries`` for a call safe to send again (a read, a write with its id)."""
-        safe = op in _IDEMPOTENT or (op in _IDEMPOTENT_WITH_ID and args.get("id") is not None)
+        safe = op in _IDEMPOTENT or (op in _IDEMPOTENT_WITH_ID and carries_ids(args))
         return 1 + (self.retries if safe else 0)
 
     @staticmethod
@@ -710,4 +723,4 @@ class AsyncMemoryClient(_Base):
         await self.close()
 
 
-__all__ = ["AsyncMemoryClient", "MemoryClient", "SearchResult"]
+__all__ = ["AsyncMemoryClient", "MemoryClient", "SearchResult", "refuses_ids"]

@@ -31,6 +31,10 @@ NAME's (a fact's ``shared: true``: the household's), ``forget_memory`` refuses
 another user's own memory; see :mod:`reachy_memory.integrations.tools` for the
 details. The owner is fixed for the server's life.
 
+A write (``store_memory``, ``remember``) cut off by a daemon restart is sent again with
+the ids made for it for up to ``--timeout`` seconds more (:class:`DaemonBackend`): the
+model is told it was kept, or that it was not stored.
+
 Tool descriptions state how long conversation memories are kept: the TTL of the
 store opened with ``--data-dir``, else the daemon's (its ``stats`` reply, asked once at
 start); with no daemon answering then, this process's configuration's

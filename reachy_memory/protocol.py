@@ -63,6 +63,9 @@ from .people import Person
 
 VERSION = 1
 CODES = frozenset({"bad_request", "too_large", "not_found", "busy", "unavailable", "timeout", "internal"})
+#: The codes that mean "not now" (the daemon restarting, stopping, slow or full): a write
+#: carrying its client-made id may be sent again after one (the bridge's turns, the LLM tools).
+RETRY_CODES = frozenset({"unavailable", "timeout", "busy"})
 
 
 def encode(message: dict[str, Any]) -> bytes:

@@ -353,11 +353,13 @@ class MemoryStore(PeopleMixin):
         content optional)."""
         return self.commit(self.prepare(items))
 
-    def prepare(self, items: Iterable[Mapping[str, Any]], now: float | None = None) -> _Prepared:
-        """Validate and embed ``items`` without changing anything (thread-safe).
+    def prepare(self, items: Iterable[Mapping[str, Any]], now: float | None = None, *,
+                imported: bool = False) -> _Prepared:
+        """Validate and embed ``items`` without changing anything (thread-safe); ``imported``:
+        exported memories, their ids taken as earlier versions wrote them (``validate_item``).
         Raises ValidationError / TooLargeError."""
         self._require_open()
-        rows = [ingest.validate_item(item, self._config)
+        rows = [ingest.validate_item(item, self._config, imported=imported)
                 for item in ingest.as_list(items, self._config.memory.max_batch)]
         created = time.time() if now is None else now
         recs, out_ids = ingest.new_records(rows, created, self._expiry, self._state.records)
@@ -442,17 +444,19 @@ class MemoryStore(PeopleMixin):
             return None
         return vectors
 
-    def remember_fact(self, content: str, metadata: dict[str, Any] | None = None, **fields: Any) -> Memory:
+    def remember_fact(self, content: str, metadata: dict[str, Any] | None = None, *, id: str | None = None,
+                      **fields: Any) -> Memory:
         """Store a permanent FACT.  Metadata as spec 000's keywords
         (``remember_fact("...", category="user_profile")``), or as a dict like the
-        clients take, or both (keywords win).  Raises ValidationError for bad input."""
-        return self.store(content, MemoryType.FACT, merged_metadata(metadata, fields))
+        clients take, or both (keywords win); ``id`` is the memory's, as for :meth:`store`
+        (it was read as a metadata keyword).  Raises ValidationError for bad input."""
+        return self.store(content, MemoryType.FACT, merged_metadata(metadata, fields), id=id)
 
-    def remember_conversation(self, content: str, metadata: dict[str, Any] | None = None,
-                              **fields: Any) -> Memory:
-        """Store a CONVERSATION memory (expires after the configured TTL); metadata as
-        for :meth:`remember_fact`."""
-        return self.store(content, MemoryType.CONVERSATION, merged_metadata(metadata, fields))
+    def remember_conversation(self, content: str, metadata: dict[str, Any] | None = None, *,
+                              id: str | None = None, **fields: Any) -> Memory:
+        """Store a CONVERSATION memory (expires after the configured TTL); metadata and
+        ``id`` as for :meth:`remember_fact`."""
+        return self.store(content, MemoryType.CONVERSATION, merged_metadata(metadata, fields), id=id)
 
     def forget(self, memory_id: str) -> bool:
         """Delete a memory; False if there was none with that id."""

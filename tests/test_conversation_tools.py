@@ -21,17 +21,29 @@ import asyncio
 import importlib
 import inspect
 import json
+import math
 import re
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
-from reachy_memory import Config, DaemonUnavailableError, MemoryStore, RequestTimeoutError, ValidationError
+from reachy_memory import (
+    BusyError,
+    Config,
+    DaemonUnavailableError,
+    Memory,
+    MemoryStore,
+    MemoryType,
+    ReachyMemoryError,
+    RequestTimeoutError,
+    ValidationError,
+)
 from reachy_memory.integrations.conversation import (
     MAX_ERROR_CHARS,
     TOOL_CLASSES,
@@ -611,6 +623,7 @@ class _GoneClient(_SlowClient):
     def __init__(self, endpoint: str = "tcp://127.0.0.1:9") -> None:
         super().__init__(answers_ping=False)
         self.endpoint, self.calls = endpoint, 0
+        self.ids: list[Any] = []  # the id each store was sent with
 
     async def search(self, *args: Any, **kwargs: Any) -> Any:
         self.calls += 1
@@ -618,15 +631,19 @@ class _GoneClient(_SlowClient):
 
     async def store(self, *args: Any, **kwargs: Any) -> Any:
         self.calls += 1
+        self.ids.append(kwargs.get("id"))
         raise RequestTimeoutError("timed out")
 
 
 def test_a_store_cut_by_a_restart_says_it_may_have_been_kept() -> None:
     # A daemon stopped (a restart) after the store reached it may have journaled it: "no daemon
     # answered, start it" led the model to store it again, a duplicate (the busy case said so).
-    backend = DaemonBackend(_GoneClient(), own=False)  # type: ignore[arg-type]
+    # Sent again (with its id) while it stays away, it still cannot be known: said so.
+    client = _GoneClient()
+    backend = DaemonBackend(client, own=False, retry_for=0.3)  # type: ignore[arg-type]
     with pytest.raises(DaemonUnavailableError, match="may have been kept: search for it before storing it again"):
         run(backend.store("Tom likes tea", "fact", None))
+    assert client.calls > 1 and len(set(client.ids)) == 1 and client.ids[0]  # sent again, with one id
     with pytest.raises(DaemonUnavailableError) as raised:
         run(backend.search("tea", None, 5))
     assert "kept" not in str(raised.value)  # a read has nothing to check
@@ -645,6 +662,114 @@ def test_the_socket_a_killed_daemon_left_is_answered_at_once(tmp_path: Path) -> 
         with pytest.raises(DaemonUnavailableError, match="no reachy-memory daemon is listening"):
             run(backend.search("tea", None, 5))
     assert client.calls == 0
+
+
+class _RestartingClient(_SlowClient):
+    """A daemon that restarts under a tool's write: each store or remember before the
+    ``answer_at``-th fails as ``failures`` says (cycled), then it answers; every call kept."""
+
+    def __init__(self, failures: list[ReachyMemoryError], answer_at: int) -> None:
+        super().__init__(answers_ping=True)
+        self.failures, self.answer_at = failures, answer_at
+        self.sent: list[dict[str, Any]] = []
+
+    async def _write(self, kwargs: dict[str, Any], memories: list[Memory]) -> Any:
+        self.sent.append(kwargs)
+        if len(self.sent) < self.answer_at:
+            raise self.failures[(len(self.sent) - 1) % len(self.failures)]
+        return memories
+
+    async def store(self, content: str, *args: Any, **kwargs: Any) -> Any:
+        [memory] = await self._write(kwargs, [_memory(kwargs["id"] or "made-by-the-client", content)])
+        return memory
+
+    async def remember(self, **kwargs: Any) -> Any:
+        facts = kwargs.get("facts") or [{"content": kwargs["content"], "id": kwargs.get("id")}]
+        return await self._write(kwargs, [_memory(f.get("id") or "made-by-the-daemon", f["content"]) for f in facts])
+
+
+def _memory(memory_id: str, content: str) -> Memory:
+    return Memory(memory_id, content, MemoryType.FACT, datetime.now(UTC))
+
+
+NOT_NOW = [DaemonUnavailableError("no daemon"), RequestTimeoutError("no reply"), BusyError("queue full")]
+
+
+@pytest.mark.parametrize(("tool", "args"), [
+    ("store_memory", {"content": "Tom likes tea", "memory_type": "conversation"}),  # store
+    ("store_memory", {"content": "Tom likes tea"}),  # a fact: remember
+    ("remember", {"content": "Tom likes tea"}),
+    ("remember", {"facts": [{"content": "Tom likes tea"}, {"content": "Ann likes coffee"}]}),
+])
+def test_a_tool_write_is_sent_again_with_its_ids_until_the_daemon_answers(tool: str, args: dict[str, Any]) -> None:
+    # A tool's write cut off by a daemon restart answered the model "it may have been kept":
+    # a model storing it again made a duplicate. Now the call carries ids made for it and is
+    # sent again (same ids: the daemon keeps it once) until the daemon is back: kept, said so.
+    client = _RestartingClient(NOT_NOW, answer_at=4)
+    backend = DaemonBackend(client, own=False)  # type: ignore[arg-type]  # sent again for its timeout (5 s)
+    result = run(TOOLS_BY_NAME[tool].run(backend, args))
+    sent = [{k: v for k, v in kwargs.items() if k != "timeout"} for kwargs in client.sent]
+    assert len(sent) == 4 and all(s == sent[0] for s in sent)  # the same write, the same ids, each time
+    ids = [f["id"] for f in sent[0]["facts"]] if sent[0].get("facts") else [sent[0]["id"]]
+    assert all(isinstance(i, str) and len(i) == 32 for i in ids) and len(set(ids)) == len(ids)
+    stored = result["stored"] if tool == "remember" else [result]
+    assert [m["id"] for m in stored] == ids  # the answer: kept, with its ids
+    with pytest.raises(ValidationError, match="takes no id"):  # the ids are the tool's, never a model's
+        run(TOOLS_BY_NAME["remember"].run(backend, {"facts": [{"content": "Tom likes tea", "id": "a-model's"}]}))
+    for bad in (-1, math.nan, True, "5"):
+        with pytest.raises(ValidationError, match="retry_for"):
+            DaemonBackend(client, own=False, retry_for=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("failure", "says"), [
+    (DaemonUnavailableError("no daemon"), "no reachy-memory daemon listened for 0.3 s"),  # never sent
+    (BusyError("queue full"), "queue full; sent again for 0.3 s"),  # refused each time
+])
+def test_a_tool_write_no_daemon_took_says_it_was_not_stored(tmp_path: Path, failure: ReachyMemoryError,
+                                                            says: str) -> None:
+    # "may have been kept" was said whenever a store failed; when no attempt can have been
+    # kept (no daemon listened, or each was refused) the answer is definite: not stored.
+    client = _RestartingClient([failure], answer_at=10**9)
+    client.timeout = 0.3  # sent again for as long
+    if isinstance(failure, DaemonUnavailableError):
+        client.endpoint = f"ipc://{tmp_path}/memory.sock"  # no socket there: never sent
+    backend = DaemonBackend(client, own=False)  # type: ignore[arg-type]
+    with pytest.raises(type(failure)) as raised:
+        run(TOOLS_BY_NAME["store_memory"].run(backend, {"content": "Tom likes tea"}))
+    assert says in raised.value.message and raised.value.message.count("the memory was not stored") == 1
+    assert "may have been kept" not in raised.value.message
+    if isinstance(failure, DaemonUnavailableError):
+        assert client.sent == []  # never sent: nothing listened
+    else:
+        assert len(client.sent) > 1  # sent again, refused each time
+
+
+class _OldDaemonClient(_RestartingClient):
+    """A daemon from before ``remember`` took ids: it refuses them (storing nothing)."""
+
+    def __init__(self) -> None:
+        super().__init__([], answer_at=1)
+
+    async def remember(self, **kwargs: Any) -> Any:
+        if "id" in kwargs:
+            self.sent.append(kwargs)
+            raise ValidationError("remember: unknown arguments ['id']", field="args")
+        if any("id" in f for f in kwargs.get("facts") or []):
+            self.sent.append(kwargs)
+            raise ValidationError("unknown fact keys: ['id']", field="facts")
+        return await super().remember(**kwargs)
+
+
+@pytest.mark.parametrize("args", [{"content": "Tom likes tea"},
+                                  {"facts": [{"content": "Tom likes tea"}, {"content": "Ann likes coffee"}]}])
+def test_a_daemon_from_before_the_ids_gets_the_write_once_without_them(args: dict[str, Any]) -> None:
+    client = _OldDaemonClient()
+    backend = DaemonBackend(client, own=False)  # type: ignore[arg-type]
+    result = run(TOOLS_BY_NAME["remember"].run(backend, args))
+    assert result["count"] == len(args.get("facts", [1]))
+    first, again = client.sent  # with its ids (refused), then once without
+    assert "id" in first or all("id" in f for f in first["facts"] or [])
+    assert "id" not in again and not any("id" in f for f in again.get("facts") or [])
 
 
 def test_recall_about_someone_unknown_looks_past_the_limit(config: Config) -> None:

@@ -77,7 +77,7 @@ def test_search_defaults_are_stated_once() -> None:
 def test_clients_retry_exactly_the_operations_the_table_calls_idempotent() -> None:
     assert {op.name for op in OPERATIONS.values() if op.idempotent} == client_module._IDEMPOTENT
     assert not OPERATIONS["forget"].idempotent and not OPERATIONS["remember"].idempotent
-    assert {"record_turn"} == client_module._IDEMPOTENT_WITH_ID  # retried only when sent with its id
+    assert {"record_turn", "remember"} == client_module._IDEMPOTENT_WITH_ID  # retried only when sent with its ids
     assert all("id" in {a.name for a in OPERATIONS[name].args} for name in client_module._IDEMPOTENT_WITH_ID)
 
 

@@ -1,6 +1,7 @@
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ import pytest
 from reachy_memory import (
     ClosedError,
     Config,
+    Memory,
     MemoryStore,
     MemoryType,
     ModelError,
@@ -199,6 +201,75 @@ def test_a_turn_sent_twice_at_once_is_kept_once(lexical_store: MemoryStore) -> N
     kept = lexical_store.commit_turn("user", first)
     assert lexical_store.commit_turn("user", second) == kept
     assert len(lexical_store) == 1 and len(lexical_store.get_context_window()) == 1
+
+
+def _told(s: MemoryStore) -> list[Memory]:
+    """Facts told with their ids: one with subjects (a new person), a batch with a note name, a remember_fact."""
+    return [*s.remember("Sarah likes green tea", subjects=["Sarah"], id="f1"),
+            *s.remember(facts=[{"content": "Tom plays chess", "id": "f2"},
+                               {"content": "The wifi password is on the fridge", "name": "wifi", "id": "f3"},
+                               {"content": "Tom plays chess", "id": "f2"}]),  # the same id twice: one memory
+            s.remember_fact("Trash day is Monday", id="f4")]
+
+
+def test_remember_told_again_with_its_ids_stores_nothing_twice_across_a_crash_and_a_compaction(
+        config: Config) -> None:
+    """``remember`` (what the LLM tools store a fact with) took no id, and ``remember_fact``
+    read ``id=`` as metadata: a tool sending a fact again after a daemon restart stored it
+    twice (lexical-only, where no repeat is recognised by its meaning). With each fact's id
+    the retry returns the memory kept first and writes nothing (no person, no note name
+    "already used"); the memory is the journal's record, so it holds after a crash (the
+    journal replayed) and a compaction (folded into the snapshot)."""
+    s = MemoryStore(config=config, embedder=None)
+    first = _told(s)
+    assert [m.id for m in first] == ["f1", "f2", "f3", "f2", "f4"] and first[-1].metadata == {}
+    assert _told(s) == first
+    store_util.abandon(s)  # a crash: only the journal holds them
+    for compact in (True, False):
+        with MemoryStore(config=config, embedder=None) as s:
+            assert _told(s) == first
+            assert len(s) == 4 and sorted(p.name for p in s.people()) == ["Sarah", "Tom"]  # each person once
+            if compact:
+                s.compact()
+    with MemoryStore(config=config, embedder=None) as s:
+        for refused in (lambda: s.remember("Sarah likes black tea", id="f1"),  # the id of another fact
+                        lambda: s.remember("Sarah likes green tea", id="f1", owner="bob"),  # another user's
+                        lambda: s.remember(facts=[{"content": "Ann sings", "id": "f5"},
+                                                  {"content": "Tom plays chess", "id": "f2", "shared": True}])):
+            with pytest.raises(ValidationError, match="already used by another memory"):
+                refused()
+        with pytest.raises(ValidationError, match="each fact's id goes inside it"):
+            s.remember(facts=[{"content": "Ann sings"}], id="f6")
+        assert len(s) == 4 and s.get("f5") is None  # all or nothing
+
+
+HOSTILE_IDS = ["a\nb", "tab\there", "nul\x00", "del\x7f", " lead", "trail ", "in side", "no\u00a0break",
+               '"quoted"', "'quoted'", "`quoted`", "zero\u200bwidth", "rtl\u202eflip", "lone\ud800", "x" * 129, "", 7,
+               ["a"], b"bytes"]
+
+
+def test_a_hostile_client_id_is_refused_by_every_write(lexical_store: MemoryStore) -> None:
+    """A client-chosen id was any string of 1 to 128 characters: a newline, NUL, a space, quotes,
+    an invisible character were stored as a memory's id (a lone surrogate failed only at the
+    journal write, naming no field). An id is handed to models and people, who copy it; the
+    tools strip the whitespace and quotes copies come wrapped in, so such a memory could never
+    be forgotten by its id. Every write refuses it, naming the field, storing nothing; an
+    export's ids still import (a backup must restore)."""
+    s = lexical_store
+    writes: list[Callable[[Any], Any]] = [
+        lambda i: s.store("hello", id=i), lambda i: s.store_batch([{"content": "hello", "id": i}]),
+        lambda i: s.remember_fact("hello", id=i), lambda i: s.remember_conversation("hello", id=i),
+        lambda i: s.record_turn("user", "hello", id=i), lambda i: s.remember("hello", id=i),
+        lambda i: s.remember(facts=[{"content": "hello", "id": i}])]
+    for bad in HOSTILE_IDS:
+        for write in writes:
+            with pytest.raises(ValidationError) as refused:
+                write(bad)
+            assert refused.value.fields["field"] == "id", (bad, refused.value)
+    assert len(s) == 0 and s.get_context_window() == []
+    assert s.store("hello", id="face:1.turn-2_A").id == "face:1.turn-2_A"  # what clients make still goes
+    s.import_memories([{"id": "in side", "content": "exported", "type": "fact", "created_at": NOW.isoformat()}])
+    assert s.get("in side") is not None
 
 
 @pytest.mark.parametrize(("second", "refused"), [

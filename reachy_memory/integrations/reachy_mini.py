@@ -59,8 +59,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .._ingest import check_owner
-from ..client import MemoryClient
+from .. import protocol as proto
+from .._ingest import check_owner, check_seconds
+from ..client import MemoryClient, refuses_ids
 from ..config import Config
 from ..errors import BusyError, ClosedError, ReachyMemoryError, ValidationError
 from ..model import SEARCH_LIMIT, Memory, MemoryType, SearchResult
@@ -73,7 +74,7 @@ PERSON_KEY = "current_person"
 NOBODY = "(nobody)"  # the stored value when nobody is there (context values cannot be empty)
 #: Protocol error codes that mean "not now" (the daemon restarting, stopping, slow or full):
 #: a turn failing with one is sent again, with its id, until ``turn_retry_for`` passes.
-RETRY_CODES = frozenset({"unavailable", "timeout", "busy"})
+RETRY_CODES = proto.RETRY_CODES
 _FIRST_PAUSE, _LONGEST_PAUSE = 0.05, 1.0  # seconds between a turn's attempts: doubling, capped
 
 
@@ -141,7 +142,7 @@ class MemoryBridge:
                  refresh_interval: float = 0.5, timeout: float = 2.0, person_facts: int = 5,
                  turn_retry_for: float = 60.0, client_factory: Callable[[], Any] | None = None) -> None:
         """Raises ValidationError for a ``turn_retry_for`` that is not seconds >= 0."""
-        self._retry_for = _seconds(turn_retry_for, "turn_retry_for")
+        self._retry_for = check_seconds(turn_retry_for, "turn_retry_for", finite=True)
         self._factory = client_factory or (lambda: MemoryClient(endpoint, config=config, timeout=timeout))
         self._jobs: queue.Queue[_Job | None] = queue.Queue(maxsize=queue_size)
         self._refresh_interval = refresh_interval
@@ -186,7 +187,7 @@ class MemoryBridge:
         returns at once. Raises ValidationError for a ``timeout`` that is not seconds >= 0
         (the bridge stays open then).
         """
-        seconds = _seconds(timeout, "timeout")
+        seconds = check_seconds(timeout, "timeout", finite=True)
         with self._lock:
             if self._closed:
                 return
@@ -237,7 +238,7 @@ class MemoryBridge:
             try:
                 c.record_turn(role, text, tagged[0], **owned)  # window and memory: one write
             except ValidationError as exc:
-                if not _refuses_turn_ids(exc):
+                if not refuses_ids(exc):
                     raise
                 del owned["id"]  # a daemon not restarted since an upgrade: keep the turn, sent once
                 c.record_turn(role, text, tagged[0], **owned)
@@ -474,18 +475,6 @@ def _put_nowait(jobs: queue.Queue[_Job | None], job: _Job) -> bool:
     except queue.Full:
         return False
     return True
-
-
-def _seconds(value: Any, name: str) -> float:
-    """``value`` as finite seconds >= 0; raises ValidationError (``field=name``) otherwise."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < float("inf"):
-        raise ValidationError(f"{name} must be seconds >= 0, not {value!r}", field=name)
-    return float(value)
-
-
-def _refuses_turn_ids(exc: ValidationError) -> bool:
-    """Whether ``exc`` is an older daemon's refusal of ``record_turn``'s ``id`` argument."""
-    return exc.fields.get("field") == "args" and "'id'" in str(exc)
 
 
 def _owned(owner: str | None) -> dict[str, Any]:

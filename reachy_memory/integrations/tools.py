@@ -12,6 +12,14 @@ Backends:
 * :class:`DaemonBackend` talks to ``reachy-memory serve`` through
   :class:`~reachy_memory.AsyncMemoryClient`; when no daemon answers it raises
   :class:`~reachy_memory.DaemonUnavailableError` whose message says how to start one.
+  Its writes (``store_memory``, ``remember``) are safe to send again: each memory a
+  call writes gets an id made for that call, and a write failing "not now" (no daemon
+  listening, no reply, busy: a restart) is sent again with the same ids for up to
+  ``retry_for`` seconds (the client's timeout by default) after its first failure; the
+  daemon keeps it once however often it arrives. So the model is told "kept" (with the
+  ids) or "not stored"; only when an attempt got no reply and the daemon stays away is
+  it told the memory may have been kept. A daemon from before the ids (it refuses them)
+  gets the write once without.
 * :class:`LocalBackend` opens a :class:`~reachy_memory.MemoryStore` in this
   process (a desktop without the daemon); the store is used only by one worker
   thread, its owner.
@@ -48,19 +56,22 @@ import copy
 import functools
 import math
 import threading
+import time
+import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, Self, TypeGuard, cast
 
-from .._ingest import check_owner
+from .._ingest import check_owner, check_seconds
 from .._mentions import norm
-from ..client import AsyncMemoryClient, MemoryClient
+from ..client import AsyncMemoryClient, MemoryClient, refuses_ids
 from ..config import RANGES, Config, MemoryConfig
 from ..endpoint import ipc_listener_gone, resolve_endpoint
 from ..errors import DaemonUnavailableError, ReachyMemoryError, RequestTimeoutError, ValidationError
 from ..model import SEARCH_LIMIT, Memory, MemoryType, SearchResult
 from ..people import names_someone
+from ..protocol import RETRY_CODES
 
 MEMORY_TYPES: tuple[str, ...] = tuple(m.value for m in MemoryType)
 MAX_LIMIT = 50
@@ -69,6 +80,10 @@ START_HINT = ("start it with `reachy-memory serve` (on the robot: `sudo systemct
               "or run `reachy-memory mcp --data-dir DIR` to open a store in this process instead")
 
 DEFAULT_CONVERSATION_DAYS = MemoryConfig.conversation_ttl_days  # what TOOLS say: the default config's
+# A write sent again while the daemon restarts: the pauses between attempts (doubling, capped; a
+# model waits on the call, so shorter than the bridge's) and the shortest timeout of a late attempt.
+_FIRST_PAUSE, _LONGEST_PAUSE, _SHORTEST_ATTEMPT = 0.05, 0.5, 0.5
+_MAYBE_KEPT = "the memory may have been kept: search for it before storing it again"
 
 
 def retention_text(days: float) -> str:
@@ -298,8 +313,16 @@ def _no_empty_subjects(a: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _no_fact_ids(a: dict[str, Any]) -> None:
+    """Refuse an ``id`` in a fact from a model (as the store refused it before facts took ids):
+    the ids are the backend's to make (one per fact per call), never a model's to choose."""
+    if isinstance(a.get("facts"), list) and any(isinstance(f, dict) and "id" in f for f in a["facts"]):
+        raise ValidationError("remember: a fact takes no id (each stored fact gets its own)", field="facts")
+
+
 async def _remember(backend: Backend, a: dict[str, Any]) -> dict[str, Any]:
     _no_note_names(backend, a)
+    _no_fact_ids(a)
     stored = await backend.remember(_no_empty_subjects(a))
     return {"stored": [{"id": m.id, "content": m.content, "subjects": list(m.subjects)} for m in stored],
             "count": len(stored)}
@@ -550,20 +573,27 @@ class _OwnerBound:
 class DaemonBackend(_OwnerBound):
     """The tools on the daemon, through an :class:`AsyncMemoryClient` (one event loop)."""
 
-    def __init__(self, client: AsyncMemoryClient, *, own: bool = True, owner: str | None = None) -> None:
+    def __init__(self, client: AsyncMemoryClient, *, own: bool = True, owner: str | None = None,
+                 retry_for: float | None = None) -> None:
         """``own``: close the client in :meth:`aclose`; ``owner``: the current user (see the
-        module docstring). Raises ValidationError for a bad owner."""
+        module docstring); ``retry_for``: how long a write (``store``, ``remember``) is sent
+        again after its first "not now" failure (seconds; default: the client's timeout; 0:
+        not sent again; ``inf``: until the daemon is back). Raises ValidationError for a bad
+        owner or ``retry_for``."""
         self.client = client
         self._own = own
         self.owner = owner
+        self.retry_for = check_seconds(client.timeout if retry_for is None else retry_for, "retry_for")
 
     @classmethod
     def from_config(cls, config: Config, timeout: float = 10.0, *, owner: str | None = None,
-                    endpoint: str | None = None) -> DaemonBackend:
+                    endpoint: str | None = None, retry_for: float | None = None) -> DaemonBackend:
         """A backend with its own client on ``endpoint`` (default: the configured one),
-        bound to ``owner``. Raises ValidationError for a bad owner."""
+        bound to ``owner``. Raises ValidationError for a bad owner or ``retry_for``."""
         owner = None if owner is None else check_owner(owner)  # before a client (a socket) exists
-        return cls(AsyncMemoryClient(endpoint, config=config, timeout=timeout), owner=owner)
+        if retry_for is not None:
+            check_seconds(retry_for, "retry_for")
+        return cls(AsyncMemoryClient(endpoint, config=config, timeout=timeout), owner=owner, retry_for=retry_for)
 
     def _unavailable(self, why: str, kept: str = "") -> DaemonUnavailableError:
         return DaemonUnavailableError(f"no reachy-memory daemon {why} at {self.client.endpoint}{kept}: {START_HINT}",
@@ -573,7 +603,7 @@ class DaemonBackend(_OwnerBound):
         """``call``'s result; DaemonUnavailableError at once when no daemon listens on the ipc
         socket (none there, or one a killed daemon left: a crashed daemon's restart made every
         tool call wait out the client's timeout and a ping); after a timeout, DaemonUnavailableError
-        or RequestTimeoutError (busy), saying that a ``write`` (a store) may have been kept."""
+        or RequestTimeoutError (busy), saying that a ``write`` (one sent without ids) may have been kept."""
         if ipc_listener_gone(self.client.endpoint) is not None:
             if asyncio.iscoroutine(call):
                 call.close()  # never awaited: do not leave a warning behind
@@ -581,15 +611,73 @@ class DaemonBackend(_OwnerBound):
         try:
             return await call
         except RequestTimeoutError as exc:
-            if not await self._answers():
-                # a daemon that stopped (a restart) after the request reached it may have kept the write
-                kept = "; if it stopped during this call, the memory may have been kept: search for it " \
-                       "before storing it again" if write else ""
-                raise self._unavailable(f"answered within {self.client.timeout:g} s", kept) from exc
-            raise RequestTimeoutError(
-                f"the reachy-memory daemon is running but did not finish this call within {self.client.timeout:g} s "
-                "(busy, or a large request); a store may still complete: search for it before storing it again",
-                **exc.fields) from exc
+            raise await self._no_reply(exc, write) from exc
+
+    async def _no_reply(self, exc: RequestTimeoutError, write: bool) -> ReachyMemoryError:
+        """What a call that got no reply (``exc``) tells the caller: DaemonUnavailableError,
+        or RequestTimeoutError while the daemon answers a ping (busy); for a ``write``, that
+        the memory may have been kept (a daemon that stopped, a restart, after the request
+        reached it may have journaled it; a busy one may still)."""
+        if not await self._answers():
+            kept = f"; if it stopped during this call, {_MAYBE_KEPT}" if write else ""
+            return self._unavailable(f"answered within {self.client.timeout:g} s", kept)
+        return RequestTimeoutError(
+            f"the reachy-memory daemon is running but did not finish this call within {self.client.timeout:g} s "
+            "(busy, or a large request); a store may still complete: search for it before storing it again",
+            **exc.fields)
+
+    async def _write(self, send: Callable[[bool, float | None], Awaitable[Any]]) -> Any:
+        """``send(True, timeout)``: a write carrying its client-made ids, sent again after each
+        "not now" failure (a code of :data:`~reachy_memory.protocol.RETRY_CODES`, or no daemon
+        listening) until :attr:`retry_for` seconds after the first, then answered definitely: the
+        daemon keeps it once however often it arrived, so a result is the memory kept.  A daemon
+        from before the ids (it refuses them, storing nothing) gets ``send(False, None)``, once,
+        as :meth:`_guard` sends any call.
+
+        Raises the write's own error at once (nothing was stored), else when the time is up:
+        the last "not now" error saying the memory was not stored when no attempt can have been
+        kept (each was refused, or never sent: no daemon listened), else (an attempt got no
+        reply) saying it may have been (:meth:`_no_reply`)."""
+        deadline: float | None = None
+        pause, unsure = _FIRST_PAUSE, False
+        while True:
+            try:
+                return await self._attempt(send, None if deadline is None else deadline - time.monotonic())
+            except ValidationError as exc:
+                if not refuses_ids(exc):
+                    raise
+                return await self._guard(send(False, None), write=True)  # sent once: a retry could keep it twice
+            except ReachyMemoryError as exc:
+                if exc.code not in RETRY_CODES:
+                    raise
+                unsure = unsure or isinstance(exc, RequestTimeoutError)  # it may have reached a daemon
+                deadline = time.monotonic() + self.retry_for if deadline is None else deadline
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise await self._not_written(exc, unsure) from exc
+            await asyncio.sleep(min(pause, left))
+            pause = min(2 * pause, _LONGEST_PAUSE)
+
+    async def _attempt(self, send: Callable[[bool, float | None], Awaitable[Any]], left: float | None) -> Any:
+        """One attempt of :meth:`_write` (``left``: seconds until its deadline, None for the
+        first): DaemonUnavailableError at once, the write unsent, while no daemon listens on
+        the ipc socket; a late attempt waits at most until the deadline (or a short minimum)."""
+        if ipc_listener_gone(self.client.endpoint) is not None:
+            raise self._unavailable("is listening")
+        timeout = None if left is None else min(self.client.timeout, max(left, _SHORTEST_ATTEMPT))
+        return await send(True, timeout)
+
+    async def _not_written(self, last: ReachyMemoryError, unsure: bool) -> ReachyMemoryError:
+        """The answer to a write given up after ``last``: that it may have been kept when
+        ``unsure`` (an attempt got no reply), else that it was not stored."""
+        if isinstance(last, RequestTimeoutError):
+            return await self._no_reply(last, write=True)
+        if unsure:
+            return type(last)(f"{last.message}; an earlier attempt got no reply: {_MAYBE_KEPT}", **last.fields)
+        if isinstance(last, DaemonUnavailableError):  # no daemon listened: none had the write
+            return self._unavailable(f"listened for {self.retry_for:g} s", "; the memory was not stored")
+        return type(last)(f"{last.message}; sent again for {self.retry_for:g} s: the memory was not stored",
+                          **last.fields)
 
     async def _answers(self) -> bool:
         """Whether the daemon answers a ping (its I/O thread answers one at once, even
@@ -605,9 +693,11 @@ class DaemonBackend(_OwnerBound):
             self.client.search(query, memory_type, limit, owner=self._owner))
 
     async def store(self, content: str, memory_type: str, metadata: dict[str, Any] | None) -> Memory:
-        """Store as given, owned by the bound user (unscoped when unbound)."""
-        return await self._guard(  # type: ignore[no-any-return]
-            self.client.store(content, memory_type, metadata, owner=self._owner), write=True)
+        """Store as given, owned by the bound user (unscoped when unbound), under an id made
+        here: sent again while the daemon restarts (:meth:`_write`), it is kept once."""
+        owner, memory_id = self._owner, uuid.uuid4().hex
+        return await self._write(lambda ids, timeout: self.client.store(  # type: ignore[no-any-return]
+            content, memory_type, metadata, owner=owner, id=memory_id if ids else None, timeout=timeout))
 
     async def forget(self, memory_id: str) -> bool:
         """Delete the memory; False if there is none, or (bound) it is another user's own.
@@ -619,7 +709,13 @@ class DaemonBackend(_OwnerBound):
         return bool(await self._guard(self.client.forget(memory_id)))  # a repeated forget is harmless
 
     async def remember(self, args: dict[str, Any]) -> list[Memory]:
-        return await self._guard(self.client.remember(**_owned(args, self._owner)), write=True)  # type: ignore[no-any-return]
+        """``remember`` owned by the bound user, each fact under an id made here (one the caller
+        put in a fact is kept): sent again while the daemon restarts (:meth:`_write`), each
+        fact is kept once."""
+        owned = _owned(args, self._owner)
+        ided = _with_ids(owned)
+        return await self._write(lambda ids, timeout: self.client.remember(  # type: ignore[no-any-return]
+            **(ided if ids else _without_ids(owned)), timeout=timeout))
 
     async def recall(self, query: str, about: str | None, limit: int) -> list[SearchResult]:
         return await self._guard(  # type: ignore[no-any-return]
@@ -696,6 +792,25 @@ class LocalBackend(_OwnerBound):
         if self._own and not self._pool._shutdown:  # type: ignore[attr-defined]
             await self._run(self.memory_store.close)
             self._pool.shutdown(wait=True)
+
+
+def _with_ids(args: dict[str, Any]) -> dict[str, Any]:
+    """``remember``'s arguments with an id for each fact: ``id`` with ``content``, else one in
+    each fact of ``facts`` (a fact's own kept)."""
+    facts = args.get("facts")
+    if not isinstance(facts, list):
+        return {**args, "id": args.get("id") or uuid.uuid4().hex}
+    return {**args, "facts": [{**f, "id": f.get("id") or uuid.uuid4().hex} if isinstance(f, dict) else f
+                              for f in facts]}
+
+
+def _without_ids(args: dict[str, Any]) -> dict[str, Any]:
+    """``remember``'s arguments as a daemon from before ids takes them: no id anywhere."""
+    out = {k: v for k, v in args.items() if k != "id"}
+    if isinstance(out.get("facts"), list):
+        out["facts"] = [{k: v for k, v in f.items() if k != "id"} if isinstance(f, dict) else f
+                        for f in out["facts"]]
+    return out
 
 
 def _owned(args: dict[str, Any], owner: str | None) -> dict[str, Any]:
