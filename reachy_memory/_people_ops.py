@@ -52,6 +52,7 @@ from .people import (
     PersonRegistry,
     Resolution,
     check_metadata,
+    check_owner_change,
     person_from_op,
     read_person_id,
     visible_to,
@@ -186,10 +187,28 @@ class PeopleMixin:
         """Change a person's name, relation, aliases, external_id, metadata or owner.
         ``person_id`` is read as every person operation reads one (``people.read_person_id``:
         surrounding whitespace ignored); an id merged away names the person it was merged
-        into (the returned person has the live id). Raises NotFoundError, ValidationError."""
+        into (the returned person has the live id).  A new ``owner`` must keep every memory
+        about the person about someone its owner sees (``people.check_owner_change``): the
+        household's (None) always; a user's only when all those memories are that user's,
+        else a ValidationError (``person_id``, ``owner``, ``memories``, ``other_owner``) and
+        nothing changes. Raises NotFoundError, ValidationError."""
         self._require_open()
         with self._lock:
-            return self._commit_person(self._people.update_person(person_id, **fields))
+            plan = self._people.update_person(person_id, **fields)
+            assert plan.person is not None
+            if "owner" in fields:
+                before = self._people.get(plan.person.id)
+                assert before is not None  # update_person found it
+                check_owner_change(before, plan.person.owner, self._memory_owners_about(before.id))
+            return self._commit_person(plan)
+
+    def _memory_owners_about(self, person_id: str) -> list[str | None]:
+        """The owner of each stored memory whose subjects name ``person_id`` (or an id merged
+        into it, as ``merge_people`` relinks them), from the subject index: no scan of the
+        records.  Superseded and expired-but-not-swept memories count: they are still there."""
+        ids = [person_id, *(old for old, kept in self._people.redirects().items() if kept == person_id)]
+        slots = set().union(*(self._state.by_subject.get(i, set()) for i in ids))
+        return [self._state.by_slot[slot].owner for slot in slots]
 
     def merge_people(self, keep: str, other: str) -> Person:
         """Merge ``other`` into ``keep``: aliases united, memories re-linked (ids read as

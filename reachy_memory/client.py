@@ -277,7 +277,10 @@ class _Api:
                       aliases: list[str] | None = None, external_id: str | None = None,
                       metadata: dict[str, Any] | None = None, owner: str | None = None,
                       timeout: float | None = None) -> Any:
-        """Change the given fields of a person (None leaves a field as it is); returns the Person."""
+        """Change the given fields of a person (None leaves a field as it is: ``owner=None``
+        cannot make a person the household's here); returns the Person.  A new ``owner``
+        that a memory about the person is not of: a ValidationError (``person_id``,
+        ``owner``, ``memories``, ``other_owner``), nothing changed."""
         args = _given(id=person_id, name=name, relation=relation, aliases=aliases, external_id=external_id,
                       metadata=metadata, owner=owner)
         return self._call("update_person", args, proto.person_from_wire, timeout)

@@ -54,6 +54,9 @@ owner's persons: "my therapist Dr. Evil" from Bob links a household therapist
 but does not rename it for everyone.  A merge keeps a person everyone who saw
 either sees (:func:`check_merge_owners`): two persons of one owner, or an owned
 person into the household's; the memories it re-links stay about a person their owner sees.
+A change of owner (``update_person(owner=)``, checked by the store, which knows the
+memories: :func:`check_owner_change`) keeps it too: to the household always, to a user
+only when every memory about the person is that user's.
 
 Thread ownership: a registry is owned by the store's writer thread; it takes
 no locks.  Readers on other threads must go through that owner.
@@ -65,6 +68,7 @@ import re
 import time
 import unicodedata
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -517,6 +521,34 @@ def check_merge_owners(kept: Person, gone: Person) -> None:
         f"{_whose(kept)}): the memories and users that see the first would not see the person it becomes; "
         "merge persons of one owner, or into a household person (update_person(keep, owner=None) makes one)",
         field="other", owner=kept.owner, other_owner=gone.owner)
+
+
+def check_owner_change(person: Person, owner: str | None, memory_owners: Iterable[str | None]) -> None:
+    """Raise ValidationError unless ``person`` may become ``owner``'s: every memory about
+    them (``memory_owners``: each one's owner) must still be about a person its owner
+    sees.  Always allowed: the same owner, or the household's (``owner`` None: everyone
+    sees it).  To a user, only when every such memory is that user's own (shared or not):
+    another user's memory would name a person that user cannot see (their lookups and
+    ``recall(about=)`` lose it); an unscoped memory (owner None) is household knowledge,
+    seen by every user, and its persons stay the household's, as :func:`check_merge_owners`
+    keeps a household person from being merged into one user's.  In short: a person may be
+    the owner each memory about them would have made it (``remember(owner=)`` makes new
+    persons its owner's, the household's without one).  The error names the person
+    (``person_id``), the new ``owner``, how many memories (``memories``) and the owner of
+    most of them (``other_owner``; None: unscoped); its message counts each owner's."""
+    if owner is None or owner == person.owner:
+        return
+    others = Counter(o for o in memory_owners if o != owner)
+    if not others:
+        return
+    ranked = sorted(others.items(), key=lambda item: (-item[1], item[0] is not None, item[0] or ""))
+    counted = ", ".join(f"{n} {'unscoped (seen by every user)' if o is None else f'of owner {o!r}'}"
+                        for o, n in ranked)
+    raise ValidationError(
+        f"cannot give {person.id} ({person.display_name}, {_whose(person)}) to owner {owner!r}: memories about "
+        f"them ({counted}) would name a person their owners do not see; forget those memories first, "
+        "or keep the person the household's (owner None)",
+        field="owner", person_id=person.id, owner=owner, memories=sum(others.values()), other_owner=ranked[0][0])
 
 
 def _whose(person: Person) -> str:

@@ -121,6 +121,20 @@ def test_context_for_in_one_round_trip(client: MemoryClient) -> None:
     assert any(p.name == "Paul" for p in ctx.people) and ctx.memories
 
 
+def test_an_owner_change_hiding_a_person_is_a_bad_request_with_fields(client: MemoryClient) -> None:
+    """Giving a household person to Alice while Bob's memory is about them: bad_request,
+    its fields as the store's ValidationError has them, nothing changed."""
+    uma = client.add_person("Uma")
+    client.remember("Uma walks the dog", subjects=[uma.id], owner="bob")
+    with pytest.raises(ValidationError, match="1 of owner 'bob'") as caught:
+        client.update_person(uma.id, owner="alice", name="Umaa")
+    assert caught.value.remote_code == "bad_request"  # type: ignore[attr-defined]
+    assert (caught.value.field, caught.value.person_id, caught.value.owner,  # type: ignore[attr-defined]
+            caught.value.memories, caught.value.other_owner) == ("owner", uma.id, "alice", 1, "bob")  # type: ignore[attr-defined]
+    assert client.find_person(uma.id, owner="bob") == uma
+    assert client.update_person(uma.id, owner="bob").owner == "bob"  # every memory about Uma is Bob's
+
+
 def test_bad_people_requests_are_bad_request(client: MemoryClient) -> None:
     with pytest.raises(ValidationError) as err:
         client.remember()  # neither content nor facts

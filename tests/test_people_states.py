@@ -6,8 +6,10 @@ holds, after every step: a memory's subjects are live persons its owner sees, a
 merged-away id resolves to a live person, a delete only ever forgets the person its id
 names (an id merged away is refused, naming that person), a merge keeps every outside
 identity (external id) of both persons finding the united one and is refused, naming
-both owners, unless everyone who saw the person merged away sees the kept one, no
-person is ever named after an id.  And on demand: reopening, a full compaction (then
+both owners, unless everyone who saw the person merged away sees the kept one, a change
+of owner is refused, naming the person, the owner and how many memories, unless it is
+to the household or every memory about the person is the new owner's, no person is
+ever named after an id.  And on demand: reopening, a full compaction (then
 ``verify`` clean) and an export imported into a fresh store give the same persons,
 owners, redirects, links and lookups (the fresh store's memories too only about persons
 their owners see), as does a reopen after a crash (the journal replayed); the export
@@ -16,7 +18,9 @@ Lexical-only stores (no model): person operations do not embed.
 
 Found by it: ``remember(subjects=[a deleted person's id])`` made a person named after
 the id ("C3A6317Adb1C44D6..."); merging Bob's person into Alice's linked Bob's memories
-to a person Bob cannot see; the registry tests then pinned each fault found.
+to a person Bob cannot see, and so did giving a household person to Alice
+(``update_person(owner=)``, now refused unless every memory about them is Alice's);
+the registry and store tests then pinned each fault found.
 """
 
 from __future__ import annotations
@@ -27,9 +31,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from reachy_memory import MemoryStore, NotFoundError, ValidationError
 from reachy_memory._export import person_entries
@@ -83,6 +87,20 @@ class PeopleStates(RuleBasedStateMachine):
     def _faces(self) -> dict[str, str | None]:
         return {f: getattr(self.store.person_by_external_id(f), "id", None) for f in FACES}
 
+    @initialize(owner=OWNERS, tellers=st.lists(OWNERS, max_size=3))
+    def a_person_told_about(self, owner: str | None, tellers: list[str | None]) -> None:
+        """Each run starts with a person whom users (or nobody in particular: unscoped) told
+        facts about: memories of several owners about one person, what an owner change
+        must keep in sight, made likely.  A teller who does not see the person is refused."""
+        person = self.store.add_person(NAMES[0], owner=owner)
+        self.ids.append(person.id)
+        for teller in tellers:
+            self.facts += 1
+            try:
+                self.store.remember(f"fact {self.facts} zq{self.facts}", subjects=[person.id], owner=teller)
+            except ValidationError:
+                assert teller not in (None, owner) and owner is not None
+
     @rule(name=st.sampled_from(NAMES), face=st.one_of(st.none(), st.sampled_from(FACES)), owner=OWNERS)
     def add(self, name: str, face: str | None, owner: str | None) -> None:
         try:
@@ -135,6 +153,34 @@ class PeopleStates(RuleBasedStateMachine):
         except (ValidationError, NotFoundError):
             return
         assert before is not None and updated.id == before.id  # an old id updates the person it names
+
+    @precondition(lambda self: self.ids)
+    @rule(index=ANY, owner=OWNERS, linked=st.booleans())
+    def change_owner(self, index: int, owner: str | None, linked: bool) -> None:
+        """Allowed to the household always, to a user only when every memory about the
+        person is that user's (an unscoped one is every user's); else refused naming them.
+        ``linked``: a person some memory is about (the cases that matter), if there is one."""
+        memories = self.store.export_page(None, 10_000)[0]
+        subjects = [s for m in memories for s in m.subjects]
+        pid = subjects[index % len(subjects)] if linked and subjects else self._id(index)
+        before = self.store.find_person(pid)
+        about = [m.owner for m in memories if before and before.id in m.subjects]
+        others = [o for o in about if o != owner]
+        try:
+            updated = self.store.update_person(pid, owner=owner)
+        except NotFoundError:
+            assert before is None
+            return
+        except ValidationError as exc:
+            assert before is not None and owner not in (None, before.owner) and others, exc
+            assert (exc.person_id, exc.owner, exc.memories) == (before.id, owner, len(others))  # type: ignore[attr-defined]
+            assert exc.other_owner in others and self.store.find_person(before.id) == before  # type: ignore[attr-defined]
+            event("owner change refused")
+            return
+        assert before is not None and updated.owner == owner
+        assert owner in (None, before.owner) or not others, f"{owner} took {before.owner}'s person from {others}"
+        event(f"owner change allowed ({'to the household' if owner is None else 'to a user'}, "
+              f"{'with' if about else 'without'} memories)")
 
     @rule(index=ANY, by_id=st.booleans(), owner=st.one_of(OWNERS, st.just(THEIRS)))
     def remember(self, index: int, by_id: bool, owner: str | None) -> None:

@@ -235,6 +235,45 @@ def test_a_merge_across_owners_is_refused_naming_both(lexical_store: MemoryStore
     assert [h.memory.id for h in lexical_store.recall("tea", about="Carol", owner="bob")] == [tea.id]
 
 
+def _unseen(store: MemoryStore) -> list[tuple[str, str]]:
+    """(memory id, subject) for each subject its memory's owner does not see (none is)."""
+    return [(m.id, s) for m in store.export_page(None, 10_000)[0] for s in m.subjects
+            if store.find_person(s, owner=m.owner) is None]
+
+
+def test_an_owner_change_that_would_hide_a_person_from_memories_is_refused(lexical_store: MemoryStore) -> None:
+    """update_person(household Carol, owner="alice") made Bob's and the unscoped facts about
+    Carol name a person they could not see (find_person/recall(about=) by Bob lost her),
+    as a merge across owners did.  Refused naming the person, the new owner and whose
+    memories, nothing changed; to the household is always allowed; once the other
+    memories are forgotten, the move is allowed."""
+    store = lexical_store
+    carol = store.add_person("Carol")  # the household's
+    [tea] = store.remember("Carol likes tea", subjects=[carol.id], owner="bob")
+    [jam] = store.remember("Carol makes jam", subjects=[carol.id], owner="bob")
+    [plum] = store.remember("Carol grows plums", subjects=[carol.id])  # unscoped: every user sees it
+    [own] = store.remember("Carol owes me a book", subjects=[carol.id], owner="alice")
+    with pytest.raises(ValidationError, match=r"to owner 'alice'.*2 of owner 'bob', 1 unscoped") as caught:
+        store.update_person(carol.id, owner="alice", name="Caroline")
+    assert caught.value.field == "owner" and caught.value.fields == {  # type: ignore[attr-defined]
+        "field": "owner", "person_id": carol.id, "owner": "alice", "memories": 3, "other_owner": "bob"}
+    assert store.find_person(carol.id) == carol and store.find_person("Carol", owner="bob") == carol  # unchanged
+    assert [h.memory.id for h in store.recall("tea", about="Carol", owner="bob")] == [tea.id]
+    assert store.forget(tea.id) and store.forget(jam.id)
+    with pytest.raises(ValidationError, match="1 unscoped") as caught:  # the unscoped memory still needs her
+        store.update_person(carol.id, owner="alice")
+    assert (caught.value.memories, caught.value.other_owner) == (1, None)  # type: ignore[attr-defined]
+    store.forget(plum.id)
+    assert store.update_person(carol.id, owner="alice").owner == "alice"  # only Alice's memory is about her
+    assert store.find_person("Carol", owner="bob") is None and store.get(own.id).subjects == (carol.id,)  # type: ignore[union-attr]
+    store.remember("Carol bakes", subjects=[carol.id])  # unscoped, about Alice's Carol
+    with pytest.raises(ValidationError, match=r"to owner 'bob'.*1 unscoped"):  # one user's to another's
+        store.update_person(carol.id, owner="bob")
+    assert store.update_person(carol.id, owner=None).owner is None  # to the household: always
+    assert store.remember("Carol sings", subjects=[carol.id], owner="bob")[0].subjects == (carol.id,)
+    assert _unseen(store) == []
+
+
 def test_the_id_of_a_deleted_or_unseen_person_is_no_subject(lexical_store: MemoryStore) -> None:
     """remember(subjects=[an id of a person deleted]) (an app holding the id) made a new
     person named after the id ("C3A6317Adb1C44D6..."); another user's person id did too."""
