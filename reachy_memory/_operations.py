@@ -192,9 +192,13 @@ _ROWS = [
     _op("person_redirects", "engine", [], "{old_id: kept_id}",
         "Every person id merged away and the live person id it resolves to (what an export carries)."),
     _op("update_person", "engine", [_req("id", STR), _opt("name", STR), _opt("relation", STR), _opt("aliases", LIST),
-                                    _opt("external_id", STR), _opt("metadata", DICT), _OWNER],
-        "person", "Change the given fields of a person; a new owner is bad_request (person_id, owner, memories, "
-        "other_owner) unless every memory about the person is that owner's."),
+                                    _opt("external_id", STR), _opt("metadata", DICT), _OWNER,
+                                    _opt("household", BOOL, False,
+                                         doc="true: make the person the household's (no owner); not with owner")],
+        "person", "Change the given fields of a person (an absent or null field stays as it is: `household: true` "
+        "makes the person the household's; with `owner` too: bad_request, field household); a new owner is "
+        "bad_request (person_id, owner, memories, other_owner) unless every memory about the person is that "
+        "owner's. A daemon before `household` refuses it as an unknown argument (field args)."),
     _op("merge_people", "engine", [_req("keep", STR), _req("other", STR)], "person",
         "Merge two persons: aliases united, memories re-linked (a retry of a done merge changes nothing); "
         "into another owner's person is bad_request naming both owners (keep a household person instead)."),

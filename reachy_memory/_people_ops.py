@@ -183,7 +183,7 @@ class PeopleMixin:
         with self._lock:
             return self._people.redirects()
 
-    def update_person(self, person_id: str, **fields: Any) -> Person:
+    def update_person(self, person_id: str, *, household: bool = False, **fields: Any) -> Person:
         """Change a person's name, relation, aliases, external_id, metadata or owner.
         ``person_id`` is read as every person operation reads one (``people.read_person_id``:
         surrounding whitespace ignored); an id merged away names the person it was merged
@@ -191,7 +191,11 @@ class PeopleMixin:
         about the person about someone its owner sees (``people.check_owner_change``): the
         household's (None) always; a user's only when all those memories are that user's,
         else a ValidationError (``person_id``, ``owner``, ``memories``, ``other_owner``) and
-        nothing changes. Raises NotFoundError, ValidationError."""
+        nothing changes.  ``household=True`` makes the person the household's, as
+        ``owner=None`` does here (the clients and the daemon, where None means "not given",
+        say it so); with an owner too it is a ValidationError (field "household").
+        Raises NotFoundError, ValidationError."""
+        fields = _household_owner(household, fields)
         self._require_open()
         with self._lock:
             plan = self._people.update_person(person_id, **fields)
@@ -1177,3 +1181,17 @@ def _epoch_or_now(value: Any) -> float:
     assert checked is not None
     return checked
 
+
+def _household_owner(household: Any, fields: dict[str, Any]) -> dict[str, Any]:
+    """``fields`` with ``owner`` None when ``household`` is True, else as given.  Raises
+    ValidationError (field "household") for a ``household`` that is not a bool, or True
+    beside an owner: the household's and a user's at once is no one change."""
+    if not isinstance(household, bool):
+        raise ValidationError(f"household must be a bool, got {type(household).__name__}", field="household")
+    if not household:
+        return fields
+    if fields.get("owner") is not None:
+        raise ValidationError(f"household=True makes the person the household's (no owner) and owner "
+                              f"{fields['owner']!r} gives them to a user: give one of them, not both",
+                              field="household", owner=fields["owner"])
+    return fields | {"owner": None}

@@ -276,13 +276,18 @@ class _Api:
     def update_person(self, person_id: str, *, name: str | None = None, relation: str | None = None,
                       aliases: list[str] | None = None, external_id: str | None = None,
                       metadata: dict[str, Any] | None = None, owner: str | None = None,
-                      timeout: float | None = None) -> Any:
-        """Change the given fields of a person (None leaves a field as it is: ``owner=None``
-        cannot make a person the household's here); returns the Person.  A new ``owner``
-        that a memory about the person is not of: a ValidationError (``person_id``,
-        ``owner``, ``memories``, ``other_owner``), nothing changed."""
+                      household: bool = False, timeout: float | None = None) -> Any:
+        """Change the given fields of a person (None leaves a field as it is, ``owner=None``
+        too); returns the Person.  ``household=True`` makes the person the household's (no
+        owner: every user sees them), e.g. the kept person before merging two users'
+        persons; with ``owner`` too: a ValidationError (field "household"), nothing changed.
+        A daemon older than ``household`` refuses it: a ValidationError naming it (field
+        "args"), nothing changed.  A new ``owner`` that a memory about the person is not
+        of: a ValidationError (``person_id``, ``owner``, ``memories``, ``other_owner``),
+        nothing changed."""
+        # household only when True: the request without it is the one older daemons know
         args = _given(id=person_id, name=name, relation=relation, aliases=aliases, external_id=external_id,
-                      metadata=metadata, owner=owner)
+                      metadata=metadata, owner=owner, household=household or None)
         return self._call("update_person", args, proto.person_from_wire, timeout)
 
     def merge_people(self, keep: str, other: str, *, timeout: float | None = None) -> Any:

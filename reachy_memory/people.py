@@ -519,7 +519,7 @@ def check_merge_owners(kept: Person, gone: Person) -> None:
     raise ValidationError(
         f"cannot merge {gone.id} ({gone.display_name}, {_whose(gone)}) into {kept.id} ({kept.display_name}, "
         f"{_whose(kept)}): the memories and users that see the first would not see the person it becomes; "
-        "merge persons of one owner, or into a household person (update_person(keep, owner=None) makes one)",
+        "merge persons of one owner, or into a household person (update_person(keep, household=True) makes one)",
         field="other", owner=kept.owner, other_owner=gone.owner)
 
 

@@ -135,6 +135,69 @@ def test_an_owner_change_hiding_a_person_is_a_bad_request_with_fields(client: Me
     assert client.update_person(uma.id, owner="bob").owner == "bob"  # every memory about Uma is Bob's
 
 
+def test_a_person_made_the_households_through_the_daemon_then_two_users_persons_merge(
+        client: MemoryClient) -> None:
+    """README's way to unite two users' persons (make the kept one the household's, then
+    merge) could not be taken through the daemon: the client dropped ``owner=None`` and the
+    daemon read a missing owner as "unchanged". ``household=True`` says it."""
+    alices, bobs = client.add_person("Nana", owner="alice"), client.add_person("Nana", owner="bob")
+    [tea] = client.remember("Nana likes mint tea", subjects=[bobs.id], owner="bob")
+    with pytest.raises(ValidationError, match="household=True") as caught:  # the error says the way
+        client.merge_people(alices.id, bobs.id)
+    assert (caught.value.owner, caught.value.other_owner) == ("alice", "bob")  # type: ignore[attr-defined]
+    assert client.update_person(alices.id, owner=None).owner == "alice"  # None: "not given", as documented
+    made = client.update_person(alices.id, household=True)
+    assert made.owner is None and client.find_person(alices.id, owner="bob") == made
+    united = client.merge_people(alices.id, bobs.id)
+    assert united.owner is None and client.find_person(bobs.id, owner="bob") == united
+    assert client.get(tea.id).subjects == (alices.id,)
+    assert [h.memory.id for h in client.recall("mint tea", about="Nana", owner="bob")] == [tea.id]
+
+
+@pytest.mark.parametrize("owner", ["alice", "bob"])
+def test_owner_and_household_together_is_a_bad_request(client: MemoryClient, owner: str) -> None:
+    """``household=True`` with an ``owner`` asks for two owners at once: bad_request naming
+    "household", nothing changed (not the name given beside them either)."""
+    vera = client.add_person("Vera", owner="alice")
+    with pytest.raises(ValidationError, match="not both") as caught:
+        client.update_person(vera.id, owner=owner, household=True, name="Verena")
+    assert caught.value.remote_code == "bad_request"  # type: ignore[attr-defined]
+    assert (caught.value.field, caught.value.owner) == ("household", owner)  # type: ignore[attr-defined]
+    assert client.find_person(vera.id) == vera
+
+
+def test_household_through_the_async_client(daemon: DaemonProcess) -> None:
+    """The async client shares the API: ``household=True`` works and beside an owner is refused."""
+    import asyncio
+
+    from reachy_memory import AsyncMemoryClient
+
+    async def calls() -> tuple[Any, Any]:
+        async with AsyncMemoryClient(daemon.endpoint, config=daemon.config, timeout=10) as c:
+            ida = await c.add_person("Ida", owner="carl")
+            made = await c.update_person(ida.id, household=True)
+            with pytest.raises(ValidationError) as caught:
+                await c.update_person(ida.id, owner="carl", household=True)
+            return made, caught.value
+
+    made, refused = asyncio.run(asyncio.wait_for(calls(), 30))
+    assert made.owner is None and refused.field == "household"
+
+
+def test_the_client_sends_household_only_when_true() -> None:
+    """The request without ``household`` is the one daemons before it know (a plain update
+    keeps working with them); ``household=True`` goes on the wire as ``household: true``."""
+    from reachy_memory.client import _Api
+
+    class Recorder(_Api):
+        def _call(self, op: str, args: dict[str, Any], convert: Any = None, timeout: float | None = None) -> Any:
+            return op, args
+
+    api = Recorder()
+    assert api.update_person("p1", name="Ann") == ("update_person", {"id": "p1", "name": "Ann"})
+    assert api.update_person("p1", household=True) == ("update_person", {"id": "p1", "household": True})
+
+
 def test_bad_people_requests_are_bad_request(client: MemoryClient) -> None:
     with pytest.raises(ValidationError) as err:
         client.remember()  # neither content nor facts

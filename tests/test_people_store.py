@@ -235,6 +235,19 @@ def test_a_merge_across_owners_is_refused_naming_both(lexical_store: MemoryStore
     assert [h.memory.id for h in lexical_store.recall("tea", about="Carol", owner="bob")] == [tea.id]
 
 
+def test_household_true_makes_a_person_the_households_and_not_beside_an_owner(lexical_store: MemoryStore) -> None:
+    """``update_person(id, household=True)`` (what the clients send) is ``owner=None`` here; with
+    an owner too it is a ValidationError (field "household"), nothing changed; not a bool: refused."""
+    dora = lexical_store.add_person("Dora", owner="alice")
+    with pytest.raises(ValidationError, match="not both") as caught:
+        lexical_store.update_person(dora.id, household=True, owner="bob", name="Doro")
+    assert (caught.value.field, caught.value.owner) == ("household", "bob")  # type: ignore[attr-defined]
+    with pytest.raises(ValidationError, match="household must be a bool"):
+        lexical_store.update_person(dora.id, household="yes")  # type: ignore[arg-type]
+    assert lexical_store.find_person(dora.id) == dora
+    assert lexical_store.update_person(dora.id, household=True, owner=None).owner is None  # one ask, said twice
+
+
 def _unseen(store: MemoryStore) -> list[tuple[str, str]]:
     """(memory id, subject) for each subject its memory's owner does not see (none is)."""
     return [(m.id, s) for m in store.export_page(None, 10_000)[0] for s in m.subjects
