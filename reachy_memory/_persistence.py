@@ -240,8 +240,10 @@ def write_snapshot_keeping_previous(directory: Path, frames: Any) -> None:
 
 
 def write_next_journal(directory: Path, generation: int, follows: tuple[int, int] | None = None,
-                       frames: list[list[Any]] | None = None) -> None:
-    """Write the next generation's journal as ``journal.next.rmj`` (durable).
+                       frames: list[list[Any]] | None = None, *, durable: bool = True) -> None:
+    """Write the next generation's journal as ``journal.next.rmj`` (fsynced, its rename
+    too, unless not ``durable``: a compaction's first write of it, which only checks
+    that the disk takes it, is always written again durably before the switch).
 
     ``follows`` = (generation, offset): the snapshot of ``generation`` covers
     the journal it follows up to that byte offset; ``frames`` (lists of ops,
@@ -252,7 +254,7 @@ def write_next_journal(directory: Path, generation: int, follows: tuple[int, int
     if follows is not None:
         head["follows"] = list(follows)
     chunks = [jr.header(jr.JOURNAL), jr.encode_frame(head), *(jr.encode_frame(f) for f in frames or ())]
-    jr.write_atomic(directory / NEXT_JOURNAL_FILE, chunks)
+    jr.write_atomic(directory / NEXT_JOURNAL_FILE, chunks, durable=durable)
 
 
 def append_to_next_journal(directory: Path, frames: list[list[Any]]) -> None:

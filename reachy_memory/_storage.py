@@ -314,10 +314,13 @@ class Storage:
 
     def _begin_compaction(self, *, background: bool) -> _Compaction:
         """Under the lock: write the next journal's head (a disk-full failure stops here
-        with nothing changed) and freeze the state."""
+        with nothing changed) and freeze the state.  The head is not fsynced: the engine
+        waits for this step (two fsyncs, tens of ms on an SD card), and the file is written
+        again durably, with the carried frames, before the journals switch
+        (:meth:`_carry_unlocked`, :meth:`_finish_compaction`); until then no open reads it."""
         self._require_writable()
         generation, follows = self.generation + 1, (self.journal_generation, self.journal.size)
-        files.write_next_journal(self.path, generation, follows)
+        files.write_next_journal(self.path, generation, follows, durable=False)
         frozen = self.state.freeze(with_lexical=not background)
         head = self._snapshot_head(generation) | {"follows": list(follows)}
         lexical = frozen.lexical if frozen.lexical is not None else self._lexical_of(frozen)

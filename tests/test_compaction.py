@@ -111,6 +111,34 @@ def test_writes_during_a_compaction_survive_a_crash_at_each_step(config: Config,
     _check(config, ids, ["first turn", "a turn"])
 
 
+def test_starting_a_compaction_makes_no_fsync_under_the_lock(config: Config, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The engine waits for the start (the store lock): its two fsyncs (the next journal's
+    # head and its rename) cost tens of ms on an SD card, and the head is written again
+    # durably before the switch anyway. The compaction as a whole still fsyncs.
+    store = _reopened(config)
+    ids = [store.store(f"before {i}").id for i in range(20)]
+    fsyncs: list[bool] = []
+    starting = threading.Event()
+    real_fsync, real_begin = os.fsync, store._storage._begin_compaction
+
+    def begin(**kwargs: Any) -> Any:
+        starting.set()
+        try:
+            return real_begin(**kwargs)
+        finally:
+            starting.clear()
+
+    monkeypatch.setattr(os, "fsync", lambda fd: (fsyncs.append(starting.is_set()), real_fsync(fd))[1])
+    monkeypatch.setattr(store._storage, "_begin_compaction", begin)
+    store._storage.compact_in_background()
+    ids += [store.store(f"during {i}").id for i in range(5)]
+    store._storage.wait()
+    monkeypatch.undo()
+    assert fsyncs and not any(fsyncs)  # fsyncs made, none while starting
+    abandon(store)
+    _check(config, ids, [])
+
+
 def test_repair_between_the_renames_keeps_the_valid_frames_of_a_damaged_next_journal(
         config: Config, monkeypatch: pytest.MonkeyPatch) -> None:
     store = _reopened(config)
@@ -142,10 +170,10 @@ def test_a_full_disk_at_the_journal_switch_keeps_the_journal_in_use(config: Conf
     _writes_during_compaction(store, ids, "a")
     real = files.write_next_journal
 
-    def full_on_carry(directory: Path, generation: int, follows: Any = None, ops: Any = None) -> None:
+    def full_on_carry(directory: Path, generation: int, follows: Any = None, ops: Any = None, **kw: Any) -> None:
         if ops:
             raise StorageFullError("disk full", path=str(directory))
-        real(directory, generation, follows, ops)
+        real(directory, generation, follows, ops, **kw)
 
     monkeypatch.setattr(files, "write_next_journal", full_on_carry)
     store.compact()  # not an error: the snapshot is durable and the journal goes on
