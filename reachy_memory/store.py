@@ -359,7 +359,7 @@ class MemoryStore(PeopleMixin):
         exported memories, their ids taken as earlier versions wrote them (``validate_item``).
         Raises ValidationError / TooLargeError."""
         self._require_open()
-        rows = [ingest.validate_item(item, self._config, imported=imported)
+        rows = [ingest.validate_item(item, self._config, imported=imported or self._holds_id(item))
                 for item in ingest.as_list(items, self._config.memory.max_batch)]
         created = time.time() if now is None else now
         recs, out_ids = ingest.new_records(rows, created, self._expiry, self._state.records)
@@ -371,6 +371,14 @@ class MemoryStore(PeopleMixin):
         ops = [["put", encode(rec.replace(vkey=key if vec is not None else None)), vec]
                for rec, vec in zip(recs, vectors, strict=True)]
         return _Prepared(ops, out_ids, [t if v is not None else None for t, v in zip(texts, vectors, strict=True)])
+
+    def _holds_id(self, item: Any) -> bool:
+        """Whether a memory holds the id ``item`` names: one kept before ids' characters were
+        checked (an older version, an import) is taken as it is, so that storing it again
+        stays a retry (``check_duplicate``: that memory returned, another one refused); it is
+        never written anew (forgotten meanwhile: ``_check_retries_still_stored``)."""
+        memory_id = item.get("id") if isinstance(item, Mapping) else None
+        return isinstance(memory_id, str) and memory_id in self._state.records
 
     def _newest_turn_guess(self) -> Record | None:
         """The turn a prepared write will follow, as far as prepare can tell: the state's

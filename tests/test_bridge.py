@@ -491,6 +491,57 @@ def test_close_from_a_done_callback_returns_and_the_worker_drains(fake: Recordin
     assert bridge.stats.discarded_at_close == 0 and bridge.record_turn("user", "late") is False
 
 
+class SlowTurnClient(RecordingClient):
+    """record_turn takes ``seconds`` (a daemon answering slowly)."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    def record_turn(self, role: str, content: str, metadata: dict[str, Any] | None = None, *,
+                    id: str | None = None) -> Memory:
+        time.sleep(self.seconds)
+        return super().record_turn(role, content, metadata, id=id)
+
+
+def test_close_after_one_from_a_done_callback_waits_for_the_drain() -> None:
+    # close() from a done callback returns at once (the worker cannot wait for itself), and the
+    # app's own close() (leaving the `with` block) then returned at once too, "idempotent": nobody
+    # waited for the drain, and an app exiting then lost the queued turns, neither sent nor counted.
+    fake = SlowTurnClient(0.2)
+    bridge = MemoryBridge(client_factory=lambda: fake, queue_size=8, refresh_interval=3600).start()
+    wait_for(lambda: bridge.latest().fetched_at > 0)
+    fake.gate.clear()
+    first = bridge.search("first")
+    assert fake.entered.wait(30)
+    turns = [f"goodbye {i}" for i in range(4)]
+    assert all(bridge.record_turn("user", turn) for turn in turns)
+    called = threading.Event()
+    first.add_done_callback(lambda f: (bridge.close(timeout=10), called.set()))
+    fake.gate.set()
+    assert called.wait(10)
+    took = _timed(lambda: bridge.close(timeout=10))
+    assert [m["content"] for m in fake.window] == turns  # sent before the app's close() returned
+    assert bridge.stats.done == 5 and bridge.stats.discarded_at_close == 0 and took < 5
+    wait_for(lambda: fake.closed == 1, timeout=10)
+    assert _timed(lambda: bridge.close(timeout=10)) < 0.5  # drained: a third call returns at once
+
+
+def test_a_later_close_waits_no_longer_than_its_own_timeout_and_cuts_nothing_short() -> None:
+    fake = SlowTurnClient(0.3)
+    bridge = MemoryBridge(client_factory=lambda: fake, queue_size=8, refresh_interval=3600).start()
+    wait_for(lambda: bridge.latest().fetched_at > 0)
+    turns = [f"goodbye {i}" for i in range(4)]
+    assert all(bridge.record_turn("user", turn) for turn in turns)
+    first = threading.Thread(target=bridge.close, kwargs={"timeout": 30.0}, daemon=True)
+    first.start()
+    wait_for(lambda: bridge.record_turn("user", "probe") is False)
+    assert 0.15 <= _timed(lambda: bridge.close(timeout=0.2)) < 0.6  # its own timeout, not the first's
+    first.join(30)
+    assert not first.is_alive() and [m["content"] for m in fake.window] == turns
+    assert bridge.stats.discarded_at_close == 0
+
+
 @pytest.mark.parametrize("bad", [-1, float("nan"), float("inf"), "5", None])
 def test_close_timeout_must_be_seconds_and_a_refused_one_closes_nothing(bad: Any) -> None:
     bridge = MemoryBridge(client_factory=RecordingClient, queue_size=8)

@@ -35,6 +35,7 @@ import pytest
 
 from reachy_memory import (
     BusyError,
+    ClosedError,
     Config,
     DaemonUnavailableError,
     Memory,
@@ -742,6 +743,21 @@ def test_a_tool_write_no_daemon_took_says_it_was_not_stored(tmp_path: Path, fail
         assert client.sent == []  # never sent: nothing listened
     else:
         assert len(client.sent) > 1  # sent again, refused each time
+
+
+def test_a_tool_write_whose_client_was_closed_is_not_sent_again() -> None:
+    # ClosedError has the code "unavailable", a "not now": a write whose backend was closed
+    # (aclose, an app shutting down) during the call was sent again, each attempt failing at
+    # once, until retry_for passed; with retry_for=inf the tool call never ended.
+    client = _RestartingClient([ClosedError("AsyncMemoryClient closed during the call")], answer_at=10**9)
+    backend = DaemonBackend(client, own=False, retry_for=math.inf)  # type: ignore[arg-type]
+
+    async def call() -> Any:
+        return await asyncio.wait_for(TOOLS_BY_NAME["store_memory"].run(backend, {"content": "Tom likes tea"}), 5)
+
+    with pytest.raises(ClosedError):
+        run(call())
+    assert len(client.sent) == 1
 
 
 class _OldDaemonClient(_RestartingClient):

@@ -440,3 +440,71 @@ def test_a_store_stays_read_only_when_the_fsync_closing_its_journal_at_a_switch_
         with pytest.raises(ReadOnlyError):
             mark()
         failing.clear()
+
+
+# -- an LLM tool's write whose daemon kept it and then failed: never "not stored" --------------
+
+
+def _tool(daemon: Daemon, name: str, args: dict[str, Any]) -> Any:
+    """The LLM tool ``name`` run once on ``daemon`` (sent again for 0.3 s after a "not now" failure)."""
+    import asyncio
+
+    from reachy_memory import AsyncMemoryClient
+    from reachy_memory.integrations.tools import TOOLS_BY_NAME, DaemonBackend
+
+    async def call() -> Any:
+        backend = DaemonBackend(AsyncMemoryClient(daemon.endpoint, config=daemon.config, timeout=3.0),
+                                retry_for=0.3)
+        try:
+            return await TOOLS_BY_NAME[name].run(backend, args)
+        finally:
+            await backend.aclose()
+
+    return asyncio.run(call())
+
+
+def _lexical(daemon: Daemon, query: str) -> list[str]:
+    with client(daemon) as c:
+        return sorted(h.memory.content for h in c.search(query, limit=10, mode="lexical"))
+
+
+@pytest.mark.parametrize(("name", "args"), [
+    ("store_memory", {"content": "the boat is moored at pier nine", "memory_type": "conversation"}),
+    ("remember", {"content": "the boat is moored at pier nine"}),
+])
+def test_a_tool_write_the_daemon_applied_before_its_fsync_failed_is_not_said_unstored(
+        served: Daemon, disk: HeldDisk, name: str, args: dict[str, Any]) -> None:
+    # The daemon applied the write (searches find it), then its fsync failed: ReadOnlyError, a
+    # "not now" code. The tool sent it again, refused each time, and told the model "the memory
+    # was not stored": a model storing it again made a second copy of what the daemon holds.
+    disk.hold()
+    disk.failing = True
+    disk.release()  # every fsync from here on fails at once
+    with pytest.raises(ReadOnlyError) as raised:
+        _tool(served, name, args)
+    assert "not stored" not in raised.value.message
+    assert "may have been kept: search for it before storing it again" in raised.value.message
+    assert _lexical(served, "boat pier nine") == [args["content"]]  # the daemon holds it
+
+
+def test_a_tool_remember_whose_disk_filled_after_its_first_fact_is_not_said_unstored(
+        served: Daemon, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each fact of a remember is its own journal frame: the disk filling at the second left the
+    # first stored, and StorageFullError ("nothing was written": of that frame) made the tool
+    # tell the model "the memory was not stored".
+    real = jr._os.write
+
+    def write(fd: int, data: memoryview) -> int:
+        if b"the kayak is blue" in bytes(data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, data)
+
+    monkeypatch.setattr(jr._os, "write", write)
+    facts = {"facts": [{"content": "the canoe is red"}, {"content": "the kayak is blue"}]}
+    with pytest.raises(StorageError) as raised:
+        _tool(served, "remember", facts)
+    assert "not stored" not in raised.value.message
+    assert "may have been kept: search for it before storing it again" in raised.value.message
+    assert _lexical(served, "canoe") == ["the canoe is red"] and _lexical(served, "kayak") == []
+    monkeypatch.setattr(jr._os, "write", real)  # space again: writes work
+    assert _tool(served, "remember", {"content": "the kayak is blue"})["count"] == 1

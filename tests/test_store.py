@@ -272,6 +272,26 @@ def test_a_hostile_client_id_is_refused_by_every_write(lexical_store: MemoryStor
     assert s.get("in side") is not None
 
 
+def test_an_id_stored_before_the_id_rules_is_still_a_retry_of_its_memory(lexical_store: MemoryStore) -> None:
+    """An id kept before ids' characters were checked (an older version, an import) holds its
+    memory: storing it again (an app's idempotent "make sure it is there", a retry) returned
+    that memory, and was refused as a hostile id once the characters were checked. A new id
+    with those characters is still refused."""
+    s = lexical_store
+    s.import_memories([{"id": "user prefs", "content": "likes the lights dim", "type": "fact",
+                        "created_at": NOW.isoformat()},
+                       {"id": "turn 1", "content": "hello there", "type": "conversation",
+                        "created_at": datetime.now(UTC).isoformat(), "metadata": {"role": "user"}}])
+    assert s.store("likes the lights dim", id="user prefs").id == "user prefs"
+    assert s.store_batch([{"content": "likes the lights dim", "id": "user prefs"}])[0].id == "user prefs"
+    assert s.record_turn("user", "hello there", id="turn 1").id == "turn 1"
+    assert len(s) == 2 and s.get_context_window() == []  # nothing written again
+    with pytest.raises(ValidationError, match="already used"):  # the id holding another memory
+        s.store("likes the lights bright", id="user prefs")
+    with pytest.raises(ValidationError, match="holds ' '"):  # a new one
+        s.store("likes tea", id="user tea")
+
+
 @pytest.mark.parametrize(("second", "refused"), [
     ({"content": "hello", "memory_type": "fact"}, False),  # the same memory twice: stored once
     ({"content": "other", "memory_type": "fact"}, True),  # was dropped silently, "hello" returned for it

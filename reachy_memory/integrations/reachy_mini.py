@@ -183,25 +183,32 @@ class MemoryBridge:
         when the daemon is gone or frozen; ``close(timeout=0)`` discards at once. It
         blocks its caller meanwhile: a control loop calls it once its loop has ended.
         Called from the worker's thread (a future's done callback) it returns at once and
-        the worker drains as above once the callback returns. Idempotent: a second call
-        returns at once. Raises ValidationError for a ``timeout`` that is not seconds >= 0
-        (the bridge stays open then).
+        the worker drains as above once the callback returns. A later call (another thread,
+        or the ``with`` block's after a callback's) waits for that drain too, up to its own
+        ``timeout``, and cuts nothing short: it returns at once only once the drain is over
+        (the first call's own deadline still bounds it). Raises ValidationError for a
+        ``timeout`` that is not seconds >= 0 (the bridge stays open then).
         """
         seconds = check_seconds(timeout, "timeout", finite=True)
         with self._lock:
-            if self._closed:
-                return
-            self._close_by = time.monotonic() + seconds  # first: a worker seeing _closed sees it too
-            self._closed = True
-        with contextlib.suppress(queue.Full):  # full: the worker is not idle, it finds the end itself
-            self._jobs.put_nowait(None)  # the queue ends here; wakes an idle worker now
+            first = not self._closed
+            if first:
+                self._close_by = time.monotonic() + seconds  # first: a worker seeing _closed sees it too
+                self._closed = True
+        if first:
+            with contextlib.suppress(queue.Full):  # full: the worker is not idle, it finds the end itself
+                self._jobs.put_nowait(None)  # the queue ends here; wakes an idle worker now
         worker = self._thread
         if worker is threading.current_thread():  # a done callback: the worker cannot wait for itself
             return  # it drains once the callback returns, then discards what is left itself
+        # A later call waits too: after a callback's close() nobody else would, and an app
+        # leaving its `with` block (then exiting) lost the queued jobs, neither sent nor counted.
+        wait_until = self._close_by if first else min(self._close_by, time.monotonic() + seconds)
         if worker is not None:
-            worker.join(max(0.0, self._close_by - time.monotonic()))
-        self._stop.set()  # the deadline passed (or the queue is drained): no more jobs
-        self._discard_pending()
+            worker.join(max(0.0, wait_until - time.monotonic()))
+        if first or worker is None or not worker.is_alive() or time.monotonic() >= self._close_by:
+            self._stop.set()  # the deadline passed (or the queue is drained): no more jobs
+            self._discard_pending()
 
     stop = close
 

@@ -17,9 +17,11 @@ Backends:
   listening, no reply, busy: a restart) is sent again with the same ids for up to
   ``retry_for`` seconds (the client's timeout by default) after its first failure; the
   daemon keeps it once however often it arrives. So the model is told "kept" (with the
-  ids) or "not stored"; only when an attempt got no reply and the daemon stays away is
-  it told the memory may have been kept. A daemon from before the ids (it refuses them)
-  gets the write once without.
+  ids) or "not stored"; only when an attempt got no reply and the daemon stays away, or
+  the daemon kept it (or a ``remember``'s first facts) before its disk failed (an fsync
+  error, a full disk), is it told the memory may have been kept. A write whose client
+  was closed (ClosedError) is not sent again. A daemon from before the ids (it refuses
+  them) gets the write once without.
 * :class:`LocalBackend` opens a :class:`~reachy_memory.MemoryStore` in this
   process (a desktop without the daemon); the store is used only by one worker
   thread, its owner.
@@ -68,7 +70,15 @@ from .._mentions import norm
 from ..client import AsyncMemoryClient, MemoryClient, refuses_ids
 from ..config import RANGES, Config, MemoryConfig
 from ..endpoint import ipc_listener_gone, resolve_endpoint
-from ..errors import DaemonUnavailableError, ReachyMemoryError, RequestTimeoutError, ValidationError
+from ..errors import (
+    ClosedError,
+    DaemonUnavailableError,
+    ReachyMemoryError,
+    ReadOnlyError,
+    RequestTimeoutError,
+    StorageFullError,
+    ValidationError,
+)
 from ..model import SEARCH_LIMIT, Memory, MemoryType, SearchResult
 from ..people import names_someone
 from ..protocol import RETRY_CODES
@@ -626,20 +636,22 @@ class DaemonBackend(_OwnerBound):
             "(busy, or a large request); a store may still complete: search for it before storing it again",
             **exc.fields)
 
-    async def _write(self, send: Callable[[bool, float | None], Awaitable[Any]]) -> Any:
+    async def _write(self, send: Callable[[bool, float | None], Awaitable[Any]], *, frames: int = 1) -> Any:
         """``send(True, timeout)``: a write carrying its client-made ids, sent again after each
         "not now" failure (a code of :data:`~reachy_memory.protocol.RETRY_CODES`, or no daemon
         listening) until :attr:`retry_for` seconds after the first, then answered definitely: the
         daemon keeps it once however often it arrived, so a result is the memory kept.  A daemon
         from before the ids (it refuses them, storing nothing) gets ``send(False, None)``, once,
-        as :meth:`_guard` sends any call.
+        as :meth:`_guard` sends any call.  ``frames``: the journal frames the daemon writes it in
+        (one per fact of a ``remember``): a full disk refusing one leaves those before it.
 
-        Raises the write's own error at once (nothing was stored), else when the time is up:
-        the last "not now" error saying the memory was not stored when no attempt can have been
-        kept (each was refused, or never sent: no daemon listened), else (an attempt got no
-        reply) saying it may have been (:meth:`_no_reply`)."""
+        Raises the write's own error at once (nothing was stored), ClosedError at once (this
+        client was closed: no attempt can follow), else when the time is up: the last "not now"
+        error saying the memory was not stored when no attempt can have been kept (each was
+        refused, or never sent: no daemon listened), else (an attempt got no reply, or the
+        daemon kept part or all of it before its disk failed) saying it may have been."""
         deadline: float | None = None
-        pause, unsure = _FIRST_PAUSE, False
+        pause, unsure = _FIRST_PAUSE, ""
         while True:
             try:
                 return await self._attempt(send, None if deadline is None else deadline - time.monotonic())
@@ -648,9 +660,9 @@ class DaemonBackend(_OwnerBound):
                     raise
                 return await self._guard(send(False, None), write=True)  # sent once: a retry could keep it twice
             except ReachyMemoryError as exc:
-                if exc.code not in RETRY_CODES:
+                if exc.code not in RETRY_CODES or isinstance(exc, ClosedError):  # closed: every retry fails so
                     raise
-                unsure = unsure or isinstance(exc, RequestTimeoutError)  # it may have reached a daemon
+                unsure = unsure or _may_have_kept(exc, frames)
                 deadline = time.monotonic() + self.retry_for if deadline is None else deadline
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -667,13 +679,13 @@ class DaemonBackend(_OwnerBound):
         timeout = None if left is None else min(self.client.timeout, max(left, _SHORTEST_ATTEMPT))
         return await send(True, timeout)
 
-    async def _not_written(self, last: ReachyMemoryError, unsure: bool) -> ReachyMemoryError:
+    async def _not_written(self, last: ReachyMemoryError, unsure: str) -> ReachyMemoryError:
         """The answer to a write given up after ``last``: that it may have been kept when
-        ``unsure`` (an attempt got no reply), else that it was not stored."""
+        ``unsure`` (why: :func:`_may_have_kept` of an attempt), else that it was not stored."""
         if isinstance(last, RequestTimeoutError):
             return await self._no_reply(last, write=True)
         if unsure:
-            return type(last)(f"{last.message}; an earlier attempt got no reply: {_MAYBE_KEPT}", **last.fields)
+            return type(last)(f"{last.message}; {unsure}: {_MAYBE_KEPT}", **last.fields)
         if isinstance(last, DaemonUnavailableError):  # no daemon listened: none had the write
             return self._unavailable(f"listened for {self.retry_for:g} s", "; the memory was not stored")
         return type(last)(f"{last.message}; sent again for {self.retry_for:g} s: the memory was not stored",
@@ -714,8 +726,10 @@ class DaemonBackend(_OwnerBound):
         fact is kept once."""
         owned = _owned(args, self._owner)
         ided = _with_ids(owned)
+        facts = owned.get("facts")
         return await self._write(lambda ids, timeout: self.client.remember(  # type: ignore[no-any-return]
-            **(ided if ids else _without_ids(owned)), timeout=timeout))
+            **(ided if ids else _without_ids(owned)), timeout=timeout),
+            frames=len(facts) if isinstance(facts, list) else 1)
 
     async def recall(self, query: str, about: str | None, limit: int) -> list[SearchResult]:
         return await self._guard(  # type: ignore[no-any-return]
@@ -792,6 +806,20 @@ class LocalBackend(_OwnerBound):
         if self._own and not self._pool._shutdown:  # type: ignore[attr-defined]
             await self._run(self.memory_store.close)
             self._pool.shutdown(wait=True)
+
+
+def _may_have_kept(failure: ReachyMemoryError, frames: int) -> str:
+    """Why an attempt of a write (in ``frames`` journal frames) that failed with ``failure``
+    ("not now") may have been kept, or "" when it cannot have been: no reply (it may have
+    reached a daemon); an fsync failing after the daemon applied it (ReadOnlyError: readers
+    see it; it may even be on disk); a full disk refusing a later frame of several."""
+    if isinstance(failure, RequestTimeoutError):
+        return "an earlier attempt got no reply"
+    if isinstance(failure, ReadOnlyError):
+        return "the daemon may have kept an attempt before its disk failed"
+    if isinstance(failure, StorageFullError) and frames > 1:
+        return "what the daemon wrote before its disk filled stays"
+    return ""
 
 
 def _with_ids(args: dict[str, Any]) -> dict[str, Any]:
