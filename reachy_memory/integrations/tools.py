@@ -71,7 +71,7 @@ from ..endpoint import ipc_listener_gone, resolve_endpoint
 from ..errors import DaemonUnavailableError, ReachyMemoryError, RequestTimeoutError, ValidationError
 from ..model import SEARCH_LIMIT, Memory, MemoryType, SearchResult
 from ..people import names_someone
-from ..protocol import RETRY_CODES
+from ..protocol import retryable
 
 MEMORY_TYPES: tuple[str, ...] = tuple(m.value for m in MemoryType)
 MAX_LIMIT = 50
@@ -628,13 +628,15 @@ class DaemonBackend(_OwnerBound):
 
     async def _write(self, send: Callable[[bool, float | None], Awaitable[Any]]) -> Any:
         """``send(True, timeout)``: a write carrying its client-made ids, sent again after each
-        "not now" failure (a code of :data:`~reachy_memory.protocol.RETRY_CODES`, or no daemon
-        listening) until :attr:`retry_for` seconds after the first, then answered definitely: the
+        "not now" failure (:func:`~reachy_memory.protocol.retryable`, or no daemon listening)
+        until :attr:`retry_for` seconds after the first, then answered definitely: the
         daemon keeps it once however often it arrived, so a result is the memory kept.  A daemon
         from before the ids (it refuses them, storing nothing) gets ``send(False, None)``, once,
         as :meth:`_guard` sends any call.
 
-        Raises the write's own error at once (nothing was stored), else when the time is up:
+        Raises the write's own error at once (nothing was stored), and ClosedError at once once
+        this backend's client is closed (:meth:`aclose`, from another task: an attempt in flight
+        then may have been kept; sending again could only fail again), else when the time is up:
         the last "not now" error saying the memory was not stored when no attempt can have been
         kept (each was refused, or never sent: no daemon listened), else (an attempt got no
         reply) saying it may have been (:meth:`_no_reply`)."""
@@ -648,7 +650,7 @@ class DaemonBackend(_OwnerBound):
                     raise
                 return await self._guard(send(False, None), write=True)  # sent once: a retry could keep it twice
             except ReachyMemoryError as exc:
-                if exc.code not in RETRY_CODES:
+                if not retryable(exc):  # its own error, or this backend's client closed: not sent again
                     raise
                 unsure = unsure or isinstance(exc, RequestTimeoutError)  # it may have reached a daemon
                 deadline = time.monotonic() + self.retry_for if deadline is None else deadline
