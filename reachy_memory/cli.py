@@ -579,7 +579,8 @@ def cmd_import(args: argparse.Namespace) -> int:
 def cmd_remember(args: argparse.Namespace) -> int:
     with _client(args) as c:
         stored: list[Memory] = c.remember(args.content, subjects=args.about or None, owner=args.owner,
-                                          shared=args.shared, name=args.name, aliases=args.alias or None)
+                                          shared=args.shared, name=args.name, aliases=args.alias or None,
+                                          id=args.id)
     _out(args, [m.to_dict() for m in stored], lambda _: "\n".join(f"remembered {m.id}" for m in stored))
     return 0
 
@@ -780,6 +781,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--shared", action="store_true", help="a household fact every user sees")
     p.add_argument("--name", help="a unique note name")
     p.add_argument("--alias", action="append", help="another name of the note (repeatable)")
+    p.add_argument("--id", help="client-chosen id (makes retries idempotent: the same command again stores nothing "
+                   "twice)")
     p = add("recall", cmd_recall, "facts relevant to a question, optionally about a person")
     p.add_argument("query")
     p.add_argument("--about", help="a person: 'my wife', 'Sarah'")

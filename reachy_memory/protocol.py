@@ -57,7 +57,15 @@ from typing import Any
 import msgpack
 
 from ._context_text import ContextItem, RetrievedContext, Turn
-from .errors import ERROR_BY_CODE, ProtocolError, ReachyMemoryError, RemoteError, TooLargeError, error_class
+from .errors import (
+    ERROR_BY_CODE,
+    ClosedError,
+    ProtocolError,
+    ReachyMemoryError,
+    RemoteError,
+    TooLargeError,
+    error_class,
+)
 from .model import Memory, MemoryType, SearchResult, to_datetime, to_epoch
 from .people import Person
 
@@ -66,6 +74,21 @@ CODES = frozenset({"bad_request", "too_large", "not_found", "busy", "unavailable
 #: The codes that mean "not now" (the daemon restarting, stopping, slow or full): a write
 #: carrying its client-made id may be sent again after one (the bridge's turns, the LLM tools).
 RETRY_CODES = frozenset({"unavailable", "timeout", "busy"})
+
+
+def retryable(exc: BaseException) -> bool:
+    """Whether ``exc`` means "not now" (its code is one of :data:`RETRY_CODES`): a write
+    carrying its client-made id may be sent again after it.
+
+    A :class:`~reachy_memory.ClosedError` raised in this process is not, though its code is
+    "unavailable": the caller's own client (or store) is closed, and each attempt would fail
+    again at once until a retry loop's bound (the bridge: 60 s). One the daemon sent (its
+    store closing while it stops: a restart; :func:`raise_for` marks a daemon's error with
+    ``remote_code``) is.
+    """
+    if isinstance(exc, ClosedError) and not hasattr(exc, "remote_code"):
+        return False
+    return getattr(exc, "code", None) in RETRY_CODES
 
 
 def encode(message: dict[str, Any]) -> bytes:

@@ -26,9 +26,11 @@ from reachy_memory import (
     DaemonUnavailableError,
     Memory,
     MemoryType,
+    ReachyMemoryError,
     RequestTimeoutError,
     ValidationError,
 )
+from reachy_memory import protocol as proto
 from reachy_memory.integrations.reachy_mini import NOBODY, PERSON_KEY, MemoryBridge
 from reachy_memory.model import SearchResult, to_datetime
 from tests.daemon_util import DaemonProcess
@@ -71,9 +73,11 @@ class RecordingClient:
         return Memory(f"id{len(self.calls)}", content, MemoryType.CONVERSATION, to_datetime(0),
                       {**(metadata or {}), "role": role})
 
-    def store(self, content: str, memory_type: Any = "fact", metadata: dict[str, Any] | None = None) -> Memory:
+    def store(self, content: str, memory_type: Any = "fact", metadata: dict[str, Any] | None = None, *,
+              id: str | None = None) -> Memory:
         self._op("store")
-        return Memory(f"id{len(self.calls)}", content, MemoryType.parse(memory_type), to_datetime(0), metadata or {})
+        return Memory(id or f"id{len(self.calls)}", content, MemoryType.parse(memory_type), to_datetime(0),
+                      metadata or {})
 
     def search(self, query: str, memory_type: Any = None, limit: int = 5, min_score: float = 0.3,
                where: dict[str, Any] | None = None, about: str | None = None) -> list[SearchResult]:
@@ -341,7 +345,8 @@ def test_a_bad_owner_is_refused_on_the_callers_thread_and_queues_nothing(bridge:
 class BrokenStoreClient(RecordingClient):
     """``store`` fails with a foreign error (a bug, or a value the client cannot send)."""
 
-    def store(self, content: str, memory_type: Any = "fact", metadata: dict[str, Any] | None = None) -> Memory:
+    def store(self, content: str, memory_type: Any = "fact", metadata: dict[str, Any] | None = None, *,
+              id: str | None = None) -> Memory:
         raise TypeError("can not serialize 'datetime.datetime' object")
 
 
@@ -592,3 +597,236 @@ def test_a_turn_sent_without_its_id_is_never_sent_again() -> None:
         wait_for(lambda: bridge.stats.turns_lost == 1)
         assert fake.ids[1:] == [None]  # one id-less attempt, no second one that could keep it twice
         assert fake.window == []
+
+
+# -- remember and set_current_person survive a daemon restart too; failures counted -----------------
+
+
+class FlakyWriteClient(RecordingClient):
+    """``store`` and ``set_context`` raise ``errors[op]`` in turn before they work; the ids
+    each store was sent with are kept (None: sent without one). ``refuses_ids``: a daemon
+    from before ids (an unknown argument, nothing stored)."""
+
+    def __init__(self, refuses_ids: bool = False, **errors: list[Exception]) -> None:
+        super().__init__()
+        self.errors = errors
+        self.ids: list[str | None] = []
+        self.refuses_ids = refuses_ids
+        self.tries: dict[str, int] = {}
+        self.order: list[str] = []  # the writes that worked and the searches, in order
+
+    def search(self, query: str, *args: Any, **kwargs: Any) -> list[SearchResult]:
+        self.order.append(f"search {query}")
+        return super().search(query, *args, **kwargs)
+
+    def _fail(self, op: str) -> None:
+        self.tries[op] = self.tries.get(op, 0) + 1
+        if self.errors.get(op):
+            raise self.errors[op].pop(0)
+
+    def store(self, content: str, memory_type: Any = "fact", metadata: dict[str, Any] | None = None, *,
+              id: str | None = None) -> Memory:
+        self.ids.append(id)
+        if id is not None and self.refuses_ids:
+            raise ValidationError("store: unknown arguments ['id']", field="args")
+        self._fail("store")
+        self.order.append("store")
+        return super().store(content, memory_type, metadata, id=id)
+
+    def set_context(self, key: str, value: str) -> None:
+        self._fail("set_context")
+        self.order.append("set_context")
+        super().set_context(key, value)
+
+
+def _not_now() -> list[Exception]:
+    return [DaemonUnavailableError("restarting"), RequestTimeoutError("no reply"), BusyError("full")]
+
+
+def test_remember_and_set_current_person_failing_for_not_now_are_sent_again_in_order() -> None:
+    # remember's store was sent once, without an id made for it: a fact told while the daemon
+    # restarted was lost (its future failed) though the turns beside it were kept.
+    fake = FlakyWriteClient(store=_not_now(), set_context=_not_now())
+    with MemoryBridge(client_factory=lambda: fake, queue_size=8, refresh_interval=0.05) as bridge:
+        assert bridge.set_current_person("Alex")
+        noted = bridge.remember("Alex likes green tea", metadata={"person": "Alex"})
+        found = bridge.search("after both")
+        memory = noted.result(timeout=10)
+        assert found.result(timeout=10)
+        assert fake.context[PERSON_KEY] == "Alex" and fake.tries == {"set_context": 4, "store": 4}
+        assert [op for op in fake.order if op != "search Alex"] == ["set_context", "store", "search after both"]
+        assert len(set(fake.ids)) == 1 and memory.id == fake.ids[0] and len(memory.id) == 32  # one id, each time
+        assert (bridge.stats.retries, bridge.stats.errors, bridge.stats.turns_lost) == (6, 0, 0)
+
+
+def test_a_remember_refused_or_given_up_fails_its_future_with_that_error() -> None:
+    fake = FlakyWriteClient(store=[ValidationError("too long", field="content"),
+                                   *[DaemonUnavailableError("down")] * 10**6])
+    with MemoryBridge(client_factory=lambda: fake, queue_size=8, refresh_interval=0.05,
+                      turn_retry_for=0.3) as bridge:
+        with pytest.raises(ValidationError, match="too long"):
+            bridge.remember("refused").result(timeout=10)
+        assert fake.tries["store"] == 1  # its own error: not sent again
+        started = time.monotonic()
+        with pytest.raises(DaemonUnavailableError, match="down"):
+            bridge.remember("never kept").result(timeout=10)
+        assert fake.tries["store"] > 2 and 0.3 <= time.monotonic() - started < 0.3 + 5
+        assert bridge.stats.errors == 2 and bridge.stats.turns_lost == 0
+
+
+@pytest.mark.parametrize("then", [None, RequestTimeoutError("no reply")])
+def test_a_daemon_refusing_the_memory_id_gets_it_once_without(then: Exception | None) -> None:
+    # The same fallback as a turn's (store took ids from the first daemon on: a client_factory's).
+    fake = FlakyWriteClient(refuses_ids=True, store=[then] if then else [])
+    with MemoryBridge(client_factory=lambda: fake, queue_size=8, refresh_interval=0.05) as bridge:
+        future = bridge.remember("kept by an old daemon")
+        if then is None:
+            assert future.result(timeout=10).content == "kept by an old daemon"
+        else:  # the id-less send may have been kept: never sent again
+            with pytest.raises(ReachyMemoryError, match="no memory id"):
+                future.result(timeout=10)
+        assert len(fake.ids) == 2 and fake.ids[0] and fake.ids[1] is None
+
+
+def test_a_closed_client_is_not_sent_again_and_a_stopping_daemon_is(daemon: DaemonProcess) -> None:
+    # ClosedError's code is "unavailable" (a "not now" code): a bridge on a client closed
+    # elsewhere (a client_factory's) sent each turn again for turn_retry_for (60 s by default).
+    closed = daemon.client()
+    closed.close()
+    with MemoryBridge(client_factory=lambda: closed, queue_size=8, refresh_interval=3600,
+                      turn_retry_for=5) as bridge:
+        started = time.monotonic()
+        assert bridge.record_turn("user", "never sent")
+        with pytest.raises(ClosedError):
+            bridge.remember("never sent either").result(timeout=10)
+        wait_for(lambda: bridge.stats.turns_lost == 1, timeout=10)
+        assert time.monotonic() - started < 1.0 and bridge.stats.retries == 0
+    # The daemon's own ClosedError (its store closing while it stops: a restart) is "not now".
+    with pytest.raises(ClosedError) as raised:  # as the client gets it
+        proto.raise_for({"ok": False, "error": {"code": "unavailable", "type": "ClosedError",
+                                                "message": "this MemoryStore is closed"}})
+    stopping = raised.value
+    fake = FlakyWriteClient(store=[stopping])
+    with MemoryBridge(client_factory=lambda: fake, queue_size=8, refresh_interval=0.05) as bridge:
+        assert bridge.remember("kept after the restart").result(timeout=10)
+        assert fake.tries["store"] == 2 and bridge.stats.retries == 1
+
+
+def test_jobs_discarded_when_the_worker_cannot_start_are_counted(caplog: pytest.LogCaptureFixture) -> None:
+    # They failed (futures: ClosedError) but no counter had them: enqueued 3, done/errors/discarded 0.
+    from reachy_memory import ConfigError
+
+    gate = threading.Event()
+
+    def factory() -> RecordingClient:
+        assert gate.wait(10)
+        raise ConfigError("bad endpoint", key="server.endpoint")
+
+    bridge = MemoryBridge(client_factory=factory, queue_size=8).start()
+    try:
+        assert bridge.record_turn("user", "queued before the failure")
+        noted = bridge.remember("queued too")
+        found = bridge.search("queued too")
+        with caplog.at_level(logging.WARNING, logger="reachy_memory.bridge"):
+            gate.set()
+            assert isinstance(noted.exception(timeout=10), ClosedError)
+            assert isinstance(found.exception(timeout=10), ClosedError)
+            wait_for(lambda: bridge.stats.discarded_at_failure == 3, timeout=10)
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert any("3 queued job(s) (1 turn(s)) never sent" in w for w in warnings)
+    finally:
+        gate.set()
+        bridge.close()
+    stats = bridge.stats
+    assert (stats.enqueued, stats.discarded_at_failure, stats.discarded_at_close, stats.done, stats.errors) == \
+        (3, 3, 0, 0, 0)
+
+
+# -- with a daemon that restarts -----------------------------------------------------------------
+
+
+@pytest.fixture
+def restarting(tmp_path: Path) -> Iterator[DaemonProcess]:
+    """A words-only daemon (no model to load: a restart takes about a second)."""
+    d = DaemonProcess(tmp_path, embedding={"enabled": False}).start()
+    yield d
+    if d.proc is not None and d.proc.poll() is None:
+        os.kill(d.proc.pid, signal.SIGCONT)  # a test that failed while the daemon was frozen
+    d.stop()
+
+
+def stop_as_systemd(d: DaemonProcess, how: str) -> None:
+    """Stop a (frozen or running) daemon as systemd would: SIGTERM, or SIGKILL."""
+    assert d.proc is not None
+    if how == "kill":
+        d.kill()
+        return
+    os.kill(d.proc.pid, signal.SIGTERM)
+    os.kill(d.proc.pid, signal.SIGCONT)
+    assert d.proc.wait(timeout=60) == 0, d.log.read_text()[-2000:]
+
+
+def contents(d: DaemonProcess) -> list[str]:
+    """Every stored fact's content, sorted (each one as often as it is stored)."""
+    with d.client(timeout=5.0) as c:
+        return sorted(m.content for m in c.export_page()[0] if m.memory_type is MemoryType.FACT)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how", ["term", "kill"])
+def test_facts_told_while_the_daemon_restarts_are_kept_once(restarting: DaemonProcess, how: str) -> None:
+    facts = [f"Ada's {pet} is called {name}" for pet, name in [("cat", "Miso"), ("dog", "Rex"), ("bird", "Kiwi")]]
+    with MemoryBridge(restarting.endpoint, config=restarting.config, timeout=0.5, refresh_interval=0.05) as bridge:
+        told = [bridge.remember(facts[0])]
+        assert told[0].result(timeout=30)
+        assert restarting.proc is not None
+        os.kill(restarting.proc.pid, signal.SIGSTOP)
+        told.append(bridge.remember(facts[1]))  # reaches the frozen daemon's socket
+        time.sleep(0.1)
+        stop_as_systemd(restarting, how)
+        told.append(bridge.remember(facts[2]))  # no daemon listens
+        assert bridge.set_current_person("Ada")
+        wait_for(lambda: bridge.stats.retries > 0)
+        restarting.start()
+        kept = [future.result(timeout=30) for future in told]
+        wait_for(lambda: bridge.latest().person == "Ada" and bridge.latest().error is None)
+        assert (bridge.stats.errors, bridge.stats.dropped) == (0, 0)
+    assert [m.content for m in kept] == facts
+    assert contents(restarting) == sorted(facts)  # each once
+    with restarting.client() as c:
+        assert c.get_context(PERSON_KEY) == "Ada"
+        assert [c.get(m.id) for m in kept] == kept
+
+
+def test_a_fact_journaled_by_a_daemon_killed_before_its_reply_is_kept_once(restarting: DaemonProcess) -> None:
+    # The first attempt is journaled, then the daemon is killed before the reply arrives:
+    # the worker sends the fact again, with its id; the restarted daemon keeps nothing twice.
+    real = restarting.client(timeout=5.0)
+
+    class ReplyLost:
+        """The real client; its first store's reply is lost with the daemon."""
+
+        def __init__(self) -> None:
+            self.sent: list[Memory] = []
+
+        def store(self, *args: Any, **kwargs: Any) -> Memory:
+            memory = real.store(*args, **kwargs)
+            self.sent.append(memory)
+            if len(self.sent) == 1:
+                restarting.kill()
+                restarting.start()
+                raise DaemonUnavailableError("the daemon died before replying")
+            return memory
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+    client = ReplyLost()
+    try:
+        with MemoryBridge(client_factory=lambda: client, refresh_interval=0.05) as bridge:
+            memory = bridge.remember("Ada is allergic to peanuts").result(timeout=30)
+            assert (bridge.stats.retries, bridge.stats.errors) == (1, 0)
+    finally:
+        real.close()
+    assert client.sent == [memory, memory]  # the memory the killed daemon kept, not a second one
+    assert contents(restarting) == ["Ada is allergic to peanuts"]

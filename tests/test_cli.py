@@ -56,6 +56,24 @@ def test_store_search_get_forget(daemon: DaemonProcess) -> None:
     assert cli(daemon, "forget", memory["id"]).returncode == 3
 
 
+def test_remember_with_an_id_run_again_stores_nothing_twice(daemon: DaemonProcess) -> None:
+    # `store` had --id, `remember` none: a shell command run again after a timeout or a daemon
+    # restart (it may have been kept) kept the fact twice.
+    # (no person named: one would come first in test_export_import_is_idempotent's export)
+    argv = ("remember", "the spare bike key hangs in the shed", "--id", "cli-bike-key", "--json")
+    first = cli(daemon, *argv)
+    assert first.returncode == 0, first.stderr
+    again = cli(daemon, *argv)
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout) == json.loads(first.stdout)  # the memory kept first
+    assert [m["id"] for m in json.loads(first.stdout)] == ["cli-bike-key"]
+    other = cli(daemon, "remember", "the spare bike key hangs in the hall", "--id", "cli-bike-key")
+    assert other.returncode == 2 and "cli-bike-key" in other.stderr  # the id holds another fact: nothing stored
+    with daemon.client() as c:
+        hits = c.search("spare bike key shed hall", limit=20, min_score=0.0)
+        assert [h.memory.id for h in hits if "spare bike key" in h.memory.content] == ["cli-bike-key"]
+
+
 @pytest.mark.parametrize(("piped", "stored"), [
     (b"The spare key is under the blue pot\n", "The spare key is under the blue pot"),  # echo's newline dropped
     (b"two lines\nof text\r\n", "two lines\nof text"),  # only the final line end goes

@@ -24,6 +24,7 @@ import json
 import math
 import re
 import sys
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -45,6 +46,7 @@ from reachy_memory import (
     RequestTimeoutError,
     ValidationError,
 )
+from reachy_memory import protocol as proto
 from reachy_memory.integrations.conversation import (
     MAX_ERROR_CHARS,
     TOOL_CLASSES,
@@ -745,19 +747,25 @@ def test_a_tool_write_no_daemon_took_says_it_was_not_stored(tmp_path: Path, fail
         assert len(client.sent) > 1  # sent again, refused each time
 
 
-def test_a_tool_write_whose_client_was_closed_is_not_sent_again() -> None:
-    # ClosedError has the code "unavailable", a "not now": a write whose backend was closed
-    # (aclose, an app shutting down) during the call was sent again, each attempt failing at
-    # once, until retry_for passed; with retry_for=inf the tool call never ended.
-    client = _RestartingClient([ClosedError("AsyncMemoryClient closed during the call")], answer_at=10**9)
-    backend = DaemonBackend(client, own=False, retry_for=math.inf)  # type: ignore[arg-type]
-
-    async def call() -> Any:
-        return await asyncio.wait_for(TOOLS_BY_NAME["store_memory"].run(backend, {"content": "Tom likes tea"}), 5)
-
-    with pytest.raises(ClosedError):
-        run(call())
-    assert len(client.sent) == 1
+@pytest.mark.parametrize("tool", ["store_memory", "remember"])
+def test_a_tool_write_on_a_closed_client_ends_at_once_and_a_stopping_daemon_is_waited_for(tool: str) -> None:
+    # ClosedError's code is "unavailable", a "not now" code: a write on a client closed by the
+    # app (aclose, from another task) was sent again until retry_for (each attempt refused at
+    # once), then said "sent again for 3 s: the memory was not stored".
+    client = _RestartingClient([ClosedError("AsyncMemoryClient is closed")], answer_at=10**9)
+    backend = DaemonBackend(client, own=False, retry_for=3.0)  # type: ignore[arg-type]
+    started = time.monotonic()
+    with pytest.raises(ClosedError, match="AsyncMemoryClient is closed"):
+        run(TOOLS_BY_NAME[tool].run(backend, {"content": "Tom likes tea"}))
+    assert time.monotonic() - started < 1.0 and len(client.sent) == 1
+    # The daemon's own ClosedError (its store closing while it stops: a restart) is "not now".
+    with pytest.raises(ClosedError) as raised:  # as the client gets it
+        proto.raise_for({"ok": False, "error": {"code": "unavailable", "type": "ClosedError",
+                                                "message": "this MemoryStore is closed"}})
+    client = _RestartingClient([raised.value], answer_at=3)
+    backend = DaemonBackend(client, own=False)  # type: ignore[arg-type]
+    result = run(TOOLS_BY_NAME[tool].run(backend, {"content": "Tom likes tea"}))
+    assert len(client.sent) == 3 and "Tom likes tea" in json.dumps(result)
 
 
 class _OldDaemonClient(_RestartingClient):

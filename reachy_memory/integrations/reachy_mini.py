@@ -18,27 +18,34 @@ the loop must never call the daemon.  :class:`MemoryBridge` does it for the loop
   :class:`concurrent.futures.Future`: poll ``done()`` from the loop, or
   ``add_done_callback``.  A future of a dropped job fails with
   :class:`~reachy_memory.BusyError`; a job that raises fails its own future
-  only.  While the daemon restarts, each call fails within ``timeout`` and a
-  failed refresh keeps the last snapshot with ``error`` set; the same worker and
-  client carry on and the snapshot is fresh again once the daemon answers.
-* A turn survives a daemon restart: it gets an id when queued, and a call that
-  fails for "not now" (daemon unavailable, timed out, busy) is sent again with
-  that id, with backoff, until ``turn_retry_for`` seconds (60 by default) after
-  it was queued (one attempt at least); the daemon keeps it once however often
-  it arrives.  Turns keep their order: jobs queued behind a waiting turn wait
-  too (the queue stays bounded; when full, later calls are dropped and counted),
-  and no refresh is done meanwhile (``latest().error`` says the turn waits).  A
-  turn given up (the bound or close()'s deadline passed, or an error that is not
-  "not now") is counted in ``stats.errors`` and ``stats.turns_lost``.
+  only.  While the daemon restarts, a read (``search``, ``context_for``) fails
+  within ``timeout`` (the writes are sent again: below) and a failed refresh keeps
+  the last snapshot with ``error`` set; the same worker and client carry on and the
+  snapshot is fresh again once the daemon answers.
+* The writes survive a daemon restart: a turn (``record_turn``) and a memory
+  (``remember``) get an id when queued, and a call that fails for "not now"
+  (:func:`~reachy_memory.protocol.retryable`: daemon unavailable or stopping, timed
+  out, busy) is sent again with that id, with backoff, until ``turn_retry_for``
+  seconds (60 by default) after it was queued (one attempt at least); the daemon
+  keeps it once however often it arrives.  ``set_current_person`` is sent again the
+  same way without an id: it replaces the named context's value, so a second
+  arrival changes nothing.  Writes keep their order: jobs queued behind a waiting
+  write wait too (the queue stays bounded; when full, later calls are dropped and
+  counted), and no refresh is done meanwhile (``latest().error`` says it waits).  A
+  write given up (the bound or close()'s deadline passed, or an error that is not
+  "not now") is counted in ``stats.errors`` (a turn also in ``stats.turns_lost``;
+  ``remember``'s future fails with that error).  A daemon from before the ids (it
+  refuses them, storing nothing) gets the write once without its id, never again.
 * :meth:`~MemoryBridge.close` (or leaving the ``with`` block) takes no new job
-  and lets the queued ones reach the daemon (turns with their retries) for up to
+  and lets the queued ones reach the daemon (writes with their retries) for up to
   its ``timeout`` (5 s by default), then stops the worker.  Jobs still queued then
   are discarded, counted in ``stats.discarded_at_close`` and logged; their futures
   fail with :class:`~reachy_memory.ClosedError`.  close() returns within its
   ``timeout`` even when the daemon is gone or frozen (a call in flight is not
   waited for); it blocks its caller meanwhile, so a control loop calls it once it
   has ended; ``close(timeout=0)`` discards at once.
-* Should the worker itself end (its client cannot be made), queued futures fail
+* Should the worker itself end (its client cannot be made), the queued jobs are
+  discarded, counted in ``stats.discarded_at_failure`` and logged; their futures fail
   with :class:`~reachy_memory.ClosedError`, later calls are dropped, and
   ``latest().error`` says so.
 
@@ -73,9 +80,10 @@ log = logging.getLogger("reachy_memory.bridge")
 PERSON_KEY = "current_person"
 NOBODY = "(nobody)"  # the stored value when nobody is there (context values cannot be empty)
 #: Protocol error codes that mean "not now" (the daemon restarting, stopping, slow or full):
-#: a turn failing with one is sent again, with its id, until ``turn_retry_for`` passes.
+#: a write failing with one is sent again, with its id, until ``turn_retry_for`` passes
+#: (unless it is a ClosedError of the bridge's own client: :func:`~reachy_memory.protocol.retryable`).
 RETRY_CODES = proto.RETRY_CODES
-_FIRST_PAUSE, _LONGEST_PAUSE = 0.05, 1.0  # seconds between a turn's attempts: doubling, capped
+_FIRST_PAUSE, _LONGEST_PAUSE = 0.05, 1.0  # seconds between a write's attempts: doubling, capped
 
 
 @dataclass(frozen=True)
@@ -101,18 +109,23 @@ class MemorySnapshot:
 @dataclass
 class BridgeStats:
     """Counters, written by the worker, except ``enqueued`` and ``dropped`` (the callers,
-    under the bridge's lock) and ``discarded_at_close`` (close() or the worker, under it)."""
+    under the bridge's lock) and the ``discarded_*`` ones (close() or the worker, under it).
+
+    Every queued job ends counted once: in ``done``, ``errors``, ``discarded_at_close``
+    or ``discarded_at_failure`` (a job whose future was cancelled before it ran: in none)."""
 
     enqueued: int = 0
     dropped: int = 0
     done: int = 0
     errors: int = 0
     refreshes: int = 0
-    retries: int = 0  # a turn sent again after a "not now" failure
+    retries: int = 0  # a write (turn, remember, set_current_person) sent again after a "not now" failure
     turns_lost: int = 0  # turns given up after being sent (also counted in ``errors``)
-    # Jobs queued but never sent: close()'s timeout passed first (turns among them are
-    # not in ``turns_lost``: they were never tried); their futures failed with ClosedError.
+    # Jobs queued but never sent (turns among them are not in ``turns_lost``: they were
+    # never tried; their futures failed with ClosedError): close()'s timeout passed first...
     discarded_at_close: int = 0
+    # ...or the worker ended without sending them (its client could not be made; logged).
+    discarded_at_failure: int = 0
     last_error: str | None = None
 
 
@@ -122,8 +135,12 @@ class _Job:
     future: Future[Any] | None = None
     refresh: bool = False  # the snapshot changes: fetch it again after this job
     label: str = field(default="job")
-    retry: bool = False  # sent again after a "not now" failure (it carries its own id)
+    retry: bool = False  # a write sent again after a "not now" failure (kept once however often it arrives)
     queued_at: float = field(default_factory=time.monotonic)
+
+    @property
+    def turn(self) -> bool:
+        return self.label == "record_turn"
 
 
 class MemoryBridge:
@@ -133,8 +150,9 @@ class MemoryBridge:
     :class:`~reachy_memory.MemoryClient` (the private ipc socket by default).
     ``refresh_interval`` is how often the snapshot is fetched again;
     ``queue_size`` bounds the pending jobs; ``timeout`` bounds each daemon call
-    (on the worker).  ``turn_retry_for`` bounds how long a turn is sent again while
-    the daemon is away (seconds; 0: sent once).  ``client_factory`` replaces the client (tests).
+    (on the worker).  ``turn_retry_for`` bounds how long a write (a turn, ``remember``,
+    ``set_current_person``) is sent again while the daemon is away (seconds from its
+    queueing; 0: sent once).  ``client_factory`` replaces the client (tests).
     Use as a context manager, or :meth:`start` / :meth:`close` (idempotent).
     """
 
@@ -174,7 +192,7 @@ class MemoryBridge:
         """Take no new job, let the queued ones reach the daemon, then stop the worker.
 
         From the call on, ``record_turn`` & co. return False (futures: BusyError). Jobs
-        already queued (turns, ``remember``, searches...) still run in order, a turn with
+        already queued (turns, ``remember``, searches...) still run in order, a write with
         its retries, until the queue is empty or ``timeout`` seconds have passed; then the
         worker stops. Jobs still queued then are discarded: counted in
         ``stats.discarded_at_close``, logged once, their futures fail with ClosedError.
@@ -240,34 +258,35 @@ class MemoryBridge:
             if not tagged:
                 who = person or self._person
                 tagged.append({"person": who} if who else None)
-            if "id" not in owned:  # sent once without its id already: sending it again could keep it twice
-                raise ReachyMemoryError("the daemon takes no turn id (a version from before them): not sent again")
-            try:
-                c.record_turn(role, text, tagged[0], **owned)  # window and memory: one write
-            except ValidationError as exc:
-                if not refuses_ids(exc):
-                    raise
-                del owned["id"]  # a daemon not restarted since an upgrade: keep the turn, sent once
-                c.record_turn(role, text, tagged[0], **owned)
+            # window and memory: one write
+            _with_id(lambda **kw: c.record_turn(role, text, tagged[0], **kw), owned, "turn")
 
         return self._put(_Job(run, refresh=True, label="record_turn", retry=True)) is not None
 
     def set_current_person(self, name: str | None) -> bool:
         """Queue "this person is in front of the robot" (None: nobody). The snapshot's
-        ``person`` and ``person_facts`` follow once the worker has run it."""
+        ``person`` and ``person_facts`` follow once the worker has run it. Sent again while
+        the daemon restarts, as a turn is, but with no id: it replaces the named context's
+        value, so arriving twice is arriving once. Returns False if it was dropped."""
         def run(c: MemoryClient) -> None:
             self._person = name.strip() if name and name.strip() else None
             c.set_context(PERSON_KEY, self._person or NOBODY)
 
-        return self._put(_Job(run, refresh=True, label="set_current_person")) is not None
+        return self._put(_Job(run, refresh=True, label="set_current_person", retry=True)) is not None
 
     def remember(self, content: str, memory_type: MemoryType | str = MemoryType.FACT,
                  metadata: dict[str, Any] | None = None, *, owner: str | None = None) -> Future[Memory]:
         """Queue a store (owned by ``owner``, None: unscoped); the future gives the stored
-        :class:`~reachy_memory.Memory`. Raises ValidationError for a bad owner, queueing nothing."""
-        owned = _owned(owner)
-        return self._submit(lambda c: c.store(content, memory_type, metadata, **owned), "remember",
-                            refresh=MemoryType.parse(memory_type) is MemoryType.FACT)
+        :class:`~reachy_memory.Memory`. Raises ValidationError for a bad owner, queueing nothing.
+        The memory gets its id here: sent again while the daemon restarts (up to
+        ``turn_retry_for`` seconds after now), it is kept once. The future fails with the
+        write's own error at once (a refusal: nothing stored), with the last "not now" error
+        once ``turn_retry_for`` passed, or with ClosedError at close()'s deadline."""
+        owned = _owned(owner) | {"id": uuid.uuid4().hex}
+        kept = dict(metadata) if metadata else None  # as it was now, on every attempt
+        refresh = MemoryType.parse(memory_type) is MemoryType.FACT
+        return self._submit(lambda c: _with_id(lambda **kw: c.store(content, memory_type, kept, **kw), owned,
+                                               "memory"), "remember", refresh=refresh, retry=True)
 
     def search(self, query: str, memory_type: MemoryType | str | None = None, limit: int = SEARCH_LIMIT,
                where: dict[str, Any] | None = None) -> Future[list[SearchResult]]:
@@ -287,9 +306,10 @@ class MemoryBridge:
 
     # -- queueing ---------------------------------------------------------------------------------
 
-    def _submit(self, run: Callable[[MemoryClient], Any], label: str, refresh: bool = False) -> Future[Any]:
+    def _submit(self, run: Callable[[MemoryClient], Any], label: str, refresh: bool = False,
+                retry: bool = False) -> Future[Any]:
         future: Future[Any] = Future()
-        if self._put(_Job(run, future, refresh, label)) is None and not future.done():  # done: cancelled
+        if self._put(_Job(run, future, refresh, label, retry)) is None and not future.done():  # done: cancelled
             future.set_exception(BusyError(f"memory bridge queue full or closed; {label} dropped"))
         return future
 
@@ -303,11 +323,12 @@ class MemoryBridge:
             self.stats.enqueued += 1
         return job
 
-    def _discard_pending(self) -> None:
-        """Take every job still queued and fail its future with ClosedError; after close(),
-        count them in ``stats.discarded_at_close`` and log the count (once: no job is
-        queued after close() started, so whichever of close() and the worker comes first
-        takes them all)."""
+    def _discard_pending(self, failed: bool = False) -> None:
+        """Take every job still queued and fail its future with ClosedError; count them in
+        ``stats.discarded_at_failure`` when the worker ``failed``, else (close() started)
+        in ``stats.discarded_at_close``, and log the count. Once: no job is queued after
+        close() started or the worker ended, so whichever of close() and the worker's end
+        comes first takes them all."""
         jobs: list[_Job] = []
         with self._lock:
             while True:
@@ -317,13 +338,18 @@ class MemoryBridge:
                     break
                 if job is not None:
                     jobs.append(job)
-            if self._closed:
+            if failed:
+                self.stats.discarded_at_failure += len(jobs)
+            elif self._closed:
                 self.stats.discarded_at_close += len(jobs)
-        if jobs and self._closed:
-            turns = sum(job.retry for job in jobs)  # the turns are the jobs sent again
+        turns = sum(job.turn for job in jobs)
+        if jobs and failed:
+            log.warning("memory bridge worker failed: %d queued job(s) (%d turn(s)) never sent, discarded",
+                        len(jobs), turns)
+        elif jobs and self._closed:
             log.warning("memory bridge closed: %d queued job(s) (%d turn(s)) not sent within close()'s timeout,"
                         " discarded", len(jobs), turns)
-        why = "closed" if self._closed else "worker failed (see the log)"
+        why = "worker failed (see the log)" if failed else "closed"
         for job in jobs:  # outside the lock: a done callback may call the bridge
             if job.future is not None and not job.future.done():
                 job.future.set_exception(ClosedError(f"memory bridge {why} before the job ran"))
@@ -332,6 +358,7 @@ class MemoryBridge:
 
     def _work(self) -> None:
         client = None
+        failed = False
         try:
             client = self._factory()
             if not self._closed:  # closing: the deadline is for the queued jobs
@@ -339,6 +366,7 @@ class MemoryBridge:
             while self._step(client):
                 pass
         except Exception:  # the worker must not die silently: the snapshot says why
+            failed = True
             log.exception("memory bridge worker failed")
             self._snapshot = MemorySnapshot(error="memory bridge worker failed; see the log")
         finally:
@@ -346,7 +374,7 @@ class MemoryBridge:
             # futures would otherwise never finish); close() does the same.
             with self._lock:  # a job is queued before this (and discarded) or refused
                 self._stop.set()
-            self._discard_pending()
+            self._discard_pending(failed)
             if client is not None:
                 client.close()
 
@@ -401,10 +429,11 @@ class MemoryBridge:
             self.stats.last_error = f"{job.label}: {exc}"
             if job.future is not None:
                 job.future.set_exception(exc)
-            elif job.retry:  # a turn: nobody else hears of it
-                self.stats.turns_lost += 1
-                log.warning("memory bridge gave up a turn: %s", exc)
-                self._snapshot = replace(self._snapshot, error=f"a turn was lost: {exc}")
+            elif job.retry:  # a turn or set_current_person: nobody else hears of it
+                what = "turn" if job.turn else job.label
+                self.stats.turns_lost += job.turn
+                log.warning("memory bridge gave up a %s: %s", what, exc)
+                self._snapshot = replace(self._snapshot, error=f"a {what} was lost: {exc}")
             return False
         self.stats.done += 1
         if job.future is not None:
@@ -413,7 +442,8 @@ class MemoryBridge:
 
     def _run_retrying(self, client: Any, job: _Job) -> Any:
         """``job.run(client)``, run again with backoff after each "not now" failure
-        (:data:`RETRY_CODES`) until it succeeds or ``turn_retry_for`` seconds have passed
+        (:func:`~reachy_memory.protocol.retryable`: a code of :data:`RETRY_CODES`, not a
+        ClosedError of the client itself) until it succeeds or ``turn_retry_for`` seconds have passed
         since it was queued (one attempt at least), or close()'s deadline, whichever comes
         first; ``latest().error`` says it waits meanwhile. Raises the last failure when
         ``turn_retry_for`` passed, ClosedError when close()'s deadline passed or the worker
@@ -424,7 +454,7 @@ class MemoryBridge:
             try:
                 return job.run(client)
             except ReachyMemoryError as exc:
-                if getattr(exc, "code", None) not in RETRY_CODES:
+                if not proto.retryable(exc):  # its own error, or the client is closed: sending again cannot help
                     raise
                 now = time.monotonic()
                 if now >= self._close_by or self._stop.is_set():
@@ -482,6 +512,24 @@ def _put_nowait(jobs: queue.Queue[_Job | None], job: _Job) -> bool:
     except queue.Full:
         return False
     return True
+
+
+def _with_id(send: Callable[..., Any], kwargs: dict[str, Any], what: str) -> Any:
+    """``send(**kwargs)``, ``kwargs`` holding the write's client-made ``id``. A daemon that
+    refuses the id (one from before ids on that op, not restarted since an upgrade:
+    :func:`~reachy_memory.client.refuses_ids`; it stored nothing) gets the write once
+    without: the id leaves ``kwargs`` for good, and a later attempt (a retry after that
+    send failed) raises ReachyMemoryError (code "internal": not sent again), as sending it
+    again could keep it twice. Raises what ``send`` raises."""
+    if "id" not in kwargs:
+        raise ReachyMemoryError(f"the daemon takes no {what} id (a version from before them): not sent again")
+    try:
+        return send(**kwargs)
+    except ValidationError as exc:
+        if not refuses_ids(exc):
+            raise
+        del kwargs["id"]
+        return send(**kwargs)
 
 
 def _owned(owner: str | None) -> dict[str, Any]:

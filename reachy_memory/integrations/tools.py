@@ -71,7 +71,6 @@ from ..client import AsyncMemoryClient, MemoryClient, refuses_ids
 from ..config import RANGES, Config, MemoryConfig
 from ..endpoint import ipc_listener_gone, resolve_endpoint
 from ..errors import (
-    ClosedError,
     DaemonUnavailableError,
     ReachyMemoryError,
     ReadOnlyError,
@@ -81,7 +80,7 @@ from ..errors import (
 )
 from ..model import SEARCH_LIMIT, Memory, MemoryType, SearchResult
 from ..people import names_someone
-from ..protocol import RETRY_CODES
+from ..protocol import retryable
 
 MEMORY_TYPES: tuple[str, ...] = tuple(m.value for m in MemoryType)
 MAX_LIMIT = 50
@@ -638,18 +637,19 @@ class DaemonBackend(_OwnerBound):
 
     async def _write(self, send: Callable[[bool, float | None], Awaitable[Any]], *, frames: int = 1) -> Any:
         """``send(True, timeout)``: a write carrying its client-made ids, sent again after each
-        "not now" failure (a code of :data:`~reachy_memory.protocol.RETRY_CODES`, or no daemon
-        listening) until :attr:`retry_for` seconds after the first, then answered definitely: the
+        "not now" failure (:func:`~reachy_memory.protocol.retryable`, or no daemon listening)
+        until :attr:`retry_for` seconds after the first, then answered definitely: the
         daemon keeps it once however often it arrived, so a result is the memory kept.  A daemon
         from before the ids (it refuses them, storing nothing) gets ``send(False, None)``, once,
         as :meth:`_guard` sends any call.  ``frames``: the journal frames the daemon writes it in
         (one per fact of a ``remember``): a full disk refusing one leaves those before it.
 
-        Raises the write's own error at once (nothing was stored), ClosedError at once (this
-        client was closed: no attempt can follow), else when the time is up: the last "not now"
-        error saying the memory was not stored when no attempt can have been kept (each was
-        refused, or never sent: no daemon listened), else (an attempt got no reply, or the
-        daemon kept part or all of it before its disk failed) saying it may have been."""
+        Raises the write's own error at once (nothing was stored), and ClosedError at once once
+        this backend's client is closed (:meth:`aclose`, from another task: an attempt in flight
+        then may have been kept; sending again could only fail again), else when the time is up:
+        the last "not now" error saying the memory was not stored when no attempt can have been
+        kept (each was refused, or never sent: no daemon listened), else (an attempt got no
+        reply, or the daemon kept part or all of it before its disk failed) saying it may have been."""
         deadline: float | None = None
         pause, unsure = _FIRST_PAUSE, ""
         while True:
@@ -660,7 +660,7 @@ class DaemonBackend(_OwnerBound):
                     raise
                 return await self._guard(send(False, None), write=True)  # sent once: a retry could keep it twice
             except ReachyMemoryError as exc:
-                if exc.code not in RETRY_CODES or isinstance(exc, ClosedError):  # closed: every retry fails so
+                if not retryable(exc):  # its own error, or this backend's client closed: not sent again
                     raise
                 unsure = unsure or _may_have_kept(exc, frames)
                 deadline = time.monotonic() + self.retry_for if deadline is None else deadline
