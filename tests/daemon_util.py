@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ import yaml
 import zmq
 
 from reachy_memory import MemoryClient, MemoryStore, load_config
-from reachy_memory.errors import ReachyMemoryError
+from reachy_memory.errors import DaemonUnavailableError, ReachyMemoryError
 from tests.conftest import model_cache
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -88,6 +89,53 @@ class DaemonProcess:
             except subprocess.TimeoutExpired:
                 self.kill()
         return self.proc.returncode
+
+
+def restartable_daemon(tmp: Path) -> Iterator[DaemonProcess]:
+    """For a fixture: a words-only daemon (no model to load: a restart takes about a
+    second), thawed if a failed test left it frozen (SIGSTOP), stopped at the end."""
+    d = DaemonProcess(tmp, embedding={"enabled": False}).start()
+    yield d
+    if d.proc is not None and d.proc.poll() is None:
+        os.kill(d.proc.pid, signal.SIGCONT)
+    d.stop()
+
+
+def stop_as_systemd(d: DaemonProcess, how: str) -> None:
+    """Stop a (frozen or running) daemon as systemd would: SIGTERM ("term"), or SIGKILL ("kill")."""
+    assert d.proc is not None
+    if how == "kill":
+        d.kill()
+        return
+    os.kill(d.proc.pid, signal.SIGTERM)
+    os.kill(d.proc.pid, signal.SIGCONT)
+    assert d.proc.wait(timeout=60) == 0, d.log.read_text()[-2000:]
+
+
+class ReplyLost:
+    """A client whose first ``method`` call reaches ``daemon`` (and is journaled there), then
+    loses its reply with the daemon: killed (SIGKILL) and started again, the call raises
+    DaemonUnavailableError. Every later call is ``real``'s; ``sent`` holds what each
+    ``method`` call returned from the daemon."""
+
+    def __init__(self, real: MemoryClient, daemon: DaemonProcess, method: str) -> None:
+        self.sent: list[Any] = []
+        self._real, self._daemon, self._method = real, daemon, method
+
+    def __getattr__(self, name: str) -> Any:
+        call = getattr(self._real, name)
+        return self._lost_once(call) if name == self._method else call
+
+    def _lost_once(self, call: Any) -> Any:
+        def lost(*args: Any, **kwargs: Any) -> Any:
+            memory = call(*args, **kwargs)
+            self.sent.append(memory)
+            if len(self.sent) == 1:
+                self._daemon.kill()
+                self._daemon.start()
+                raise DaemonUnavailableError("the daemon died before replying")
+            return memory
+        return lost
 
 
 def words_only_daemon(tmp: Path, memories: int, **sections: dict) -> DaemonProcess:

@@ -33,7 +33,7 @@ from reachy_memory import (
 from reachy_memory import protocol as proto
 from reachy_memory.integrations.reachy_mini import NOBODY, PERSON_KEY, MemoryBridge
 from reachy_memory.model import SearchResult, to_datetime
-from tests.daemon_util import DaemonProcess
+from tests.daemon_util import DaemonProcess, ReplyLost, restartable_daemon, stop_as_systemd
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
@@ -390,18 +390,21 @@ def test_a_refresh_failing_with_a_foreign_error_does_not_end_the_bridge() -> Non
         wait_for(lambda: bridge.latest().error is None and len(bridge.latest().window) == 2)
 
 
-def test_a_worker_that_cannot_start_fails_futures_instead_of_leaving_them_pending() -> None:
-    # The client factory raising (a bad endpoint, unreadable CURVE keys) ended the worker;
-    # futures of jobs queued before or after never finished, record_turn kept saying True.
+def _client_that_cannot_be_made(gate: threading.Event) -> Callable[[], RecordingClient]:
+    """A client factory that fails (ConfigError) once ``gate`` is set: the worker ends."""
     from reachy_memory import ConfigError
-
-    gate = threading.Event()
 
     def factory() -> RecordingClient:
         assert gate.wait(10)
         raise ConfigError("bad endpoint", key="server.endpoint")
+    return factory
 
-    bridge = MemoryBridge(client_factory=factory, queue_size=8).start()
+
+def test_a_worker_that_cannot_start_fails_futures_instead_of_leaving_them_pending() -> None:
+    # The client factory raising (a bad endpoint, unreadable CURVE keys) ended the worker;
+    # futures of jobs queued before or after never finished, record_turn kept saying True.
+    gate = threading.Event()
+    bridge = MemoryBridge(client_factory=_client_that_cannot_be_made(gate), queue_size=8).start()
     try:
         queued = bridge.search("queued before the failure")
         gate.set()
@@ -714,15 +717,8 @@ def test_a_closed_client_is_not_sent_again_and_a_stopping_daemon_is(daemon: Daem
 
 def test_jobs_discarded_when_the_worker_cannot_start_are_counted(caplog: pytest.LogCaptureFixture) -> None:
     # They failed (futures: ClosedError) but no counter had them: enqueued 3, done/errors/discarded 0.
-    from reachy_memory import ConfigError
-
     gate = threading.Event()
-
-    def factory() -> RecordingClient:
-        assert gate.wait(10)
-        raise ConfigError("bad endpoint", key="server.endpoint")
-
-    bridge = MemoryBridge(client_factory=factory, queue_size=8).start()
+    bridge = MemoryBridge(client_factory=_client_that_cannot_be_made(gate), queue_size=8).start()
     try:
         assert bridge.record_turn("user", "queued before the failure")
         noted = bridge.remember("queued too")
@@ -748,22 +744,7 @@ def test_jobs_discarded_when_the_worker_cannot_start_are_counted(caplog: pytest.
 @pytest.fixture
 def restarting(tmp_path: Path) -> Iterator[DaemonProcess]:
     """A words-only daemon (no model to load: a restart takes about a second)."""
-    d = DaemonProcess(tmp_path, embedding={"enabled": False}).start()
-    yield d
-    if d.proc is not None and d.proc.poll() is None:
-        os.kill(d.proc.pid, signal.SIGCONT)  # a test that failed while the daemon was frozen
-    d.stop()
-
-
-def stop_as_systemd(d: DaemonProcess, how: str) -> None:
-    """Stop a (frozen or running) daemon as systemd would: SIGTERM, or SIGKILL."""
-    assert d.proc is not None
-    if how == "kill":
-        d.kill()
-        return
-    os.kill(d.proc.pid, signal.SIGTERM)
-    os.kill(d.proc.pid, signal.SIGCONT)
-    assert d.proc.wait(timeout=60) == 0, d.log.read_text()[-2000:]
+    yield from restartable_daemon(tmp_path)
 
 
 def contents(d: DaemonProcess) -> list[str]:
@@ -803,25 +784,7 @@ def test_a_fact_journaled_by_a_daemon_killed_before_its_reply_is_kept_once(resta
     # the worker sends the fact again, with its id; the restarted daemon keeps nothing twice.
     real = restarting.client(timeout=5.0)
 
-    class ReplyLost:
-        """The real client; its first store's reply is lost with the daemon."""
-
-        def __init__(self) -> None:
-            self.sent: list[Memory] = []
-
-        def store(self, *args: Any, **kwargs: Any) -> Memory:
-            memory = real.store(*args, **kwargs)
-            self.sent.append(memory)
-            if len(self.sent) == 1:
-                restarting.kill()
-                restarting.start()
-                raise DaemonUnavailableError("the daemon died before replying")
-            return memory
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(real, name)
-
-    client = ReplyLost()
+    client = ReplyLost(real, restarting, "store")
     try:
         with MemoryBridge(client_factory=lambda: client, refresh_interval=0.05) as bridge:
             memory = bridge.remember("Ada is allergic to peanuts").result(timeout=30)

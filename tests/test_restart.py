@@ -30,7 +30,6 @@ import zmq
 
 from reachy_memory import (
     AsyncMemoryClient,
-    DaemonUnavailableError,
     Memory,
     MemoryType,
     ReachyMemoryError,
@@ -39,7 +38,7 @@ from reachy_memory import (
 )
 from reachy_memory import protocol as proto
 from reachy_memory.integrations.reachy_mini import MemoryBridge
-from tests.daemon_util import ROOT, DaemonProcess
+from tests.daemon_util import ROOT, DaemonProcess, ReplyLost, restartable_daemon, stop_as_systemd
 
 pytestmark = pytest.mark.timeout(180)
 SLACK = 1.5  # seconds past a call's timeout allowed on a shared, noisy machine
@@ -48,11 +47,7 @@ HOW = ["term", "kill"]
 
 @pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[DaemonProcess]:
-    d = DaemonProcess(tmp_path, embedding={"enabled": False}).start()
-    yield d
-    if d.proc is not None and d.proc.poll() is None:
-        os.kill(d.proc.pid, signal.SIGCONT)  # a test that failed while the daemon was frozen
-    d.stop()
+    yield from restartable_daemon(tmp_path)
 
 
 def freeze(d: DaemonProcess) -> None:
@@ -61,20 +56,9 @@ def freeze(d: DaemonProcess) -> None:
     os.kill(d.proc.pid, signal.SIGSTOP)
 
 
-def end(d: DaemonProcess, how: str) -> None:
-    """Stop a (frozen or running) daemon as systemd would: SIGTERM, or SIGKILL."""
-    assert d.proc is not None
-    if how == "kill":
-        d.kill()
-        return
-    os.kill(d.proc.pid, signal.SIGTERM)
-    os.kill(d.proc.pid, signal.SIGCONT)
-    assert d.proc.wait(timeout=60) == 0, d.log.read_text()[-2000:]
-
-
 def ended_later(d: DaemonProcess, how: str, delay: float = 0.3) -> threading.Thread:
     """Ends the daemon ``delay`` s from now on another thread (the caller's call is in flight)."""
-    thread = threading.Thread(target=lambda: (time.sleep(delay), end(d, how)), daemon=True)
+    thread = threading.Thread(target=lambda: (time.sleep(delay), stop_as_systemd(d, how)), daemon=True)
     thread.start()
     return thread
 
@@ -113,7 +97,7 @@ def test_the_blocking_client_across_restarts(daemon: DaemonProcess, how: str) ->
         daemon.start()
         assert socket_mode(daemon) == 0o600  # private after the restart too
         acked.append(c.store("said after the restart", id="after").id)  # the same client
-        end(daemon, how)  # idle this time
+        stop_as_systemd(daemon, how)  # idle this time
         daemon.start()
         assert all(c.get(i) is not None for i in acked), "an acknowledged write is missing"
         assert len(c.export_page()[0]) == len(acked)
@@ -138,7 +122,7 @@ def test_the_async_client_across_restarts(daemon: DaemonProcess, how: str) -> No
             acked += [r.id for r in results[:4] if isinstance(r, Memory)]
             await asyncio.to_thread(daemon.start)
             acked.append((await c.store("said after the restart", id="after")).id)  # the same client
-            await asyncio.to_thread(end, daemon, how)  # idle this time
+            await asyncio.to_thread(stop_as_systemd, daemon, how)  # idle this time
             await asyncio.to_thread(daemon.start)
             assert all([await c.get(i) is not None for i in acked]), "an acknowledged write is missing"
             assert len((await c.export_page())[0]) == len(acked)
@@ -342,7 +326,7 @@ def test_turns_queued_on_the_bridge_while_the_daemon_restarts_are_all_kept_once_
         freeze(daemon)
         assert bridge.record_turn("user", turns[1])  # reaches the frozen daemon's socket
         time.sleep(0.1)
-        end(daemon, how)
+        stop_as_systemd(daemon, how)
         assert all(bridge.record_turn("user", t) for t in turns[2:5])  # no daemon listens
         wait_until(lambda: bridge.stats.retries > 0)
         assert bridge.latest().error is not None  # the loop can see a turn waits
@@ -361,25 +345,7 @@ def test_a_turn_journaled_by_a_daemon_killed_before_its_reply_is_kept_once(daemo
     daemon, which finds it in its replayed journal and keeps nothing twice."""
     real = daemon.client(timeout=5.0)
 
-    class ReplyLost:
-        """The real client; its first record_turn's reply is lost with the daemon."""
-
-        def __init__(self) -> None:
-            self.sent: list[Memory] = []
-
-        def record_turn(self, *args: Any, **kwargs: Any) -> Memory:
-            memory = real.record_turn(*args, **kwargs)
-            self.sent.append(memory)
-            if len(self.sent) == 1:
-                daemon.kill()
-                daemon.start()
-                raise DaemonUnavailableError("the daemon died before replying")
-            return memory
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(real, name)
-
-    client = ReplyLost()
+    client = ReplyLost(real, daemon, "record_turn")
     with MemoryBridge(client_factory=lambda: client, refresh_interval=0.05) as bridge:
         assert bridge.record_turn("user", "I am back from Lyon")
         assert bridge.record_turn("assistant", "Welcome back!")
@@ -491,7 +457,7 @@ def test_a_tool_write_whose_reply_a_kill_lost_is_answered_and_kept_once(daemon: 
         real = AsyncMemoryClient(daemon.endpoint, config=daemon.config, timeout=10.0)
         kept: list[Any] = []
 
-        class ReplyLost:
+        class AsyncReplyLost:
             """The real client; its first write's reply is lost with the daemon."""
 
             async def write(self, call: Any) -> Any:
@@ -512,7 +478,7 @@ def test_a_tool_write_whose_reply_a_kill_lost_is_answered_and_kept_once(daemon: 
                 return getattr(real, name)
 
         try:
-            answer = await TOOLS_BY_NAME[tool].run(DaemonBackend(ReplyLost(), own=False), args)  # type: ignore[arg-type]
+            answer = await TOOLS_BY_NAME[tool].run(DaemonBackend(AsyncReplyLost(), own=False), args)  # type: ignore[arg-type]
         finally:
             await real.close()
         return kept, answer
@@ -535,7 +501,7 @@ def test_a_tool_write_in_flight_across_a_restart_is_answered_and_kept_once(daemo
 
     def restart() -> None:
         time.sleep(0.3)
-        end(daemon, how)
+        stop_as_systemd(daemon, how)
         daemon.start()
 
     async def scenario() -> tuple[Any, float]:
