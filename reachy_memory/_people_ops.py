@@ -51,6 +51,7 @@ from .people import (
     Person,
     PersonRegistry,
     Resolution,
+    check_about,
     check_metadata,
     check_owner_change,
     person_from_op,
@@ -268,7 +269,12 @@ class PeopleMixin:
         Each fact's ``subjects`` (references: "my wife", "Sarah", a person id) are
         resolved, or created as persons; without them (None) the persons the sentence
         names are found ("she" is the person of the previous fact); ``[]`` is a fact
-        about nobody.  An older fact
+        about nobody.  A fact's persons are ones everyone who sees it sees
+        (``people.may_be_about``): ``owner``'s or the household's, and for an unscoped
+        fact (``owner`` None, seen by every user) the household's only: names are found
+        among those (else a new person of ``owner``'s, as ever), and a person id of
+        another owner is a ValidationError naming the person and owner (``person_id``,
+        ``owner``, ``other_owner``), nothing written.  An older fact
         the new one contradicts is superseded (kept, hidden by default).
         ``id`` (optional, client-chosen, :func:`~._ingest.check_id`; with ``facts`` each
         fact's own ``id``) makes it idempotent as :meth:`store` is: a fact whose id already
@@ -309,7 +315,8 @@ class PeopleMixin:
 
     def _check_facts(self, items: list[dict[str, Any]], owner: str | None) -> None:
         """Raise what storing ``items`` one by one would raise half-way: a subject that
-        names no one person ``owner`` may see, a note name taken (by a memory or an earlier item)."""
+        names no one person ``owner`` may see or one a fact of ``owner`` may not be about
+        (``people.check_about``), a note name taken (by a memory or an earlier item)."""
         names: dict[str, str] = {}
         for item in items:
             for ref in item.get("subjects") or ():
@@ -346,7 +353,8 @@ class PeopleMixin:
     def _subjects_of(self, item: dict[str, Any], owner: str | None) -> list[Resolution]:
         refs = item.get("subjects")
         if refs is not None:  # given: only those persons; [] or only "me"/"the user": a fact about nobody
-            return [self._people.resolve_person(_enriched(_text(r, "subjects"), item["content"]), owner)
+            return [self._people.resolve_person(_enriched(_text(r, "subjects"), item["content"]), owner,
+                                                for_memory=True)  # a name: among the persons it may be about
                     for r in refs if self._people.check_subject(r, owner)]
         recent = self._recent_subjects.get(owner, [])
         return self._people.subjects_in(item["content"], owner, recent)
@@ -611,7 +619,11 @@ class PeopleMixin:
         """Recreate exported persons and memories with their ids, times, subjects, names and
         supersession links (ids already present are kept as they are), and the person ids
         merged away (a person's ``merged_ids``: each resolves to that person again, see
-        :meth:`_redirect_ops`).  Everything is checked before anything is written.
+        :meth:`_redirect_ops`).  Everything is checked before anything is written: a
+        memory about a person its owner may not see (``people.check_about``: the person
+        of the import, or the stored one, which an import keeps as it is) is refused
+        naming the memory (``memory_id``), its ``owner`` and the person (``person_id``,
+        ``other_owner``), as ``remember`` refuses one.
         Returns the counts imported.  Raises ValidationError naming the entry at fault, or
         for ``batch`` not a positive int."""
         memories, people = _entries(memories, "memories"), _entries(people, "people")  # an iterator: read once
@@ -620,6 +632,8 @@ class PeopleMixin:
         person_ops = [_person_op(f"person {n}", p) for n, p in enumerate(people)]  # all checked before any write
         merged = check_merged_ids("import", people)
         rows = self._import_rows(memories)
+        check_subject_owners("import", rows, people)  # the file in itself, as read_jsonl checks it
+        self._check_import_subjects(rows, person_ops, merged)  # every batch's, before the first is written
         done = {"people": 0, "memories": 0}
         for start in range(0, max(len(rows), 1), batch):
             first = not start
@@ -632,11 +646,15 @@ class PeopleMixin:
                        people: Sequence[Mapping[str, Any]] = ()) -> _Import:
         """The checked, embedded half of an import (thread-safe: the daemon runs it on its
         embed thread, so an import does not hold the engine while it embeds).  Memories
-        already present are left out.  Raises ValidationError naming the entry at fault."""
+        already present are left out.  Raises ValidationError naming the entry at fault
+        (as :meth:`import_memories` does)."""
         self._require_open()
         memories, people = _entries(memories, "memories"), _entries(people, "people")
         person_ops = [_person_op(f"person {n}", p) for n, p in enumerate(people)]
-        return self._prepare_rows(self._import_rows(memories), person_ops, check_merged_ids("import", people))
+        rows, merged = self._import_rows(memories), check_merged_ids("import", people)
+        check_subject_owners("import", rows, people)
+        self._check_import_subjects(rows, person_ops, merged)
+        return self._prepare_rows(rows, person_ops, merged)
 
     def _import_rows(self, memories: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         """Every memory checked (their supersession links too) as record fields, oldest
@@ -676,6 +694,27 @@ class PeopleMixin:
                 if taken is not None and taken != row["id"]:
                     raise ValidationError(f"import: memory {row['id']}: the note name or alias {label!r} is "
                                           f"already used by memory {taken}", field="name")
+
+    def _check_import_subjects(self, rows: list[dict[str, Any]], person_ops: list[dict[str, Any]],
+                               merged: Mapping[str, str]) -> None:
+        """Raise ValidationError (``people.check_about``) if a row not stored yet would be
+        about a person its owner may not see, the person as it will be after the import:
+        the stored one (kept as it is, owner included; an id merged away follows its
+        redirect), else the import's (``person_ops``, or the one ``merged`` redirects the
+        id to).  An id neither knows is left as it is (``_current_ids``)."""
+        fresh = {op["id"]: person_from_op(op) for op in person_ops}
+        for row in rows:
+            if row["id"] in self._state.records:
+                continue  # kept as it is
+            for subject in row.get("subjects", ()):
+                stored = self._people.get(subject) or self._people.get(merged.get(subject, subject))
+                person = stored or fresh.get(merged.get(subject, subject))
+                if person is None:
+                    continue
+                remedy = (f"give the memory owner {person.owner!r} in the file, or make the stored person the "
+                          "household's (update_person(id, owner=None)) first") if stored else \
+                    _IMPORT_REMEDY.format(owner=person.owner)
+                check_about(person, row.get("owner"), row["id"], "import: ", remedy)
 
     def _check_anchors(self, person_ops: list[dict[str, Any]]) -> None:
         """Raise ValidationError if a person not stored yet would take an external id a
@@ -735,6 +774,8 @@ class PeopleMixin:
             self._check_names_free(prepared.rows)  # again: a note may have been named since prepare_import
             self._check_no_loop_with_stored(prepared.rows)  # and a memory superseded or forgotten
             self._check_anchors(prepared.person_ops)  # and a face anchored
+            # and a person's owner changed (an update_person(owner=) counts no memory not stored yet)
+            self._check_import_subjects(prepared.rows, prepared.person_ops, prepared.merged)
             fresh_people = [op for op in prepared.person_ops if self._people.get(op["id"]) is None]
             redirects = self._redirect_ops(prepared.merged, fresh_people)  # again: a person may have come since
             if fresh_people or redirects:
@@ -932,6 +973,28 @@ def check_import_memory(where: str, memory: Any, config: Config) -> dict[str, An
             raise
         raise type(exc)(f"{where}: {exc.message}", **exc.fields) from exc
     return row
+
+
+_IMPORT_REMEDY = "give the memory owner {owner!r}, or the person owner null (the household's), in the file"
+
+
+def check_subject_owners(source: str, memories: Sequence[Any], people: Sequence[Any]) -> None:
+    """Refuse a memory of ``memories`` about a person of ``people`` (by the person's id, or
+    an id in its ``merged_ids``) that the memory's owner may not see
+    (``people.may_be_about``): ValidationError starting with ``source``, naming the memory,
+    its owner and the person (``people.check_about``).  Persons not in ``people`` are the
+    store's to check (``import_memories``); entries refused elsewhere are skipped."""
+    persons = {p.id: p for p in (person_from_op(_person_op(f"{source}: person {n}", e)) for n, e in enumerate(people))}
+    merged = check_merged_ids(source, people)
+    for m in memories:
+        subjects = m.get("subjects") if isinstance(m, Mapping) else None
+        if not isinstance(subjects, list | tuple):
+            continue
+        for subject in subjects:
+            person = persons.get(merged.get(subject, subject)) if isinstance(subject, str) else None
+            if person is not None:
+                check_about(person, m.get("owner"), str(m.get("id")), f"{source}: ",
+                            _IMPORT_REMEDY.format(owner=person.owner))
 
 
 def check_import_person(where: str, person: Any) -> None:

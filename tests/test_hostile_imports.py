@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from reachy_memory import Config, MemoryStore
-from reachy_memory._export import person_entries, read_jsonl
+from reachy_memory._export import check_entries, person_entries, read_jsonl
 from reachy_memory._markdown import parse, read_dir
 from reachy_memory.errors import ReachyMemoryError, ValidationError
 from reachy_memory.people import PersonRegistry
@@ -283,3 +283,80 @@ def test_supersession_loops_through_stored_memories_are_refused(store: MemorySto
     with pytest.raises(ValidationError, match="loop through stored memories") as caught:
         store.import_memories([_fact(id=b.id, superseded_by=a.id, superseded_at=T)])
     assert caught.value.field == "superseded_by" and _export(store) == before
+
+
+# (the person, the memory about it by id): a memory about a person its owner does not see
+# (an unscoped memory is seen by every user: it may be about household persons only).
+UNSEEN_SUBJECTS = [
+    (_person(owner="alice"), _fact(subjects=["p1"])),  # unscoped
+    (_person(owner="alice"), _fact(subjects=["p1"], owner="bob")),  # another user's
+    (_person(owner="alice", merged_ids=["p0"]), _fact(subjects=["p0"], shared=True)),  # through an old id
+]
+
+
+@pytest.mark.parametrize(("person", "memory"), UNSEEN_SUBJECTS)
+def test_a_file_with_a_memory_about_a_person_its_owner_does_not_see_is_refused(
+        tmp_path: Path, base_config: Config, person: dict[str, Any], memory: dict[str, Any]) -> None:
+    """An import checked nothing about owners: a hand-made or edited file linked a memory
+    to a person its owner cannot see (an unscoped fact about Alice's person, seen by Bob).
+    The file is refused before anything is sent, naming the memory, its owner and the
+    person, as remember refuses such a subject; the same file with the memory Alice's
+    imports."""
+    owner = memory.get("owner")
+    with pytest.raises(ValidationError, match=r"x\.jsonl: memory m1 \((unscoped|of owner 'bob')") as caught:
+        read_jsonl(_write(tmp_path / "x.jsonl", person, _fact(id="ok"), memory), base_config)
+    assert caught.value.fields == {"field": "subjects", "memory_id": "m1", "owner": owner,  # type: ignore[attr-defined]
+                                   "person_id": "p1", "other_owner": "alice"}
+    assert "(Ann, owner 'alice')" in caught.value.message
+    with pytest.raises(ValidationError, match=r"people: memory m1 "):  # a markdown folder's entries
+        check_entries([memory], [person], "people", base_config)
+    assert read_jsonl(_write(tmp_path / "y.jsonl", person, memory | {"owner": "alice"}), base_config)
+
+
+@pytest.mark.parametrize(("person", "memory"), UNSEEN_SUBJECTS)
+def test_an_in_process_import_about_an_unseen_person_writes_nothing(store: MemoryStore, person: dict[str, Any],
+                                                                  memory: dict[str, Any]) -> None:
+    """In a later batch than the person and other memories: refused whole."""
+    before = _export(store)
+    memories = [_fact(id=f"m{i}", content=f"fact {i}", subjects=["p1"], owner="alice") for i in range(2, 5)]
+    with pytest.raises(ValidationError, match="import: memory m1 ") as caught:
+        store.import_memories([*memories, memory], [person], batch=1)
+    assert (caught.value.memory_id, caught.value.person_id) == ("m1", "p1")  # type: ignore[attr-defined]
+    assert _export(store) == before
+
+
+def test_an_import_about_a_stored_person_its_owner_does_not_see_is_refused(store: MemoryStore) -> None:
+    """The store keeps a stored person as it is (owner included): a file giving Alice's
+    person as the household's, or naming only its id, cannot link an unscoped memory to
+    her; nor can an owner change between the daemon's two halves of an import."""
+    carol = store.add_person("Carol", owner="alice")
+    before = _export(store)
+    as_household = {**carol.to_dict(), "owner": None}
+    for people in ([as_household], []):
+        with pytest.raises(ValidationError, match=rf"import: memory m1 \(unscoped.*{carol.id} \(Carol, owner "
+                           r"'alice'\).*make the stored person the household's") as caught:
+            store.import_memories([_fact(subjects=[carol.id])], people)
+        assert caught.value.other_owner == "alice" and _export(store) == before  # type: ignore[attr-defined]
+    dan = store.add_person("Dan")  # the household's
+    prepared = store.prepare_import([_fact(id="m2", subjects=[dan.id])])  # an unscoped memory about Dan
+    store.update_person(dan.id, owner="alice")  # allowed: no stored memory is about him
+    with pytest.raises(ValidationError, match=f"import: memory m2 .*{dan.id}"):
+        store.commit_import(prepared)
+    assert store.get("m2") is None
+
+
+def test_an_export_of_a_store_with_owners_imports(tmp_path: Path, base_config: Config) -> None:
+    """Persons of two users and the household, memories of each about persons they see."""
+    config = base_config.replace("memory", path=str(tmp_path / "data"))
+    with MemoryStore(config=config, embedder=HashEmbedder()) as s:
+        ann, bo = s.add_person("Ann"), s.add_person("Bo", owner="alice")
+        s.remember("Ann likes tea", subjects=[ann.id])
+        s.remember("Ann likes jam", subjects=[ann.id], owner="bob")
+        s.remember("Bo and Ann cook", subjects=[bo.id, ann.id], owner="alice", shared=True)
+        s.merge_people(bo.id, s.add_person("Bob", owner="alice").id)
+        lines = _export(s)
+    fresh = base_config.replace("memory", path=str(tmp_path / "fresh"))
+    with MemoryStore(config=fresh, embedder=HashEmbedder()) as t:
+        assert t.import_memories(*read_jsonl(_write(tmp_path / "x.jsonl", *lines), fresh)) == {"people": 2,
+                                                                                                "memories": 3}
+        assert _export(t) == lines
