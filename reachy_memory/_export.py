@@ -22,7 +22,6 @@ from ._people_ops import (
     check_import_person,
     check_merged_ids,
     check_note_names,
-    check_subject_owners,
     check_supersession,
 )
 from .config import Config
@@ -65,9 +64,10 @@ def read_jsonl(path: Path, config: Config) -> tuple[list[dict[str, Any]], list[d
     UTF-8, not JSON, a key given twice in one object, a field no export writes, not an
     exported entry, refused by import, or an id given twice with different fields
     (TooLargeError: a line over the limit); or naming the file, for supersession links
-    that loop, a note name given to two memories, a merged-away person id that is a
-    person of the file or merged into two (``check_merged_ids``), or a memory about a
-    person of the file its owner may not see (``check_subject_owners``).
+    that loop, a note name given to two memories, or a merged-away person id that is a
+    person of the file or merged into two (``check_merged_ids``).  A memory about a
+    person its owner may not see is the store's to judge (its link left out and
+    reported at import: ``commit_import``).
     """
     memories: list[dict[str, Any]] = []
     people: list[dict[str, Any]] = []
@@ -81,7 +81,6 @@ def read_jsonl(path: Path, config: Config) -> tuple[list[dict[str, Any]], list[d
     check_supersession(path.name, memories)
     check_note_names(path.name, memories)
     check_merged_ids(path.name, people)
-    check_subject_owners(path.name, memories, people)
     return memories, people
 
 
@@ -117,7 +116,6 @@ def check_entries(memories: list[dict[str, Any]], people: list[dict[str, Any]], 
     check_supersession(source, memories)
     check_note_names(source, memories)
     check_merged_ids(source, people)
-    check_subject_owners(source, memories, people)
 
 
 def _entry(where: str, line: str, config: Config) -> dict[str, Any]:

@@ -213,9 +213,9 @@ _ROWS = [
         "memory", "Record a conversation summary as an archive (never expires); marks the window."),
     _op("import", "embed", [_req("memories", LIST, "exported memories (all fields)"),
                              _opt("people", LIST, doc="exported persons (with their merged_ids)")],
-        '{"people": int, "memories": int}', "Recreate exported persons and memories (present ids kept); "
-        "a memory about a person its owner does not see is bad_request (memory_id, owner, person_id, other_owner), "
-        "nothing imported.",
+        '{"people": int, "memories": int, "links_left_out": int, "left_out_links": [{"memory_id", "person_id"}]}',
+        "Recreate exported persons and memories (present ids kept); a memory about a person its owner does not "
+        "see is imported without that link, each link left out listed.",
         client="import_memories"),
     _op("context_for", "engine", [_req("message", STR), _OWNER, _opt("max_tokens", INT, 800),
                                   _opt("max_memories", INT, 10), _opt("max_messages", INT, 5),

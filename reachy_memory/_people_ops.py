@@ -51,9 +51,9 @@ from .people import (
     Person,
     PersonRegistry,
     Resolution,
-    check_about,
     check_metadata,
     check_owner_change,
+    may_be_about,
     person_from_op,
     read_person_id,
     visible_to,
@@ -619,27 +619,23 @@ class PeopleMixin:
         """Recreate exported persons and memories with their ids, times, subjects, names and
         supersession links (ids already present are kept as they are), and the person ids
         merged away (a person's ``merged_ids``: each resolves to that person again, see
-        :meth:`_redirect_ops`).  Everything is checked before anything is written: a
-        memory about a person its owner may not see (``people.check_about``: the person
-        of the import, or the stored one, which an import keeps as it is) is refused
-        naming the memory (``memory_id``), its ``owner`` and the person (``person_id``,
-        ``other_owner``), as ``remember`` refuses one.
-        Returns the counts imported.  Raises ValidationError naming the entry at fault, or
-        for ``batch`` not a positive int."""
+        :meth:`_redirect_ops`).  Everything is checked before anything is written.  A
+        memory about a person its owner may not see (``people.may_be_about``) is imported
+        without that link, reported (:meth:`commit_import`).
+        Returns the counts imported and the links left out (summed over the batches).
+        Raises ValidationError naming the entry at fault, or for ``batch`` not a positive int."""
         memories, people = _entries(memories, "memories"), _entries(people, "people")  # an iterator: read once
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
             raise ValidationError(f"batch must be a positive number of memories, not {batch!r}", field="batch")
         person_ops = [_person_op(f"person {n}", p) for n, p in enumerate(people)]  # all checked before any write
         merged = check_merged_ids("import", people)
         rows = self._import_rows(memories)
-        check_subject_owners("import", rows, people)  # the file in itself, as read_jsonl checks it
-        self._check_import_subjects(rows, person_ops, merged)  # every batch's, before the first is written
-        done = {"people": 0, "memories": 0}
+        done: dict[str, Any] = {"people": 0, "memories": 0, "links_left_out": 0, "left_out_links": []}
         for start in range(0, max(len(rows), 1), batch):
             first = not start
             got = self.commit_import(self._prepare_rows(rows[start:start + batch], person_ops if first else [],
                                                         merged if first else {}))
-            done = {k: done[k] + got[k] for k in done}
+            done = {k: done[k] + got[k] for k in done}  # counts added, left-out links in order
         return done
 
     def prepare_import(self, memories: Sequence[Mapping[str, Any]],
@@ -651,10 +647,7 @@ class PeopleMixin:
         self._require_open()
         memories, people = _entries(memories, "memories"), _entries(people, "people")
         person_ops = [_person_op(f"person {n}", p) for n, p in enumerate(people)]
-        rows, merged = self._import_rows(memories), check_merged_ids("import", people)
-        check_subject_owners("import", rows, people)
-        self._check_import_subjects(rows, person_ops, merged)
-        return self._prepare_rows(rows, person_ops, merged)
+        return self._prepare_rows(self._import_rows(memories), person_ops, check_merged_ids("import", people))
 
     def _import_rows(self, memories: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         """Every memory checked (their supersession links too) as record fields, oldest
@@ -695,26 +688,18 @@ class PeopleMixin:
                     raise ValidationError(f"import: memory {row['id']}: the note name or alias {label!r} is "
                                           f"already used by memory {taken}", field="name")
 
-    def _check_import_subjects(self, rows: list[dict[str, Any]], person_ops: list[dict[str, Any]],
-                               merged: Mapping[str, str]) -> None:
-        """Raise ValidationError (``people.check_about``) if a row not stored yet would be
-        about a person its owner may not see, the person as it will be after the import:
-        the stored one (kept as it is, owner included; an id merged away follows its
-        redirect), else the import's (``person_ops``, or the one ``merged`` redirects the
-        id to).  An id neither knows is left as it is (``_current_ids``)."""
-        fresh = {op["id"]: person_from_op(op) for op in person_ops}
-        for row in rows:
-            if row["id"] in self._state.records:
-                continue  # kept as it is
-            for subject in row.get("subjects", ()):
-                stored = self._people.get(subject) or self._people.get(merged.get(subject, subject))
-                person = stored or fresh.get(merged.get(subject, subject))
-                if person is None:
-                    continue
-                remedy = (f"give the memory owner {person.owner!r} in the file, or make the stored person the "
-                          "household's (update_person(id, owner=None)) first") if stored else \
-                    _IMPORT_REMEDY.format(owner=person.owner)
-                check_about(person, row.get("owner"), row["id"], "import: ", remedy)
+    def _seen_subjects(self, row: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+        """(the subjects an imported ``row`` is stored with, the person ids left out): its
+        ids as they are now (``_current_ids``) but a person its owner may not see
+        (``people.may_be_about``; the person as stored: :meth:`commit_import` calls it
+        after writing the import's persons).  Ids the store does not know stay."""
+        kept: list[str] = []
+        left_out: list[str] = []
+        for person_id in self._current_ids(row.get("subjects", [])):
+            person = self._people.get(person_id)
+            seen = person is None or may_be_about(person, row.get("owner"))
+            (kept if seen else left_out).append(person_id)
+        return kept, left_out
 
     def _check_anchors(self, person_ops: list[dict[str, Any]]) -> None:
         """Raise ValidationError if a person not stored yet would take an external id a
@@ -766,27 +751,33 @@ class PeopleMixin:
             ops.append({"op": "person_merge", "keep": keep, "other": old, "at": time.time()})
         return ops
 
-    def commit_import(self, prepared: _Import) -> dict[str, int]:
+    def commit_import(self, prepared: _Import) -> dict[str, Any]:
         """Write a :meth:`prepare_import`: its new persons, then its memories not stored
-        since, in one frame each.  Returns the counts imported."""
+        since, in one frame each.  A memory about a person its owner may not see
+        (``people.may_be_about``: a file written before that rule held, or edited) is
+        imported without that link, about the other persons it names or nobody: decided
+        here, with the persons as stored (kept as they are, owner included; an owner may
+        have changed since ``prepare_import``).  Returns ``{"people", "memories"}`` (the
+        counts imported), ``"links_left_out"`` (how many links) and ``"left_out_links"``
+        (``[{"memory_id", "person_id"}]``, in import order).  A memory already present is
+        kept as it is: an import done twice leaves nothing out the second time."""
         self._require_open()
         with self._lock:
             self._check_names_free(prepared.rows)  # again: a note may have been named since prepare_import
             self._check_no_loop_with_stored(prepared.rows)  # and a memory superseded or forgotten
             self._check_anchors(prepared.person_ops)  # and a face anchored
-            # and a person's owner changed (an update_person(owner=) counts no memory not stored yet)
-            self._check_import_subjects(prepared.rows, prepared.person_ops, prepared.merged)
             fresh_people = [op for op in prepared.person_ops if self._people.get(op["id"]) is None]
             redirects = self._redirect_ops(prepared.merged, fresh_people)  # again: a person may have come since
             if fresh_people or redirects:
                 self._commit([*fresh_people, *redirects])  # one frame: a redirect never without its person
-            ops = []
+            ops, left_out = [], []
             for row in prepared.rows:
                 op = prepared.ops.get(row["id"])
                 if op is None or row["id"] in self._state.records:
                     continue
                 fields = {k: v for k, v in row.items() if k not in ("content", "type", "metadata", "created")}
-                fields["subjects"] = self._current_ids(row.get("subjects", []))
+                fields["subjects"], unseen = self._seen_subjects(row)  # the persons as stored now
+                left_out += [{"memory_id": row["id"], "person_id": p} for p in unseen]
                 ops.append(["put", dict(op[1]) | fields, op[2]])
             hidden = {row["id"] for row in prepared.rows if row.get("superseded_at") is not None}
             for op in ops:  # a turn imported superseded lends no text to the one after it
@@ -794,7 +785,8 @@ class PeopleMixin:
                     op[1]["previous_text"] = None
             if ops:
                 self._commit(ops)
-            return {"people": len(fresh_people), "memories": len(ops)}
+            return {"people": len(fresh_people), "memories": len(ops), "links_left_out": len(left_out),
+                    "left_out_links": left_out}
 
     def _current_ids(self, person_ids: Iterable[str]) -> list[str]:
         """Person ids as they are now: one merged into another since is the kept one's (as
@@ -973,28 +965,6 @@ def check_import_memory(where: str, memory: Any, config: Config) -> dict[str, An
             raise
         raise type(exc)(f"{where}: {exc.message}", **exc.fields) from exc
     return row
-
-
-_IMPORT_REMEDY = "give the memory owner {owner!r}, or the person owner null (the household's), in the file"
-
-
-def check_subject_owners(source: str, memories: Sequence[Any], people: Sequence[Any]) -> None:
-    """Refuse a memory of ``memories`` about a person of ``people`` (by the person's id, or
-    an id in its ``merged_ids``) that the memory's owner may not see
-    (``people.may_be_about``): ValidationError starting with ``source``, naming the memory,
-    its owner and the person (``people.check_about``).  Persons not in ``people`` are the
-    store's to check (``import_memories``); entries refused elsewhere are skipped."""
-    persons = {p.id: p for p in (person_from_op(_person_op(f"{source}: person {n}", e)) for n, e in enumerate(people))}
-    merged = check_merged_ids(source, people)
-    for m in memories:
-        subjects = m.get("subjects") if isinstance(m, Mapping) else None
-        if not isinstance(subjects, list | tuple):
-            continue
-        for subject in subjects:
-            person = persons.get(merged.get(subject, subject)) if isinstance(subject, str) else None
-            if person is not None:
-                check_about(person, m.get("owner"), str(m.get("id")), f"{source}: ",
-                            _IMPORT_REMEDY.format(owner=person.owner))
 
 
 def check_import_person(where: str, person: Any) -> None:

@@ -337,8 +337,9 @@ class _Api:
         """Recreate exported memories and persons (``Memory.to_dict`` / ``Person.to_dict``
         shapes; a person's ``merged_ids`` resolve to it again) with their ids and links;
         present ids are kept. Returns the counts.  A memory about a person its owner does not
-        see (the import's person, or the stored one, kept as it is) is a ValidationError
-        (``memory_id``, ``owner``, ``person_id``, ``other_owner``), nothing of the request imported."""
+        see (the stored person, kept as it is, else the import's) is imported without that
+        link: ``links_left_out`` counts them, ``left_out_links`` lists ``{"memory_id",
+        "person_id"}`` (a daemon older than that rule returns neither)."""
         return self._call("import", _given(memories=memories, people=people), timeout=timeout)
 
 

@@ -1063,7 +1063,8 @@ def test_an_import_from_before_a_merge_links_its_memories_to_the_kept_person(lex
     exported, people = [tea.to_dict()], [p.to_dict() for p in lexical_store.people()]
     lexical_store.forget(tea.id)
     lexical_store.merge_people(sally.id, sarah.id)
-    assert lexical_store.import_memories(exported, people) == {"people": 0, "memories": 1}
+    assert lexical_store.import_memories(exported, people) == {"people": 0, "memories": 1, "links_left_out": 0,
+                                                               "left_out_links": []}
     assert lexical_store.get(tea.id).subjects == (sally.id,)  # type: ignore[union-attr]
     for about in ("Sally", "Sarah"):
         assert [h.memory.id for h in lexical_store.recall("tea", about=about)] == [tea.id]
