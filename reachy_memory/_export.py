@@ -65,7 +65,9 @@ def read_jsonl(path: Path, config: Config) -> tuple[list[dict[str, Any]], list[d
     exported entry, refused by import, or an id given twice with different fields
     (TooLargeError: a line over the limit); or naming the file, for supersession links
     that loop, a note name given to two memories, or a merged-away person id that is a
-    person of the file or merged into two (``check_merged_ids``).
+    person of the file or merged into two (``check_merged_ids``).  A memory about a
+    person its owner may not see is the store's to judge (its link left out and
+    reported at import: ``commit_import``).
     """
     memories: list[dict[str, Any]] = []
     people: list[dict[str, Any]] = []

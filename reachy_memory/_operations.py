@@ -169,7 +169,9 @@ _ROWS = [
                                _opt("name", STR, doc="a unique note name"), _opt("aliases", LIST),
                                _opt("id", STR, doc="client-chosen, with content (with facts: each fact's id): "
                                                    "a retry never stores a fact twice")],
-        "[memory]", "Store facts about people; persons are resolved or created; conflicting older facts superseded."),
+        "[memory]", "Store facts about people; persons are resolved or created; conflicting older facts superseded. "
+        "A fact's persons are its owner's or the household's (unscoped: the household's only); another owner's "
+        "person id is bad_request (person_id, owner, other_owner), nothing stored."),
     _op("recall", "engine", [_req("query", STR), _opt("about", STR), _OWNER, _opt("limit", INT, SEARCH_LIMIT),
                              _opt("include_superseded", BOOL, False)],
         '[{"memory": memory, "score": float, "subject_names"?: [str]}]', "Facts relevant to a query."),
@@ -215,7 +217,9 @@ _ROWS = [
         "memory", "Record a conversation summary as an archive (never expires); marks the window."),
     _op("import", "embed", [_req("memories", LIST, "exported memories (all fields)"),
                              _opt("people", LIST, doc="exported persons (with their merged_ids)")],
-        '{"people": int, "memories": int}', "Recreate exported persons and memories (present ids kept).",
+        '{"people": int, "memories": int, "links_left_out": int, "left_out_links": [{"memory_id", "person_id"}]}',
+        "Recreate exported persons and memories (present ids kept); a memory about a person its owner does not "
+        "see is imported without that link, each link left out listed.",
         client="import_memories"),
     _op("context_for", "engine", [_req("message", STR), _OWNER, _opt("max_tokens", INT, 800),
                                   _opt("max_memories", INT, 10), _opt("max_messages", INT, 5),

@@ -53,6 +53,7 @@ from .people import (
     Resolution,
     check_metadata,
     check_owner_change,
+    may_be_about,
     person_from_op,
     read_person_id,
     visible_to,
@@ -272,7 +273,12 @@ class PeopleMixin:
         Each fact's ``subjects`` (references: "my wife", "Sarah", a person id) are
         resolved, or created as persons; without them (None) the persons the sentence
         names are found ("she" is the person of the previous fact); ``[]`` is a fact
-        about nobody.  An older fact
+        about nobody.  A fact's persons are ones everyone who sees it sees
+        (``people.may_be_about``): ``owner``'s or the household's, and for an unscoped
+        fact (``owner`` None, seen by every user) the household's only: names are found
+        among those (else a new person of ``owner``'s, as ever), and a person id of
+        another owner is a ValidationError naming the person and owner (``person_id``,
+        ``owner``, ``other_owner``), nothing written.  An older fact
         the new one contradicts is superseded (kept, hidden by default).
         ``id`` (optional, client-chosen, :func:`~._ingest.check_id`; with ``facts`` each
         fact's own ``id``) makes it idempotent as :meth:`store` is: a fact whose id already
@@ -313,7 +319,8 @@ class PeopleMixin:
 
     def _check_facts(self, items: list[dict[str, Any]], owner: str | None) -> None:
         """Raise what storing ``items`` one by one would raise half-way: a subject that
-        names no one person ``owner`` may see, a note name taken (by a memory or an earlier item)."""
+        names no one person ``owner`` may see or one a fact of ``owner`` may not be about
+        (``people.check_about``), a note name taken (by a memory or an earlier item)."""
         names: dict[str, str] = {}
         for item in items:
             for ref in item.get("subjects") or ():
@@ -350,7 +357,8 @@ class PeopleMixin:
     def _subjects_of(self, item: dict[str, Any], owner: str | None) -> list[Resolution]:
         refs = item.get("subjects")
         if refs is not None:  # given: only those persons; [] or only "me"/"the user": a fact about nobody
-            return [self._people.resolve_person(_enriched(_text(r, "subjects"), item["content"]), owner)
+            return [self._people.resolve_person(_enriched(_text(r, "subjects"), item["content"]), owner,
+                                                for_memory=True)  # a name: among the persons it may be about
                     for r in refs if self._people.check_subject(r, owner)]
         recent = self._recent_subjects.get(owner, [])
         return self._people.subjects_in(item["content"], owner, recent)
@@ -615,28 +623,31 @@ class PeopleMixin:
         """Recreate exported persons and memories with their ids, times, subjects, names and
         supersession links (ids already present are kept as they are), and the person ids
         merged away (a person's ``merged_ids``: each resolves to that person again, see
-        :meth:`_redirect_ops`).  Everything is checked before anything is written.
-        Returns the counts imported.  Raises ValidationError naming the entry at fault, or
-        for ``batch`` not a positive int."""
+        :meth:`_redirect_ops`).  Everything is checked before anything is written.  A
+        memory about a person its owner may not see (``people.may_be_about``) is imported
+        without that link, reported (:meth:`commit_import`).
+        Returns the counts imported and the links left out (summed over the batches).
+        Raises ValidationError naming the entry at fault, or for ``batch`` not a positive int."""
         memories, people = _entries(memories, "memories"), _entries(people, "people")  # an iterator: read once
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
             raise ValidationError(f"batch must be a positive number of memories, not {batch!r}", field="batch")
         person_ops = [_person_op(f"person {n}", p) for n, p in enumerate(people)]  # all checked before any write
         merged = check_merged_ids("import", people)
         rows = self._import_rows(memories)
-        done = {"people": 0, "memories": 0}
+        done: dict[str, Any] = {"people": 0, "memories": 0, "links_left_out": 0, "left_out_links": []}
         for start in range(0, max(len(rows), 1), batch):
             first = not start
             got = self.commit_import(self._prepare_rows(rows[start:start + batch], person_ops if first else [],
                                                         merged if first else {}))
-            done = {k: done[k] + got[k] for k in done}
+            done = {k: done[k] + got[k] for k in done}  # counts added, left-out links in order
         return done
 
     def prepare_import(self, memories: Sequence[Mapping[str, Any]],
                        people: Sequence[Mapping[str, Any]] = ()) -> _Import:
         """The checked, embedded half of an import (thread-safe: the daemon runs it on its
         embed thread, so an import does not hold the engine while it embeds).  Memories
-        already present are left out.  Raises ValidationError naming the entry at fault."""
+        already present are left out.  Raises ValidationError naming the entry at fault
+        (as :meth:`import_memories` does)."""
         self._require_open()
         memories, people = _entries(memories, "memories"), _entries(people, "people")
         person_ops = [_person_op(f"person {n}", p) for n, p in enumerate(people)]
@@ -680,6 +691,19 @@ class PeopleMixin:
                 if taken is not None and taken != row["id"]:
                     raise ValidationError(f"import: memory {row['id']}: the note name or alias {label!r} is "
                                           f"already used by memory {taken}", field="name")
+
+    def _seen_subjects(self, row: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+        """(the subjects an imported ``row`` is stored with, the person ids left out): its
+        ids as they are now (``_current_ids``) but a person its owner may not see
+        (``people.may_be_about``; the person as stored: :meth:`commit_import` calls it
+        after writing the import's persons).  Ids the store does not know stay."""
+        kept: list[str] = []
+        left_out: list[str] = []
+        for person_id in self._current_ids(row.get("subjects", [])):
+            person = self._people.get(person_id)
+            seen = person is None or may_be_about(person, row.get("owner"))
+            (kept if seen else left_out).append(person_id)
+        return kept, left_out
 
     def _check_anchors(self, person_ops: list[dict[str, Any]]) -> None:
         """Raise ValidationError if a person not stored yet would take an external id a
@@ -731,9 +755,16 @@ class PeopleMixin:
             ops.append({"op": "person_merge", "keep": keep, "other": old, "at": time.time()})
         return ops
 
-    def commit_import(self, prepared: _Import) -> dict[str, int]:
+    def commit_import(self, prepared: _Import) -> dict[str, Any]:
         """Write a :meth:`prepare_import`: its new persons, then its memories not stored
-        since, in one frame each.  Returns the counts imported."""
+        since, in one frame each.  A memory about a person its owner may not see
+        (``people.may_be_about``: a file written before that rule held, or edited) is
+        imported without that link, about the other persons it names or nobody: decided
+        here, with the persons as stored (kept as they are, owner included; an owner may
+        have changed since ``prepare_import``).  Returns ``{"people", "memories"}`` (the
+        counts imported), ``"links_left_out"`` (how many links) and ``"left_out_links"``
+        (``[{"memory_id", "person_id"}]``, in import order).  A memory already present is
+        kept as it is: an import done twice leaves nothing out the second time."""
         self._require_open()
         with self._lock:
             self._check_names_free(prepared.rows)  # again: a note may have been named since prepare_import
@@ -743,13 +774,14 @@ class PeopleMixin:
             redirects = self._redirect_ops(prepared.merged, fresh_people)  # again: a person may have come since
             if fresh_people or redirects:
                 self._commit([*fresh_people, *redirects])  # one frame: a redirect never without its person
-            ops = []
+            ops, left_out = [], []
             for row in prepared.rows:
                 op = prepared.ops.get(row["id"])
                 if op is None or row["id"] in self._state.records:
                     continue
                 fields = {k: v for k, v in row.items() if k not in ("content", "type", "metadata", "created")}
-                fields["subjects"] = self._current_ids(row.get("subjects", []))
+                fields["subjects"], unseen = self._seen_subjects(row)  # the persons as stored now
+                left_out += [{"memory_id": row["id"], "person_id": p} for p in unseen]
                 ops.append(["put", dict(op[1]) | fields, op[2]])
             hidden = {row["id"] for row in prepared.rows if row.get("superseded_at") is not None}
             for op in ops:  # a turn imported superseded lends no text to the one after it
@@ -757,7 +789,8 @@ class PeopleMixin:
                     op[1]["previous_text"] = None
             if ops:
                 self._commit(ops)
-            return {"people": len(fresh_people), "memories": len(ops)}
+            return {"people": len(fresh_people), "memories": len(ops), "links_left_out": len(left_out),
+                    "left_out_links": left_out}
 
     def _current_ids(self, person_ids: Iterable[str]) -> list[str]:
         """Person ids as they are now: one merged into another since is the kept one's (as

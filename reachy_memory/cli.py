@@ -558,11 +558,13 @@ def cmd_import(args: argparse.Namespace) -> int:
         memories, people = read_jsonl(Path(args.file), config)  # every line checked: nothing sent on an error
     progress = _progress("importing")
     done = {"people": 0, "memories": 0}
+    left_out: list[dict[str, Any]] = []  # links the daemon left out (a daemon before them tells none)
     with _client(args) as c:
         try:
             for batch, persons in import_requests(memories, people, config):
                 got = c.import_memories(batch, persons or None, timeout=_slow_timeout(args, "import"))
                 done = {k: done[k] + got[k] for k in done}
+                left_out += got.get("left_out_links") or []
                 if progress and batch:
                     progress(done["memories"], len(memories))
         except ReachyMemoryError:  # a request refused by the store (a note name it holds...), a timeout
@@ -571,9 +573,20 @@ def cmd_import(args: argparse.Namespace) -> int:
                       "(those stay imported; once the cause is fixed, the same import again adds the rest)",
                       file=sys.stderr)
             raise
+        finally:
+            _say_links_left_out(left_out)
     print(f"imported {done['people']} people and {done['memories']} memories "
           "(ids already present were kept as they were)", file=sys.stderr)
     return 0
+
+
+def _say_links_left_out(left_out: list[dict[str, Any]]) -> None:
+    """One line naming the links an import left out (memory id -> person id), if any: a
+    file written before a memory's persons had to be ones its owner sees, or edited."""
+    if left_out:
+        links = ", ".join(f"{link.get('memory_id')} -> {link.get('person_id')}" for link in left_out)
+        print(f"{len(left_out)} link{'s' if len(left_out) != 1 else ''} to a person their memory's owner does not "
+              f"see {'were' if len(left_out) != 1 else 'was'} left out (memory -> person): {links}", file=sys.stderr)
 
 
 def cmd_remember(args: argparse.Namespace) -> int:

@@ -214,7 +214,10 @@ class _Api:
         a retry stores nothing twice and returns the memories kept first, and ``retries=``
         sends it again after a timeout; without, it is sent once (the request daemons before
         the id know: a daemon that does not know it refuses it, ValidationError naming "args"
-        or "facts", nothing stored: see :func:`refuses_ids`)."""
+        or "facts", nothing stored: see :func:`refuses_ids`).  A fact's persons are its
+        owner's or the household's; without ``owner`` (unscoped, seen by every user) the
+        household's only: another owner's person id is a ValidationError (``person_id``,
+        ``owner``, ``other_owner``), nothing stored."""
         args = _given(content=content, facts=facts, subjects=subjects, expires_in_days=expires_in_days,
                       shared=shared, owner=owner, name=name, aliases=aliases, id=id)
         return self._call("remember", args, _memories, timeout)
@@ -338,7 +341,10 @@ class _Api:
                         timeout: float | None = None) -> Any:
         """Recreate exported memories and persons (``Memory.to_dict`` / ``Person.to_dict``
         shapes; a person's ``merged_ids`` resolve to it again) with their ids and links;
-        present ids are kept. Returns the counts."""
+        present ids are kept. Returns the counts.  A memory about a person its owner does not
+        see (the stored person, kept as it is, else the import's) is imported without that
+        link: ``links_left_out`` counts them, ``left_out_links`` lists ``{"memory_id",
+        "person_id"}`` (a daemon older than that rule returns neither)."""
         return self._call("import", _given(memories=memories, people=people), timeout=timeout)
 
 

@@ -56,7 +56,12 @@ either sees (:func:`check_merge_owners`): two persons of one owner, or an owned
 person into the household's; the memories it re-links stay about a person their owner sees.
 A change of owner (``update_person(owner=)``, checked by the store, which knows the
 memories: :func:`check_owner_change`) keeps it too: to the household always, to a user
-only when every memory about the person is that user's.
+only when every memory about the person is that user's.  A new memory's persons
+(:func:`may_be_about`) are its owner's or the household's: for an unscoped memory
+(owner None, seen by every user) the household's only, so ``check_subject`` refuses
+another owner's person id (:func:`check_about`) and ``subjects_in`` and
+``resolve_person(..., for_memory=True)`` find names among those persons only (a name
+only Alice's person has makes a household person: merge hers into it if they are one).
 
 Thread ownership: a registry is owned by the store's writer thread; it takes
 no locks.  Readers on other threads must go through that owner.
@@ -229,14 +234,16 @@ class PersonRegistry:
         return anchored or next((p for p in self._people.values() if external_id in _listed_external_ids(p)), None)
 
     def check_subject(self, reference: Any, owner: str | None = None) -> bool:
-        """Whether ``reference`` (a subject of a fact) is a person: True for the id of a
-        person ``owner`` sees or one person's name or relation, False for the user or the
-        robot (the fact is about nobody).  Raises ValidationError as :func:`subject_reference`
-        does, and for an id this store made that names no person ``owner`` sees
-        (:func:`_unknown_id`)."""
+        """Whether ``reference`` (a subject of a fact of ``owner``) is a person: True for the
+        id of a person a memory of ``owner`` may be about (:func:`may_be_about`) or one
+        person's name or relation, False for the user or the robot (the fact is about
+        nobody).  Raises ValidationError as :func:`subject_reference` does, for an id this
+        store made that names no person ``owner`` sees (:func:`_unknown_id`), and for the
+        id of an owned person given to an unscoped fact (``owner`` None: :func:`check_about`)."""
         if isinstance(reference, str):
             person = self.get(reference.strip())  # as read_person_id reads it
             if person is not None and visible_to(person, owner):
+                check_about(person, owner)  # owner None sees everyone, but its memory is every user's
                 return True
             _unknown_id(reference, "subjects")
         return subject_reference(reference) is not None
@@ -248,8 +255,8 @@ class PersonRegistry:
             return by_id
         return self._match(parse_reference(reference), owner)
 
-    def _match(self, ref: Reference, owner: str | None) -> Person | None:
-        candidates = self._visible(owner)
+    def _match(self, ref: Reference, owner: str | None, for_memory: bool = False) -> Person | None:
+        candidates = self._visible(owner, for_memory)
         if ref.name:
             hit = self._by_name(ref, candidates, owner)
             if hit is not None or not ref.relation:
@@ -270,8 +277,11 @@ class PersonRegistry:
         first = [p for p in candidates if p.name and norm(p.name).split()[0] == key]
         return first[0] if len(first) == 1 else None  # a first name only counts when unique
 
-    def _visible(self, owner: str | None) -> list[Person]:
-        return [p for p in self._people.values() if visible_to(p, owner)]
+    def _visible(self, owner: str | None, for_memory: bool = False) -> list[Person]:
+        """The persons ``owner`` sees; ``for_memory``: those a memory of ``owner`` may be about
+        (:func:`may_be_about`: for owner None the household's, not everyone)."""
+        seen = may_be_about if for_memory else visible_to
+        return [p for p in self._people.values() if seen(p, owner)]
 
     # -- planners: return ops, never change state ------------------------------------
 
@@ -286,22 +296,27 @@ class PersonRegistry:
         self._check_person(person)
         return Resolution(person, True, person.to_op())
 
-    def resolve_person(self, reference: str, owner: str | None = None, create: bool = True) -> Resolution:
+    def resolve_person(self, reference: str, owner: str | None = None, create: bool = True, *,
+                       for_memory: bool = False) -> Resolution:
         """Find the person a reference means, or plan creating it.
 
         Returns ``Resolution(person, created, op)``: ``op`` is the person_put to
         journal when the person is new or a missing name/relation was learnt
         ("my wife Sarah" after "my wife"); ``person`` is None only when
-        ``create`` is False and nobody matched.  Raises ValidationError for an
-        empty reference or a bare pronoun (resolve those with ``subjects_in``).
+        ``create`` is False and nobody matched.  ``for_memory``: the subject of a
+        memory of ``owner``, found among the persons it may be about
+        (:func:`may_be_about`; an id: :func:`check_about`).  Raises ValidationError for
+        an empty reference or a bare pronoun (resolve those with ``subjects_in``).
         """
         ref = _reference(reference)
         by_id = self.get(read_person_id(reference, "reference"))
         if by_id is not None and visible_to(by_id, owner):
+            if for_memory:
+                check_about(by_id, owner)
             return Resolution(by_id, False, None)
         if create:  # not a person named after the id: "C3a6317adb1c44d6..."
             _unknown_id(reference, "reference")
-        return self._resolve_ref(ref, owner, create)
+        return self._resolve_ref(ref, owner, create, for_memory)
 
     def _learn(self, person: Person, ref: Reference) -> Resolution:
         changes: dict[str, Any] = {}
@@ -390,19 +405,20 @@ class PersonRegistry:
 
         ``recent`` are person ids most recent first (the subjects of the last
         turns); a sentence that names nobody but uses she/he refers to the most
-        recent of them whose relation does not contradict the pronoun.  Journal
-        every non-None ``op`` before applying it.  Raises ValidationError.
+        recent of them whose relation does not contradict the pronoun.  The persons
+        are those a memory of ``owner`` may be about (:func:`may_be_about`): a fact's.
+        Journal every non-None ``op`` before applying it.  Raises ValidationError.
         """
         if not isinstance(sentence, str) or len(sentence) > MAX_SENTENCE_CHARS:
             raise ValidationError(f"sentence must be a string of at most {MAX_SENTENCE_CHARS} characters",
                                   field="sentence")
-        known = [k for p in self._visible(owner) for k in (p.name, *p.aliases) if k]
+        known = [k for p in self._visible(owner, for_memory=True) for k in (p.name, *p.aliases) if k]
         out: list[Resolution] = []
         for mention in extract_mentions(sentence, known):
             ref = mention.reference
             try:
                 resolution = self._from_context(ref.pronoun, recent, owner) if ref.pronoun else \
-                    self._resolve_ref(ref, owner, create)
+                    self._resolve_ref(ref, owner, create, for_memory=True)
             except ValidationError:  # a candidate over the input limits is not a person; the sentence is fine
                 continue
             if resolution.person is not None and all(r.person is None or r.person.id != resolution.person.id
@@ -410,8 +426,8 @@ class PersonRegistry:
                 out.append(resolution)
         return out
 
-    def _resolve_ref(self, ref: Reference, owner: str | None, create: bool) -> Resolution:
-        found = self._match(ref, owner)
+    def _resolve_ref(self, ref: Reference, owner: str | None, create: bool, for_memory: bool = False) -> Resolution:
+        found = self._match(ref, owner, for_memory)
         if found is not None:
             # A user's words teach only their own persons: "my therapist Dr. Evil" from Bob must
             # not rename the household's nameless therapist that Alice's facts are about (nor
@@ -425,7 +441,7 @@ class PersonRegistry:
         for person_id in recent:
             person = self.get(person_id)
             gender = pronoun_gender(person.relation) if person else None
-            if person is not None and visible_to(person, owner) and gender in (None, pronoun):
+            if person is not None and may_be_about(person, owner) and gender in (None, pronoun):
                 return Resolution(person, False, None)
         return Resolution(None, False, None)
 
@@ -505,6 +521,38 @@ def person_from_op(op: dict[str, Any]) -> Person:
 def visible_to(person: Person, owner: str | None) -> bool:
     """Whether ``owner`` sees ``person``: their own or the household's (None sees everyone)."""
     return owner is None or person.owner is None or person.owner == owner
+
+
+def may_be_about(person: Person, owner: str | None) -> bool:
+    """Whether a memory of ``owner`` may be about ``person``: the promise remember, merges,
+    owner changes and import keep, that a memory's persons are ones its owner sees.  The
+    household's persons, or the owner's own.  Unlike :func:`visible_to`, where ``owner``
+    None is a caller who sees everyone, an unscoped memory (owner None) is household
+    knowledge, seen by every user: it may be about household persons only (Bob would see
+    a fact about a person of Alice's he cannot look up, and :func:`check_owner_change`
+    counts such a memory as the household's)."""
+    return person.owner is None or person.owner == owner
+
+
+def check_about(person: Person, owner: str | None, memory_id: str | None = None, where: str = "",
+                remedy: str = "") -> None:
+    """Raise ValidationError unless a memory of ``owner`` may be about ``person``
+    (:func:`may_be_about`).  The error names the memory (``memory_id``, when it has one
+    yet), its ``owner`` and the person (``person_id``; its owner ``other_owner``), its
+    message starting with ``where`` and ending with ``remedy`` (by default: give the
+    memory the person's owner, or make the person the household's)."""
+    if may_be_about(person, owner):
+        return
+    memory = f"memory {memory_id}" if memory_id is not None else "a memory"
+    scope = "(unscoped: owner None, seen by every user)" if owner is None else f"(of owner {owner!r})"
+    who = "not every user sees" if owner is None else "its owner does not see"
+    remedy = remedy or (f"give the memory owner {person.owner!r}, or make the person the household's "
+                        "(update_person(id, owner=None))")
+    fields = {"memory_id": memory_id} if memory_id is not None else {}
+    raise ValidationError(
+        f"{where}{memory} {scope} cannot be about {person.id} ({person.display_name}, {_whose(person)}): {who} "
+        f"that person; {remedy}", field="subjects", person_id=person.id, owner=owner, other_owner=person.owner,
+        **fields)
 
 
 def check_merge_owners(kept: Person, gone: Person) -> None:

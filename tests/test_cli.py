@@ -624,6 +624,32 @@ def test_import_fits_the_daemons_message_and_batch_limits(tmp_path: Path) -> Non
         assert "imported 1 people and 25 memories" in out.stderr
 
 
+def test_import_leaves_out_and_names_the_links_to_a_person_the_memorys_owner_does_not_see(
+        daemon: DaemonProcess, tmp_path: Path) -> None:
+    """An export of a store written before a memory's persons had to be ones its owner sees
+    (an unscoped fact about Alice's person): imported, without that link, named on a line
+    of its own; the same import again changes nothing and leaves nothing out."""
+    at = "2026-01-01T00:00:00+00:00"
+    rows = [{"kind": "person", "id": "lo-p1", "name": "Lou", "owner": "alice", "created_at": at},
+            {"kind": "person", "id": "lo-p2", "name": "Mo", "created_at": at},
+            {"id": "lo-m1", "content": "Lou and Mo play chess", "type": "fact", "created_at": at,
+             "subjects": ["lo-p1", "lo-p2"]},
+            {"id": "lo-m2", "content": "Lou likes jazz", "type": "fact", "created_at": at, "subjects": ["lo-p1"],
+             "owner": "alice"}]
+    dump = tmp_path / "older.jsonl"
+    dump.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    out = cli(daemon, "import", str(dump))
+    assert out.returncode == 0, out.stderr
+    assert ("1 link to a person their memory's owner does not see was left out (memory -> person): "
+            "lo-m1 -> lo-p1\n") in out.stderr
+    assert "imported 2 people and 2 memories" in out.stderr
+    with daemon.client() as c:
+        assert (c.get("lo-m1").subjects, c.get("lo-m2").subjects) == (("lo-p2",), ("lo-p1",))
+    again = cli(daemon, "import", str(dump))
+    assert again.returncode == 0 and "left out" not in again.stderr, again.stderr
+    assert "imported 0 people and 0 memories" in again.stderr
+
+
 def test_export_writes_through_a_symlink_and_keeps_a_private_mode(daemon: DaemonProcess, tmp_path: Path) -> None:
     """The temp-and-rename replaced a symlink (as root, /dev/stdout itself) and left 0644."""
     real = tmp_path / "real.jsonl"

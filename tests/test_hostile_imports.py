@@ -1,8 +1,9 @@
 """Import files that did not come from this store (hand-edited, from another tool,
 truncated, crafted): each is refused with a ValidationError naming the file and line
 (or the markdown file) before anything is written, in bounded memory and time, and a
-state no store operation makes is not let in.  The attack's other ~160 crafted files
-were already refused or harmless (docs/LIMITS.md)."""
+state no store operation makes is not let in (a memory's link to a person its owner
+does not see, which older stores hold, is left out and reported, the memory imported).
+The attack's other ~160 crafted files were already refused or harmless (docs/LIMITS.md)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from reachy_memory import Config, MemoryStore
-from reachy_memory._export import person_entries, read_jsonl
+from reachy_memory._export import check_entries, person_entries, read_jsonl
 from reachy_memory._markdown import parse, read_dir
 from reachy_memory.errors import ReachyMemoryError, ValidationError
 from reachy_memory.people import PersonRegistry
@@ -265,7 +266,7 @@ def test_in_process_import_arguments(store: MemoryStore, call: Any, field: str |
     """``import_memories`` read an iterator twice (checked, then empty: nothing imported, no
     error) and took ``batch`` 0 (ValueError) or -1 (nothing imported, no error)."""
     if field is None:
-        assert call(store) == {"people": 0, "memories": 1}
+        assert call(store) == {"people": 0, "memories": 1, "links_left_out": 0, "left_out_links": []}
         return
     with pytest.raises(ValidationError) as caught:
         call(store)
@@ -283,3 +284,89 @@ def test_supersession_loops_through_stored_memories_are_refused(store: MemorySto
     with pytest.raises(ValidationError, match="loop through stored memories") as caught:
         store.import_memories([_fact(id=b.id, superseded_by=a.id, superseded_at=T)])
     assert caught.value.field == "superseded_by" and _export(store) == before
+
+
+# (the person, the memory about it by id): a memory about a person its owner does not see
+# (an unscoped memory is seen by every user: it may be about household persons only).
+UNSEEN_SUBJECTS = [
+    (_person(owner="alice"), _fact(subjects=["p1"])),  # unscoped
+    (_person(owner="alice"), _fact(subjects=["p1"], owner="bob")),  # another user's
+    (_person(owner="alice", merged_ids=["p0"]), _fact(subjects=["p0"], shared=True)),  # through an old id
+]
+
+
+def _left_out(*links: tuple[str, str]) -> list[dict[str, str]]:
+    return [{"memory_id": m, "person_id": p} for m, p in links]
+
+
+NOTHING = {"people": 0, "memories": 0, "links_left_out": 0, "left_out_links": []}
+
+
+@pytest.mark.parametrize(("person", "memory"), UNSEEN_SUBJECTS)
+def test_a_memory_about_a_person_its_owner_does_not_see_imports_without_that_link(
+        tmp_path: Path, base_config: Config, store: MemoryStore, person: dict[str, Any],
+        memory: dict[str, Any]) -> None:
+    """A store written before remember kept a memory's persons to ones its owner sees (an
+    unscoped fact said while the tools were unbound linked Alice's person by name), or an
+    edited file: the link was let in (an unscoped fact about Alice's person, seen by Bob).
+    Now the file reads (JSON Lines, a markdown folder's entries), the memory is imported
+    about the other person it names, the link left out is reported, and the same import
+    again changes nothing and reports nothing."""
+    memory = memory | {"subjects": [*memory["subjects"], "p2"]}
+    lines = (person, _person(id="p2", name="Bo"), memory)
+    memories, people = read_jsonl(_write(tmp_path / "x.jsonl", *lines), base_config)
+    check_entries(memories, people, "people", base_config)  # a markdown folder's entries
+    got = store.import_memories(memories, people)
+    assert store.get("m1").subjects == ("p2",)  # type: ignore[union-attr]
+    assert got == {"people": 2, "memories": 1, "links_left_out": 1, "left_out_links": _left_out(("m1", "p1"))}
+    after = _export(store)
+    assert store.import_memories(memories, people) == NOTHING and _export(store) == after
+
+
+def test_an_in_process_import_leaves_out_the_unseen_links_of_every_batch(store: MemoryStore) -> None:
+    """In batches (one memory each): every memory imported, each unseen link left out and
+    listed in import order, the memory about nobody when it named no one else."""
+    owners = ["alice", None, "bob", "alice"]
+    memories = [_fact(id=f"m{i}", content=f"fact {i}", subjects=["p1"], owner=o) for i, o in enumerate(owners)]
+    got = store.import_memories(memories, [_person(owner="alice")], batch=1)
+    assert [store.get(f"m{i}").subjects for i in range(4)] == [("p1",), (), (), ("p1",)]  # type: ignore[union-attr]
+    assert got == {"people": 1, "memories": 4, "links_left_out": 2,
+                   "left_out_links": _left_out(("m1", "p1"), ("m2", "p1"))}
+
+
+def test_an_import_about_a_stored_person_is_decided_with_the_person_as_stored_at_commit(store: MemoryStore) -> None:
+    """The store keeps a stored person as it is (owner included): a file giving Alice's
+    person as the household's, or naming only its id, links no unscoped memory to her.
+    The daemon's two halves of an import agree: the commit decides, with the owner as
+    it is then (changed after prepare_import either way)."""
+    carol = store.add_person("Carol", owner="alice")
+    as_household = {**carol.to_dict(), "owner": None}
+    for n, people in enumerate(([as_household], [])):
+        got = store.import_memories([_fact(id=f"c{n}", subjects=[carol.id])], people)
+        assert store.get(f"c{n}").subjects == ()  # type: ignore[union-attr]
+        assert got == {"people": 0, "memories": 1, "links_left_out": 1,
+                       "left_out_links": _left_out((f"c{n}", carol.id))}
+    assert store.find_person(carol.id).owner == "alice"  # type: ignore[union-attr]
+    dan, eve = store.add_person("Dan"), store.add_person("Eve", owner="alice")
+    prepared = store.prepare_import([_fact(id="m2", subjects=[dan.id]), _fact(id="m3", subjects=[eve.id])])
+    store.update_person(dan.id, owner="alice")  # allowed: no stored memory is about him
+    store.update_person(eve.id, owner=None)  # to the household: always allowed
+    assert store.commit_import(prepared)["left_out_links"] == _left_out(("m2", dan.id))
+    assert (store.get("m2").subjects, store.get("m3").subjects) == ((), (eve.id,))  # type: ignore[union-attr]
+
+
+def test_an_export_of_a_store_with_owners_imports(tmp_path: Path, base_config: Config) -> None:
+    """Persons of two users and the household, memories of each about persons they see."""
+    config = base_config.replace("memory", path=str(tmp_path / "data"))
+    with MemoryStore(config=config, embedder=HashEmbedder()) as s:
+        ann, bo = s.add_person("Ann"), s.add_person("Bo", owner="alice")
+        s.remember("Ann likes tea", subjects=[ann.id])
+        s.remember("Ann likes jam", subjects=[ann.id], owner="bob")
+        s.remember("Bo and Ann cook", subjects=[bo.id, ann.id], owner="alice", shared=True)
+        s.merge_people(bo.id, s.add_person("Bob", owner="alice").id)
+        lines = _export(s)
+    fresh = base_config.replace("memory", path=str(tmp_path / "fresh"))
+    with MemoryStore(config=fresh, embedder=HashEmbedder()) as t:
+        assert t.import_memories(*read_jsonl(_write(tmp_path / "x.jsonl", *lines), fresh)) == {
+            "people": 2, "memories": 3, "links_left_out": 0, "left_out_links": []}
+        assert _export(t) == lines

@@ -198,6 +198,20 @@ def test_the_client_sends_household_only_when_true() -> None:
     assert api.update_person("p1", household=True) == ("update_person", {"id": "p1", "household": True})
 
 
+def test_an_unscoped_memory_about_a_users_person_is_a_bad_request_with_fields(client: MemoryClient) -> None:
+    """remember without an owner (unscoped: every user sees it) about Alice's person by id
+    was stored; now bad_request with the store's fields, nothing written."""
+    vic = client.add_person("Vic", owner="alice")
+    with pytest.raises(ValidationError, match=rf"unscoped.* cannot be about {vic.id} \(Vic, owner 'alice'\)") \
+            as caught:
+        client.remember("Vic plays chess", subjects=[vic.id])
+    assert caught.value.remote_code == "bad_request"  # type: ignore[attr-defined]
+    assert (caught.value.field, caught.value.person_id, caught.value.owner,  # type: ignore[attr-defined]
+            caught.value.other_owner) == ("subjects", vic.id, None, "alice")  # type: ignore[attr-defined]
+    assert client.recall("chess", about=vic.id) == []
+    assert client.remember("Vic plays chess", subjects=[vic.id], owner="alice")[0].subjects == (vic.id,)
+
+
 def test_bad_people_requests_are_bad_request(client: MemoryClient) -> None:
     with pytest.raises(ValidationError) as err:
         client.remember()  # neither content nor facts

@@ -2,8 +2,11 @@
 ever handed out: live, merged away (alone or along a chain of merges) or deleted.
 
 Persons and memories belong to two users or the household (owner None).  What it
-holds, after every step: a memory's subjects are live persons its owner sees, a
-merged-away id resolves to a live person, a delete only ever forgets the person its id
+holds, after every step: a memory's subjects are live persons its owner sees (its
+owner's or the household's; an unscoped memory, seen by every user: the household's),
+``remember`` is refused exactly when a subject given by id would break that (for an
+unscoped memory naming the person and both owners; a name is found among those
+persons), a merged-away id resolves to a live person, a delete only ever forgets the person its id
 names (an id merged away is refused, naming that person), a merge keeps every outside
 identity (external id) of both persons finding the united one and is refused, naming
 both owners, unless everyone who saw the person merged away sees the kept one, a change
@@ -13,14 +16,19 @@ ever named after an id.  And on demand: reopening, a full compaction (then
 ``verify`` clean) and an export imported into a fresh store give the same persons,
 owners, redirects, links and lookups (the fresh store's memories too only about persons
 their owners see), as does a reopen after a crash (the journal replayed); the export
-goes as entries (JSON Lines) or through a markdown folder's files.
-Lexical-only stores (no model): person operations do not embed.
+goes as entries (JSON Lines) or through a markdown folder's files; the same export with
+one memory's or person's owner edited imports every memory, leaving out (and reporting)
+exactly the links to a person the memory's owner does not see.  Lexical-only stores
+(no model): person operations do not embed.
 
 Found by it: ``remember(subjects=[a deleted person's id])`` made a person named after
 the id ("C3A6317Adb1C44D6..."); merging Bob's person into Alice's linked Bob's memories
 to a person Bob cannot see, and so did giving a household person to Alice
 (``update_person(owner=)``, now refused unless every memory about them is Alice's);
-the registry and store tests then pinned each fault found.
+``remember(owner=None, subjects=[Alice's person's id])`` (or a name only Alice's person
+had) made an unscoped memory, seen by every user, about a person only Alice sees, and an
+import let in any memory's owner and persons (it now leaves such links out); the
+registry and store tests then pinned each fault found.
 """
 
 from __future__ import annotations
@@ -46,6 +54,7 @@ NAMES = ("Ann", "Bob", "Cy", "Dee")
 FACES = tuple(f"face:{n}" for n in range(4))
 OWNERS = st.sampled_from([None, "alice", "bob"])  # None: the household's person, an unscoped memory
 THEIRS = "(the subject's owner)"
+OTHER = "(an owner not the subject's)"  # its memory may not be about the person (unless gone)
 ANY = st.integers(0, 63)  # an index into every id handed out (modulo their number)
 
 
@@ -59,10 +68,17 @@ def _state(store: MemoryStore, ids: list[str]) -> tuple[Any, ...]:
     return people, store.person_redirects(), links, by_id, by_face
 
 
+def _sees(person_owner: str | None, memory_owner: str | None) -> bool:
+    """Whether a memory of ``memory_owner`` may be about a person of ``person_owner``: the
+    household's, or the memory owner's own (an unscoped memory: the household's only)."""
+    return person_owner is None or person_owner == memory_owner
+
+
 def _unseen_subjects(store: MemoryStore) -> list[tuple[str, str | None, str]]:
-    """(memory id, its owner, subject) for each subject its owner cannot see (none is)."""
+    """(memory id, its owner, subject) for each subject that is no live person everyone who
+    sees the memory sees (none is)."""
     return [(m.id, m.owner, s) for m in store.export_page(None, 10_000)[0] for s in m.subjects
-            if store.find_person(s, owner=m.owner) is None]
+            if (p := store.find_person(s)) is None or not _sees(p.owner, m.owner)]
 
 
 class PeopleStates(RuleBasedStateMachine):
@@ -91,7 +107,8 @@ class PeopleStates(RuleBasedStateMachine):
     def a_person_told_about(self, owner: str | None, tellers: list[str | None]) -> None:
         """Each run starts with a person whom users (or nobody in particular: unscoped) told
         facts about: memories of several owners about one person, what an owner change
-        must keep in sight, made likely.  A teller who does not see the person is refused."""
+        must keep in sight, made likely.  A teller whose memory may not be about the person
+        (another user, or unscoped about a user's person) is refused."""
         person = self.store.add_person(NAMES[0], owner=owner)
         self.ids.append(person.id)
         for teller in tellers:
@@ -99,7 +116,9 @@ class PeopleStates(RuleBasedStateMachine):
             try:
                 self.store.remember(f"fact {self.facts} zq{self.facts}", subjects=[person.id], owner=teller)
             except ValidationError:
-                assert teller not in (None, owner) and owner is not None
+                assert not _sees(owner, teller)
+                continue
+            assert _sees(owner, teller), f"{teller!r} told about {owner}'s person"
 
     @rule(name=st.sampled_from(NAMES), face=st.one_of(st.none(), st.sampled_from(FACES)), owner=OWNERS)
     def add(self, name: str, face: str | None, owner: str | None) -> None:
@@ -182,19 +201,31 @@ class PeopleStates(RuleBasedStateMachine):
         event(f"owner change allowed ({'to the household' if owner is None else 'to a user'}, "
               f"{'with' if about else 'without'} memories)")
 
-    @rule(index=ANY, by_id=st.booleans(), owner=st.one_of(OWNERS, st.just(THEIRS)))
+    @rule(index=ANY, by_id=st.booleans(), owner=st.one_of(OWNERS, st.just(THEIRS), st.just(OTHER)))
     def remember(self, index: int, by_id: bool, owner: str | None) -> None:
+        """A subject by id is refused exactly when it names nobody (gone) or a person the
+        memory may not be about; a name is found among the persons it may be about."""
         self.facts += 1
         subject = self._id(index) if self.ids and by_id else NAMES[index % len(NAMES)]
+        person = self.store.find_person(subject)  # anyone's
         if owner == THEIRS:  # the person's owner speaking of them: the memories a merge must keep in sight
-            owner = getattr(self.store.find_person(subject), "owner", None)
+            owner = getattr(person, "owner", None)
+        elif owner == OTHER:  # across owners: the person's id (or name) told by someone else
+            theirs = getattr(person, "owner", None)
+            owner = [o for o in (None, "alice", "bob") if o != theirs][index % 2]
+        refused = bool(by_id and self.ids) and (person is None or not _sees(person.owner, owner))
         try:
             [memory] = self.store.remember(f"fact {self.facts} zq{self.facts}", subjects=[subject], owner=owner)
-        except ValidationError:  # an id of a person gone, or one the owner does not see
-            assert self.store.find_person(subject, owner=owner) is None
+        except ValidationError as exc:
+            assert refused, exc
+            if person is not None and owner is None:  # seen by the caller: named, with the owners
+                assert (exc.person_id, exc.owner, exc.other_owner) == (person.id, None, person.owner), exc  # type: ignore[attr-defined]
+            event(f"remember by id refused ({'gone' if person is None else 'unscoped' if owner is None else 'user'})")
             return
+        assert not refused, f"{owner!r}'s memory about {person}"
         found = [getattr(self.store.find_person(s, owner=owner), "id", None) for s in memory.subjects]
         assert found == list(memory.subjects)
+        assert all(_sees(self.store.find_person(s).owner, owner) for s in memory.subjects)  # type: ignore[union-attr]
 
     @rule()
     def reopen(self) -> None:
@@ -233,6 +264,35 @@ class PeopleStates(RuleBasedStateMachine):
             other.import_memories(memories, people)
             assert _state(other, self.ids) == _state(self.store, self.ids)
             assert _unseen_subjects(other) == []
+
+    @rule(memory_side=st.booleans(), index=ANY, owner=OWNERS)
+    def import_an_owner_edited_export(self, memory_side: bool, index: int, owner: str | None) -> None:
+        """The export with one memory's (or person's) owner edited (as a store written
+        before the rule, or an edited file), imported into a fresh store: every memory
+        imported, exactly the links to a person the memory's owner does not see left out
+        and reported, the others kept; the same import again changes nothing."""
+        people = person_entries(self.store.people(), self.store.person_redirects())
+        memories = [m.to_dict() for m in self.store.export_page(None, 10_000)[0]]
+        linked = {s for m in memories for s in m.get("subjects", ())}  # the edits that matter
+        edited = [m for m in memories if m.get("subjects")] if memory_side else [p for p in people if p["id"] in linked]
+        if not edited:
+            return
+        edited[index % len(edited)]["owner"] = owner
+        owners = {p["id"]: p["owner"] for p in people}
+        bad = {(m["id"], s) for m in memories for s in m.get("subjects", ()) if not _sees(owners[s], m["owner"])}
+        fresh = self.config.replace("memory", path=str(Path(tempfile.mkdtemp(dir=self.tmp)) / "data"))
+        with MemoryStore(config=fresh, embedder=None) as other:
+            got = other.import_memories(memories, people)
+            left_out = [(link["memory_id"], link["person_id"]) for link in got["left_out_links"]]
+            assert (got["memories"], got["links_left_out"]) == (len(memories), len(bad)), got
+            assert sorted(left_out) == sorted(bad), got
+            assert _unseen_subjects(other) == []
+            kept = {m.id: m.subjects for m in other.export_page(None, 10_000)[0]}
+            assert kept == {m["id"]: tuple(s for s in m.get("subjects", ()) if (m["id"], s) not in bad)
+                            for m in memories}
+            assert other.import_memories(memories, people) == {"people": 0, "memories": 0, "links_left_out": 0,
+                                                               "left_out_links": []}
+            event(f"edited import {'left links out' if bad else 'kept every link'}")
 
     @invariant()
     def links_and_redirects_name_live_persons(self) -> None:

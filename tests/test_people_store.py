@@ -249,9 +249,11 @@ def test_household_true_makes_a_person_the_households_and_not_beside_an_owner(le
 
 
 def _unseen(store: MemoryStore) -> list[tuple[str, str]]:
-    """(memory id, subject) for each subject its memory's owner does not see (none is)."""
+    """(memory id, subject) for each subject not everyone who sees the memory sees (none is):
+    a person neither the household's nor the memory owner's (an unscoped memory, seen by
+    every user: the household's only)."""
     return [(m.id, s) for m in store.export_page(None, 10_000)[0] for s in m.subjects
-            if store.find_person(s, owner=m.owner) is None]
+            if (p := store.find_person(s)) is None or p.owner not in (None, m.owner)]
 
 
 def test_an_owner_change_that_would_hide_a_person_from_memories_is_refused(lexical_store: MemoryStore) -> None:
@@ -279,12 +281,53 @@ def test_an_owner_change_that_would_hide_a_person_from_memories_is_refused(lexic
     store.forget(plum.id)
     assert store.update_person(carol.id, owner="alice").owner == "alice"  # only Alice's memory is about her
     assert store.find_person("Carol", owner="bob") is None and store.get(own.id).subjects == (carol.id,)  # type: ignore[union-attr]
-    store.remember("Carol bakes", subjects=[carol.id])  # unscoped, about Alice's Carol
-    with pytest.raises(ValidationError, match=r"to owner 'bob'.*1 unscoped"):  # one user's to another's
+    with pytest.raises(ValidationError, match=r"to owner 'bob'.*1 of owner 'alice'"):  # one user's to another's
         store.update_person(carol.id, owner="bob")
     assert store.update_person(carol.id, owner=None).owner is None  # to the household: always
     assert store.remember("Carol sings", subjects=[carol.id], owner="bob")[0].subjects == (carol.id,)
     assert _unseen(store) == []
+
+
+def test_an_unscoped_memory_about_a_users_person_by_id_is_refused(lexical_store: MemoryStore) -> None:
+    """remember(owner=None, subjects=[Alice's Carol's id]) stored an unscoped memory, seen by
+    every user, about a person only Alice sees (Bob read a fact about someone he cannot look
+    up; an owner change counts such a memory as the household's).  Refused naming the person
+    and both owners, the whole batch unwritten; Alice's own memory about her, or one about
+    her once she is the household's, is stored."""
+    store = lexical_store
+    carol = store.add_person("Carol", owner="alice")
+    with pytest.raises(ValidationError, match=rf"unscoped.* cannot be about {carol.id} \(Carol, owner 'alice'\)") \
+            as caught:
+        store.remember(facts=[{"content": "Dan likes tea", "subjects": ["Dan"]},
+                              {"content": "Carol likes jam", "subjects": [f" {carol.id} "]}])
+    assert caught.value.fields == {"field": "subjects", "person_id": carol.id, "owner": None,  # type: ignore[attr-defined]
+                                   "other_owner": "alice"}
+    assert len(store) == 0 and store.people() == [carol]  # nothing written, not even Dan
+    with pytest.raises(ValidationError, match="owner 'alice'"):
+        store.remember("Carol likes jam", subjects=[carol.id], shared=True)
+    assert store.remember("Carol likes jam", subjects=[carol.id], owner="alice")[0].subjects == (carol.id,)
+    store.update_person(carol.id, owner=None)  # to the household: every user sees her now
+    assert store.remember("Carol likes tea", subjects=[carol.id])[0].subjects == (carol.id,)
+    assert _unseen(store) == [] and len(store) == 2
+
+
+def test_an_unscoped_memory_finds_names_among_household_persons(lexical_store: MemoryStore) -> None:
+    """An unscoped fact naming Carol (a subject given by name, or found in the sentence)
+    linked Alice's Carol, whom only Alice sees.  Its names are now found among household
+    persons, as a user's are among theirs and the household's: a household Carol is made,
+    Alice's facts keep hers, and merging hers into the household's is allowed."""
+    store = lexical_store
+    alices = store.add_person("Carol", owner="alice")
+    [given] = store.remember("Carol likes jam", subjects=["Carol"])
+    [found] = store.remember("Carol grows plums")
+    household = store.find_person(given.subjects[0])
+    assert household is not None and household.owner is None and household.id != alices.id
+    assert found.subjects == given.subjects
+    [own] = store.remember("Carol sings", owner="alice")
+    assert own.subjects == (alices.id,) and store.find_person("Carol", owner="alice") == alices
+    assert _unseen(store) == []
+    store.merge_people(household.id, alices.id)  # an owned person into the household's
+    assert store.get(own.id).subjects == (household.id,) and _unseen(store) == []  # type: ignore[union-attr]
 
 
 def test_the_id_of_a_deleted_or_unseen_person_is_no_subject(lexical_store: MemoryStore) -> None:
@@ -1033,7 +1076,8 @@ def test_an_import_from_before_a_merge_links_its_memories_to_the_kept_person(lex
     exported, people = [tea.to_dict()], [p.to_dict() for p in lexical_store.people()]
     lexical_store.forget(tea.id)
     lexical_store.merge_people(sally.id, sarah.id)
-    assert lexical_store.import_memories(exported, people) == {"people": 0, "memories": 1}
+    assert lexical_store.import_memories(exported, people) == {"people": 0, "memories": 1, "links_left_out": 0,
+                                                               "left_out_links": []}
     assert lexical_store.get(tea.id).subjects == (sally.id,)  # type: ignore[union-attr]
     for about in ("Sally", "Sarah"):
         assert [h.memory.id for h in lexical_store.recall("tea", about=about)] == [tea.id]
