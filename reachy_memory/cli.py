@@ -580,11 +580,16 @@ def cmd_import(args: argparse.Namespace) -> int:
     return 0
 
 
+LINKS_SHOWN = 20  # links an import left out named on its line
+
+
 def _say_links_left_out(left_out: list[dict[str, Any]]) -> None:
     """One line naming the links an import left out (memory id -> person id), if any: a
     file written before a memory's persons had to be ones its owner sees, or edited."""
     if left_out:
-        links = ", ".join(f"{link.get('memory_id')} -> {link.get('person_id')}" for link in left_out)
+        shown = LINKS_SHOWN  # one line stays readable after importing a big older store
+        links = ", ".join(f"{link.get('memory_id')} -> {link.get('person_id')}" for link in left_out[:shown])
+        links += f", and {len(left_out) - shown} more" if len(left_out) > shown else ""
         print(f"{len(left_out)} link{'s' if len(left_out) != 1 else ''} to a person their memory's owner does not "
               f"see {'were' if len(left_out) != 1 else 'was'} left out (memory -> person): {links}", file=sys.stderr)
 

@@ -841,3 +841,18 @@ def test_stats_counts_leave_out_expired_unswept_memories(tmp_path: Path) -> None
         text = cli(daemon, "stats").stdout
         assert "memories 1 " in text and "deleted by the next cleanup: 1" in text, text
         assert c.cleanup_expired() == 1 and c.stats()["store"]["expired_unswept"] == 0
+
+
+@pytest.mark.parametrize(("count", "named", "more"), [
+    (1, 1, ""),  # one link: named, singular
+    (20, 20, ""),  # as many as are named: all of them
+    (25, 20, ", and 5 more"),  # an older store's big import: the line stays readable
+])
+def test_the_links_an_import_left_out_are_named_on_one_bounded_line(
+        capsys: pytest.CaptureFixture[str], count: int, named: int, more: str) -> None:
+    from reachy_memory.cli import _say_links_left_out
+
+    _say_links_left_out([{"memory_id": f"m{i}", "person_id": "P9"} for i in range(count)])
+    line = capsys.readouterr().err
+    assert line.count("\n") == 1 and line.count(" -> P9") == named
+    assert line.rstrip().endswith(f"m{named - 1} -> P9{more}")
