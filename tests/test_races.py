@@ -229,7 +229,9 @@ def test_a_background_snapshot_indexes_the_words_a_fresh_index_would(config: Con
             with frequent_switches():
                 with store._lock:
                     store._storage.compact_in_background()
-                while store._storage.compacting is not None and not errors:
+                    compaction = store._storage.compacting
+                assert compaction is not None
+                while compaction.is_alive() and not errors:  # this one: the writes may start the next
                     try:  # the engine thread: a batch of new words to stem
                         store.store_batch([{"content": " ".join(_novel_words(rng, 6))} for _ in range(20)])
                     except BaseException as exc:
