@@ -102,9 +102,7 @@ def check_id(value: Any, field: str = "id") -> str:
     (the tools strip the whitespace and quotes models wrap copies in, so an id holding
     them could never be forgotten through a tool); a control character, a lone surrogate
     or an invisible one (U+200B) would make an id nobody can type or read back."""
-    if not isinstance(value, str) or not 0 < len(value) <= MAX_ID_CHARS:
-        raise ValidationError(f"{field} must be a non-empty string of at most {MAX_ID_CHARS} characters",
-                              field=field)
+    _check_imported_id(value, field)
     bad = next((c for c in value if not c.isprintable() or c.isspace() or c in _ID_QUOTES), None)
     if bad is not None:
         raise ValidationError(f"{field} {value[:40]!r} holds {bad!r}: an id is printable characters without "
@@ -112,11 +110,12 @@ def check_id(value: Any, field: str = "id") -> str:
     return value
 
 
-def _check_imported_id(value: Any) -> str:
+def _check_imported_id(value: Any, field: str = "id") -> str:
     """An exported memory's id: 1 to :data:`MAX_ID_CHARS` characters, as every earlier version
     took it (an export must import again; :func:`check_id`'s characters came later)."""
     if not isinstance(value, str) or not 0 < len(value) <= MAX_ID_CHARS:
-        raise ValidationError(f"id must be a non-empty string of at most {MAX_ID_CHARS} characters", field="id")
+        raise ValidationError(f"{field} must be a non-empty string of at most {MAX_ID_CHARS} characters",
+                              field=field)
     return value
 
 

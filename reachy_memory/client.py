@@ -370,12 +370,6 @@ def _given(**args: Any) -> dict[str, Any]:
     return {k: v for k, v in args.items() if v is not None}
 
 
-def _check_timeout(timeout: Any) -> None:
-    """ValidationError (field "timeout") unless ``timeout`` is a number of seconds >= 0
-    (NaN and negative numbers are refused; ``inf`` waits without limit)."""
-    check_seconds(timeout, "timeout")
-
-
 class _Base(_Api):
     _ctx: zmq.Context  # set by the subclass (blocking or asyncio), with its first socket
     _sock: zmq.Socket
@@ -383,7 +377,7 @@ class _Base(_Api):
     def __init__(self, endpoint: str | None, config: Config | None, timeout: float, retries: int) -> None:
         """ValidationError for a ``timeout`` that is not seconds >= 0 or ``retries`` that is
         not an int >= 0 (-1 made every call fail with AssertionError)."""
-        _check_timeout(timeout)
+        check_seconds(timeout, "timeout")  # inf: no limit
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
             raise ValidationError(f"retries must be an int >= 0, not {retries!r}", field="retries")
         self.config = config or load_config()
@@ -442,7 +436,7 @@ class _Base(_Api):
         frame over ``server.max_message_bytes``: nothing is sent."""
         if self._closed:
             raise ClosedError(f"{type(self).__name__} is closed")
-        _check_timeout(timeout)
+        check_seconds(timeout, "timeout")  # inf: no limit
         request_id = uuid.uuid4().hex
         try:
             frame = proto.request(request_id, op, args, timeout_ms=timeout * 1000)

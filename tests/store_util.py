@@ -8,13 +8,23 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from reachy_memory import Config, MemoryStore
+
+
+@dataclass(frozen=True)
+class Disk:
+    """One possible disk after a power cut: names -> content, and the acknowledged ops before it."""
+
+    files: dict[str, bytes]
+    acked: int
+    label: str
 
 
 def files_by_inode(directory: Path) -> dict[str, int]:
@@ -27,6 +37,16 @@ def files_by_inode(directory: Path) -> dict[str, int]:
                 if entry.is_file(follow_symlinks=False):
                     listing[entry.name] = entry.inode()
     return listing
+
+
+def cut_variants(open_cut: tuple[dict[str, int], dict[str, int], str],
+                 content_of: Callable[[int], bytes]) -> list[tuple[dict[str, bytes], str]]:
+    """The two disks a power cut may leave at the end of a cut point ``open_cut`` (the
+    directory's names as last synced, its names as they stand, a label): each name with
+    ``content_of(its inode)``, the file as of its last fsync."""
+    entries, current, label = open_cut
+    return [({n: content_of(ino) for n, ino in names.items()}, f"{label}, {variant}")
+            for names, variant in ((entries, "synced names"), (current, "names as they stand"))]
 
 
 def abandon(store: MemoryStore) -> None:

@@ -34,7 +34,7 @@ from reachy_memory.config import Config
 from reachy_memory.errors import ReachyMemoryError
 from reachy_memory.server import Daemon
 from tests.daemon_util import DaemonProcess
-from tests.store_util import files_by_inode
+from tests.store_util import Disk, cut_variants, files_by_inode
 
 pytestmark = pytest.mark.timeout(300)
 WAIT = 20.0
@@ -42,23 +42,14 @@ WAIT = 20.0
 Effect = tuple[str, str, str]  # (kind, key, value): put id content | del id | person name | ctx key value
 
 
-@dataclass(frozen=True)
-class Cut:
-    """The disk a power cut would leave (names -> content) and what was acknowledged by then."""
-
-    files: dict[str, bytes]
-    acked: int
-    label: str
-
-
 @dataclass
 class FsyncRecorder:
-    """Records a :class:`Cut` at every completed fsync of a file in ``directory`` (flat)."""
+    """Records a :class:`Disk` at every completed fsync of a file in ``directory`` (flat)."""
 
     directory: Path
     slowness: float = 0.0  # seconds: each fsync takes up to this long (a slow card)
     acks: list[Effect] = field(default_factory=list)
-    cuts: list[Cut] = field(default_factory=list)
+    cuts: list[Disk] = field(default_factory=list)
     _synced: dict[int, tuple[int, bytes]] = field(default_factory=dict)  # inode -> (start seq, content)
     _entries: tuple[int, dict[str, int]] = (0, {})  # (start seq, name -> inode) at the last directory fsync
     _open: tuple[dict[str, int], dict[str, int], str] | None = None
@@ -96,7 +87,7 @@ class FsyncRecorder:
         with self._lock:
             self.acks.extend(effects)
 
-    def finish(self) -> list[Cut]:
+    def finish(self) -> list[Disk]:
         with self._lock:
             self._close()
             self._done = True
@@ -105,10 +96,8 @@ class FsyncRecorder:
     def _close(self) -> None:
         if self._open is None:
             return
-        entries, current, label = self._open
-        for names, variant in ((entries, "synced names"), (current, "names as they stand")):
-            files = {n: self._synced.get(ino, (0, b""))[1] for n, ino in names.items()}
-            self.cuts.append(Cut(files, len(self.acks), f"{label}, {variant}"))
+        for files, label in cut_variants(self._open, lambda ino: self._synced.get(ino, (0, b""))[1]):
+            self.cuts.append(Disk(files, len(self.acks), label))
         self._open = None
 
     def _listing(self) -> dict[str, int]:
@@ -236,7 +225,7 @@ def _writer(daemon: Daemon, config: Config, w: int, rounds: int, sent: list[Effe
                 mine.append(tag)
 
 
-def _check(where: Path, config: Config, cut: Cut, acks: list[Effect], sent: list[Effect]) -> None:
+def _check(where: Path, config: Config, cut: Disk, acks: list[Effect], sent: list[Effect]) -> None:
     """Open the cut's disk: every acknowledged effect holds."""
     forgotten_later = {key for kind, key, _ in sent if kind == "del"}
     owed = acks[: cut.acked]
@@ -259,14 +248,14 @@ def _check(where: Path, config: Config, cut: Cut, acks: list[Effect], sent: list
     assert not problems, f"after a power cut at {cut.label}: {problems[:10]} ({len(problems)} in all)"
 
 
-def _write_disk(cut: Cut, where: Path) -> None:
+def _write_disk(cut: Disk, where: Path) -> None:
     where.mkdir(mode=0o700)
     for name, content in cut.files.items():
         (where / name).write_bytes(content)
         (where / name).chmod(0o600)
 
 
-def _sample(cuts: list[Cut], most: int) -> list[Cut]:
+def _sample(cuts: list[Disk], most: int) -> list[Disk]:
     if len(cuts) <= most:
         return cuts
     step = len(cuts) / most

@@ -32,16 +32,7 @@ from reachy_memory import Config, MemoryStore, MemoryType
 from reachy_memory import backup as bk
 from reachy_memory import journal as jr
 from tests.conftest import HashEmbedder
-from tests.store_util import abandon, files_by_inode
-
-
-@dataclass(frozen=True)
-class Disk:
-    """One possible disk after a power cut: names -> content, and the acknowledged ops before it."""
-
-    files: dict[str, bytes]
-    acked: int
-    label: str
+from tests.store_util import Disk, abandon, cut_variants, files_by_inode
 
 
 @dataclass
@@ -97,10 +88,8 @@ class DiskAtPowerCut:
         # between are all owed by a power cut at its end.
         if self._open_cut is None:
             return
-        entries, current, label = self._open_cut
-        for names, variant in ((entries, "synced names"), (current, "names as they stand")):
-            files = {n: self._synced.get(ino, b"") for n, ino in names.items()}
-            self.disks.append(Disk(files, self.acked, f"{label}, {variant}"))
+        for files, label in cut_variants(self._open_cut, lambda ino: self._synced.get(ino, b"")):
+            self.disks.append(Disk(files, self.acked, label))
         self._open_cut = None
 
     def _listing(self) -> dict[str, int]:
