@@ -22,10 +22,11 @@ from typing import TYPE_CHECKING, Any
 # ~0.4 s of numpy, zmq and onnxruntime, so the ``reachy-memory`` command (__main__.py)
 # is running its own code, which turns Ctrl-C into "interrupted", before they load.
 if TYPE_CHECKING:  # what type checkers and editors see: the same names, eagerly
-    from .client import AsyncMemoryClient, MemoryClient
-    from .config import Config, load_config
-    from .embedding import OnnxEmbedder, load_embedder
-    from .errors import (
+    from reachy_memory.client import AsyncMemoryClient, MemoryClient
+    from reachy_memory.config import Config, load_config
+    from reachy_memory.embedding.embedder import OnnxEmbedder, load_embedder
+    from reachy_memory.engine.store import DEFAULT_EMBEDDER, Embedder, MemoryStore
+    from reachy_memory.errors import (
         AlreadyRunningError,
         BusyError,
         ClosedError,
@@ -49,9 +50,8 @@ if TYPE_CHECKING:  # what type checkers and editors see: the same names, eagerly
         TooLargeError,
         ValidationError,
     )
-    from .manager import MemoryManager
-    from .model import Memory, MemoryType, SearchResult
-    from .store import DEFAULT_EMBEDDER, Embedder, MemoryStore
+    from reachy_memory.manager import MemoryManager
+    from reachy_memory.model import Memory, MemoryType, SearchResult
 
 __version__ = "0.1.0"
 
@@ -97,7 +97,7 @@ __all__ = [
 _EXPORTS: dict[str, str] = {
     **dict.fromkeys(["AsyncMemoryClient", "MemoryClient"], "client"),
     **dict.fromkeys(["Config", "load_config"], "config"),
-    **dict.fromkeys(["OnnxEmbedder", "load_embedder"], "embedding"),
+    **dict.fromkeys(["OnnxEmbedder", "load_embedder"], "embedding.embedder"),
     **dict.fromkeys(["AlreadyRunningError", "BusyError", "ClosedError", "ConfigError", "CorruptionError",
                      "DaemonUnavailableError", "FormatVersionError", "ModelError", "ModelMismatchError",
                      "ModelUnavailableError", "NotFoundError", "ProtocolError", "ReachyMemoryError",
@@ -105,13 +105,13 @@ _EXPORTS: dict[str, str] = {
                      "StorageFullError", "StoreLockedError", "TooLargeError", "ValidationError"], "errors"),
     "MemoryManager": "manager",
     **dict.fromkeys(["Memory", "MemoryType", "SearchResult"], "model"),
-    **dict.fromkeys(["DEFAULT_EMBEDDER", "Embedder", "MemoryStore"], "store"),
+    **dict.fromkeys(["DEFAULT_EMBEDDER", "Embedder", "MemoryStore"], "engine.store"),
 }
 
 
 def __getattr__(name: str) -> Any:
     """A public name, imported from its submodule on first use (then cached here), or a
-    submodule not imported yet (``reachy_memory.store`` worked after ``import
+    submodule not imported yet (``reachy_memory.engine.store`` worked after ``import
     reachy_memory`` while the package imported them all); AttributeError otherwise."""
     if name in _EXPORTS:
         value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)

@@ -46,7 +46,7 @@ def _load_cli() -> Callable[[list[str] | None], int]:
     previous = None
     try:
         previous = _note_ctrl_c(seen)
-        from .cli import main as cli_main
+        from reachy_memory.cli import main as cli_main
     except BaseException as exc:
         if seen:
             raise _Interrupted from exc

@@ -7,7 +7,7 @@ they fight for the CPU (measured in issue 11: exact search over 2,000 vectors
 under load took 9.9 ms with OpenBLAS on 2 threads, 0.69 ms on 1).  The store
 and the daemon call :func:`pin_native_threads` when they start, so nobody has
 to set ``OPENBLAS_NUM_THREADS`` by hand.  onnxruntime's pool is sized by
-``embedding.threads`` in :mod:`reachy_memory.embedding`.
+``embedding.threads`` in :mod:`reachy_memory.embedding.embedder`.
 
 onnxruntime frees a batch's activations (tens of MB for 8 texts of 256 tokens)
 to glibc, whose adaptive mmap threshold then keeps such blocks on the heap, and

@@ -22,11 +22,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeGuard
 
-from . import backup as bk
-from .client import MemoryClient
-from .config import Config, load_config
-from .endpoint import ipc_listener_gone
-from .errors import (
+from reachy_memory.client import MemoryClient
+from reachy_memory.config import Config, load_config
+from reachy_memory.daemon.endpoint import ipc_listener_gone
+from reachy_memory.errors import (
     ClosedError,
     ConfigError,
     DaemonUnavailableError,
@@ -37,7 +36,8 @@ from .errors import (
     StoreLockedError,
     ValidationError,
 )
-from .model import SEARCH_LIMIT, SEARCH_MIN_SCORE, Memory, SearchResult
+from reachy_memory.model import SEARCH_LIMIT, SEARCH_MIN_SCORE, Memory, SearchResult
+from reachy_memory.storage import backup as bk
 
 EXIT = {ValidationError: 2, ConfigError: 2, NotFoundError: 3, RequestTimeoutError: 4, ServiceError: 4,
         StoreLockedError: 4, ClosedError: 4}  # ClosedError: the daemon stopping abandoned the request
@@ -201,8 +201,8 @@ def _metadata(pairs: list[str]) -> dict[str, Any]:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from ._systemd import setup_logging
-    from .server import serve
+    from reachy_memory.daemon.server import serve
+    from reachy_memory.daemon.systemd import setup_logging
 
     config = _config(args)
     setup_logging(args.log_level or config.server.log_level)
@@ -470,7 +470,7 @@ def _export_pages(c: MemoryClient) -> Iterator[Memory]:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from ._export import person_entries
+    from reachy_memory.storage.export import person_entries
 
     if args.format == "markdown":
         return _export_markdown(args)
@@ -526,8 +526,8 @@ def _output(name: str) -> Iterator[Any]:
 
 
 def _export_markdown(args: argparse.Namespace) -> int:
-    from ._export import person_entries
-    from ._markdown import render, write_dir
+    from reachy_memory.storage.export import person_entries
+    from reachy_memory.storage.markdown import render, write_dir
 
     if args.file == "-":
         raise ValidationError("--format markdown needs a folder", field="file")
@@ -543,11 +543,11 @@ def _export_markdown(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from ._export import check_entries, import_requests, read_jsonl
+    from reachy_memory.storage.export import check_entries, import_requests, read_jsonl
 
     config = _config(args)
     if Path(args.file).is_dir():
-        from ._markdown import parse, read_dir
+        from reachy_memory.storage.markdown import parse, read_dir
 
         ignored: dict[str, list[str]] = {}
         memories, people = parse(read_dir(args.file), ignored=ignored)
@@ -644,7 +644,7 @@ def cmd_prompt(args: argparse.Namespace) -> int:
 
 
 def cmd_model(args: argparse.Namespace) -> int:
-    from .model_files import ensure_model, fetch
+    from reachy_memory.embedding.model_files import ensure_model, fetch
 
     config = _config(args)
     say = (lambda msg: print(msg, file=sys.stderr)) if not args.json else (lambda msg: None)
@@ -661,7 +661,7 @@ def _tell_about_daemon(args: argparse.Namespace, say: Callable[[str], None]) -> 
     """When a daemon answers and runs without a model, say whether it picks this one up
     (it looks for the weights every few seconds) or needs a restart.  A courtesy: any
     failure to ask, no daemon included, says nothing."""
-    from .server import MODEL_POLL_SECONDS
+    from reachy_memory.daemon.server import MODEL_POLL_SECONDS
 
     if args.json:
         return  # nothing would be said: do not wait for it
@@ -686,7 +686,7 @@ def _tell_about_daemon(args: argparse.Namespace, say: Callable[[str], None]) -> 
 
 
 def cmd_reindex(args: argparse.Namespace) -> int:
-    from .store import MemoryStore
+    from reachy_memory.engine.store import MemoryStore
 
     config = _config(args)
     if not config.data_dir.is_dir():  # a mistyped --data-dir became a new, empty store: "0 memories"
@@ -700,7 +700,7 @@ def cmd_reindex(args: argparse.Namespace) -> int:
 
 
 def cmd_mcp(args: argparse.Namespace) -> int:
-    from . import mcp_server
+    from reachy_memory import mcp_server
 
     return mcp_server.run_from_args(args, _config(args))
 

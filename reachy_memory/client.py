@@ -33,12 +33,12 @@ import zmq
 if TYPE_CHECKING:  # imported when an AsyncMemoryClient is made: asyncio costs the daemon ~9 MB RSS
     import asyncio
 
-from . import protocol as proto
-from ._ingest import check_seconds
-from ._operations import IDEMPOTENT, IDEMPOTENT_WITH_ID, carries_ids
-from .config import Config, load_config
-from .endpoint import check_tcp_port, ipc_path, load_certificate, resolve_endpoint
-from .errors import (
+from reachy_memory.config import Config, load_config
+from reachy_memory.daemon import protocol as proto
+from reachy_memory.daemon.endpoint import check_tcp_port, ipc_path, load_certificate, resolve_endpoint
+from reachy_memory.daemon.operations import IDEMPOTENT, IDEMPOTENT_WITH_ID, carries_ids
+from reachy_memory.engine.ingest import check_seconds
+from reachy_memory.errors import (
     ClosedError,
     ConfigError,
     ProtocolError,
@@ -47,7 +47,7 @@ from .errors import (
     TooLargeError,
     ValidationError,
 )
-from .model import SEARCH_LIMIT, SEARCH_MIN_SCORE, Memory, MemoryType, SearchResult, merged_metadata
+from reachy_memory.model import SEARCH_LIMIT, SEARCH_MIN_SCORE, Memory, MemoryType, SearchResult, merged_metadata
 
 _IDEMPOTENT = IDEMPOTENT  # from the operations table
 _IDEMPOTENT_WITH_ID = IDEMPOTENT_WITH_ID  # retried when the call carries its id

@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 import yaml
 
-from .errors import ConfigError
+from reachy_memory.errors import ConfigError
 
 ENV_CONFIG = "REACHY_MEMORY_CONFIG"
 SUPPORTED_MODEL = "all-MiniLM-L6-v2"  # embedding.model: the one architecture the ONNX builder knows
@@ -147,7 +147,7 @@ class SearchConfig:
     # rule (issue 12: tuned on either dev conversation it lifts the other; README).
     bm25_b: float = 0.3
     # A conversation turn's lexical document also holds the words of the turn it
-    # follows (stored with it, :data:`~reachy_memory._ingest.NEIGHBOUR_SECONDS` rule),
+    # follows (stored with it, :data:`~reachy_memory.engine.ingest.NEIGHBOUR_SECONDS` rule),
     # each counting this much of one of its own (BM25F field weight; 0: its own words
     # only).  An answer rarely repeats its question's words ("What did you paint?" /
     # "A sunrise").  Applied when a memory is indexed: new memories at once, the rest
@@ -254,7 +254,7 @@ def _check_ranges(config: Config) -> None:
         value = getattr(getattr(config, section), name)
         if (low is not None and value < low) or (high is not None and value > high):
             raise ConfigError(f"{key}: {value!r} is outside the allowed range {low}..{high}", key=key)
-    from .model import resolve_timezone  # late: model imports errors only, but keep config light
+    from reachy_memory.model import resolve_timezone  # late: model imports errors only, but keep config light
 
     resolve_timezone(config.memory.timezone)  # ConfigError for an unknown zone
     if config.embedding.model != SUPPORTED_MODEL:

@@ -26,9 +26,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .config import Config, load_config
-from .model import SEARCH_LIMIT, SEARCH_MIN_SCORE, Memory, MemoryType, SearchResult, merged_metadata
-from .store import DEFAULT_EMBEDDER, MemoryStore
+from reachy_memory.config import Config, load_config
+from reachy_memory.engine.store import DEFAULT_EMBEDDER, MemoryStore
+from reachy_memory.model import SEARCH_LIMIT, SEARCH_MIN_SCORE, Memory, MemoryType, SearchResult, merged_metadata
 
 
 async def _off_loop(call: Callable[..., Any], *args: Any) -> Any:

@@ -57,12 +57,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ._http_auth import TOKEN_FILE, BearerAuth, http_token
-from ._ingest import check_owner
-from .config import Config
-from .endpoint import prepare_ipc_dir, runtime_dir
-from .errors import ConfigError, ReachyMemoryError, StoreLockedError, ValidationError
-from .integrations.tools import (
+from reachy_memory.config import Config
+from reachy_memory.daemon.endpoint import prepare_ipc_dir, runtime_dir
+from reachy_memory.daemon.http_auth import TOKEN_FILE, BearerAuth, http_token
+from reachy_memory.engine.ingest import check_owner
+from reachy_memory.errors import ConfigError, ReachyMemoryError, StoreLockedError, ValidationError
+from reachy_memory.integrations.tools import (
     TOOLS,
     Backend,
     DaemonBackend,

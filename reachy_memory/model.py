@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta, tzinfo
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from .errors import ConfigError, ValidationError
+from reachy_memory.errors import ConfigError, ValidationError
 
 # Search defaults, stated once: the store, the protocol table, both clients, the CLI and the
 # LLM tools take them from here (tests/test_operations.py checks they agree).

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from reachy_memory import Config, MemoryStore, load_config, load_embedder
-from reachy_memory.embedding import OnnxEmbedder
+from reachy_memory.embedding.embedder import OnnxEmbedder
 
 SHARED = Path(os.environ.get("REACHY_MEMORY_SHARED", Path(__file__).resolve().parents[2] / "shared"))
 REFERENCE = SHARED / "data" / "minilm-reference"

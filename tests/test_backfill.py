@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from reachy_memory import MemoryStore
-from reachy_memory._backfill import PAUSE_SECONDS, Backfill
-from reachy_memory._records import Record, encode
-from reachy_memory.vector_index import BF16_TOLERANCE
+from reachy_memory.engine.backfill import PAUSE_SECONDS, Backfill
+from reachy_memory.engine.records import Record, encode
+from reachy_memory.engine.vector_index import BF16_TOLERANCE
 from tests.conftest import HashEmbedder
 from tests.daemon_util import DaemonProcess, run_cli
 
@@ -292,7 +292,7 @@ def test_a_daemon_loads_the_model_when_it_appears_without_a_restart(tmp_path: Pa
     import shutil
 
     from reachy_memory import load_config
-    from reachy_memory.model_files import MODEL_NAME, find_weights
+    from reachy_memory.embedding.model_files import MODEL_NAME, find_weights
 
     source = find_weights(load_config())
     assert source is not None
@@ -342,7 +342,7 @@ def test_an_adoption_whose_model_op_cannot_be_written_still_queues_the_memories(
 
 
 def test_an_adopted_model_counts_prompt_tokens_with_its_tokenizer(tmp_path: Path, embedder: Any) -> None:
-    from reachy_memory._context_text import approximate_tokens
+    from reachy_memory.engine.context_text import approximate_tokens
 
     with MemoryStore(tmp_path, embedder=None) as store:
         store.context_for("What should I cook tonight?")  # caches the estimate used without a model
@@ -374,7 +374,7 @@ def test_a_daemon_retries_weights_that_were_half_copied_once_they_change(tmp_pat
     import shutil
 
     from reachy_memory import load_config
-    from reachy_memory.model_files import find_weights
+    from reachy_memory.embedding.model_files import find_weights
 
     source = find_weights(load_config())
     assert source is not None

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from onnx import numpy_helper
 
-from reachy_memory._bert_onnx import BertShape, LazyWeights, build_graph, quantize_per_channel, save_model
+from reachy_memory.embedding.graph import BertShape, LazyWeights, build_graph, quantize_per_channel, save_model
 
 TINY = BertShape(hidden=8, heads=2, layers=2)
 VOCAB, POSITIONS, INTERMEDIATE = 30, 16, 16

@@ -30,7 +30,7 @@ from reachy_memory import (
     RequestTimeoutError,
     ValidationError,
 )
-from reachy_memory import protocol as proto
+from reachy_memory.daemon import protocol as proto
 from reachy_memory.integrations.reachy_mini import NOBODY, PERSON_KEY, MemoryBridge
 from reachy_memory.model import SearchResult, to_datetime
 from tests.daemon_util import DaemonProcess, ReplyLost, restartable_daemon, stop_as_systemd

@@ -28,9 +28,9 @@ from reachy_memory import (
     RequestTimeoutError,
     ValidationError,
 )
-from reachy_memory import backup as bk
-from reachy_memory import journal as jr
 from reachy_memory.cli import _stats_text
+from reachy_memory.storage import backup as bk
+from reachy_memory.storage import journal as jr
 from tests.daemon_util import ROOT, DaemonProcess, words_only_daemon
 from tests.daemon_util import run_cli as cli
 from tests.store_util import BAD_DATA_DIRS, bad_data_dir

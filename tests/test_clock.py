@@ -13,8 +13,8 @@ import pytest
 from store_util import WallClock
 
 from reachy_memory import Config, MemoryStore, MemoryType
-from reachy_memory import backup as bk
-from reachy_memory._clock import STEP_SECONDS, SYNC_GRACE_SECONDS, ClockWatch, SyncWatch, clock_synchronized
+from reachy_memory.daemon.clock import STEP_SECONDS, SYNC_GRACE_SECONDS, ClockWatch, SyncWatch, clock_synchronized
+from reachy_memory.storage import backup as bk
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -38,7 +38,7 @@ def store(config: Config) -> Iterator[MemoryStore]:
 def daemon(store: MemoryStore, tmp_path: Path, wall: WallClock) -> Iterator[Any]:
     """A daemon over ``store``, made but not serving (built on another thread: it installs
     no signal handlers there); the test calls its engine-thread methods itself."""
-    from reachy_memory.server import Daemon
+    from reachy_memory.daemon.server import Daemon
 
     made: list[Daemon] = []
     maker = threading.Thread(target=lambda: made.append(Daemon(  # no sync flag: the host's own is not the test's

@@ -18,10 +18,10 @@ from conftest import HashEmbedder
 from store_util import abandon
 
 from reachy_memory import Config, MemoryStore, StorageFullError
-from reachy_memory import _persistence as files
-from reachy_memory import backup as bk
-from reachy_memory import journal as jr
-from reachy_memory.lexical_index import LexicalIndex
+from reachy_memory.engine.lexical_index import LexicalIndex
+from reachy_memory.storage import backup as bk
+from reachy_memory.storage import files
+from reachy_memory.storage import journal as jr
 
 
 class Crash(BaseException):

@@ -1,4 +1,4 @@
-"""Prompt-ready context text (reachy_memory._context_text): ordering, attribution, budget."""
+"""Prompt-ready context text (reachy_memory.engine.context_text): ordering, attribution, budget."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reachy_memory import Config
-from reachy_memory._context_text import (
+from reachy_memory.engine.context_text import (
     HEADERS,
     ContextItem,
     CountTokens,
@@ -23,7 +23,7 @@ from reachy_memory._context_text import (
     tokenizer_path,
 )
 from reachy_memory.errors import ValidationError
-from reachy_memory.people import Person
+from reachy_memory.people.registry import Person
 
 DAY = datetime(2026, 11, 2, 15, 0, tzinfo=UTC)
 SARAH = Person(id="p1", name="Sarah", relation="wife", aliases=("Sassy",))

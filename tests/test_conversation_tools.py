@@ -46,7 +46,7 @@ from reachy_memory import (
     RequestTimeoutError,
     ValidationError,
 )
-from reachy_memory import protocol as proto
+from reachy_memory.daemon import protocol as proto
 from reachy_memory.integrations.conversation import (
     MAX_ERROR_CHARS,
     TOOL_CLASSES,

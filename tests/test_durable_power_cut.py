@@ -29,10 +29,10 @@ from typing import Any
 import pytest
 
 from reachy_memory import MemoryClient, MemoryStore
-from reachy_memory import journal as jr
 from reachy_memory.config import Config
+from reachy_memory.daemon.server import Daemon
 from reachy_memory.errors import ReachyMemoryError
-from reachy_memory.server import Daemon
+from reachy_memory.storage import journal as jr
 from tests.daemon_util import DaemonProcess
 from tests.store_util import Disk, cut_variants, files_by_inode
 

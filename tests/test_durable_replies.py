@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 
 from reachy_memory import MemoryClient, MemoryStore
-from reachy_memory import journal as jr
 from reachy_memory.config import Config
+from reachy_memory.daemon.server import Daemon
 from reachy_memory.errors import BusyError, NotFoundError, ReadOnlyError, StorageError
-from reachy_memory.server import Daemon
+from reachy_memory.storage import journal as jr
 
 pytestmark = pytest.mark.timeout(120)
 WAIT = 10.0  # seconds: bounds a broken run only
@@ -370,7 +370,7 @@ def test_a_store_whose_fsync_failed_stays_read_only_when_a_compaction_in_flight_
     """A background compaction is writing its snapshot when a journal fsync fails (the
     sync thread's, or any): its switch used to open a fresh journal, and the store took
     writes again (``health`` ok) after its journal had said that recent writes may be lost."""
-    from reachy_memory import _persistence as files
+    from reachy_memory.storage import files
 
     cfg = config.replace("memory", compact_journal_bytes=2000)
     writing, go_on = threading.Event(), threading.Event()
@@ -409,7 +409,7 @@ def test_a_store_stays_read_only_when_the_fsync_closing_its_journal_at_a_switch_
     """The switch closes (and syncs) the retired journal, which holds writes not yet synced
     (their replies wait for the sync thread): that fsync failing was logged, and the store
     went on writing into the fresh journal as if nothing had happened."""
-    from reachy_memory import _persistence as files
+    from reachy_memory.storage import files
 
     cfg = config.replace("memory", compact_journal_bytes=2000)
     real_write = files.write_snapshot_keeping_previous

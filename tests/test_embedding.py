@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from reachy_memory import Config, ModelUnavailableError, load_config, load_embedder
-from reachy_memory.embedding import OnnxEmbedder
-from reachy_memory.model_files import BUILDER
+from reachy_memory.embedding.embedder import OnnxEmbedder
+from reachy_memory.embedding.model_files import BUILDER
 from tests.conftest import model_cache
 
 
@@ -210,7 +210,7 @@ def test_native_heap_returns_large_blocks(mode: str, kept: bool) -> None:
 
 
 def test_a_large_embedding_call_gives_its_heap_back(embedder: OnnxEmbedder, monkeypatch: pytest.MonkeyPatch) -> None:
-    import reachy_memory.embedding as embedding_module
+    import reachy_memory.embedding.embedder as embedding_module
 
     calls: list[int] = []
     monkeypatch.setattr(embedding_module, "release_free_heap", lambda: calls.append(1) or True)

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from reachy_memory import ConfigError, MemoryClient, load_config
-from reachy_memory.endpoint import ENV_ENDPOINT, expand_endpoint, resolve_endpoint
+from reachy_memory.daemon.endpoint import ENV_ENDPOINT, expand_endpoint, resolve_endpoint
 from tests.daemon_util import run_cli, words_only_daemon
 
 

@@ -118,7 +118,7 @@ def test_importing_the_package_loads_nothing_heavy(tmp_path: Path) -> None:
 
 
 def test_every_public_name_is_there_as_before() -> None:
-    from reachy_memory import store
+    from reachy_memory.engine import store
 
     assert set(reachy_memory._EXPORTS) == set(reachy_memory.__all__)  # one list of the lazy names
     for name in reachy_memory.__all__:

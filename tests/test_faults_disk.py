@@ -16,9 +16,9 @@ import pytest
 from store_util import abandon, present_after_crash
 
 from reachy_memory import Config, MemoryStore, ReadOnlyError, StorageError, StorageFullError
-from reachy_memory import journal as jr
-from reachy_memory.store import GRAPH_FILE
-from reachy_memory.vector_index import VectorIndex
+from reachy_memory.engine.store import GRAPH_FILE
+from reachy_memory.engine.vector_index import VectorIndex
+from reachy_memory.storage import journal as jr
 
 
 class Faults:
@@ -137,7 +137,7 @@ def test_disk_full_during_auto_compaction_does_not_fail_the_acknowledged_write(
     def full(*_: object, **__: object) -> None:
         raise StorageFullError("disk full", path="x")
 
-    monkeypatch.setattr("reachy_memory._persistence.write_snapshot_keeping_previous", full)
+    monkeypatch.setattr("reachy_memory.storage.files.write_snapshot_keeping_previous", full)
     memory = store.store("durable in the journal even though the snapshot could not be written")
     monkeypatch.undo()
     assert present_after_crash(store, cfg, [memory.id]) == [memory.id]

@@ -10,9 +10,9 @@ import pytest
 from store_util import abandon
 
 from reachy_memory import Config, CorruptionError, FormatVersionError, MemoryStore
-from reachy_memory import backup as bk
-from reachy_memory import journal as jr
-from reachy_memory._persistence import JOURNAL_FILE, read_snapshot
+from reachy_memory.storage import backup as bk
+from reachy_memory.storage import journal as jr
+from reachy_memory.storage.files import JOURNAL_FILE, read_snapshot
 from tests.conftest import HashEmbedder
 
 

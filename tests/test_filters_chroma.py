@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from reachy_memory._filters import FieldIndex
+from reachy_memory.engine.filters import FieldIndex
 
 FIXTURE = Path(__file__).parent / "fixtures" / "chroma_filters.json"
 

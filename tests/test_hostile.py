@@ -29,7 +29,7 @@ from reachy_memory import (
     load_config,
 )
 from reachy_memory.config import Config
-from reachy_memory.endpoint import ENV_ENDPOINT, check_endpoint, prepare_ipc_dir, resolve_endpoint
+from reachy_memory.daemon.endpoint import ENV_ENDPOINT, check_endpoint, prepare_ipc_dir, resolve_endpoint
 from tests.daemon_util import ROOT, DaemonProcess, never_reading_dealer
 
 
@@ -169,7 +169,7 @@ def _all_errors() -> list[type]:
 
 @pytest.mark.parametrize("cls", _all_errors(), ids=lambda c: c.__name__)
 def test_every_error_class_keeps_its_class_and_fields_over_the_wire(cls: type) -> None:
-    from reachy_memory import protocol as proto
+    from reachy_memory.daemon import protocol as proto
 
     sent = cls("what went wrong", path="/x", offset=7)
     reply = proto.decode(proto.error_from("r1", sent))
@@ -184,7 +184,7 @@ def test_an_error_field_named_self_is_still_our_error(cls: type) -> None:
     """A daemon's error fields become keyword arguments: one named ``self`` raised a
     TypeError (a foreign exception to every caller, and the end of the async client's
     reader when the error came without an id)."""
-    from reachy_memory import protocol as proto
+    from reachy_memory.daemon import protocol as proto
 
     reply = {"v": 1, "id": None, "ok": False,
              "error": {"type": cls.__name__, "code": cls.code, "message": "m", "fields": {"self": 1, "field": "x"}}}
@@ -228,11 +228,11 @@ def test_remember_fact_timeout_is_a_timeout_not_metadata(daemon: DaemonProcess) 
 def test_bad_requests_are_summarised_not_logged_one_by_one(caplog: pytest.LogCaptureFixture) -> None:
     import logging
 
-    from reachy_memory.server import BadRequestLog
+    from reachy_memory.daemon.server import BadRequestLog
 
     now = [0.0]
     bad = BadRequestLog(every=60.0, clock=lambda: now[0])
-    with caplog.at_level(logging.INFO, logger="reachy_memory.server"):
+    with caplog.at_level(logging.INFO, logger="reachy_memory.daemon.server"):
         for i in range(12_000):  # the issue's fuzz run logged 8,005 lines at INFO
             bad.note("bad_request" if i % 3 else "too_large", "junk")
             bad.summarise()

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from reachy_memory import Config, MemoryStore
-from reachy_memory import backup as bk
-from reachy_memory import journal as jr
 from reachy_memory.errors import FormatVersionError, StorageError
+from reachy_memory.storage import backup as bk
+from reachy_memory.storage import journal as jr
 from tests.conftest import HashEmbedder
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -160,7 +160,7 @@ _BOMB = textwrap.dedent("""
     resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))  # a regression fails, it cannot eat the machine
     from pathlib import Path
     from reachy_memory import MemoryStore, load_config
-    from reachy_memory import backup as bk
+    from reachy_memory.storage import backup as bk
     from reachy_memory.errors import CorruptionError
     bad, data = Path(sys.argv[1]), Path(sys.argv[2])
     assert not bk.verify(bad).ok

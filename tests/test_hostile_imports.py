@@ -20,10 +20,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from reachy_memory import Config, MemoryStore
-from reachy_memory._export import check_entries, person_entries, read_jsonl
-from reachy_memory._markdown import parse, read_dir
 from reachy_memory.errors import ReachyMemoryError, ValidationError
-from reachy_memory.people import PersonRegistry
+from reachy_memory.people.registry import PersonRegistry
+from reachy_memory.storage.export import check_entries, person_entries, read_jsonl
+from reachy_memory.storage.markdown import parse, read_dir
 from tests.conftest import HashEmbedder
 from tests.daemon_util import ROOT, DaemonProcess, run_cli
 
@@ -75,7 +75,7 @@ def test_a_gigabyte_line_is_refused_without_being_read(tmp_path: Path) -> None:
         import resource
         from pathlib import Path
         from reachy_memory import load_config
-        from reachy_memory._export import read_jsonl
+        from reachy_memory.storage.export import read_jsonl
         from reachy_memory.errors import TooLargeError
         resource.setrlimit(resource.RLIMIT_AS, (512 << 20, 512 << 20))
         try:

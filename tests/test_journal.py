@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from reachy_memory import CorruptionError, FormatVersionError, StoreLockedError
-from reachy_memory import journal as jr
+from reachy_memory.storage import journal as jr
 
 values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.floats(allow_nan=False)

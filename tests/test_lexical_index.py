@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reachy_memory.lexical_index import LexicalIndex, Tokenizer, index_state
+from reachy_memory.engine.lexical_index import LexicalIndex, Tokenizer, index_state
 
 
 @pytest.mark.parametrize(

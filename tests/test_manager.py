@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from reachy_memory import Config, MemoryManager, MemoryStore, MemoryType, StoreLockedError
-from reachy_memory.embedding import OnnxEmbedder
+from reachy_memory.embedding.embedder import OnnxEmbedder
 
 
 class ReachyAgentLoop:

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reachy_memory import ValidationError
-from reachy_memory._markdown import parse, read_dir, render, write_dir
+from reachy_memory.storage.markdown import parse, read_dir, render, write_dir
 
 TIMES = st.datetimes(min_value=datetime(2001, 1, 1), max_value=datetime(2199, 1, 1), timezones=st.just(UTC)).map(
     lambda d: d.replace(microsecond=0).isoformat())

@@ -356,7 +356,7 @@ def test_http_refuses_a_token_file_another_user_owns(tmp_path: Path) -> None:
 def test_two_servers_making_the_token_at_once_share_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The file was made empty and then written: a second server starting in between
     read it half-written and stopped with 'holds no token: delete it for a new one'."""
-    from reachy_memory import _http_auth
+    from reachy_memory.daemon import http_auth as _http_auth
 
     path, second = tmp_path / "token", []
     fdopen = os.fdopen
@@ -376,7 +376,7 @@ def test_two_servers_making_the_token_at_once_share_it(tmp_path: Path, monkeypat
 def test_bearer_auth_lets_through_only_the_token_and_the_lifespan() -> None:
     """A websocket scope reached the SDK's app with no token at all (uvicorn here speaks
     websockets; Starlette had no such route yet); the scheme is case-insensitive (RFC 9110)."""
-    from reachy_memory._http_auth import BearerAuth
+    from reachy_memory.daemon.http_auth import BearerAuth
 
     token = "t" * 43
     reached: list[str] = []

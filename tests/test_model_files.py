@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from reachy_memory import ModelUnavailableError, load_config
-from reachy_memory import model_files as mf
+from reachy_memory.embedding import model_files as mf
 from tests.test_bert_onnx import TINY, tiny_weights
 
 _TINY_CONFIG = {"hidden_size": TINY.hidden, "num_attention_heads": TINY.heads, "num_hidden_layers": TINY.layers}

@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
-from reachy_memory import ValidationError, server
+from reachy_memory import ValidationError
 from reachy_memory import client as client_module
-from reachy_memory._operations import OPERATIONS, check_args, protocol_doc
+from reachy_memory.daemon import server
+from reachy_memory.daemon.operations import OPERATIONS, check_args, protocol_doc
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,7 +31,7 @@ def test_every_operation_has_a_client_method_and_every_client_method_an_operatio
 
 def test_the_protocol_reference_is_generated_from_the_table() -> None:
     on_disk = (ROOT / "docs" / "PROTOCOL.md").read_text()
-    assert on_disk == protocol_doc(), "run: python -m reachy_memory._operations > docs/PROTOCOL.md"
+    assert on_disk == protocol_doc(), "run: python -m reachy_memory.daemon.operations > docs/PROTOCOL.md"
 
 
 def test_every_lane_is_known() -> None:

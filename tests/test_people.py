@@ -1,4 +1,4 @@
-"""Persons (reachy_memory.people): spec 004's behaviour rows that need no store,
+"""Persons (reachy_memory.people.registry): spec 004's behaviour rows that need no store,
 reference matching, merge, owner scoping, input limits and op round trips."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reachy_memory._mentions import extract_mentions, parse_reference
+from reachy_memory.engine.mentions import extract_mentions, parse_reference
 from reachy_memory.errors import NotFoundError, TooLargeError, ValidationError
-from reachy_memory.journal import pack, unpack
-from reachy_memory.people import _INVISIBLE, MAX_ALIASES, MAX_NAME_CHARS, Person, PersonRegistry, Resolution
+from reachy_memory.people.registry import _INVISIBLE, MAX_ALIASES, MAX_NAME_CHARS, Person, PersonRegistry, Resolution
+from reachy_memory.storage.journal import pack, unpack
 
 
 class Clock:

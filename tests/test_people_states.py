@@ -44,10 +44,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from reachy_memory import MemoryStore, NotFoundError, ValidationError
-from reachy_memory._export import person_entries
-from reachy_memory._markdown import parse, render
-from reachy_memory.backup import verify
 from reachy_memory.config import load_config
+from reachy_memory.storage.backup import verify
+from reachy_memory.storage.export import person_entries
+from reachy_memory.storage.markdown import parse, render
 from tests.store_util import abandon
 
 NAMES = ("Ann", "Bob", "Cy", "Dee")

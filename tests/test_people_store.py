@@ -18,9 +18,9 @@ import msgpack
 import pytest
 
 from reachy_memory import Config, MemoryStore, NotFoundError, TooLargeError, ValidationError
-from reachy_memory._export import check_entries, person_entries, read_jsonl
-from reachy_memory._markdown import parse, render
-from reachy_memory.embedding import OnnxEmbedder
+from reachy_memory.embedding.embedder import OnnxEmbedder
+from reachy_memory.storage.export import check_entries, person_entries, read_jsonl
+from reachy_memory.storage.markdown import parse, render
 from tests.store_util import frequent_switches
 
 FIXTURE_V1 = Path(__file__).parent / "fixtures" / "v1_store"
@@ -629,7 +629,7 @@ def test_decay_archives_unused_facts_and_retrieval_refreshes_them(config: Config
 
 
 def test_a_damaged_snapshot_of_a_people_store_is_rebuilt(config: Config) -> None:
-    from reachy_memory import backup as bk
+    from reachy_memory.storage import backup as bk
 
     with MemoryStore(config=config, embedder=None) as s:  # one generation: no previous snapshot to start from
         s.remember("my niece Ida likes kites", subjects=["my niece Ida"])

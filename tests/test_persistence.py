@@ -28,14 +28,14 @@ from reachy_memory import (
     StorageError,
     StorageFullError,
     ValidationError,
-    _state,
-    lexical_index,
 )
-from reachy_memory import _persistence as files
-from reachy_memory import _restore as swap
-from reachy_memory import backup as bk
-from reachy_memory import journal as jr
-from reachy_memory.vector_index import BF16_TOLERANCE
+from reachy_memory.engine import lexical_index
+from reachy_memory.engine import state as _state
+from reachy_memory.engine.vector_index import BF16_TOLERANCE
+from reachy_memory.storage import backup as bk
+from reachy_memory.storage import files
+from reachy_memory.storage import journal as jr
+from reachy_memory.storage import restore as swap
 
 FIXTURE_V1 = Path(__file__).parent / "fixtures" / "v1_store"
 
@@ -415,7 +415,7 @@ def test_overlapping_background_jobs_give_back_the_switch_interval() -> None:
     """A backup and a compaction each shorten the interpreter's switch interval, and end
     in either order: the last one out restores it (each restoring what it found left the
     short interval for good when they ended in the order they began)."""
-    from reachy_memory._storage import _short_gil_slices
+    from reachy_memory.storage.generations import _short_gil_slices
 
     original = sys.getswitchinterval()
     first, second = _short_gil_slices(), _short_gil_slices()
@@ -461,7 +461,7 @@ def test_files_are_private_whatever_the_umask(tmp_path: Path, base_config: Confi
 
 def test_built_models_live_in_the_shared_cache_not_the_data_dir(tmp_path: Path) -> None:
     from reachy_memory import load_config
-    from reachy_memory.model_files import cache_dir
+    from reachy_memory.embedding.model_files import cache_dir
 
     first = load_config(memory={"path": str(tmp_path / "a")})
     second = load_config(memory={"path": str(tmp_path / "b")})

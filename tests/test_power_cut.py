@@ -29,8 +29,8 @@ from typing import Any
 import pytest
 
 from reachy_memory import Config, MemoryStore, MemoryType
-from reachy_memory import backup as bk
-from reachy_memory import journal as jr
+from reachy_memory.storage import backup as bk
+from reachy_memory.storage import journal as jr
 from tests.conftest import HashEmbedder
 from tests.store_util import Disk, abandon, cut_variants, files_by_inode
 

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from reachy_memory import Config, MemoryStore, NotFoundError, ReachyMemoryError
-from reachy_memory import _persistence as files
-from reachy_memory import journal as jr
+from reachy_memory.engine.lexical_index import Tokenizer
 from reachy_memory.integrations.reachy_mini import MemoryBridge
-from reachy_memory.lexical_index import Tokenizer
+from reachy_memory.storage import files
+from reachy_memory.storage import journal as jr
 from tests.conftest import HashEmbedder
 from tests.store_util import abandon, frequent_switches
 
@@ -478,7 +478,7 @@ def test_the_daemon_counts_every_request_of_an_op_first_seen_on_two_threads() ->
     from collections import defaultdict
     from types import SimpleNamespace
 
-    from reachy_memory.server import Daemon, _OpStats
+    from reachy_memory.daemon.server import Daemon, _OpStats
 
     fake = SimpleNamespace(_stats=defaultdict(_OpStats))
     names = [f"op{i}" for i in range(3000)]

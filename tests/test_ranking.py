@@ -13,9 +13,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from reachy_memory import Config, ConfigError, MemoryStore, load_config
-from reachy_memory import _ranking as ranking
 from reachy_memory.config import SearchConfig
-from reachy_memory.lexical_index import Tokenizer
+from reachy_memory.engine import ranking
+from reachy_memory.engine.lexical_index import Tokenizer
 from tests.conftest import HashEmbedder
 
 unit = st.floats(0.0, 1.0, allow_nan=False)

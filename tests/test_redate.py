@@ -12,10 +12,10 @@ import pytest
 from store_util import WallClock, abandon
 
 from reachy_memory import Config, CorruptionError, MemoryStore, ValidationError
-from reachy_memory import backup as bk
-from reachy_memory._persistence import read_snapshot
-from reachy_memory._records import RECORD_FIELDS, Record, encode
-from reachy_memory._state import MemoryState
+from reachy_memory.engine.records import RECORD_FIELDS, Record, encode
+from reachy_memory.engine.state import MemoryState
+from reachy_memory.storage import backup as bk
+from reachy_memory.storage.files import read_snapshot
 
 pytestmark = pytest.mark.timeout(60)
 

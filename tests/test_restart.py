@@ -36,7 +36,7 @@ from reachy_memory import (
     RequestTimeoutError,
     ValidationError,
 )
-from reachy_memory import protocol as proto
+from reachy_memory.daemon import protocol as proto
 from reachy_memory.integrations.reachy_mini import MemoryBridge
 from tests.daemon_util import ROOT, DaemonProcess, ReplyLost, restartable_daemon, stop_as_systemd
 

@@ -30,12 +30,12 @@ from reachy_memory import (
     RequestTimeoutError,
     TooLargeError,
     ValidationError,
-    vector_index,
 )
-from reachy_memory import backup as bk
 from reachy_memory._threads import release_free_heap
 from reachy_memory.config import ServerConfig
-from reachy_memory.store import GRAPH_FILE
+from reachy_memory.engine import vector_index
+from reachy_memory.engine.store import GRAPH_FILE
+from reachy_memory.storage import backup as bk
 from tests.daemon_util import ROOT, DaemonProcess, words_only_daemon
 
 pytestmark = pytest.mark.timeout(240)
@@ -131,7 +131,7 @@ def test_the_socket_is_private_from_its_bind_whatever_the_umask(tmp_path: Path,
     """The socket took its mode from the umask (0777 under umask 0) and was chmodded 0600 only
     after the bind: in between any user who could reach the directory could connect, and a
     connection made then stays. Each (re)start binds under umask 0177 now."""
-    from reachy_memory import server
+    from reachy_memory.daemon import server
 
     d = DaemonProcess(tmp_path)
     daemon: Any = server.Daemon.__new__(server.Daemon)  # only what _bind reads
@@ -715,7 +715,7 @@ def test_the_daemon_does_not_load_asyncio() -> None:
     import subprocess
     import sys
 
-    code = "import sys, reachy_memory, reachy_memory.server, reachy_memory.cli; print('asyncio' in sys.modules)"
+    code = "import sys, reachy_memory, reachy_memory.daemon.server, reachy_memory.cli; print('asyncio' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "False", done.stderr
 
@@ -738,7 +738,7 @@ class _UpkeepStore:
 def _idle_daemon(store: _UpkeepStore) -> Any:
     import queue
 
-    from reachy_memory import server
+    from reachy_memory.daemon import server
 
     daemon = server.Daemon.__new__(server.Daemon)  # only what _idle reads
     daemon.store, daemon._engine_q, daemon._inflight = store, queue.Queue(), 0
@@ -821,7 +821,7 @@ def test_idle_upkeep_goes_on_while_a_backup_is_in_flight() -> None:
     being written."""
     import queue
 
-    from reachy_memory import server
+    from reachy_memory.daemon import server
 
     daemon = _idle_daemon(_UpkeepStore([5, 5]))
     daemon._embed_q, daemon._background_q = queue.Queue(), queue.Queue(2)  # room for the sentinel
@@ -855,7 +855,7 @@ def test_idle_upkeep_goes_on_while_a_backup_is_in_flight() -> None:
     ([5, 5, 5], 4),  # three small steps, then a look that finds nothing left
 ])
 def test_idle_upkeep_runs_in_small_steps_until_nothing_is_left(work: list[int], calls: int) -> None:
-    from reachy_memory import server
+    from reachy_memory.daemon import server
 
     store = _UpkeepStore(list(work))
     assert _idle_daemon(store)._idle() is False  # nothing left: the engine may wait the long way
@@ -876,7 +876,7 @@ def test_idle_upkeep_stops_as_soon_as_a_request_is_in_flight() -> None:
 
 
 def test_idle_upkeep_gives_the_engine_back_after_its_slice() -> None:
-    from reachy_memory import server
+    from reachy_memory.daemon import server
 
     store = _UpkeepStore([1] * 10_000, lambda n: time.sleep(0.005))  # ~50 s of work in 5 ms steps
     started = time.monotonic()
@@ -910,7 +910,7 @@ def test_stop_gives_stuck_workers_one_shared_deadline(monkeypatch: pytest.Monkey
     the embed queue, then 5 + 30 + 30 s one after another, past systemd's TimeoutStopSec)."""
     import queue
 
-    from reachy_memory import server
+    from reachy_memory.daemon import server
 
     monkeypatch.setattr(server, "STOP_WORKERS_SECONDS", 0.5)
     busy = threading.Event()
@@ -956,7 +956,7 @@ def test_stop_gives_stuck_workers_one_shared_deadline(monkeypatch: pytest.Monkey
     5000,  # wrapped twice: only the latest 2048
 ])
 def test_the_latency_ring_holds_the_latest_samples(appended: int) -> None:
-    from reachy_memory.server import _Recent
+    from reachy_memory.daemon.server import _Recent
 
     ring = _Recent(2048)
     for i in range(appended):

@@ -13,11 +13,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reachy_memory import Config, CorruptionError, ValidationError
-from reachy_memory import journal as jr
-from reachy_memory._persistence import read_snapshot
-from reachy_memory._records import Record, decode, encode, record_id
-from reachy_memory._state import BULK, MemoryState, _and, snapshot_sections, words_state
-from reachy_memory.lexical_index import LexicalIndex, Tokenizer
+from reachy_memory.engine.lexical_index import LexicalIndex, Tokenizer
+from reachy_memory.engine.records import Record, decode, encode, record_id
+from reachy_memory.engine.state import BULK, MemoryState, _and, snapshot_sections, words_state
+from reachy_memory.storage import journal as jr
+from reachy_memory.storage.files import read_snapshot
 
 # 32, not 8: hnswlib's graphs in 8 dimensions lost sight of live nodes after interleaved inserts and
 # deletions (7 of 21 live nodes of a graph found by their own vector: hypothesis seed

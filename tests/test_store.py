@@ -20,10 +20,10 @@ from reachy_memory import (
     StoreLockedError,
     TooLargeError,
     ValidationError,
-    vector_index,
 )
-from reachy_memory._persistence import GRAPH_FILE, JOURNAL_FILE, NEXT_JOURNAL_FILE, SNAPSHOT_FILE
-from reachy_memory.vector_index import BF16_TOLERANCE
+from reachy_memory.engine import vector_index
+from reachy_memory.engine.vector_index import BF16_TOLERANCE
+from reachy_memory.storage.files import GRAPH_FILE, JOURNAL_FILE, NEXT_JOURNAL_FILE, SNAPSHOT_FILE
 from tests import store_util
 from tests.conftest import HashEmbedder
 
@@ -399,7 +399,7 @@ def test_a_retention_change_is_synced_whatever_the_fsync_policy(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """The ttl op sets expiries in place, which a background snapshot may write: its
     frame must be on disk first, even with memory.fsync: never."""
-    from reachy_memory import journal as jr
+    from reachy_memory.storage import journal as jr
 
     cfg = Config().replace("memory", path=str(tmp_path), fsync="never")
     with MemoryStore(config=cfg, embedder=None) as s:
@@ -1195,7 +1195,7 @@ def test_record_turn_keeps_window_and_memory_together(lexical_store: MemoryStore
     import errno
 
     from reachy_memory import StorageFullError
-    from reachy_memory import journal as jr
+    from reachy_memory.storage import journal as jr
 
     turn = lexical_store.record_turn("user", "I am back from Lyon", {"person": "Alex"})
     assert turn.metadata == {"person": "Alex", "role": "user"} and turn.memory_type is MemoryType.CONVERSATION

@@ -1,4 +1,4 @@
-"""The automatic supersession rule (reachy_memory._supersession) on the labelled pairs.
+"""The automatic supersession rule (reachy_memory.engine.supersession) on the labelled pairs.
 
 The precision / recall figures are computed here with the real model, from
 tests/data/supersession_pairs.jsonl, and compared with those in the README
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reachy_memory._supersession import GATE, Decision, decide
-from reachy_memory.embedding import OnnxEmbedder
+from reachy_memory.embedding.embedder import OnnxEmbedder
+from reachy_memory.engine.supersession import GATE, Decision, decide
 from tools.eval_supersession import SPEC_THRESHOLD, Pair, cosine_rule, cosines, decide_rule, load_pairs, score
 
 # Reported in README ("People-aware memory"), fp32, whole set and fresh set.

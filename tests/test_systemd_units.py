@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from reachy_memory import server
 from reachy_memory.config import load_config
+from reachy_memory.daemon import server
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""The temporal-expression parser (reachy_memory._temporal) and its ranking hook."""
+"""The temporal-expression parser (reachy_memory.engine.temporal) and its ranking hook."""
 
 from datetime import UTC, date, datetime, timedelta, timezone
 from zoneinfo import ZoneInfo
@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reachy_memory import MemoryStore
-from reachy_memory._temporal import parse_window, query_window, window_bonus
+from reachy_memory.engine.temporal import parse_window, query_window, window_bonus
 
 PARIS = timezone(timedelta(hours=2))
 # A fixed reference time: Wednesday 15 May 2024, 14:30 UTC.

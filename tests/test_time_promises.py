@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from store_util import abandon
 
 from reachy_memory import Config, MemoryStore, NotFoundError
-from reachy_memory import backup as bk
+from reachy_memory.storage import backup as bk
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reachy_memory import AsyncMemoryClient, MemoryClient, load_config
-from reachy_memory import protocol as proto
+from reachy_memory.daemon import protocol as proto
 from reachy_memory.errors import RequestTimeoutError, TooLargeError
 from tests.daemon_util import DaemonProcess
 

@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from reachy_memory import vector_index
-from reachy_memory.vector_index import VectorIndex, to_bf16, widen
+from reachy_memory.engine import vector_index
+from reachy_memory.engine.vector_index import VectorIndex, to_bf16, widen
 
 
 def unit(rng: np.random.Generator, n: int, dim: int = 16) -> np.ndarray:
@@ -412,7 +412,7 @@ def test_growing_while_a_snapshot_holds_a_view_copies_and_leaves_the_view_intact
 
 
 def test_loading_copies_the_rows_and_gives_the_snapshot_buffer_back(tmp_path: Path) -> None:
-    from reachy_memory import journal as jr
+    from reachy_memory.storage import journal as jr
 
     rows = unit(np.random.default_rng(4), 5000)  # 320 KB: many pages to give back
     path = tmp_path / "raw"

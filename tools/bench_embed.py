@@ -62,7 +62,7 @@ def load_and_rss(precision: str) -> dict[str, float]:
 
 def build_costs(repeat: int = 3) -> None:
     """Time and peak RSS of the model build child, per precision (``repeat`` builds each)."""
-    from reachy_memory.model_files import ensure_model
+    from reachy_memory.embedding.model_files import ensure_model
 
     for precision in ("int8", "fp32"):
         times, peaks = [], []
@@ -101,7 +101,7 @@ def op_profile(repeat: int) -> None:
     import onnxruntime as ort
     from tokenizers import Tokenizer
 
-    from reachy_memory.model_files import ensure_model
+    from reachy_memory.embedding.model_files import ensure_model
 
     files = ensure_model(load_config())
     tokenizer = Tokenizer.from_file(str(files.tokenizer))
@@ -133,7 +133,7 @@ def against(other: Path, rounds: int, repeat: int) -> None:
     embeds ``repeat`` fresh questions and ``repeat // 10`` batches of 8 dialogue
     lines on both, call by call in turn (the noise of a shared machine then falls
     on both alike, and who goes first alternates), and prints the medians."""
-    from reachy_memory.model_files import ensure_model
+    from reachy_memory.embedding.model_files import ensure_model
 
     files = ensure_model(load_config())
     embedders = [OnnxEmbedder(replace(files, onnx=path), lru_size=0) for path in (files.onnx, other)]

@@ -34,7 +34,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from reachy_memory import Config, MemoryStore
-from reachy_memory.store import GRAPH_FILE
+from reachy_memory.engine.store import GRAPH_FILE
 from tools._bench import dialogue_lines, questions, row, rss_mb, runs, sentences
 
 ROOT = Path(__file__).resolve().parents[1]  # this checkout
@@ -332,7 +332,7 @@ def recall_real(k: int = 10) -> tuple[float, int]:
 
     texts, queries = dialogue_lines(), questions()
     emb = load_embedder(load_config())
-    from reachy_memory.vector_index import VectorIndex
+    from reachy_memory.engine.vector_index import VectorIndex
 
     texts += [s.strip() for t in list(texts) for s in t.split(". ") if len(s) > 20]
     texts += [f"{a} {b}" for a, b in itertools.pairwise(texts)]

@@ -38,8 +38,8 @@ def _peak_mb() -> float:
 def one_run(path: Path, rows: int) -> dict[str, float]:
     """Load ``path`` (``.f32``, or its ``.bf16`` twin where the code keeps bf16) into a
     VectorIndex and add one row past the end (in this process)."""
-    from reachy_memory import journal as jr
-    from reachy_memory.vector_index import VectorIndex
+    from reachy_memory.engine.vector_index import VectorIndex
+    from reachy_memory.storage import journal as jr
 
     bf16 = "fmt" in inspect.signature(VectorIndex.load_vectors).parameters
     start = _peak_mb()

@@ -35,7 +35,7 @@ from tools.bench_daemon import _wait_ping, prepare, stop, wait_for_graphs  # noq
 
 _SERVE = """
 import os, sys, time
-import reachy_memory.journal as journal
+import reachy_memory.storage.journal as journal
 delay, real = float(sys.argv[1]) / 1000, os.fdatasync
 def slow(fd):
     time.sleep(delay)

@@ -68,7 +68,7 @@ def spec_python(env: Path) -> Path:
 def model_dir() -> Path:
     """The verified weights reachy-memory fetched (``reachy-memory model fetch``)."""
     from reachy_memory import Config
-    from reachy_memory.model_files import find_weights
+    from reachy_memory.embedding.model_files import find_weights
 
     found = find_weights(Config())
     if found is None or not (found / "model.safetensors").exists():

@@ -5,7 +5,7 @@
 Each pair is (old fact, new fact, label conflicting|compatible), both about
 the same subject.  Cosines come from the real all-MiniLM-L6-v2, fp32 and int8.
 Candidates: the spec's rule (cosine >= 0.75), a cosine threshold sweep, and
-``reachy_memory._supersession.decide`` with a sweep of similarity gates.
+``reachy_memory.engine.supersession.decide`` with a sweep of similarity gates.
 
 Choice, precision first (a wrong supersession hides a true fact): the
 candidate with the highest precision among those with recall >= MIN_RECALL,
@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from reachy_memory import load_config, load_embedder  # noqa: E402
-from reachy_memory._supersession import GATE, decide  # noqa: E402
+from reachy_memory.engine.supersession import GATE, decide  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "supersession_pairs.jsonl"
 SPEC_THRESHOLD = 0.75

@@ -63,11 +63,11 @@ import asyncio
 import weakref
 from typing import Any, ClassVar
 
-from .._ingest import check_owner
-from ..client import AsyncMemoryClient
-from ..config import Config, load_config
-from ..errors import ConfigError, ReachyMemoryError
-from .tools import (
+from reachy_memory.client import AsyncMemoryClient
+from reachy_memory.config import Config, load_config
+from reachy_memory.engine.ingest import check_owner
+from reachy_memory.errors import ConfigError, ReachyMemoryError
+from reachy_memory.integrations.tools import (
     DEFAULT_CONVERSATION_DAYS,
     FORGET_MEMORY,
     MAX_ERROR_CHARS,

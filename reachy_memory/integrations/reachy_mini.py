@@ -24,7 +24,7 @@ the loop must never call the daemon.  :class:`MemoryBridge` does it for the loop
   snapshot is fresh again once the daemon answers.
 * The writes survive a daemon restart: a turn (``record_turn``) and a memory
   (``remember``) get an id when queued, and a call that fails for "not now"
-  (:func:`~reachy_memory.protocol.retryable`: daemon unavailable or stopping, timed
+  (:func:`~reachy_memory.daemon.protocol.retryable`: daemon unavailable or stopping, timed
   out, busy) is sent again with that id, with backoff, until ``turn_retry_for``
   seconds (60 by default) after it was queued (one attempt at least); the daemon
   keeps it once however often it arrives.  ``set_current_person`` is sent again the
@@ -66,12 +66,12 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .. import protocol as proto
-from .._ingest import check_owner, check_seconds
-from ..client import MemoryClient, refuses_ids
-from ..config import Config
-from ..errors import BusyError, ClosedError, ReachyMemoryError, ValidationError
-from ..model import SEARCH_LIMIT, Memory, MemoryType, SearchResult
+from reachy_memory.client import MemoryClient, refuses_ids
+from reachy_memory.config import Config
+from reachy_memory.daemon import protocol as proto
+from reachy_memory.engine.ingest import check_owner, check_seconds
+from reachy_memory.errors import BusyError, ClosedError, ReachyMemoryError, ValidationError
+from reachy_memory.model import SEARCH_LIMIT, Memory, MemoryType, SearchResult
 
 log = logging.getLogger("reachy_memory.bridge")
 
@@ -81,7 +81,7 @@ PERSON_KEY = "current_person"
 NOBODY = "(nobody)"  # the stored value when nobody is there (context values cannot be empty)
 #: Protocol error codes that mean "not now" (the daemon restarting, stopping, slow or full):
 #: a write failing with one is sent again, with its id, until ``turn_retry_for`` passes
-#: (unless it is a ClosedError of the bridge's own client: :func:`~reachy_memory.protocol.retryable`).
+#: (unless it is a ClosedError of the bridge's own client: :func:`~reachy_memory.daemon.protocol.retryable`).
 RETRY_CODES = proto.RETRY_CODES
 _FIRST_PAUSE, _LONGEST_PAUSE = 0.05, 1.0  # seconds between a write's attempts: doubling, capped
 
@@ -442,7 +442,7 @@ class MemoryBridge:
 
     def _run_retrying(self, client: Any, job: _Job) -> Any:
         """``job.run(client)``, run again with backoff after each "not now" failure
-        (:func:`~reachy_memory.protocol.retryable`: a code of :data:`RETRY_CODES`, not a
+        (:func:`~reachy_memory.daemon.protocol.retryable`: a code of :data:`RETRY_CODES`, not a
         ClosedError of the client itself) until it succeeds or ``turn_retry_for`` seconds have passed
         since it was queued (one attempt at least), or close()'s deadline, whichever comes
         first; ``latest().error`` says it waits meanwhile. Raises the last failure when

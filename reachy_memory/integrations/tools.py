@@ -65,12 +65,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, Self, TypeGuard, cast
 
-from .._ingest import check_owner, check_seconds
-from .._mentions import norm
-from ..client import AsyncMemoryClient, MemoryClient, refuses_ids
-from ..config import RANGES, Config, MemoryConfig
-from ..endpoint import ipc_listener_gone, resolve_endpoint
-from ..errors import (
+from reachy_memory.client import AsyncMemoryClient, MemoryClient, refuses_ids
+from reachy_memory.config import RANGES, Config, MemoryConfig
+from reachy_memory.daemon.endpoint import ipc_listener_gone, resolve_endpoint
+from reachy_memory.daemon.protocol import retryable
+from reachy_memory.engine.ingest import check_owner, check_seconds
+from reachy_memory.engine.mentions import norm
+from reachy_memory.errors import (
     DaemonUnavailableError,
     ReachyMemoryError,
     ReadOnlyError,
@@ -78,9 +79,8 @@ from ..errors import (
     StorageFullError,
     ValidationError,
 )
-from ..model import SEARCH_LIMIT, Memory, MemoryType, SearchResult
-from ..people import names_someone
-from ..protocol import retryable
+from reachy_memory.model import SEARCH_LIMIT, Memory, MemoryType, SearchResult
+from reachy_memory.people.registry import names_someone
 
 MEMORY_TYPES: tuple[str, ...] = tuple(m.value for m in MemoryType)
 MAX_LIMIT = 50
@@ -637,7 +637,7 @@ class DaemonBackend(_OwnerBound):
 
     async def _write(self, send: Callable[[bool, float | None], Awaitable[Any]], *, frames: int = 1) -> Any:
         """``send(True, timeout)``: a write carrying its client-made ids, sent again after each
-        "not now" failure (:func:`~reachy_memory.protocol.retryable`, or no daemon listening)
+        "not now" failure (:func:`~reachy_memory.daemon.protocol.retryable`, or no daemon listening)
         until :attr:`retry_for` seconds after the first, then answered definitely: the
         daemon keeps it once however often it arrived, so a result is the memory kept.  A daemon
         from before the ids (it refuses them, storing nothing) gets ``send(False, None)``, once,
@@ -756,7 +756,7 @@ class LocalBackend(_OwnerBound):
     def open(cls, config: Config, *, owner: str | None = None) -> LocalBackend:
         """Open the configured data directory, bound to ``owner``. Raises ValidationError for a
         bad owner, StoreLockedError if a daemon holds the directory."""
-        from ..store import MemoryStore
+        from reachy_memory.engine.store import MemoryStore
 
         owner = None if owner is None else check_owner(owner)  # before the store is opened
         return cls(MemoryStore(config=config), owner=owner)

@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from ._threads import TRIM_TOKENS, release_free_heap
-from .config import Config, load_config
-from .errors import ModelError
-from .model_files import ModelFiles, ensure_model
+from reachy_memory._threads import TRIM_TOKENS, release_free_heap
+from reachy_memory.config import Config, load_config
+from reachy_memory.embedding.model_files import ModelFiles, ensure_model
+from reachy_memory.errors import ModelError
 
 log = logging.getLogger(__name__)
 BATCH = 8  # texts per onnxruntime run, sorted by length; larger batches spill out of cache and run slower

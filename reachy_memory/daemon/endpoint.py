@@ -32,8 +32,8 @@ import stat
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from .config import Config
-from .errors import AlreadyRunningError, ConfigError
+from reachy_memory.config import Config
+from reachy_memory.errors import AlreadyRunningError, ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -36,8 +36,8 @@ import math
 import sys
 from typing import Any
 
-from .errors import ValidationError
-from .model import Memory, MemoryType, to_datetime
+from reachy_memory.errors import ValidationError
+from reachy_memory.model import Memory, MemoryType, to_datetime
 
 __all__ = ["MUTABLE_FIELDS", "OP_KINDS", "RECORD_FIELDS", "RECORD_VERSION", "Record", "decode", "encode", "first_dim",
            "first_vkey", "is_put", "record_id"]

@@ -22,11 +22,11 @@ import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
-from ._filters import validate_metadata
-from ._records import Record
-from .config import Config
-from .errors import TooLargeError, ValidationError
-from .model import Expiry, MemoryType, check_time, check_unicode
+from reachy_memory.config import Config
+from reachy_memory.engine.filters import validate_metadata
+from reachy_memory.engine.records import Record
+from reachy_memory.errors import TooLargeError, ValidationError
+from reachy_memory.model import Expiry, MemoryType, check_time, check_unicode
 
 NEIGHBOUR_SECONDS = 600.0  # a previous turn older than this is not context any more
 # Of the previous turn's text, what a turn keeps for its lexical document: a bound on the

@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import Config
-from .errors import ModelUnavailableError
+from reachy_memory.config import Config
+from reachy_memory.errors import ModelUnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -379,7 +379,7 @@ def _run_child(args: list[str], progress: Progress) -> None:
     package_root = str(Path(__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONIOENCODING": "utf-8",
            "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
-    code = "import sys; from reachy_memory.model_files import build_main; build_main(sys.argv[1:])"
+    code = "import sys; from reachy_memory.embedding.model_files import build_main; build_main(sys.argv[1:])"
     lines: list[str] = []
     try:  # -P: a module in the working directory must not shadow onnx or reachy_memory
         with subprocess.Popen([sys.executable, "-P", "-c", code, *args], stdout=subprocess.PIPE,
@@ -399,7 +399,7 @@ def _build_here(source: Path, out_dir: Path, digest: str, precision: str, scratc
                 progress: Progress) -> None:
     """Build the ``precision`` graph from safetensors in ``scratch`` (int8 quantised
     while building); an atomic rename into ``out_dir``."""
-    from ._bert_onnx import BertShape, LazyWeights, build_graph, save_model
+    from reachy_memory.embedding.graph import BertShape, LazyWeights, build_graph, save_model
 
     what = "int8 weight MatMuls, per channel" if precision == "int8" else "fp32"
     progress(f"building the ONNX graph ({what}) from {source / 'model.safetensors'} ...")

@@ -7,7 +7,7 @@ same operations over the last snapshot, so what was acknowledged is what comes
 back.
 
 The data directory's files and the generation rules between them are in
-:mod:`reachy_memory._persistence`; ``docs/FORMAT.md`` is the contract.
+:mod:`reachy_memory.storage.files`; ``docs/FORMAT.md`` is the contract.
 
 Scores: ``SearchResult.score`` is in [0, 1].  Vector similarity is the cosine
 similarity clipped at 0; lexical relevance is BM25 divided by the query's
@@ -35,21 +35,14 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from . import _ingest as ingest
-from . import _persistence as files
-from . import _ranking as ranking
-from . import _restore as swap
-from . import journal as jr
-from ._backfill import Backfill, lacking_vector
-from ._people_ops import PeopleMixin
-from ._persistence import GRAPH_FILE, JOURNAL_FILE, SNAPSHOT_FILE, read_snapshot
-from ._records import Record, encode, first_dim, first_vkey
-from ._state import GROUP, MemoryState, redate_args
-from ._storage import Storage
-from ._temporal import query_window, window_bonus
-from ._threads import gc_paused, pin_native_threads
-from .config import Config
-from .errors import (
+from reachy_memory._threads import gc_paused, pin_native_threads
+from reachy_memory.config import Config
+from reachy_memory.engine import ingest, ranking
+from reachy_memory.engine.backfill import Backfill, lacking_vector
+from reachy_memory.engine.records import Record, encode, first_dim, first_vkey
+from reachy_memory.engine.state import GROUP, MemoryState, redate_args
+from reachy_memory.engine.temporal import query_window, window_bonus
+from reachy_memory.errors import (
     ClosedError,
     ModelError,
     ModelMismatchError,
@@ -57,7 +50,7 @@ from .errors import (
     ReachyMemoryError,
     ValidationError,
 )
-from .model import (
+from reachy_memory.model import (
     SEARCH_LIMIT,
     SEARCH_MIN_SCORE,
     Expiry,
@@ -69,6 +62,12 @@ from .model import (
     to_datetime,
     to_epoch,
 )
+from reachy_memory.people.ops import PeopleMixin
+from reachy_memory.storage import files
+from reachy_memory.storage import journal as jr
+from reachy_memory.storage import restore as swap
+from reachy_memory.storage.files import GRAPH_FILE, JOURNAL_FILE, SNAPSHOT_FILE, read_snapshot
+from reachy_memory.storage.generations import Storage
 
 log = logging.getLogger(__name__)
 
@@ -208,7 +207,7 @@ class MemoryStore(PeopleMixin):
             return embedder
         if not self._config.embedding.enabled:
             return None
-        from .embedding import load_embedder  # late: the model is optional at import time
+        from reachy_memory.embedding.embedder import load_embedder  # late: the model is optional at import time
 
         try:
             return load_embedder(self._precision_of_store(stored_key), data_dir=self.path)

@@ -27,14 +27,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import _persistence as files
-from . import journal as jr
-from ._persistence import GRAPH_FILE, JOURNAL_FILE
-from ._records import RECORD_VERSION
-from ._state import Frozen, MemoryState, checked, snapshot_sections, words_state
-from ._threads import gc_paused, short_switch_interval
-from .config import Config
-from .errors import ClosedError, CorruptionError, ReachyMemoryError, ReadOnlyError, StorageError
+from reachy_memory._threads import gc_paused, short_switch_interval
+from reachy_memory.config import Config
+from reachy_memory.engine.records import RECORD_VERSION
+from reachy_memory.engine.state import Frozen, MemoryState, checked, snapshot_sections, words_state
+from reachy_memory.errors import ClosedError, CorruptionError, ReachyMemoryError, ReadOnlyError, StorageError
+from reachy_memory.storage import files
+from reachy_memory.storage import journal as jr
+from reachy_memory.storage.files import GRAPH_FILE, JOURNAL_FILE
 
 log = logging.getLogger(__name__)
 

@@ -27,8 +27,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from . import journal as jr
-from ._persistence import (
+from reachy_memory.errors import CorruptionError, FormatVersionError, StorageError
+from reachy_memory.storage import journal as jr
+from reachy_memory.storage.files import (
     GRAPH_FILE,
     JOURNAL_FILE,
     NEXT_JOURNAL_FILE,
@@ -37,7 +38,6 @@ from ._persistence import (
     RESTORE_INTENT_FILE,
     SNAPSHOT_FILE,
 )
-from .errors import CorruptionError, FormatVersionError, StorageError
 
 log = logging.getLogger(__name__)
 

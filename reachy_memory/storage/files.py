@@ -36,9 +36,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import journal as jr
-from ._records import RECORD_VERSION
-from .errors import (
+from reachy_memory.engine.records import RECORD_VERSION
+from reachy_memory.engine.vector_index import ITEM_BYTES, VECTOR_FORMAT
+from reachy_memory.errors import (
     ConfigError,
     CorruptionError,
     FormatVersionError,
@@ -46,7 +46,7 @@ from .errors import (
     StorageError,
     ValidationError,
 )
-from .vector_index import ITEM_BYTES, VECTOR_FORMAT
+from reachy_memory.storage import journal as jr
 
 log = logging.getLogger(__name__)
 

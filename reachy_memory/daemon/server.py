@@ -39,14 +39,11 @@ from typing import Any, ClassVar
 import numpy as np
 import zmq
 
-from . import protocol as proto
-from ._clock import STEP_SECONDS, ClockWatch, Redate, SyncWatch, clock_synchronized
-from ._operations import LANES, OPERATIONS, check_args
-from ._systemd import notify, watchdog_interval
-from ._threads import bound_native_heap, release_free_heap
-from .config import Config, ServerConfig
-from .embedding import describe, load_embedder
-from .endpoint import (
+from reachy_memory._threads import bound_native_heap, release_free_heap
+from reachy_memory.config import Config, ServerConfig
+from reachy_memory.daemon import protocol as proto
+from reachy_memory.daemon.clock import STEP_SECONDS, ClockWatch, Redate, SyncWatch, clock_synchronized
+from reachy_memory.daemon.endpoint import (
     EndpointLock,
     check_endpoint,
     ipc_path,
@@ -54,7 +51,12 @@ from .endpoint import (
     prepare_ipc_dir,
     resolve_endpoint,
 )
-from .errors import (
+from reachy_memory.daemon.operations import LANES, OPERATIONS, check_args
+from reachy_memory.daemon.systemd import notify, watchdog_interval
+from reachy_memory.embedding.embedder import describe, load_embedder
+from reachy_memory.embedding.model_files import local_weights, weights_signature
+from reachy_memory.engine.store import MemoryStore
+from reachy_memory.errors import (
     AlreadyRunningError,
     BusyError,
     ConfigError,
@@ -65,9 +67,7 @@ from .errors import (
     TooLargeError,
     ValidationError,
 )
-from .model import to_epoch
-from .model_files import local_weights, weights_signature
-from .store import MemoryStore
+from reachy_memory.model import to_epoch
 
 log = logging.getLogger(__name__)
 REPLIES = "inproc://reachy-memory-replies"

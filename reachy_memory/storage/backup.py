@@ -19,15 +19,21 @@ from typing import Any
 
 import numpy as np
 
-from . import _persistence as files
-from . import _restore as swap
-from . import journal as jr
-from ._people_ops import check_note_names, check_supersession
-from ._persistence import JOURNAL_FILE, PREV_JOURNAL_FILE, SNAPSHOT_FILE, damage_is_corruption, read_snapshot
-from ._records import Record, decode, first_dim, first_vkey
-from .config import Config
-from .errors import CorruptionError, ReachyMemoryError, StorageError, StoreLockedError, ValidationError
-from .vector_index import BF16_TOLERANCE, ITEM_BYTES, widen
+from reachy_memory.config import Config
+from reachy_memory.engine.records import Record, decode, first_dim, first_vkey
+from reachy_memory.engine.vector_index import BF16_TOLERANCE, ITEM_BYTES, widen
+from reachy_memory.errors import CorruptionError, ReachyMemoryError, StorageError, StoreLockedError, ValidationError
+from reachy_memory.people.ops import check_note_names, check_supersession
+from reachy_memory.storage import files
+from reachy_memory.storage import journal as jr
+from reachy_memory.storage import restore as swap
+from reachy_memory.storage.files import (
+    JOURNAL_FILE,
+    PREV_JOURNAL_FILE,
+    SNAPSHOT_FILE,
+    damage_is_corruption,
+    read_snapshot,
+)
 
 log = logging.getLogger(__name__)
 Progress = Callable[[int, int], None]
@@ -138,7 +144,9 @@ def _count_replayed(snapshot: dict[str, Any] | None, frames: list[Any], journal:
     """Memories and vectors as the store opens them: the snapshot, then the journal's
     frames applied by the store's own state (an op the store would refuse to replay is
     a problem here too; before, a store never compacted verified as 0 memories)."""
-    from ._state import MemoryState  # late: the state pulls in the indexes, which only this check needs
+    from reachy_memory.engine.state import (
+        MemoryState,  # late: the state pulls in the indexes, which only this check needs
+    )
 
     ops = [op for frame in frames for op in frame]
     head = snapshot or {}
@@ -325,7 +333,7 @@ def _verify_frames(path: Path, report: VerifyReport) -> bool:
 
 
 def backup_target(dest: str | Path, data_dir: str | Path, *, force: bool = False) -> Path:
-    """Where a backup to ``dest`` goes (see :func:`reachy_memory._persistence.backup_target`):
+    """Where a backup to ``dest`` goes (see :func:`reachy_memory.storage.files.backup_target`):
     ValidationError for a target inside ``data_dir``, a symlink, a missing
     directory, or an existing file that is not a backup (unless ``force``)."""
     return files.backup_target(dest, Path(data_dir).expanduser(), force=force)
@@ -455,7 +463,7 @@ def _start_empty_journal(path: Path) -> jr.RepairReport:
 
 
 def _rebuild_snapshot(path: Path, config: Config) -> jr.RepairReport:
-    from .store import MemoryStore  # late: the store is only needed for a rebuild
+    from reachy_memory.engine.store import MemoryStore  # late: the store is only needed for a rebuild
 
     config = config.replace("memory", path=str(path))
     with MemoryStore(config=config, embedder=None, recover=True) as store:

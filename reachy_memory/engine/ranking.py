@@ -26,9 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from ._filters import FieldIndex
-from .lexical_index import LexicalIndex
-from .vector_index import VectorIndex
+from reachy_memory.engine.filters import FieldIndex
+from reachy_memory.engine.lexical_index import LexicalIndex
+from reachy_memory.engine.vector_index import VectorIndex
 
 EMPTY = (np.zeros(0, np.int64), np.zeros(0, np.float64))
 _WORDS = re.compile(r"\w+")

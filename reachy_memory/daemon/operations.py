@@ -8,7 +8,7 @@ it returns and a one-line doc.  From this table come:
   any queue: an unknown, missing or mistyped argument is ``bad_request`` with
   the field named) and its routing (``lane``);
 * the protocol reference, ``docs/PROTOCOL.md`` (:func:`protocol_doc`;
-  regenerate with ``python -m reachy_memory._operations > docs/PROTOCOL.md``);
+  regenerate with ``python -m reachy_memory.daemon.operations > docs/PROTOCOL.md``);
 * the drift test (``tests/test_operations.py``): every row has a server
   handler and a client method, every client method and server handler has a
   row, and the reference on disk is the generated one.
@@ -31,8 +31,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ValidationError
-from .model import SEARCH_LIMIT, SEARCH_MIN_SCORE
+from reachy_memory.errors import ValidationError
+from reachy_memory.model import SEARCH_LIMIT, SEARCH_MIN_SCORE
 
 __all__ = ["IDEMPOTENT", "IDEMPOTENT_WITH_ID", "OPERATIONS", "Arg", "Op", "check_args", "protocol_doc"]
 
@@ -281,7 +281,7 @@ def protocol_doc() -> str:
     """The protocol reference (``docs/PROTOCOL.md``), generated from the table."""
     lines = ["# reachy-memory protocol: operations", "",
              "Generated from `reachy_memory/_operations.py` by "
-             "`python -m reachy_memory._operations > docs/PROTOCOL.md`; the framing, errors and the",
+             "`python -m reachy_memory.daemon.operations > docs/PROTOCOL.md`; the framing, errors and the",
              "memory map are described in `reachy_memory/protocol.py`. `name?` is optional, "
              "`name = value` has a default. Lanes: inline (I/O thread, never waits), embed",
              "(embedding thread, then engine), engine (engine thread, in order), background (a thread of its own, one",

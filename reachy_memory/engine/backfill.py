@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from ._records import Record, encode, is_put
+from reachy_memory.engine.records import Record, encode, is_put
 
 PAUSE_SECONDS = 300.0  # after the model failed on a backfill: try again this much later
 COMMIT_EVERY = 16  # embedded memories per journal frame: one fsync per 16, not per memory (SD cards)

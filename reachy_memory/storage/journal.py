@@ -50,8 +50,8 @@ from typing import Any, Literal
 
 import msgpack
 
-from ._threads import big_buffer
-from .errors import (
+from reachy_memory._threads import big_buffer
+from reachy_memory.errors import (
     CorruptionError,
     FormatVersionError,
     ReadOnlyError,

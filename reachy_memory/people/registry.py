@@ -81,8 +81,8 @@ from typing import Any, NamedTuple
 
 import msgpack
 
-from ._filters import validate_metadata
-from ._mentions import (
+from reachy_memory.engine.filters import validate_metadata
+from reachy_memory.engine.mentions import (
     Reference,
     extract_mentions,
     means_user_or_robot,
@@ -91,8 +91,8 @@ from ._mentions import (
     pronoun_gender,
     reference_problem,
 )
-from .errors import NotFoundError, TooLargeError, ValidationError
-from .model import check_unicode, to_datetime, to_epoch
+from reachy_memory.errors import NotFoundError, TooLargeError, ValidationError
+from reachy_memory.model import check_unicode, to_datetime, to_epoch
 
 MAX_NAME_CHARS = 100
 MAX_RELATION_CHARS = 50

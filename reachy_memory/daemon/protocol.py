@@ -56,8 +56,8 @@ from typing import Any
 
 import msgpack
 
-from ._context_text import ContextItem, RetrievedContext, Turn
-from .errors import (
+from reachy_memory.engine.context_text import ContextItem, RetrievedContext, Turn
+from reachy_memory.errors import (
     ERROR_BY_CODE,
     ClosedError,
     ProtocolError,
@@ -66,8 +66,8 @@ from .errors import (
     TooLargeError,
     error_class,
 )
-from .model import Memory, MemoryType, SearchResult, to_datetime, to_epoch
-from .people import Person
+from reachy_memory.model import Memory, MemoryType, SearchResult, to_datetime, to_epoch
+from reachy_memory.people.registry import Person
 
 VERSION = 1
 CODES = frozenset({"bad_request", "too_large", "not_found", "busy", "unavailable", "timeout", "internal"})

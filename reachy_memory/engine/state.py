@@ -31,14 +31,14 @@ from typing import Any
 
 import numpy as np
 
-from ._filters import FieldIndex
-from ._records import MUTABLE_FIELDS, Record, decode, encode
-from .config import MAX_TTL_SECONDS, Config
-from .errors import CorruptionError, ValidationError
-from .lexical_index import LexicalIndex, Tokenizer, index_state
-from .model import MAX_TIME, MemoryType
-from .people import PersonRegistry
-from .vector_index import ITEM_BYTES, VECTOR_FORMAT, VectorIndex
+from reachy_memory.config import MAX_TTL_SECONDS, Config
+from reachy_memory.engine.filters import FieldIndex
+from reachy_memory.engine.lexical_index import LexicalIndex, Tokenizer, index_state
+from reachy_memory.engine.records import MUTABLE_FIELDS, Record, decode, encode
+from reachy_memory.engine.vector_index import ITEM_BYTES, VECTOR_FORMAT, VectorIndex
+from reachy_memory.errors import CorruptionError, ValidationError
+from reachy_memory.model import MAX_TIME, MemoryType
+from reachy_memory.people.registry import PersonRegistry
 
 GROUP = {t.value: i for i, t in enumerate(MemoryType)}  # one vector graph per memory type
 _TURN = MemoryType.CONVERSATION.value
@@ -647,7 +647,12 @@ def snapshot_sections(frozen: Frozen, head: dict[str, Any],
     produced when the writer reaches it; ``lexical`` is the index's state or what
     builds it (after the records are written and freed).  ``check`` is called every
     :data:`CHECK_EVERY` records while they are packed (what it raises stops the snapshot)."""
-    from .journal import Packed, RawBin, Stream, pack_gently  # late: journal is I/O; the state only names frames
+    from reachy_memory.storage.journal import (  # late: journal is I/O; the state only names frames
+        Packed,
+        RawBin,
+        Stream,
+        pack_gently,
+    )
 
     yield {**head, "vector_format": VECTOR_FORMAT}  # the vector block's format goes with the block
     # Packed piece by piece: a background compaction must not hold the GIL for long;

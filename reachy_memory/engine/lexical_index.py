@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import snowballstemmer
 
-from .config import SearchConfig
+from reachy_memory.config import SearchConfig
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")

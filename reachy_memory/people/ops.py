@@ -1,7 +1,7 @@
 """People-aware memory on the store (issue 10): persons, subjects, supersession,
 confirm/correct, scoping, named notes, archives and one-call prompt context.
 
-:class:`PeopleMixin` is part of :class:`~reachy_memory.store.MemoryStore`; it
+:class:`PeopleMixin` is part of :class:`~reachy_memory.engine.store.MemoryStore`; it
 uses the store's funnel (``_commit``), lock and state only.  Every change is
 journaled as ops: persons as ``person_*`` dicts (``people.py``), memories as
 ``put`` and ``update`` (``_records.py``), a new person and the memory about it
@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import _ingest as ingest
-from ._context_text import (
+from reachy_memory.engine import ingest
+from reachy_memory.engine.context_text import (
     ContextItem,
     CountTokens,
     RetrievedContext,
@@ -42,12 +42,12 @@ from ._context_text import (
     token_counter,
     tokenizer_path,
 )
-from ._mentions import extract_mentions, norm, parse_reference
-from ._records import Record
-from ._supersession import decide
-from .errors import NotFoundError, ReachyMemoryError, ValidationError
-from .model import SEARCH_LIMIT, SEARCH_MIN_SCORE, Memory, MemoryType, SearchResult, check_unicode
-from .people import (
+from reachy_memory.engine.mentions import extract_mentions, norm, parse_reference
+from reachy_memory.engine.records import Record
+from reachy_memory.engine.supersession import decide
+from reachy_memory.errors import NotFoundError, ReachyMemoryError, ValidationError
+from reachy_memory.model import SEARCH_LIMIT, SEARCH_MIN_SCORE, Memory, MemoryType, SearchResult, check_unicode
+from reachy_memory.people.registry import (
     Person,
     PersonRegistry,
     Resolution,
@@ -62,9 +62,9 @@ from .people import (
 if TYPE_CHECKING:
     import threading
 
-    from ._state import MemoryState
-    from .config import Config
-    from .store import _Prepared
+    from reachy_memory.config import Config
+    from reachy_memory.engine.state import MemoryState
+    from reachy_memory.engine.store import _Prepared
 
 log = logging.getLogger(__name__)
 # The metadata key spec 000's callers and the robot bridge name a memory's person with.
@@ -1074,7 +1074,7 @@ def _exact_person_id(where: str, value: str, field: str) -> None:
 def _when(where: str, value: Any, field: str) -> float:
     from datetime import datetime
 
-    from .model import check_time
+    from reachy_memory.model import check_time
 
     if isinstance(value, str):
         try:
@@ -1207,7 +1207,7 @@ def _flat(text: str) -> str:
 def _epoch_or_now(value: Any) -> float:
     if value is None:
         return time.time()
-    from .model import check_time, to_epoch
+    from reachy_memory.model import check_time, to_epoch
 
     epoch = to_epoch(value)
     checked = check_time(epoch, "until")

@@ -17,16 +17,16 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from ._people_ops import (
+from reachy_memory.config import Config
+from reachy_memory.errors import TooLargeError, ValidationError
+from reachy_memory.people.ops import (
     check_import_memory,
     check_import_person,
     check_merged_ids,
     check_note_names,
     check_supersession,
 )
-from .config import Config
-from .errors import TooLargeError, ValidationError
-from .people import Person
+from reachy_memory.people.registry import Person
 
 __all__ = ["ROWS_PER_REQUEST", "check_entries", "import_requests", "max_line_bytes", "person_entries",
            "read_jsonl", "strict_object"]

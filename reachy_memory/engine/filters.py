@@ -26,7 +26,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from .errors import TooLargeError, ValidationError
+from reachy_memory.errors import TooLargeError, ValidationError
 
 Scalar = str | int | float | bool | None
 _RANGE: dict[str, Callable[[Any, Any], bool]] = {

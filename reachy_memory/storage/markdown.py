@@ -58,12 +58,12 @@ from typing import Any
 
 import yaml
 
-from ._export import strict_object
-from ._filters import validate_metadata
-from ._people_ops import merged_ids_of, note_labels
-from .errors import ValidationError
-from .model import MemoryType, check_time, check_unicode
-from .people import check_metadata, person_from_op
+from reachy_memory.engine.filters import validate_metadata
+from reachy_memory.errors import ValidationError
+from reachy_memory.model import MemoryType, check_time, check_unicode
+from reachy_memory.people.ops import merged_ids_of, note_labels
+from reachy_memory.people.registry import check_metadata, person_from_op
+from reachy_memory.storage.export import strict_object
 
 MAX_FILES = 10_000
 MAX_FILE_BYTES = 4 << 20

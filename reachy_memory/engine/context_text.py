@@ -39,8 +39,8 @@ from datetime import UTC, datetime, tzinfo
 from pathlib import Path
 from typing import Any
 
-from .errors import ModelError, ModelUnavailableError, ValidationError
-from .people import Person
+from reachy_memory.errors import ModelError, ModelUnavailableError, ValidationError
+from reachy_memory.people.registry import Person
 
 CountTokens = Callable[[str], int]
 TIE_DECIMALS = 3  # scores equal to this many decimals are "equal relevance"
@@ -240,8 +240,8 @@ class _CachedCounter:
 
 def tokenizer_path(config: object | None = None) -> Path:
     """Where the configured model's ``tokenizer.json`` is (see model_files). Raises ModelUnavailableError."""
-    from .config import Config, load_config
-    from .model_files import FIX, find_weights
+    from reachy_memory.config import Config, load_config
+    from reachy_memory.embedding.model_files import FIX, find_weights
 
     cfg = config if isinstance(config, Config) else load_config()
     folder = find_weights(cfg)

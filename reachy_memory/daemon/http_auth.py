@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from reachy_memory.errors import ConfigError
 
 TOKEN_FILE = "mcp-http.token"  # in the private runtime directory, beside the daemon's socket
 MIN_TOKEN_CHARS = 16

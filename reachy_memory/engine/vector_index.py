@@ -55,9 +55,9 @@ from typing import Any, BinaryIO, NamedTuple
 import hnswlib
 import numpy as np
 
-from ._threads import big_buffer, release_pages
-from .errors import StorageError
-from .journal import fsync_dir, pack, unpack, write_atomic
+from reachy_memory._threads import big_buffer, release_pages
+from reachy_memory.errors import StorageError
+from reachy_memory.storage.journal import fsync_dir, pack, unpack, write_atomic
 
 log = logging.getLogger(__name__)
 _NONE = (np.zeros(0, np.int64), np.zeros(0, np.float32))
