@@ -280,9 +280,9 @@ def check_args(op: Op, args: dict[str, Any]) -> dict[str, Any]:
 def protocol_doc() -> str:
     """The protocol reference (``docs/PROTOCOL.md``), generated from the table."""
     lines = ["# reachy-memory protocol: operations", "",
-             "Generated from `reachy_memory/_operations.py` by "
+             "Generated from `reachy_memory/daemon/operations.py` by "
              "`python -m reachy_memory.daemon.operations > docs/PROTOCOL.md`; the framing, errors and the",
-             "memory map are described in `reachy_memory/protocol.py`. `name?` is optional, "
+             "memory map are described in `reachy_memory/daemon/protocol.py`. `name?` is optional, "
              "`name = value` has a default. Lanes: inline (I/O thread, never waits), embed",
              "(embedding thread, then engine), engine (engine thread, in order), background (a thread of its own, one",
              "at a time; the engine goes on meanwhile). Retried: the clients send",

@@ -47,7 +47,7 @@ A memory may also carry (only when set) ``subjects`` (person ids), ``owner``,
 ``protected``, ``covers_until``.
 
 The operations, their arguments and results are one table,
-``reachy_memory/_operations.py``; ``docs/PROTOCOL.md`` is generated from it.
+``reachy_memory/daemon/operations.py``; ``docs/PROTOCOL.md`` is generated from it.
 """
 
 from __future__ import annotations
