@@ -15,6 +15,7 @@ import pytest
 
 from reachy_memory import MemoryStore
 from reachy_memory.engine.backfill import PAUSE_SECONDS, Backfill
+from reachy_memory.engine.maintenance import Maintenance
 from reachy_memory.engine.records import Record, encode
 from reachy_memory.engine.vector_index import BF16_TOLERANCE
 from tests.conftest import HashEmbedder
@@ -183,7 +184,7 @@ def test_a_batch_of_turns_keeps_its_newest_turn_through_a_backfill(tmp_path: Pat
     turn is found again (a reload, a deletion).  Re-puts moved a turn to the end of the
     table: a backfill frame of 16 out of 20 made turn 15 the newest after a restart, and
     the next turn followed (and was embedded with) it; newest first, it was turn 0."""
-    monkeypatch.setattr(MemoryStore._backfill_step, "__defaults__", (0.0,))  # a memory a step, as the real model
+    monkeypatch.setattr(Maintenance.backfill_step, "__defaults__", (0.0,))  # a memory a step, as the real model
     with MemoryStore(tmp_path, embedder=None) as store:
         turns = store.store_batch([{"content": f"turn {i}", "memory_type": "conversation"} for i in range(20)])
     with MemoryStore(tmp_path, embedder=HashEmbedder()) as store:
@@ -219,7 +220,7 @@ def test_a_frame_that_cannot_be_written_keeps_its_memories_queued(tmp_path: Path
             _idle(store)
         assert store.stats()["unembedded"] == 5  # queued again (was 0: dropped until the next open)
         assert store.maintain() == 0  # paused after the failure
-        store._backfill._paused_until = 0.0  # the pause is over
+        store._core.backfill._paused_until = 0.0  # the pause is over
         _idle(store)
         assert store.stats()["unembedded"] == 0
         assert all(r.vkey is not None for r in store._state.records.values())
@@ -250,7 +251,7 @@ def test_one_text_the_model_fails_on_does_not_hold_up_the_others(tmp_path: Path)
     with MemoryStore(tmp_path, embedder=Picky()) as store:
         for _ in range(3):  # each pause ends; the poisoned one goes to the back each time
             _idle(store)
-            store._backfill._paused_until = 0.0
+            store._core.backfill._paused_until = 0.0
         lacking = [r.content for r in store._state.records.values() if r.vkey is None]
         assert lacking == ["POISON: the text the model fails on"]
 
@@ -346,9 +347,9 @@ def test_an_adopted_model_counts_prompt_tokens_with_its_tokenizer(tmp_path: Path
 
     with MemoryStore(tmp_path, embedder=None) as store:
         store.context_for("What should I cook tonight?")  # caches the estimate used without a model
-        assert store._token_counter() is approximate_tokens
+        assert store._context.token_counter() is approximate_tokens
         assert store.adopt_embedder(embedder)
-        assert store._token_counter() is not approximate_tokens
+        assert store._context.token_counter() is not approximate_tokens
 
 
 def test_a_store_declaring_another_precision_loads_and_adopts_that_one(tmp_path: Path, embedder: Any,

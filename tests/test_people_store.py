@@ -434,7 +434,7 @@ def test_persons_stored_before_the_metadata_rules_still_load_update_and_merge(co
     op = {"op": "person_put", "id": "old", "name": "Ida", "relation": None, "aliases": [], "owner": None,
           "external_id": "face:1", "metadata": old, "created_at": 1.7e9, "updated_at": 1.7e9}
     with MemoryStore(config=config, embedder=None) as store:
-        store._commit([op])  # as an older version journaled it
+        store._core.commit([op])  # as an older version journaled it
     for _ in range(2):  # from the journal, then from the snapshot written on close
         with MemoryStore(config=config, embedder=None) as store:
             person = store.find_person("Ida")

@@ -477,7 +477,7 @@ def test_stats_count_the_context_window_shown(tmp_path: Path) -> None:
     # stats counted every persisted turn, also those get_context_window leaves out as too old
     cfg = Config().replace("memory", path=str(tmp_path), context_window_max_age_minutes=60)
     with MemoryStore(config=cfg, embedder=None) as s:
-        s._commit([["win", "user", "good night", time.time() - 8 * 3600]])  # written before the night
+        s._core.commit([["win", "user", "good night", time.time() - 8 * 3600]])  # written before the night
         s.add_to_context_window("user", "good morning")
         assert len(s.get_context_window()) == s.stats()["context_window"] == 1
 
@@ -986,7 +986,7 @@ def test_reindex_leaves_a_memory_forgotten_meanwhile_forgotten(config: Config) -
                                   {"content": "turn B", "memory_type": "conversation"}])
         listed = [store._state.records[a.id], store._state.records[b.id]]  # what a reindex listed
         store.forget(a.id)  # before its batch was written back
-        store._reembed(listed, {})
+        store._maintenance.reembed(listed, {})
         assert a.id not in store._state.records and b.id in store._state.records
 
 
@@ -1273,15 +1273,15 @@ def test_a_corrected_turn_and_a_reindex_embed_each_turn_with_the_turn_it_follows
         [third] = store.store_batch([{"content": "third turn", "memory_type": conversation}])
         corrected = store.correct(answer.id, "answer corrected")
         rec = store._state.records[corrected.id]
-        assert store._stored_text(rec) == "question one\nanswer corrected"
+        assert store._core.stored_text(rec) == "question one\nanswer corrected"
         # the turn after the corrected one lends it no superseded words (as its lexical copy)
-        assert store._stored_text(store._state.records[third.id]) == "third turn"
+        assert store._core.stored_text(store._state.records[third.id]) == "third turn"
         assert store._state.records[third.id].previous_text is None
-        expected = HashEmbedder().embed([store._stored_text(rec)])[0]
+        expected = HashEmbedder().embed([store._core.stored_text(rec)])[0]
         assert np.allclose(store._state.vectors.rows(rec.slot), expected, rtol=0, atol=BF16_TOLERANCE)
         _, gone, _ = store.store_batch([{"content": f"turn {n}", "memory_type": conversation} for n in "xyz"])
         store.forget(gone.id)
-        stored = sorted(store._stored_text(r) for r in store._state.records.values())
+        stored = sorted(store._core.stored_text(r) for r in store._state.records.values())
     again = _OtherRecordingEmbedder()
     with MemoryStore(config=config, embedder=again, reindex=True) as store:
         assert store.reindex() == len(stored) and sorted(again.texts) == stored

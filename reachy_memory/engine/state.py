@@ -3,7 +3,7 @@
 :class:`MemoryState` changes only through :meth:`MemoryState.apply` (one
 journal operation, see :mod:`._records`), so replaying a journal and serving
 live writes run the same code.  It never touches a file: the store journals an
-operation first (``store._commit``) and then applies it here.
+operation first (``Core.commit``, :mod:`.core`) and then applies it here.
 
 Threads: the engine thread is the only writer (under the store's lock).
 Three values are read without a lock from any thread: ``window_view`` and

@@ -23,7 +23,7 @@ from reachy_memory.config import Config
 from reachy_memory.engine.records import Record, decode, first_dim, first_vkey
 from reachy_memory.engine.vector_index import BF16_TOLERANCE, ITEM_BYTES, widen
 from reachy_memory.errors import CorruptionError, ReachyMemoryError, StorageError, StoreLockedError, ValidationError
-from reachy_memory.people.ops import check_note_names, check_supersession
+from reachy_memory.people.importer import check_note_names, check_supersession
 from reachy_memory.storage import files
 from reachy_memory.storage import journal as jr
 from reachy_memory.storage import restore as swap

@@ -19,7 +19,7 @@ from typing import Any, BinaryIO
 
 from reachy_memory.config import Config
 from reachy_memory.errors import TooLargeError, ValidationError
-from reachy_memory.people.ops import (
+from reachy_memory.people.importer import (
     check_import_memory,
     check_import_person,
     check_merged_ids,

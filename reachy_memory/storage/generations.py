@@ -3,7 +3,7 @@
 :class:`Storage` is the store's only way to the data directory's journal and
 snapshots (the file rules are in :mod:`._persistence`; ``docs/FORMAT.md`` is
 the contract).  It appends the ops of the mutation funnel
-(``MemoryStore._commit``), replays them at open, and compacts: synchronously
+(``engine.core.Core.commit``), replays them at open, and compacts: synchronously
 (``compact``: open --recover, explicit, close) or in the background, where a
 thread writes the snapshot of a frozen view of the state (:mod:`._state`)
 while writes go on (``compact_in_background``).

@@ -61,7 +61,8 @@ import yaml
 from reachy_memory.engine.filters import validate_metadata
 from reachy_memory.errors import ValidationError
 from reachy_memory.model import MemoryType, check_time, check_unicode
-from reachy_memory.people.ops import merged_ids_of, note_labels
+from reachy_memory.people.importer import merged_ids_of
+from reachy_memory.people.notes import note_labels
 from reachy_memory.people.registry import check_metadata, person_from_op
 from reachy_memory.storage.export import strict_object
 

@@ -1,0 +1,116 @@
+"""The narrow interface the engine hands its components: :class:`Engine`.
+
+The people components (:mod:`reachy_memory.people`) and anything else built on the
+engine get an :class:`Engine`, never the :class:`~reachy_memory.engine.store.MemoryStore`:
+the state to read (under ``lock`` when iterating), the one commit funnel to change it,
+the embedder, the write preparation and the search pipeline.  The store builds the one
+implementation (:class:`~reachy_memory.engine.core.Core`) and passes it in.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import tzinfo
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from reachy_memory.config import Config
+    from reachy_memory.engine.records import Record
+    from reachy_memory.engine.state import MemoryState
+    from reachy_memory.model import MemoryType, SearchResult
+
+
+@dataclass
+class Prepared:
+    """A validated, embedded write, ready to be committed.
+
+    ``texts`` are what was embedded for each op; the commit re-embeds an op whose
+    previous-turn text changed between prepare (embed thread) and commit (engine thread).
+    """
+
+    ops: list[list[Any]]
+    ids: list[str]
+    texts: list[str | None]
+
+
+class Engine(Protocol):
+    """What a component may use of the engine (see the module doc).
+
+    ``state`` is read by single lookups from any thread, by iteration only under
+    ``lock``; it changes only through :meth:`commit`.
+    """
+
+    @property
+    def state(self) -> MemoryState: ...
+
+    @property
+    def lock(self) -> threading.RLock: ...
+
+    @property
+    def config(self) -> Config: ...
+
+    @property
+    def tz(self) -> tzinfo:
+        """``memory.timezone``: the user's day."""
+        ...
+
+    @property
+    def embedder(self) -> Any:
+        """The embedder in use, or None (lexical-only)."""
+        ...
+
+    def require_open(self) -> None:
+        """Raise ClosedError once the store is closed."""
+        ...
+
+    def commit(self, ops: list[Any], *, durable: bool = False) -> None:
+        """Journal ``ops`` (lists; persons' as dicts) as one frame, then apply them to
+        ``state``: the one mutation funnel."""
+        ...
+
+    def embed(self, texts: list[str]) -> np.ndarray | None:
+        """(n, dim) vectors, or None when the model failed or there is none (logged)."""
+        ...
+
+    def embed_query(self, query: str) -> np.ndarray | None:
+        """The query's vector, or None when no model is usable (thread-safe)."""
+        ...
+
+    def stored_text(self, rec: Record) -> str:
+        """What is embedded for a stored memory (a turn with the turn it follows)."""
+        ...
+
+    def decayed(self, rec: Record, now: float) -> bool:
+        """Whether ``rec`` has decayed below ``decay.threshold`` at ``now``."""
+        ...
+
+    def prepare(self, items: Iterable[Mapping[str, Any]], now: float | None = None, *,
+                imported: bool = False) -> Prepared:
+        """Validate and embed a write without changing anything (thread-safe)."""
+        ...
+
+    def check_retries_still_stored(self, prepared: Prepared) -> None:
+        """Raise NotFoundError when a retry's memory was forgotten since prepare."""
+        ...
+
+    def search(self, query: str, memory_type: MemoryType | str | None = None, limit: int = ...,
+               min_score: float = ..., where: dict[str, Any] | None = None, *, mode: str | None = None,
+               now: Any = None, about: str | None = None, owner: str | None = None,
+               include_superseded: bool = False) -> list[SearchResult]:
+        """Check, embed and search (see :meth:`MemoryStore.search`)."""
+        ...
+
+    def search_vector(self, query: str, qvec: np.ndarray | None, memory_type: MemoryType | str | None = None,
+                      limit: int = ..., min_score: float = ..., where: dict[str, Any] | None = None, *,
+                      mode: str = "hybrid", now: Any = None, about: str | None = None, owner: str | None = None,
+                      include_superseded: bool = False) -> list[SearchResult]:
+        """Search with the query already embedded."""
+        ...
+
+    def window(self) -> list[dict[str, Any]]:
+        """The context window's recent messages (role, content, timestamp), oldest first."""
+        ...
