@@ -41,10 +41,21 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from functools import lru_cache
+from typing import Any
 
+import numpy as np
 import snowballstemmer
+
+from reachy_memory.engine.filters import validate_metadata
+from reachy_memory.engine.records import Record
+from reachy_memory.engine.state import GROUP
+from reachy_memory.engine.vector_index import VectorIndex
+from reachy_memory.errors import ValidationError
+from reachy_memory.model import MemoryType, to_datetime, to_epoch
 
 #: Rule 2's cosine floor (fp32 or int8 vectors of the configured model); see the module doc.
 THRESHOLD = 0.92
@@ -54,10 +65,12 @@ RELATIVE_SECONDS = 3600.0
 _STEM = snowballstemmer.stemmer("english")
 _QUOTES = str.maketrans({"\u2019": "'", "\u2018": "'", "\u02bc": "'", "`": "'"})
 _WORD = re.compile(r"[^\W_]+(?:[.:,][0-9]+)*")  # "8:15", "3.5" and "1,000" stay one word
-_IRREGULAR = ((r"\bcan't\b", "can not"), (r"\bcannot\b", "can not"), (r"\bwon't\b", "will not"),
-              (r"\bshan't\b", "shall not"), (r"\bain't\b", "is not"))
-_CONTRACTIONS = ((r"n't\b", " not"), (r"'re\b", " are"), (r"'m\b", " am"), (r"'ve\b", " have"),
-                 (r"'ll\b", " will"))
+# A password or a code keeps its case: letters and digits mixed, or a capital after a small letter.
+_CODE = re.compile(r"[^\W\d_]\d|\d[^\W\d_]|[a-z][A-Z]")
+_EXPANSIONS = {"can't": "can not", "cannot": "can not", "won't": "will not", "shan't": "shall not",
+               "ain't": "is not", "n't": " not", "'re": " are", "'m": " am", "'ve": " have", "'ll": " will"}
+_CONTRACTION = re.compile(r"\b(?:can't|cannot|won't|shan't|ain't)\b|n't\b|'re\b|'m\b|'ve\b|'ll\b",
+                          re.IGNORECASE)
 # Leading words that say "this is a fact" and add none: dropped, repeatedly.
 _FILLER = re.compile(
     r"^\s*(?:(?:i\s+know|i\s+remember|remember|please\s+remember|note|please\s+note|do\s+not\s+forget|"
@@ -87,6 +100,7 @@ _ALLERGY = re.compile(r"\s+(?:has|have)\s+an?\s+(\w+)\s+allergy\b")  # "a nut al
 _MONTHS = "january|february|march|april|may|june|july|august|september|october|november|december"
 _DAYS = "monday|tuesday|wednesday|thursday|friday|saturday|sunday"
 _DAY_MONTH = re.compile(rf"\b(\d{{1,2}})(?:st|nd|rd|th)?\s+(?:of\s+)?({_MONTHS})\b")  # "14 October": "October 14"
+_MONTH_OR_DAY = re.compile(rf"\b(?:{_MONTHS}|{_DAYS})")
 _ON_DATE = re.compile(rf"\bon\s+(?=(?:the\s+)?(?:\d{{1,2}}(?:st|nd|rd|th)?\b|(?:{_MONTHS}|{_DAYS})s?\b))")
 _NEGATION = frozenset({"not", "no", "never", "nobody", "nothing", "none", "neither", "nor", "without"})
 _RELATIVE = frozenset({"today", "tomorrow", "yesterday", "tonight", "ago", "recently", "lately", "soon"})
@@ -165,21 +179,21 @@ def _words(text: str) -> list[str]:
     """The words of ``text``: NFKC, case folded but for codes, contractions expanded,
     a leading filler dropped, number words as digits, one spelling."""
     text = unicodedata.normalize("NFKC", text).translate(_QUOTES)
-    folded = " ".join(w if _is_code(w) else w.casefold() for w in text.split())
-    for pattern, full in (*_IRREGULAR, *_CONTRACTIONS):
-        folded = re.sub(pattern, full, folded)
+    if _CODE.search(text) is None:
+        folded = text.casefold()
+    else:
+        folded = " ".join(w if _CODE.search(w) else w.casefold() for w in text.split())
+    if "'" in folded or "cannot" in folded:
+        folded = _CONTRACTION.sub(lambda m: _EXPANSIONS[m.group().casefold()], folded)
     while (filler := _FILLER.match(folded)) is not None and filler.end() > 0:
         folded = folded[filler.end():]
-    folded = _ALLERGY.sub(r" is allergic to \1", _WORKS_AS.sub(" is ", folded))
-    folded = _DAY_MONTH.sub(r"\2 \1", _ON_DATE.sub("", folded))
-    words = _WORD.findall(folded)
-    return [_NUMBERS.get(w) or _SPELLING.get(w) or w for w in words]
-
-
-def _is_code(word: str) -> bool:
-    """A password or code: letters and digits mixed, or a capital after a small letter."""
-    letters = any(c.isalpha() for c in word)
-    return (letters and any(c.isdigit() for c in word)) or re.search(r"[a-z][A-Z]", word) is not None
+    if " as " in folded:
+        folded = _WORKS_AS.sub(" is ", folded)
+    if "allergy" in folded:
+        folded = _ALLERGY.sub(r" is allergic to \1", folded)
+    if _MONTH_OR_DAY.search(folded):
+        folded = _DAY_MONTH.sub(r"\2 \1", _ON_DATE.sub("", folded))
+    return [_NUMBERS.get(w) or _SPELLING.get(w) or w for w in _WORD.findall(folded)]
 
 
 @lru_cache(maxsize=8192)
@@ -208,3 +222,189 @@ def _rotation(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
 def relative(text: str) -> bool:
     """Whether ``text`` is dated relative to its telling ("tomorrow", "last week")."""
     return read(text).relative
+
+
+# -- the store's side: which memories may be the same, the refresh, the read-side collapse ---------
+
+#: The memory types a write may merge into a kept memory (conversation turns are events: all kept).
+KINDS = frozenset({MemoryType.FACT.value, MemoryType.CONTEXT.value})
+#: How many nearest memories of the type a write compares itself with (hnswlib, or the exact scan).
+NEIGHBOURS = 8
+#: Neighbours less similar than this are not read: two texts equal once normalized had a
+#: cosine of 0.80 at least (a filler before a three-word fact), rule 2 needs THRESHOLD.
+FLOOR = 0.6
+COUNT_KEY = "confirmations"  # metadata of a kept memory: how many times it was told again
+TIME_KEY = "confirmed_at"  # and when it was told last (ISO 8601, UTC)
+_IDENTITY_KEYS = ("context_key",)  # set_context's key: its memories are replaced by key, never merged
+
+
+def mergeable(rec: Record) -> bool:
+    """Whether ``rec`` may take part in a merge: a fact or a context memory that is no
+    named note, archive, expiring memory or ``set_context`` value."""
+    return (rec.type in KINDS and rec.name is None and rec.expires is None and rec.covers_until is None
+            and not any(key in rec.metadata for key in _IDENTITY_KEYS))
+
+
+def compatible(kept: Record, new: Record, entity_keys: Sequence[str]) -> bool:
+    """Whether ``kept`` and ``new`` could be the same memory whatever their texts: both
+    mergeable, ``kept`` live (not superseded), the same type, owner, sharing, subjects,
+    and the same person or speaker in their metadata (``search.entity_fields``)."""
+    return (mergeable(kept) and mergeable(new) and not kept.hidden and kept.type == new.type
+            and kept.owner == new.owner and kept.shared == new.shared
+            and set(kept.subjects) == set(new.subjects)
+            and all(_entity(kept.metadata.get(k)) == _entity(new.metadata.get(k)) for k in entity_keys))
+
+
+def same(kept: Record, new: Record, similarity: float | None, entity_keys: Sequence[str]) -> Decision:
+    """Whether ``new`` restates ``kept`` (:func:`compatible`, then :func:`decide`); a fact
+    dated relative to its telling is the same only within :data:`RELATIVE_SECONDS` of
+    the last time ``kept`` was told."""
+    if not compatible(kept, new, entity_keys):
+        return Decision(False, "another owner, type, person or kind of memory")
+    decision = decide(new.content, kept.content, similarity)
+    if decision.same and (relative(new.content) or relative(kept.content)) \
+            and abs(new.created - last_told(kept)) > RELATIVE_SECONDS:
+        return Decision(False, "dated relative to its telling, told at another time")
+    return decision
+
+
+def restatement(new: Record, vector: np.ndarray | None, vectors: VectorIndex, by_slot: Mapping[int, Record],
+                entity_keys: Sequence[str], now: float) -> tuple[Record, str] | None:
+    """The kept memory ``new`` restates and why, among the :data:`NEIGHBOURS` nearest
+    memories of its type (one hnswlib query, or the exact scan of a small store); None
+    when there is none or ``new`` has no vector (lexical-only: a write is never merged)."""
+    if vector is None or not mergeable(new) or vectors.count == 0:
+        return None
+    slots, sims = vectors.search(vector, NEIGHBOURS, None, [GROUP[new.type]])
+    for slot, sim in zip(slots.tolist(), sims.tolist(), strict=True):
+        kept = by_slot.get(slot)
+        if sim >= FLOOR and kept is not None and not kept.expired(now):
+            decision = same(kept, new, sim, entity_keys)
+            if decision.same:
+                return kept, decision.reason
+    return None
+
+
+def within(new: Record, vector: np.ndarray | None, earlier: Sequence[tuple[Record, np.ndarray | None]],
+           entity_keys: Sequence[str]) -> Record | None:
+    """The memory of the same batch, written before ``new``, that it restates (or None)."""
+    for rec, vec in earlier:
+        sim = float(vec @ vector) if vec is not None and vector is not None else None
+        if same(rec, new, sim, entity_keys).same:
+            return rec
+    return None
+
+
+def refreshed(kept: Record, metadata: Mapping[str, Any], at: float, *, told: int = 1,
+              max_bytes: int, max_keys: int) -> dict[str, Any]:
+    """The fields of an ``update`` op refreshing ``kept``, told ``told`` more times (the
+    last at ``at``), with ``metadata`` merged over its own (the newer value wins): its
+    metadata (with :data:`COUNT_KEY` and :data:`TIME_KEY`) and its decay clock.  Metadata
+    over the limits keeps the kept memory's own, with the count and time when they fit."""
+    marks = {COUNT_KEY: _count(kept) + told, TIME_KEY: to_datetime(at).isoformat()}
+    for candidate in ({**kept.metadata, **metadata, **marks}, {**kept.metadata, **marks}):
+        try:
+            merged = validate_metadata(candidate, max_bytes=max_bytes, max_keys=max_keys)
+            break
+        except ValidationError:  # TooLargeError too
+            continue
+    else:
+        merged = dict(kept.metadata)
+    return {"metadata": merged, "last_access": max(at, kept.last_access or kept.created), "confidence": 1.0}
+
+
+def last_told(rec: Record) -> float:
+    """When ``rec`` was told last: its :data:`TIME_KEY`, else its creation."""
+    value = rec.metadata.get(TIME_KEY)
+    if isinstance(value, str):
+        try:
+            return max(rec.created, to_epoch(datetime.fromisoformat(value)) or rec.created)
+        except ValueError:
+            pass
+    return rec.created
+
+
+def collapse_key(content: str, memory_type: str) -> str | None:
+    """What two search hits share when they show the same thing: the normalized text of a
+    fact or context memory; None for a conversation turn (an event: "ok" twice is two)."""
+    return normalized(content) if memory_type in KINDS else None
+
+
+def _entity(value: Any) -> Any:
+    return " ".join(value.casefold().split()) if isinstance(value, str) else value
+
+
+# -- merging the copies a store already holds (``reachy-memory dedupe``) -----------------------------
+
+
+@dataclass(frozen=True)
+class Merge:
+    """One memory kept and the copies of it that go (each with the rule's reason)."""
+
+    kept: Record
+    copies: tuple[tuple[Record, str], ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report entry of this merge."""
+        return {"kept": self.kept.id, "content": self.kept.content, "type": self.kept.type, "owner": self.kept.owner,
+                "copies": [{"id": rec.id, "content": rec.content, "reason": why} for rec, why in self.copies]}
+
+
+def plan(records: Iterable[Record], vectors: VectorIndex, entity_keys: Sequence[str], now: float) -> list[Merge]:
+    """The merges that leave one memory for each set of copies among ``records`` (live,
+    mergeable ones; read under the store lock): the oldest of a set is kept, each later
+    one is a copy when :func:`same` says so against a memory kept before it.  Only
+    memories with the same content words are compared (a dict of them: linear in the
+    records, but for sets of near-identical memories)."""
+    live = sorted((r for r in records if mergeable(r) and not r.hidden and not r.expired(now)),
+                  key=lambda r: (r.created, r.id))
+    kept_by: dict[tuple[Any, ...], list[Record]] = {}
+    copies: dict[str, list[tuple[Record, str]]] = {}
+    for rec in live:
+        bucket = kept_by.setdefault((rec.type, rec.owner, tuple(sorted(read(rec.content).content))), [])
+        for kept in bucket:
+            decision = same(kept, rec, _cosine(vectors, kept, rec), entity_keys)
+            if decision.same:
+                copies.setdefault(kept.id, []).append((rec, decision.reason))
+                break
+        else:
+            bucket.append(rec)
+    by_id = {rec.id: rec for rec in live}
+    return [Merge(by_id[kept], tuple(found)) for kept, found in copies.items()]
+
+
+def merge_ops(merge: Merge, superseded_by: Mapping[str, list[Record]], *, max_bytes: int,
+              max_keys: int) -> list[list[Any]]:
+    """The journal ops of one :class:`Merge`: the kept memory refreshed as if each copy
+    had been written after it (metadata merged oldest first, counts added, confirmed if
+    any was), the copies deleted, and the memories a copy superseded pointed at the kept
+    one (``superseded_by``: the records that name each id as their ``superseded_by``)."""
+    kept, metadata = merge.kept, dict[str, Any]()
+    for rec, _ in merge.copies:
+        metadata |= {k: v for k, v in rec.metadata.items() if k not in (COUNT_KEY, TIME_KEY)}
+    told = sum(1 + _count(rec) for rec, _ in merge.copies)
+    at = max(last_told(rec) for rec, _ in merge.copies)
+    fields = refreshed(kept, metadata, at, told=told, max_bytes=max_bytes, max_keys=max_keys)
+    fields["last_access"] = max([fields["last_access"], *(r.last_access or r.created for r, _ in merge.copies)])
+    if not kept.protected and any(rec.protected for rec, _ in merge.copies):
+        fields["protected"] = True
+    ops: list[list[Any]] = [["update", kept.id, fields]]
+    for rec, _ in merge.copies:
+        ops += [["update", old.id, {"superseded_by": kept.id}] for old in superseded_by.get(rec.id, ())]
+        ops.append(["del", rec.id])
+    return ops
+
+
+def _count(rec: Record) -> int:
+    count = rec.metadata.get(COUNT_KEY)
+    return count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else 0
+
+
+def _cosine(vectors: VectorIndex, a: Record, b: Record) -> float | None:
+    """The cosine of two stored memories' vectors (None when either has none)."""
+    if a.vkey is None or b.vkey is None:
+        return None
+    rows = vectors.unit_rows(np.array([a.slot, b.slot], np.int64))
+    if not rows[0].any() or not rows[1].any():
+        return None
+    return float(rows[0] @ rows[1])

@@ -1,0 +1,110 @@
+"""The write cost of the restatement check (a stored fact or context memory compared
+with its nearest kept memories) at 10k and 100k memories.
+
+    python tools/bench_dedupe.py              # 10k and 100k
+    python tools/bench_dedupe.py --quick      # 10k only
+    python tools/bench_dedupe.py --sizes 50000 --repeat 400
+
+A store is filled with N memories (a third each type, random unit vectors: the engine
+measured alone, as in tools/bench_engine.py), closed (its graphs built and cached) and
+opened again, as a daemon finds it.  Then, per size:
+
+* ``check``: :func:`reachy_memory.engine.dedupe.restatement` alone for a new fact (no
+  copy found: the common case) and for a restated one (found at once);
+* ``store``: ``store(fact)`` with ``memory.dedupe`` on and off, alternated in one
+  process (fsync never: the disk's noise is not the check's), and their difference.
+
+Prints p50/p90/p99 in milliseconds, the median of 3 runs of each percentile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from reachy_memory import MemoryStore
+from reachy_memory.engine import dedupe
+from reachy_memory.engine.records import Record
+from tools._bench import row, runs, sentences
+from tools.bench_engine import Precomputed, config, fill
+
+TARGET_MS = 0.5  # added per store, at 10k and 100k memories
+
+
+def opened(path: Path, **memory: Any) -> MemoryStore:
+    """The store at ``path`` with its cached graphs adopted (a daemon at steady state)."""
+    store = MemoryStore(config=config(path, fsync="never", **memory), embedder=Precomputed(11))
+    adopt = getattr(store._state.vectors, "_adopt_loaded", None)
+    if adopt is not None:
+        adopt(wait=True)
+    return store
+
+
+def bench_check(store: MemoryStore, n: int, repeat: int) -> None:
+    """The check alone, on records that are not written."""
+    state, entity = store._state, store.config.search.entity_fields
+    rng = np.random.default_rng(5)
+    fresh = itertools.cycle([(Record(f"new{i}", t, "fact", time.time(), None, {}),
+                              (v / np.linalg.norm(v)).astype(np.float32))
+                             for i, (t, v) in enumerate(zip(sentences(200, seed=21),
+                                                            rng.standard_normal((200, 384)), strict=True))])
+    facts = [r for r in itertools.islice(state.records.values(), 0, 3000) if r.type == "fact"][:200]
+    told = itertools.cycle([(Record(f"again{i}", r.content.upper(), "fact", time.time(), None, {}),
+                             state.vectors.unit_rows(np.array([r.slot]))[0]) for i, r in enumerate(facts)])
+
+    def check(source: Any) -> None:
+        rec, vec = next(source)
+        dedupe.restatement(rec, vec, state.vectors, state.by_slot, entity, time.time())
+
+    print(row(f"check {n // 1000}k, a new fact", runs(lambda: check(fresh), repeat)))
+    print(row(f"check {n // 1000}k, a fact told again", runs(lambda: check(told), repeat)))
+
+
+def bench_store(path: Path, n: int, repeat: int) -> None:
+    """store(fact) with the check on and off, alternated: the added cost is their difference."""
+    texts = itertools.cycle(f"{t} {i}" for i, t in enumerate(sentences(repeat * 8, seed=33)))
+    stats = {}
+    for on in (True, False, True, False):
+        with opened(path, dedupe=on) as store:
+            got = runs(lambda store=store: store.store(next(texts), "fact"), repeat)
+        key = "on" if on else "off"
+        stats[key] = got if key not in stats else {k: min(v, got[k]) for k, v in stats[key].items()}
+    for key in ("off", "on"):
+        print(row(f"store(fact) {n // 1000}k, dedupe {key}", stats[key]))
+    added = stats["on"]["p50"] - stats["off"]["p50"]
+    print(f"added by the check at {n // 1000}k: p50 {added:+.3f} ms (target < {TARGET_MS} ms)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="10k only")
+    parser.add_argument("--sizes", type=int, nargs="*", help="memory counts (default 10000 100000)")
+    parser.add_argument("--repeat", type=int, default=300, help="calls per run")
+    args = parser.parse_args()
+    sizes = args.sizes or ([10_000] if args.quick else [10_000, 100_000])
+    with tempfile.TemporaryDirectory(prefix="rm-dedupe-") as tmp:
+        for n in sizes:
+            path = Path(tmp) / f"s{n}"
+            fill(path, n)
+            with opened(path) as store:
+                bench_check(store, n, args.repeat)
+            if "dedupe" in MemoryStore.__init__.__code__.co_varnames or _has_switch():
+                bench_store(path, n, args.repeat)
+
+
+def _has_switch() -> bool:
+    from reachy_memory.config import MemoryConfig
+
+    return hasattr(MemoryConfig, "dedupe")
+
+
+if __name__ == "__main__":
+    main()
