@@ -57,15 +57,21 @@ def bench_check(store: MemoryStore, n: int, repeat: int) -> None:
                              for i, (t, v) in enumerate(zip(sentences(200, seed=21),
                                                             rng.standard_normal((200, 384)), strict=True))])
     facts = [r for r in itertools.islice(state.records.values(), 0, 3000) if r.type == "fact"][:200]
-    told = itertools.cycle([(Record(f"again{i}", r.content.upper(), "fact", time.time(), None, {}),
+    told = itertools.cycle([(Record(f"again{i}", r.content.upper(), "fact", time.time(), None, dict(r.metadata)),
                              state.vectors.unit_rows(np.array([r.slot]))[0]) for i, r in enumerate(facts)])
+
+    found = [0, 0]
 
     def check(source: Any) -> None:
         rec, vec = next(source)
-        dedupe.restatement(rec, vec, state.vectors, state.by_slot, entity, time.time())
+        found[0] += dedupe.restatement(rec, vec, state.vectors, state.by_slot, entity, time.time()) is not None
+        found[1] += 1
 
     print(row(f"check {n // 1000}k, a new fact", runs(lambda: check(fresh), repeat)))
+    print(f"  copies found (none exist): {found[0]} of {found[1]}")
+    found[:] = [0, 0]
     print(row(f"check {n // 1000}k, a fact told again", runs(lambda: check(told), repeat)))
+    print(f"  copies found: {found[0]} of {found[1]}")
 
 
 def bench_store(path: Path, n: int, repeat: int) -> None:
@@ -88,6 +94,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="10k only")
     parser.add_argument("--sizes", type=int, nargs="*", help="memory counts (default 10000 100000)")
     parser.add_argument("--repeat", type=int, default=300, help="calls per run")
+    parser.add_argument("--check-only", action="store_true", help="the check alone, no store() timing")
     args = parser.parse_args()
     sizes = args.sizes or ([10_000] if args.quick else [10_000, 100_000])
     with tempfile.TemporaryDirectory(prefix="rm-dedupe-") as tmp:
@@ -96,14 +103,8 @@ def main() -> None:
             fill(path, n)
             with opened(path) as store:
                 bench_check(store, n, args.repeat)
-            if "dedupe" in MemoryStore.__init__.__code__.co_varnames or _has_switch():
+            if not args.check_only:
                 bench_store(path, n, args.repeat)
-
-
-def _has_switch() -> bool:
-    from reachy_memory.config import MemoryConfig
-
-    return hasattr(MemoryConfig, "dedupe")
 
 
 if __name__ == "__main__":

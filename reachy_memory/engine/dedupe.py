@@ -26,8 +26,8 @@ Synonyms are the price: "Sarah enjoys Italian food" restates "Sarah likes Italia
 food" only through the short list :data:`_SYNONYMS`; other rewordings stay two
 memories (search shows both; nothing is lost).
 
-Codes keep their case: a word mixing letters and digits or with a capital inside
-("Blue42Sky", "sunFlower7") is a password or a code, and "BLUE42SKY" is another one.
+Codes keep their case: a word mixing letters and digits ("Blue42Sky", "sunFlower7")
+is a password or a code, and "BLUE42SKY" is another one.
 
 The store adds what text cannot say: the same owner, type, sharing and subjects,
 and a fact dated relative to its telling ("today", "tomorrow", "last week") is the
@@ -65,8 +65,8 @@ RELATIVE_SECONDS = 3600.0
 _STEM = snowballstemmer.stemmer("english")
 _QUOTES = str.maketrans({"\u2019": "'", "\u2018": "'", "\u02bc": "'", "`": "'"})
 _WORD = re.compile(r"[^\W_]+(?:[.:,][0-9]+)*")  # "8:15", "3.5" and "1,000" stay one word
-# A password or a code keeps its case: letters and digits mixed, or a capital after a small letter.
-_CODE = re.compile(r"[^\W\d_]\d|\d[^\W\d_]|[a-z][A-Z]")
+# A password or a code keeps its case: a word mixing letters and digits ("Blue42Sky"; "TikTok" is a name).
+_CODE = re.compile(r"[^\W\d_]\d|\d[^\W\d_]")
 _EXPANSIONS = {"can't": "can not", "cannot": "can not", "won't": "will not", "shan't": "shall not",
                "ain't": "is not", "n't": " not", "'re": " are", "'m": " am", "'ve": " have", "'ll": " will"}
 _CONTRACTION = re.compile(r"\b(?:can't|cannot|won't|shan't|ain't)\b|n't\b|'re\b|'m\b|'ve\b|'ll\b",
@@ -233,6 +233,8 @@ NEIGHBOURS = 8
 #: Neighbours less similar than this are not read: two texts equal once normalized had a
 #: cosine of 0.80 at least (a filler before a three-word fact), rule 2 needs THRESHOLD.
 FLOOR = 0.6
+#: The hnswlib search breadth of that query: a near-identical vector is found with a small one.
+NEIGHBOUR_EF = 32
 COUNT_KEY = "confirmations"  # metadata of a kept memory: how many times it was told again
 TIME_KEY = "confirmed_at"  # and when it was told last (ISO 8601, UTC)
 _IDENTITY_KEYS = ("context_key",)  # set_context's key: its memories are replaced by key, never merged
@@ -275,7 +277,11 @@ def restatement(new: Record, vector: np.ndarray | None, vectors: VectorIndex, by
     when there is none or ``new`` has no vector (lexical-only: a write is never merged)."""
     if vector is None or not mergeable(new) or vectors.count == 0:
         return None
-    slots, sims = vectors.search(vector, NEIGHBOURS, None, [GROUP[new.type]])
+    group = GROUP[new.type]
+    if vectors.count <= vectors.exact_below:  # no graphs at this size: the type's rows only, not every row
+        slots, sims = vectors.exact(vector, np.flatnonzero(vectors.alive & (vectors.group == group)), NEIGHBOURS)
+    else:
+        slots, sims = vectors.search(vector, NEIGHBOURS, None, [group], ef=NEIGHBOUR_EF)
     for slot, sim in zip(slots.tolist(), sims.tolist(), strict=True):
         kept = by_slot.get(slot)
         if sim >= FLOOR and kept is not None and not kept.expired(now):

@@ -310,11 +310,13 @@ class VectorIndex:
     # -- search ------------------------------------------------------------------------
 
     def search(self, query: np.ndarray, k: int, mask: np.ndarray | None = None,
-               groups: list[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+               groups: list[int] | None = None, *, ef: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Top ``k`` (slots, cosine similarities), best first, within ``mask``.
 
         ``groups`` names the groups ``mask`` can match (None: any), so the
-        search walks only their graphs.
+        search walks only their graphs; ``ef`` (default ``search.hnsw_ef_search``)
+        is the graphs' search breadth: a smaller one is faster and still finds a
+        near-identical vector (the write-time restatement check).
         """
         if self.count == 0 or k <= 0:
             return _NONE
@@ -337,7 +339,7 @@ class VectorIndex:
             # gathering those rows costs less than over-fetching from each graph.
             return self.exact(query, np.flatnonzero(allowed), k)
         # Nodes of a mass expiry not yet marked deleted are filtered out like a mask.
-        return self._graph_search(query, k, None if mask is None and not self._unmarked else allowed, groups)
+        return self._graph_search(query, k, None if mask is None and not self._unmarked else allowed, groups, ef)
 
     def _scan(self, query: np.ndarray, allowed: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Exact search by one matrix-vector product over every slot (fast below ~8k)."""
@@ -365,8 +367,9 @@ class VectorIndex:
         return sims[:top].copy()
 
     def _graph_search(self, query: np.ndarray, k: int, allowed: np.ndarray | None,
-                      groups: list[int] | None) -> tuple[np.ndarray, np.ndarray]:
-        parts = [self._graph_only(query, k, g, allowed) for g in (groups or list(self._graphs)) if g in self._graphs]
+                      groups: list[int] | None, ef: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        parts = [self._graph_only(query, k, g, allowed, ef) for g in (groups or list(self._graphs))
+                 if g in self._graphs]
         if self.pending:
             extra = np.fromiter(self.pending, np.int64, len(self.pending))
             if allowed is not None:
@@ -378,8 +381,8 @@ class VectorIndex:
         order = np.argsort(-sims, kind="stable")[:k]
         return labels[order], sims[order]
 
-    def _graph_only(self, query: np.ndarray, k: int, group: int,
-                    allowed: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    def _graph_only(self, query: np.ndarray, k: int, group: int, allowed: np.ndarray | None,
+                    ef: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Top ``k`` of one group's graph, over-fetching when a filter drops results."""
         n_members = self._in_graph_count.get(group, 0)
         n_allowed = n_members
@@ -392,7 +395,7 @@ class VectorIndex:
         fetch = min(n_members, k if allowed is None else int(k * n_members / n_allowed * 1.5) + 10)
         graph = self._graphs[group]
         try:
-            graph.set_ef(max(self._ef, fetch))
+            graph.set_ef(max(ef or self._ef, fetch))
             labels, dist = graph.knn_query(query.reshape(1, -1), k=fetch)
         except RuntimeError:
             return self.exact(query, self._members(group, allowed), k)
