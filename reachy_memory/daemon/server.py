@@ -1044,6 +1044,7 @@ _HANDLERS: dict[str, _Handler] = {
     "forget": lambda d, j: {"deleted": d.store.forget(j.args["id"])},
     "cleanup_expired": _cleanup_op,
     "apply_retention": _retention_op,
+    "dedupe": lambda d, j: d.store.dedupe(dry_run=j.args["dry_run"]),
     "add_to_context_window": lambda d, j: d.store.add_to_context_window(j.args["role"], j.args["content"]),
     "clear_context_window": lambda d, j: d.store.clear_context_window(),
     "export": _export,

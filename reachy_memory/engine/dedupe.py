@@ -40,12 +40,13 @@ labelled pairs, reported on the other, both ways; precision first).
 from __future__ import annotations
 
 import re
+import time
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import snowballstemmer
@@ -55,7 +56,10 @@ from reachy_memory.engine.records import Record
 from reachy_memory.engine.state import GROUP
 from reachy_memory.engine.vector_index import VectorIndex
 from reachy_memory.errors import ValidationError
-from reachy_memory.model import MemoryType, to_datetime, to_epoch
+from reachy_memory.model import MemoryType, SearchResult, to_datetime, to_epoch
+
+if TYPE_CHECKING:
+    from reachy_memory.engine.ports import Engine
 
 #: Rule 2's cosine floor (fp32 or int8 vectors of the configured model); see the module doc.
 THRESHOLD = 0.92
@@ -242,17 +246,18 @@ _IDENTITY_KEYS = ("context_key",)  # set_context's key: its memories are replace
 
 def mergeable(rec: Record) -> bool:
     """Whether ``rec`` may take part in a merge: a fact or a context memory that is no
-    named note, archive, expiring memory or ``set_context`` value."""
-    return (rec.type in KINDS and rec.name is None and rec.expires is None and rec.covers_until is None
+    named note, archive or ``set_context`` value."""
+    return (rec.type in KINDS and rec.name is None and rec.covers_until is None
             and not any(key in rec.metadata for key in _IDENTITY_KEYS))
 
 
 def compatible(kept: Record, new: Record, entity_keys: Sequence[str]) -> bool:
     """Whether ``kept`` and ``new`` could be the same memory whatever their texts: both
     mergeable, ``kept`` live (not superseded), the same type, owner, sharing, subjects,
-    and the same person or speaker in their metadata (``search.entity_fields``)."""
+    expiry (none for a fact; a context memory's day), and the same person or speaker in
+    their metadata (``search.entity_fields``)."""
     return (mergeable(kept) and mergeable(new) and not kept.hidden and kept.type == new.type
-            and kept.owner == new.owner and kept.shared == new.shared
+            and kept.owner == new.owner and kept.shared == new.shared and kept.expires == new.expires
             and set(kept.subjects) == set(new.subjects)
             and all(_entity(kept.metadata.get(k)) == _entity(new.metadata.get(k)) for k in entity_keys))
 
@@ -273,15 +278,12 @@ def same(kept: Record, new: Record, similarity: float | None, entity_keys: Seque
 def restatement(new: Record, vector: np.ndarray | None, vectors: VectorIndex, by_slot: Mapping[int, Record],
                 entity_keys: Sequence[str], now: float) -> tuple[Record, str] | None:
     """The kept memory ``new`` restates and why, among the :data:`NEIGHBOURS` nearest
-    memories of its type (one hnswlib query, or the exact scan of a small store); None
-    when there is none or ``new`` has no vector (lexical-only: a write is never merged)."""
+    memories of its type (:meth:`VectorIndex.nearest`: its hnswlib graph and the vectors
+    waiting for it, or the type's rows in a small store); None when there is none or
+    ``new`` has no vector (lexical-only: a write is never merged)."""
     if vector is None or not mergeable(new) or vectors.count == 0:
         return None
-    group = GROUP[new.type]
-    if vectors.count <= vectors.exact_below:  # no graphs at this size: the type's rows only, not every row
-        slots, sims = vectors.exact(vector, np.flatnonzero(vectors.alive & (vectors.group == group)), NEIGHBOURS)
-    else:
-        slots, sims = vectors.search(vector, NEIGHBOURS, None, [group], ef=NEIGHBOUR_EF)
+    slots, sims = vectors.nearest(vector, NEIGHBOURS, GROUP[new.type], ef=NEIGHBOUR_EF)
     for slot, sim in zip(slots.tolist(), sims.tolist(), strict=True):
         kept = by_slot.get(slot)
         if sim >= FLOOR and kept is not None and not kept.expired(now):
@@ -291,14 +293,66 @@ def restatement(new: Record, vector: np.ndarray | None, vectors: VectorIndex, by
     return None
 
 
-def within(new: Record, vector: np.ndarray | None, earlier: Sequence[tuple[Record, np.ndarray | None]],
-           entity_keys: Sequence[str]) -> Record | None:
-    """The memory of the same batch, written before ``new``, that it restates (or None)."""
-    for rec, vec in earlier:
-        sim = float(vec @ vector) if vec is not None and vector is not None else None
-        if same(rec, new, sim, entity_keys).same:
-            return rec
-    return None
+@dataclass(frozen=True)
+class Limits:
+    """What a write's check reads of the configuration."""
+
+    entity_keys: tuple[str, ...]  # search.entity_fields: metadata naming who a memory is about
+    max_bytes: int  # memory.max_metadata_bytes
+    max_keys: int  # memory.max_metadata_keys
+
+
+def fold(puts: list[list[Any]], ids: list[str], vectors: VectorIndex, by_slot: Mapping[int, Record],
+         limits: Limits, now: float) -> tuple[list[list[Any]], list[list[Any]]]:
+    """A write's ``put`` ops without the restatements: (the puts kept, the ``update`` ops
+    refreshing the memories they restate).  A put restates a kept memory
+    (:func:`restatement`) or one put before it in the same write; ``ids`` (the write's
+    answer, an id per item) then names the memory kept instead.  Conversation turns and
+    other memories :func:`mergeable` refuses pass unchanged.  Engine thread, under the lock."""
+    kept_puts: list[list[Any]] = []
+    seen: list[tuple[Record, np.ndarray | None, list[Any]]] = []  # this write's puts that may be restated
+    told: dict[str, tuple[Record, dict[str, Any], int, float]] = {}  # kept id -> (record, metadata, times, last)
+    for op in puts:
+        new = Record(**op[1])
+        vector = np.frombuffer(op[2], np.float32) if op[2] is not None else None
+        if not mergeable(new):
+            kept_puts.append(op)
+            continue
+        earlier = next((put for rec, vec, put in seen if same(rec, new, _dot(vec, vector), limits.entity_keys).same),
+                       None)
+        found = restatement(new, vector, vectors, by_slot, limits.entity_keys, now) if earlier is None else None
+        if earlier is not None:
+            earlier[1] = _told_again(earlier[1], new, limits)
+            _rename(ids, new.id, earlier[1]["id"])
+        elif found is not None:
+            kept = found[0]
+            _, metadata, times, at = told.get(kept.id, (kept, {}, 0, new.created))
+            told[kept.id] = (kept, metadata | new.metadata, times + 1, max(at, new.created))
+            _rename(ids, new.id, kept.id)
+        else:
+            kept_puts.append(op)
+            seen.append((new, vector, op))
+    updates = [["update", kept.id, refreshed(kept, metadata, at, told=times, max_bytes=limits.max_bytes,
+                                             max_keys=limits.max_keys)]
+               for kept, metadata, times, at in told.values()]
+    return kept_puts, updates
+
+
+def _told_again(row: dict[str, Any], new: Record, limits: Limits) -> dict[str, Any]:
+    """``row`` (a put of this write) refreshed by ``new``, a restatement of it in the same write."""
+    rec = Record(**row)
+    fields = refreshed(rec, new.metadata, new.created, max_bytes=limits.max_bytes, max_keys=limits.max_keys)
+    return row | {"metadata": fields["metadata"]}
+
+
+def _rename(ids: list[str], old: str, new: str) -> None:
+    for i, memory_id in enumerate(ids):
+        if memory_id == old:
+            ids[i] = new
+
+
+def _dot(a: np.ndarray | None, b: np.ndarray | None) -> float | None:
+    return float(a @ b) if a is not None and b is not None else None
 
 
 def refreshed(kept: Record, metadata: Mapping[str, Any], at: float, *, told: int = 1,
@@ -334,6 +388,20 @@ def collapse_key(content: str, memory_type: str) -> str | None:
     """What two search hits share when they show the same thing: the normalized text of a
     fact or context memory; None for a conversation turn (an event: "ok" twice is two)."""
     return normalized(content) if memory_type in KINDS else None
+
+
+def unique_hits(hits: Sequence[SearchResult]) -> list[SearchResult]:
+    """``hits`` with one for each normalized text of a fact or context memory (the
+    first: the caller's best), as a search shows them (``context_for`` joins two)."""
+    shown: set[str] = set()
+    out = []
+    for hit in hits:
+        key = collapse_key(hit.memory.content, hit.memory.memory_type.value)
+        if key is None or key not in shown:
+            out.append(hit)
+        if key is not None:
+            shown.add(key)
+    return out
 
 
 def _entity(value: Any) -> Any:
@@ -399,6 +467,35 @@ def merge_ops(merge: Merge, superseded_by: Mapping[str, list[Record]], *, max_by
         ops += [["update", old.id, {"superseded_by": kept.id}] for old in superseded_by.get(rec.id, ())]
         ops.append(["del", rec.id])
     return ops
+
+
+MERGES_PER_FRAME = 256  # merges journaled together: an interrupted run keeps whole merges, a rerun does the rest
+REPORTED = 200  # merges listed in a report (all are counted)
+
+
+def run(engine: Engine, *, dry_run: bool = False) -> dict[str, Any]:
+    """Merge the copies among the stored fact and context memories (:func:`plan`), or with
+    ``dry_run`` only say what would be merged.  Returns ``kept`` (memories that had
+    copies), ``merged`` (copies deleted, or to be), ``dry_run`` and ``merges`` (the first
+    :data:`REPORTED`: each kept memory with its copies and the rule's reason).  Every
+    change goes through the journal, :data:`MERGES_PER_FRAME` merges a frame.  Holds the
+    store lock throughout (the rule reads every fact once: ~50 us each)."""
+    engine.require_open()
+    limits = engine.dedupe_limits()
+    with engine.lock:
+        state = engine.state
+        merges = plan(state.records.values(), state.vectors, limits.entity_keys, time.time())
+        if merges and not dry_run:
+            superseded_by: dict[str, list[Record]] = {}
+            for rec in state.records.values():
+                if rec.superseded_by is not None:
+                    superseded_by.setdefault(rec.superseded_by, []).append(rec)
+            for start in range(0, len(merges), MERGES_PER_FRAME):
+                engine.commit([op for merge in merges[start : start + MERGES_PER_FRAME]
+                               for op in merge_ops(merge, superseded_by, max_bytes=limits.max_bytes,
+                                                   max_keys=limits.max_keys)])
+    return {"dry_run": dry_run, "kept": len(merges), "merged": sum(len(m.copies) for m in merges),
+            "merges": [m.to_dict() for m in merges[:REPORTED]]}
 
 
 def _count(rec: Record) -> int:

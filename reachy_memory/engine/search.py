@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from reachy_memory.engine import ingest, ranking
+from reachy_memory.engine import dedupe, ingest, ranking
 from reachy_memory.engine.records import Record
 from reachy_memory.engine.state import GROUP
 from reachy_memory.engine.temporal import query_window, window_bonus
@@ -58,15 +58,7 @@ class Search:
             slots, scores = self._rank(query, qvec, mask, limit, mode, mtype, at)
             diversity = core.config.search.diversity if mode == "hybrid" else 0.0
             want = max(2 * limit, ranking.MMR_POOL) if diversity else limit
-            hits: list[tuple[int, Record]] = []  # (position in slots, record): the best shown hits, by score
-            for i in np.argsort(-scores, kind="stable"):
-                if scores[i] < min_score:
-                    break
-                rec = state.by_slot[int(slots[i])]
-                if not rec.expired(at) and (include_superseded or not core.decayed(rec, at)):
-                    hits.append((int(i), rec))
-                    if len(hits) == want:
-                        break
+            hits = self._best(slots, scores, min_score, want, at, include_superseded)
             if diversity and len(hits) > 2:
                 pos = np.array([i for i, _ in hits])
                 vectors = state.vectors.unit_rows(slots[pos])
@@ -76,6 +68,37 @@ class Search:
                 results.append(SearchResult(rec.memory(), float(scores[i]), subject_names(state.people, rec, owner)))
                 core.touch(rec, at)
             return results
+
+    def _best(self, slots: np.ndarray, scores: np.ndarray, min_score: float, want: int, at: float,
+              include_superseded: bool) -> list[tuple[int, Record]]:
+        """(position in slots, record) of the best ``want`` hits to show, by score: live, not
+        decayed (unless ``include_superseded``), and with ``memory.dedupe`` one hit for each
+        normalized text of a fact or context memory (:func:`.dedupe.collapse_key`): the best
+        scored, or a live one rather than a superseded copy."""
+        core, state = self._core, self._core.state
+        collapse = core.config.memory.dedupe
+        hits: list[tuple[int, Record] | None] = []
+        shown: dict[str, int] = {}  # normalized text -> its hit's position in hits
+        count = 0
+        for i in np.argsort(-scores, kind="stable"):
+            if scores[i] < min_score:
+                break
+            rec = state.by_slot[int(slots[i])]
+            if rec.expired(at) or (not include_superseded and core.decayed(rec, at)):
+                continue
+            key = dedupe.collapse_key(rec.content, rec.type) if collapse else None
+            if key is not None and key in shown:
+                first = hits[shown[key]]
+                if first is None or not first[1].hidden or rec.hidden:
+                    continue
+                hits[shown[key]], count = None, count - 1  # a superseded copy gives way to the live memory
+            if key is not None:
+                shown[key] = len(hits)
+            hits.append((int(i), rec))
+            count += 1
+            if count == want:
+                break
+        return [hit for hit in hits if hit is not None]
 
     def _rank(self, query: str, qvec: np.ndarray | None, mask: np.ndarray | None,
               limit: int, mode: str, mtype: str | None = None,

@@ -310,13 +310,11 @@ class VectorIndex:
     # -- search ------------------------------------------------------------------------
 
     def search(self, query: np.ndarray, k: int, mask: np.ndarray | None = None,
-               groups: list[int] | None = None, *, ef: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+               groups: list[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Top ``k`` (slots, cosine similarities), best first, within ``mask``.
 
         ``groups`` names the groups ``mask`` can match (None: any), so the
-        search walks only their graphs; ``ef`` (default ``search.hnsw_ef_search``)
-        is the graphs' search breadth: a smaller one is faster and still finds a
-        near-identical vector (the write-time restatement check).
+        search walks only their graphs.
         """
         if self.count == 0 or k <= 0:
             return _NONE
@@ -339,7 +337,27 @@ class VectorIndex:
             # gathering those rows costs less than over-fetching from each graph.
             return self.exact(query, np.flatnonzero(allowed), k)
         # Nodes of a mass expiry not yet marked deleted are filtered out like a mask.
-        return self._graph_search(query, k, None if mask is None and not self._unmarked else allowed, groups, ef)
+        return self._graph_search(query, k, None if mask is None and not self._unmarked else allowed, groups)
+
+    def nearest(self, query: np.ndarray, k: int, group: int, *,
+                ef: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Top ``k`` (slots, cosine similarities) of one group, best first, changing nothing
+        (no catch-up insertion as :meth:`search` makes): the group's graph, searched with
+        ``ef`` (default ``search.hnsw_ef_search``), and its pending vectors exactly; the
+        group's rows exactly while there is no graph (below ``exact_below``, or its cached
+        graph still loading).  For a check on the write path, whose cost must not grow
+        with the vectors waiting for idle time."""
+        if self.count == 0 or k <= 0:
+            return _NONE
+        if self.count <= self.exact_below or not self._adopt_loaded(wait=False) or group not in self._graphs:
+            return self.exact(query, np.flatnonzero(self.alive & (self.group == group)), k)
+        parts = [self._graph_only(query, k, group, self.alive if self._unmarked else None, ef)]
+        if self.pending:
+            waiting = np.fromiter(self.pending, np.int64, len(self.pending))
+            parts.append(self.exact(query, waiting[self.group[waiting] == group], k))
+        labels, sims = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+        order = np.argsort(-sims, kind="stable")[:k]
+        return labels[order], sims[order]
 
     def _scan(self, query: np.ndarray, allowed: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Exact search by one matrix-vector product over every slot (fast below ~8k)."""
@@ -367,9 +385,8 @@ class VectorIndex:
         return sims[:top].copy()
 
     def _graph_search(self, query: np.ndarray, k: int, allowed: np.ndarray | None,
-                      groups: list[int] | None, ef: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-        parts = [self._graph_only(query, k, g, allowed, ef) for g in (groups or list(self._graphs))
-                 if g in self._graphs]
+                      groups: list[int] | None) -> tuple[np.ndarray, np.ndarray]:
+        parts = [self._graph_only(query, k, g, allowed) for g in (groups or list(self._graphs)) if g in self._graphs]
         if self.pending:
             extra = np.fromiter(self.pending, np.int64, len(self.pending))
             if allowed is not None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from reachy_memory.engine import ingest
+from reachy_memory.engine import dedupe, ingest
 from reachy_memory.engine.context_text import (
     ContextItem,
     CountTokens,
@@ -53,8 +53,9 @@ class Context:
         past = engine.search_vector(message, qvec, MemoryType.CONVERSATION, max(max_messages * 2, 1), 0.0,
                                     owner=owner)
         window = [Turn(t["role"], t["content"]) for t in engine.window()]
+        found = dedupe.unique_hits(facts + context) if engine.config.memory.dedupe else facts + context
         return build_context(window=window, messages=[_item(h) for h in past],
-                             memories=[_item(h) for h in facts + context], people=self._persons.people(owner),
+                             memories=[_item(h) for h in found], people=self._persons.people(owner),
                              count_tokens=self.token_counter(), max_tokens=max_tokens, max_memories=max_memories,
                              max_messages=max_messages, min_similarity=min_similarity,
                              tz=engine.tz)  # dated as the user's day, not UTC's
