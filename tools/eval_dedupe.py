@@ -25,7 +25,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,7 @@ class Pair:
     topic: str
     apart: bool  # another person or owner on each side
     set: str
+    row: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)  # as the file holds it
 
 
 @dataclass(frozen=True)
@@ -72,13 +73,16 @@ def load_pairs(path: Path = DATA) -> list[Pair]:
             row = json.loads(line)
             apart = any(row.get(f"{f}_a") != row.get(f"{f}_b") for f in ("person", "owner"))
             pairs.append(Pair(row["a"], row["b"], row["label"] == "merge", row["kind"], row["topic"], apart,
-                              row.get("set", "dev")))
+                              row.get("set", "dev"), row))
     return pairs
 
 
 def cosines(pairs: Sequence[Pair], embed: Callable[[list[str]], np.ndarray]) -> np.ndarray:
-    """The cosine of each pair's two embeddings (the embedder L2-normalises)."""
-    return np.einsum("ij,ij->i", embed([p.a for p in pairs]), embed([p.b for p in pairs]))
+    """The cosine of each pair's two embeddings (the embedder L2-normalises), each text
+    embedded alone as a store embeds one write: int8 activations are quantized per call,
+    so a text embedded in a batch gets a slightly different vector (cosines move ~0.01)."""
+    vectors = {text: embed([text])[0] for text in {t for p in pairs for t in (p.a, p.b)}}
+    return np.array([float(vectors[p.a] @ vectors[p.b]) for p in pairs])
 
 
 def rule(threshold: float) -> Rule:

@@ -232,8 +232,10 @@ def relative(text: str) -> bool:
 
 #: The memory types a write may merge into a kept memory (conversation turns are events: all kept).
 KINDS = frozenset({MemoryType.FACT.value, MemoryType.CONTEXT.value})
-#: How many nearest memories of the type a write compares itself with (hnswlib, or the exact scan).
+#: How many nearest memories of the type a write compares itself with (hnswlib, or the exact scan);
+#: when all are close and none is the same (other users' copies), 4x more, up to MAX_NEIGHBOURS.
 NEIGHBOURS = 8
+MAX_NEIGHBOURS = 128
 #: Neighbours less similar than this are not read: two texts equal once normalized had a
 #: cosine of 0.80 at least (a filler before a three-word fact), rule 2 needs THRESHOLD.
 FLOOR = 0.6
@@ -283,14 +285,19 @@ def restatement(new: Record, vector: np.ndarray | None, vectors: VectorIndex, by
     ``new`` has no vector (lexical-only: a write is never merged)."""
     if vector is None or not mergeable(new) or vectors.count == 0:
         return None
-    slots, sims = vectors.nearest(vector, NEIGHBOURS, GROUP[new.type], ef=NEIGHBOUR_EF)
-    for slot, sim in zip(slots.tolist(), sims.tolist(), strict=True):
-        kept = by_slot.get(slot)
-        if sim >= FLOOR and kept is not None and not kept.expired(now):
-            decision = same(kept, new, sim, entity_keys)
-            if decision.same:
-                return kept, decision.reason
-    return None
+    k = NEIGHBOURS
+    while True:
+        slots, sims = vectors.nearest(vector, k, GROUP[new.type], ef=max(NEIGHBOUR_EF, k))
+        for slot, sim in zip(slots.tolist(), sims.tolist(), strict=True):
+            kept = by_slot.get(slot)
+            if sim >= FLOOR and kept is not None and not kept.expired(now):
+                decision = same(kept, new, sim, entity_keys)
+                if decision.same:
+                    return kept, decision.reason
+        # All k close but none the same (other users' or persons' copies of the sentence): look further.
+        if len(slots) < k or sims[-1] < FLOOR or k >= MAX_NEIGHBOURS:
+            return None
+        k *= 4
 
 
 @dataclass(frozen=True)
