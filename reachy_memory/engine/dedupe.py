@@ -317,31 +317,35 @@ def fold(puts: list[list[Any]], ids: list[str], vectors: VectorIndex, by_slot: M
     answer, an id per item) then names the memory kept instead.  Conversation turns and
     other memories :func:`mergeable` refuses pass unchanged.  Engine thread, under the lock."""
     kept_puts: list[list[Any]] = []
-    seen: list[tuple[Record, np.ndarray | None, list[Any]]] = []  # this write's puts that may be restated
+    # this write's puts that may be restated, by their content words (only those can be the same)
+    seen: dict[tuple[Any, ...], list[tuple[Record, np.ndarray | None, list[Any]]]] = {}
     told: dict[str, tuple[Record, dict[str, Any], int, float]] = {}  # kept id -> (record, metadata, times, last)
+    renamed: dict[str, str] = {}  # a restatement's id -> the memory kept for it
     for op in puts:
         new = Record(**op[1])
         vector = np.frombuffer(op[2], np.float32) if op[2] is not None else None
         if not mergeable(new):
             kept_puts.append(op)
             continue
-        earlier = next((put for rec, vec, put in seen if same(rec, new, _dot(vec, vector), limits.entity_keys).same),
-                       None)
+        bucket = seen.setdefault(_words_key(new), [])
+        earlier = next((put for rec, vec, put in bucket
+                        if same(rec, new, _dot(vec, vector), limits.entity_keys).same), None)
         found = restatement(new, vector, vectors, by_slot, limits.entity_keys, now) if earlier is None else None
         if earlier is not None:
             earlier[1] = _told_again(earlier[1], new, limits)
-            _rename(ids, new.id, earlier[1]["id"])
+            renamed[new.id] = earlier[1]["id"]
         elif found is not None:
             kept = found[0]
             _, metadata, times, at = told.get(kept.id, (kept, {}, 0, new.created))
             told[kept.id] = (kept, metadata | new.metadata, times + 1, max(at, new.created))
-            _rename(ids, new.id, kept.id)
+            renamed[new.id] = kept.id
         else:
             kept_puts.append(op)
-            seen.append((new, vector, op))
+            bucket.append((new, vector, op))
     updates = [["update", kept.id, refreshed(kept, metadata, at, told=times, max_bytes=limits.max_bytes,
                                              max_keys=limits.max_keys)]
                for kept, metadata, times, at in told.values()]
+    ids[:] = [renamed.get(memory_id, memory_id) for memory_id in ids]
     return kept_puts, updates
 
 
@@ -352,10 +356,9 @@ def _told_again(row: dict[str, Any], new: Record, limits: Limits) -> dict[str, A
     return row | {"metadata": fields["metadata"]}
 
 
-def _rename(ids: list[str], old: str, new: str) -> None:
-    for i, memory_id in enumerate(ids):
-        if memory_id == old:
-            ids[i] = new
+def _words_key(rec: Record) -> tuple[Any, ...]:
+    """What two memories that may be the same share: type, owner and content words (any order)."""
+    return rec.type, rec.owner, tuple(sorted(read(rec.content).content))
 
 
 def _dot(a: np.ndarray | None, b: np.ndarray | None) -> float | None:
@@ -442,7 +445,7 @@ def plan(records: Iterable[Record], vectors: VectorIndex, entity_keys: Sequence[
     kept_by: dict[tuple[Any, ...], list[Record]] = {}
     copies: dict[str, list[tuple[Record, str]]] = {}
     for rec in live:
-        bucket = kept_by.setdefault((rec.type, rec.owner, tuple(sorted(read(rec.content).content))), [])
+        bucket = kept_by.setdefault(_words_key(rec), [])
         for kept in bucket:
             decision = same(kept, rec, _cosine(vectors, kept, rec), entity_keys)
             if decision.same:
