@@ -12,7 +12,8 @@ opened again, as a daemon finds it.  Then, per size:
 * ``check``: :func:`reachy_memory.engine.dedupe.restatement` alone for a new fact (no
   copy found: the common case) and for a restated one (found at once);
 * ``store``: ``store(fact)`` with ``memory.dedupe`` on and off, alternated in one
-  process (fsync never: the disk's noise is not the check's), and their difference.
+  process (fsync never: the disk's noise is not the check's), and their difference; with
+  the daemon's idle-time upkeep between writes (untimed), and in a burst without it.
 
 Prints p50/p90/p99 in milliseconds, the median of 3 runs of each percentile.
 """
@@ -24,6 +25,7 @@ import itertools
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from reachy_memory import MemoryStore
 from reachy_memory.engine import dedupe
 from reachy_memory.engine.records import Record
-from tools._bench import row, runs, sentences
+from tools._bench import percentiles, row, runs, sentences
 from tools.bench_engine import Precomputed, config, fill
 
 TARGET_MS = 0.5  # added per store, at 10k and 100k memories
@@ -75,18 +77,38 @@ def bench_check(store: MemoryStore, n: int, repeat: int) -> None:
 
 
 def bench_store(path: Path, n: int, repeat: int) -> None:
-    """store(fact) with the check on and off, alternated: the added cost is their difference."""
-    texts = itertools.cycle(f"{t} {i}" for i, t in enumerate(sentences(repeat * 8, seed=33)))
-    stats = {}
-    for on in (True, False, True, False):
-        with opened(path, dedupe=on) as store:
-            got = runs(lambda store=store: store.store(next(texts), "fact"), repeat)
-        key = "on" if on else "off"
-        stats[key] = got if key not in stats else {k: min(v, got[k]) for k, v in stats[key].items()}
-    for key in ("off", "on"):
-        print(row(f"store(fact) {n // 1000}k, dedupe {key}", stats[key]))
-    added = stats["on"]["p50"] - stats["off"]["p50"]
-    print(f"added by the check at {n // 1000}k: p50 {added:+.3f} ms (target < {TARGET_MS} ms)")
+    """store(fact) with the check on and off, alternated: the added cost is their difference.
+    ``idle``: the daemon's idle-time upkeep runs between writes (untimed), as between its
+    requests, so new vectors join the graph; ``burst``: writes back to back, the vectors
+    waiting for the graph piling up (the check compares each write with them exactly)."""
+    texts = itertools.cycle(f"{t} {i}" for i, t in enumerate(sentences(repeat * 16, seed=33)))
+    for mode in ("idle", "burst"):
+        stats: dict[str, dict[str, float]] = {}
+        for on in (True, False, True, False):
+            with opened(path, dedupe=on) as store:
+                got = _timed_stores(store, texts, repeat, idle=mode == "idle")
+            key = "on" if on else "off"
+            stats[key] = got if key not in stats else {k: min(v, got[k]) for k, v in stats[key].items()}
+        for key in ("off", "on"):
+            print(row(f"store(fact) {n // 1000}k {mode}, dedupe {key}", stats[key]))
+        added = stats["on"]["p50"] - stats["off"]["p50"]
+        print(f"added by the check at {n // 1000}k ({mode}): p50 {added:+.3f} ms (target < {TARGET_MS} ms)")
+
+
+def _timed_stores(store: MemoryStore, texts: Iterator[str], repeat: int, *, idle: bool) -> dict[str, float]:
+    """Percentiles (ms) of ``repeat`` stores, 3 runs, the median of each percentile;
+    with ``idle``, ``maintain()`` until it has nothing left between two stores (untimed)."""
+    per_run = []
+    for _ in range(3):
+        samples = []
+        for _ in range(repeat):
+            while idle and store.maintain(save_cache=False):
+                pass
+            start = time.perf_counter()
+            store.store(next(texts), "fact")
+            samples.append(time.perf_counter() - start)
+        per_run.append(percentiles(samples))
+    return {k: float(np.median([r[k] for r in per_run])) for k in per_run[0]}
 
 
 def main() -> None:

@@ -327,7 +327,7 @@ def fold(puts: list[list[Any]], ids: list[str], vectors: VectorIndex, by_slot: M
         if not mergeable(new):
             kept_puts.append(op)
             continue
-        bucket = seen.setdefault(_words_key(new), [])
+        bucket = seen.setdefault(_words_key(new), []) if len(puts) > 1 else []  # one write: nothing before it
         earlier = next((put for rec, vec, put in bucket
                         if same(rec, new, _dot(vec, vector), limits.entity_keys).same), None)
         found = restatement(new, vector, vectors, by_slot, limits.entity_keys, now) if earlier is None else None
