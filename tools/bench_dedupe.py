@@ -4,10 +4,12 @@ with its nearest kept memories) at 10k and 100k memories.
     python tools/bench_dedupe.py              # 10k and 100k
     python tools/bench_dedupe.py --quick      # 10k only
     python tools/bench_dedupe.py --sizes 50000 --repeat 400
+    python tools/bench_dedupe.py --model-vectors   # the model's vectors of the texts, not random ones
 
 A store is filled with N memories (a third each type, random unit vectors: the engine
-measured alone, as in tools/bench_engine.py), closed (its graphs built and cached) and
-opened again, as a daemon finds it.  Then, per size:
+measured alone, as in tools/bench_engine.py; hnswlib's worst case, or with
+``--model-vectors`` the model's vectors of the texts, embedded before timing), closed
+(its graphs built and cached) and opened again, as a daemon finds it.  Then, per size:
 
 * ``check``: :func:`reachy_memory.engine.dedupe.restatement` alone for a new fact (no
   copy found: the common case) and for a restated one (found at once);
@@ -32,18 +34,19 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import tools.bench_engine as engine_bench
 from reachy_memory import MemoryStore
 from reachy_memory.engine import dedupe
 from reachy_memory.engine.records import Record
 from tools._bench import percentiles, row, runs, sentences
-from tools.bench_engine import Precomputed, config, fill
+from tools.bench_engine import config, fill
 
 TARGET_MS = 0.5  # added per store, at 10k and 100k memories
 
 
 def opened(path: Path, **memory: Any) -> MemoryStore:
     """The store at ``path`` with its cached graphs adopted (a daemon at steady state)."""
-    store = MemoryStore(config=config(path, fsync="never", **memory), embedder=Precomputed(11))
+    store = MemoryStore(config=config(path, fsync="never", **memory), embedder=engine_bench.EMBEDDER())
     adopt = getattr(store._state.vectors, "_adopt_loaded", None)
     if adopt is not None:
         adopt(wait=True)
@@ -53,11 +56,9 @@ def opened(path: Path, **memory: Any) -> MemoryStore:
 def bench_check(store: MemoryStore, n: int, repeat: int) -> None:
     """The check alone, on records that are not written."""
     state, entity = store._state, store.config.search.entity_fields
-    rng = np.random.default_rng(5)
-    fresh = itertools.cycle([(Record(f"new{i}", t, "fact", time.time(), None, {}),
-                              (v / np.linalg.norm(v)).astype(np.float32))
-                             for i, (t, v) in enumerate(zip(sentences(200, seed=21),
-                                                            rng.standard_normal((200, 384)), strict=True))])
+    texts = sentences(200, seed=21)
+    fresh = itertools.cycle([(Record(f"new{i}", t, "fact", time.time(), None, {}), v)
+                             for i, (t, v) in enumerate(zip(texts, store.embedder.embed(texts), strict=True))])
     facts = [r for r in itertools.islice(state.records.values(), 0, 3000) if r.type == "fact"][:200]
     told = itertools.cycle([(Record(f"again{i}", r.content.upper(), "fact", time.time(), None, dict(r.metadata)),
                              state.vectors.unit_rows(np.array([r.slot]))[0]) for i, r in enumerate(facts)])
@@ -117,7 +118,10 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="*", help="memory counts (default 10000 100000)")
     parser.add_argument("--repeat", type=int, default=300, help="calls per run")
     parser.add_argument("--check-only", action="store_true", help="the check alone, no store() timing")
+    parser.add_argument("--model-vectors", action="store_true", help="the model's vectors of the texts")
     args = parser.parse_args()
+    if args.model_vectors:
+        engine_bench.EMBEDDER = engine_bench.ModelVectors
     sizes = args.sizes or ([10_000] if args.quick else [10_000, 100_000])
     with tempfile.TemporaryDirectory(prefix="rm-dedupe-") as tmp:
         for n in sizes:

@@ -249,13 +249,17 @@ def dedupe_effect(files: list[Path], config: Config, embedder: Any, as_facts: bo
             for on in (False, True):
                 cfg = config.replace("memory", dedupe=on)
                 items = [t | {"memory_type": "fact"} for t in turns_of(conv)] if as_facts else turns_of(conv)
+                # the same vectors for both stores: int8 activations are quantized per batch of 8, and
+                # texts the embedder's cache answers would leave the second store other batches
+                getattr(embedder, "_cache", {}).clear()
                 with open_store(Path(tmp), f"{path.stem}-{on}", embedder, cfg) as store:
                     store.store_batch(items)
                     part = recall(store, conv["qa"], "hybrid", asked_at(conv))
+                    kept = len(store)
                 merge(results[on], part)
                 o = summarise(part)["overall"]
-                print(f"{path.name} dedupe {'on ' if on else 'off'}: R@1 {o['R@1']:.3f} R@5 {o['R@5']:.3f} "
-                      f"R@10 {o['R@10']:.3f}", flush=True)
+                print(f"{path.name} dedupe {'on ' if on else 'off'}: {kept} of {len(items)} memories kept, "
+                      f"R@1 {o['R@1']:.3f} R@5 {o['R@5']:.3f} R@10 {o['R@10']:.3f}", flush=True)
     off, on = (summarise(results[v])["overall"] for v in (False, True))
     print("all files, on / off: " + "  ".join(f"{k} {on[k]:.3f}/{off[k]:.3f} ({on[k] / off[k]:.3f}x)"
                                               for k in ("R@1", "R@5", "R@10")))

@@ -153,8 +153,14 @@ def _read(text: str) -> Text:
 def normalized(text: str) -> str:
     """``text`` with case (but for codes), whitespace, punctuation, contractions, number
     words, spelling variants and a leading filler ("I know that") made uniform: two texts
-    with equal ``normalized`` say the same thing in the same words."""
-    return read(text).normalized
+    with equal ``normalized`` say the same thing in the same words.  (No stemming: what a
+    search's collapse of copies reads, cheaper than :func:`read`.)"""
+    return _normalized_cached(text) if len(text) <= CACHED_CHARS else " ".join(_words(text))
+
+
+@lru_cache(maxsize=2048)
+def _normalized_cached(text: str) -> str:
+    return " ".join(_words(text))
 
 
 def decide(new_text: str, old_text: str, similarity: float | None, threshold: float = THRESHOLD) -> Decision:
