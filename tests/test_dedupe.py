@@ -143,6 +143,18 @@ def test_a_restatement_is_found_behind_many_other_users_copies(store: MemoryStor
     assert store.store("trash day is monday!", owner="user0").id == mine.id and len(store) == 20
 
 
+def test_without_the_model_equal_normalized_texts_are_still_merged(lexical_store: MemoryStore) -> None:
+    first = lexical_store.remember_fact("Sarah likes Italian food")
+    assert lexical_store.remember_fact("I KNOW THAT SARAH LIKES ITALIAN FOOD!").id == first.id
+    assert lexical_store.remember("sarah likes italian food.", subjects=[])[0].id == first.id
+    assert lexical_store.remember_fact("Sarah enjoys Italian food").id != first.id  # rule 2 needs vectors
+    assert lexical_store.remember_fact("Sarah likes Thai food").id != first.id and len(lexical_store) == 3
+    for n in range(40):  # every word of it common: found by the words it shares most with
+        lexical_store.store("Trash day is Monday", owner=f"user{n}")
+    mine = lexical_store.store("Trash day is Monday", owner="me")
+    assert lexical_store.store("TRASH DAY IS MONDAY.", owner="me").id == mine.id and len(lexical_store) == 44
+
+
 def test_named_notes_and_set_context_values_are_never_merged(store: MemoryStore) -> None:
     note = store.remember("The router password is on the fridge", name="router")[0]
     assert store.remember("The router password is on the fridge")[0].id != note.id

@@ -259,8 +259,8 @@ class Core:
                      if not self._is_duplicate(op[1])]
             ids, refreshes = list(prepared.ids), list[list[Any]]()
             if self._config.memory.dedupe and fresh:
-                puts, refreshes = dedupe.fold([op for op, _ in fresh], ids, self._state.vectors,
-                                              self._state.by_slot, self.dedupe_limits(), time.time())
+                puts, refreshes = dedupe.fold([op for op, _ in fresh], ids, self._state, self.dedupe_limits(),
+                                              time.time())
                 kept = {id(op) for op in puts}
                 fresh = [(op, text) for op, text in fresh if id(op) in kept]
             if fresh or also or refreshes:
@@ -271,7 +271,7 @@ class Core:
         """What the restatement check reads of the configuration."""
         memory = self._config.memory
         return dedupe.Limits(tuple(self._config.search.entity_fields), memory.max_metadata_bytes,
-                             memory.max_metadata_keys)
+                             memory.max_metadata_keys, self._config.search.bm25_b)
 
     def check_retries_still_stored(self, prepared: Prepared) -> None:
         """Raise NotFoundError, writing nothing, when a memory that prepare left out as

@@ -52,8 +52,9 @@ import numpy as np
 import snowballstemmer
 
 from reachy_memory.engine.filters import validate_metadata
+from reachy_memory.engine.lexical_index import LexicalIndex
 from reachy_memory.engine.records import Record
-from reachy_memory.engine.state import GROUP
+from reachy_memory.engine.state import GROUP, MemoryState
 from reachy_memory.engine.vector_index import VectorIndex
 from reachy_memory.errors import ValidationError
 from reachy_memory.model import MemoryType, SearchResult, to_datetime, to_epoch
@@ -242,6 +243,9 @@ KINDS = frozenset({MemoryType.FACT.value, MemoryType.CONTEXT.value})
 #: when all are close and none is the same (other users' copies), 4x more, up to MAX_NEIGHBOURS.
 NEIGHBOURS = 8
 MAX_NEIGHBOURS = 128
+#: Without a vector: the memories holding a write's rarest word are compared with it when there
+#: are at most this many, else this many of those whose words cover the most of the write's.
+WORDED = 32
 #: Neighbours less similar than this are not read: two texts equal once normalized had a
 #: cosine of 0.80 at least (a filler before a three-word fact), rule 2 needs THRESHOLD.
 FLOOR = 0.6
@@ -306,6 +310,34 @@ def restatement(new: Record, vector: np.ndarray | None, vectors: VectorIndex, by
         k *= 4
 
 
+def worded_restatement(new: Record, lexical: LexicalIndex, by_slot: Mapping[int, Record],
+                       entity_keys: Sequence[str], now: float, b: float) -> tuple[Record, str] | None:
+    """:func:`restatement` for a write without a vector (lexical-only mode, or the model
+    failed): the same text once normalized (rule 1 only), among the memories holding the
+    rarest of its words that normalizing keeps (a memory of the same normalized text
+    holds it too), or when even that word is common, the memories whose words cover the
+    most of its own (one BM25 query; the first 16 x :data:`WORDED`)."""
+    if not mergeable(new):
+        return None
+    terms = set(lexical.tokenizer.terms(new.content)) & set(lexical.tokenizer.terms(normalized(new.content)))
+    if not terms:
+        return None
+    held = {term: lexical.held_by(term) for term in terms}
+    rarest = min(terms, key=lambda term: (held[term], term))
+    if held[rarest] <= WORDED:
+        slots = lexical.holders(rarest)
+    else:  # the best covering first; another owner's or type's are passed over without reading them
+        found, relevance = lexical.scores(new.content, None, b)
+        slots = found[np.argsort(-relevance, kind="stable")[:WORDED * 16]]
+    for slot in slots.tolist():
+        kept = by_slot.get(slot)
+        if kept is not None and not kept.expired(now):
+            decision = same(kept, new, None, entity_keys)
+            if decision.same:
+                return kept, decision.reason
+    return None
+
+
 @dataclass(frozen=True)
 class Limits:
     """What a write's check reads of the configuration."""
@@ -313,15 +345,17 @@ class Limits:
     entity_keys: tuple[str, ...]  # search.entity_fields: metadata naming who a memory is about
     max_bytes: int  # memory.max_metadata_bytes
     max_keys: int  # memory.max_metadata_keys
+    bm25_b: float  # search.bm25_b: the check without a vector is one BM25 query
 
 
-def fold(puts: list[list[Any]], ids: list[str], vectors: VectorIndex, by_slot: Mapping[int, Record],
-         limits: Limits, now: float) -> tuple[list[list[Any]], list[list[Any]]]:
+def fold(puts: list[list[Any]], ids: list[str], state: MemoryState, limits: Limits,
+         now: float) -> tuple[list[list[Any]], list[list[Any]]]:
     """A write's ``put`` ops without the restatements: (the puts kept, the ``update`` ops
     refreshing the memories they restate).  A put restates a kept memory
-    (:func:`restatement`) or one put before it in the same write; ``ids`` (the write's
-    answer, an id per item) then names the memory kept instead.  Conversation turns and
-    other memories :func:`mergeable` refuses pass unchanged.  Engine thread, under the lock."""
+    (:func:`restatement`, or :func:`worded_restatement` without a vector) or one put before
+    it in the same write; ``ids`` (the write's answer, an id per item) then names the
+    memory kept instead.  Conversation turns and other memories :func:`mergeable` refuses
+    pass unchanged.  Engine thread, under the lock."""
     kept_puts: list[list[Any]] = []
     # this write's puts that may be restated, by their content words (only those can be the same)
     seen: dict[tuple[Any, ...], list[tuple[Record, np.ndarray | None, list[Any]]]] = {}
@@ -336,7 +370,11 @@ def fold(puts: list[list[Any]], ids: list[str], vectors: VectorIndex, by_slot: M
         bucket = seen.setdefault(_words_key(new), []) if len(puts) > 1 else []  # one write: nothing before it
         earlier = next((put for rec, vec, put in bucket
                         if same(rec, new, _dot(vec, vector), limits.entity_keys).same), None)
-        found = restatement(new, vector, vectors, by_slot, limits.entity_keys, now) if earlier is None else None
+        found = None
+        if earlier is None and vector is not None:
+            found = restatement(new, vector, state.vectors, state.by_slot, limits.entity_keys, now)
+        elif earlier is None:
+            found = worded_restatement(new, state.lexical, state.by_slot, limits.entity_keys, now, limits.bm25_b)
         if earlier is not None:
             earlier[1] = _told_again(earlier[1], new, limits)
             renamed[new.id] = earlier[1]["id"]

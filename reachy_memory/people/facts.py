@@ -143,7 +143,7 @@ class Facts:
         row |= name_fields(self._state, item.get("name"), item.get("aliases") or ())
         vector, new = op[2], Record(**row)
         similar = self._similar_facts(new, vector)
-        same = self._told_again(new, similar)
+        same = self._told_again(new, similar, vector is None)
         if same is None:
             self._engine.commit([*person_ops, ["put", row, vector], *self._superseded_by(new, similar)])
         elif self._engine.config.memory.dedupe:  # a restatement: the kept fact refreshed, not a second copy
@@ -157,13 +157,20 @@ class Facts:
             self.recent_subjects[owner] = [*subject_ids, *self.recent_subjects.get(owner, [])][:8]
         return (same or self._state.records[row["id"]]).memory()
 
-    def _told_again(self, new: Record, similar: list[tuple[Record, float]]) -> Record | None:
+    def _told_again(self, new: Record, similar: list[tuple[Record, float]], wordless: bool) -> Record | None:
         """The kept fact ``new`` restates, among the facts about its persons most like it
-        (:func:`.dedupe.same`, with ``memory.dedupe``; a decayed one is refreshed too), or
-        without it only its exact repeat within :data:`REPEAT_SECONDS` (:func:`_same_fact`)."""
+        (:func:`.dedupe.same`, with ``memory.dedupe``; a decayed one is refreshed too; without
+        a vector, ``wordless``, the same text once normalized among the facts of the most
+        words in common), or without ``memory.dedupe`` only its exact repeat within
+        :data:`REPEAT_SECONDS` (:func:`_same_fact`)."""
         if self._engine.config.memory.dedupe:
-            keys = self._engine.dedupe_limits().entity_keys
-            return next((rec for rec, sim in similar[:CANDIDATES] if dedupe.same(rec, new, sim, keys).same), None)
+            limits = self._engine.dedupe_limits()
+            if wordless:
+                found = dedupe.worded_restatement(new, self._state.lexical, self._state.by_slot, limits.entity_keys,
+                                                  new.created, limits.bm25_b)
+                return found[0] if found is not None else None
+            return next((rec for rec, sim in similar[:CANDIDATES]
+                         if dedupe.same(rec, new, sim, limits.entity_keys).same), None)
         return next((rec for rec, _ in similar[:CANDIDATES]
                      if _same_fact(rec, new) and not self._engine.decayed(rec, new.created)), None)
 
