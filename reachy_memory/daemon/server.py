@@ -726,9 +726,11 @@ class Daemon:
 
     def _prepare(self, job: _Job) -> Any:
         a, store = job.args, self.store
-        if job.op == "search":
-            mode = store.check_search_args(a["query"], a["limit"], a["min_score"], a.get("mode"))
-            return store.embed_query(a["query"]) if mode != "lexical" else None
+        if job.op == "search":  # every argument checked here, once, before the embedding and the engine queue
+            query = store.check_search(a["query"], a.get("memory_type"), a["limit"], a["min_score"], a.get("where"),
+                                       mode=a.get("mode"), about=a.get("about"), owner=a.get("owner"),
+                                       include_superseded=a["include_superseded"])
+            return query, store.embed_query(query.text) if query.mode != "lexical" else None
         if job.op == "set_context":
             return store.prepare_context(a["key"], a["value"])
         if job.op == "import":
@@ -912,11 +914,7 @@ def _person(p: Any) -> dict[str, Any] | None:
 
 
 def _search(d: Daemon, job: _Job) -> list[dict[str, Any]]:
-    a = job.args
-    hits = d.store.search_vector(a["query"], job.prepared, a.get("memory_type"), a["limit"], a["min_score"],
-                                 a.get("where"), mode=a.get("mode") or d.config.search.mode, about=a.get("about"),
-                                 owner=a.get("owner"), include_superseded=a["include_superseded"])
-    return proto.results_to_wire(hits)
+    return proto.results_to_wire(d.store.search_checked(*job.prepared))  # checked by _prepare
 
 
 def _commit(d: Daemon, job: _Job) -> Any:

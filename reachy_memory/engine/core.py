@@ -4,7 +4,7 @@ Every change goes through one funnel, :meth:`Core.commit`: the operations are
 appended to the journal (durable per ``memory.fsync``) and only then applied to
 the in-memory state and indexes.  Writes are prepared (validated, embedded) on any
 thread by :meth:`Core.prepare` and made durable on the engine thread by
-:meth:`Core.commit_prepared`.  Searches go to :mod:`.search`.
+:meth:`Core.commit_prepared`.  Searches are checked once (:meth:`Core.check_search`) and ranked by :func:`.search.run`.
 
 Owners (each piece of state has one):
 
@@ -39,11 +39,11 @@ from typing import Any
 import numpy as np
 
 from reachy_memory.config import Config
-from reachy_memory.engine import ingest
+from reachy_memory.engine import ingest, search
 from reachy_memory.engine.backfill import Backfill
 from reachy_memory.engine.ports import Prepared
 from reachy_memory.engine.records import Record, encode
-from reachy_memory.engine.search import Search
+from reachy_memory.engine.search import SearchQuery
 from reachy_memory.engine.state import MemoryState
 from reachy_memory.errors import ClosedError, NotFoundError
 from reachy_memory.model import SEARCH_LIMIT, SEARCH_MIN_SCORE, Expiry, MemoryType, SearchResult, to_datetime
@@ -72,7 +72,6 @@ class Core:
         self.touches_flushed = time.monotonic()
         self.closed = True  # until the store has finished opening
         self._deferring: int | None = None  # the thread whose writes skip their fsync (deferred_durability)
-        self._search = Search(self)
 
     # -- what the Engine port exposes ------------------------------------------------------
 
@@ -187,13 +186,7 @@ class Core:
 
     def decayed(self, rec: Record, now: float) -> bool:
         """Whether ``rec`` has decayed below ``decay.threshold`` at ``now`` (decay on)."""
-        decay = self._config.decay
-        return decay.enabled and rec.decayed(now, decay.rate_per_day, decay.threshold)
-
-    def touch(self, rec: Record, now: float) -> None:
-        """Retrieval refreshes a fact's decay clock (journaled later, in batches)."""
-        if self._config.decay.enabled and rec.type == MemoryType.FACT.value and not rec.protected:
-            self.touched[rec.id] = now
+        return search.decayed(rec, now, self._config)
 
     def flush_touches(self) -> None:
         """Journal the pending decay clock refreshes as one frame (engine thread, or
@@ -287,22 +280,44 @@ class Core:
 
     # -- reads ---------------------------------------------------------------------------
 
+    def check_search(self, query: Any, memory_type: Any = None, limit: Any = SEARCH_LIMIT,
+                     min_score: Any = SEARCH_MIN_SCORE, where: Any = None, *, mode: Any = None, now: Any = None,
+                     about: Any = None, owner: Any = None, include_superseded: Any = False) -> SearchQuery:
+        """A search's arguments checked once, before anything is embedded (:func:`.search.check`)."""
+        return search.check(self._config, query, memory_type, limit, min_score, where, mode=mode, now=now,
+                            about=about, owner=owner, include_superseded=include_superseded)
+
+    def search_checked(self, query: SearchQuery, qvec: np.ndarray | None) -> list[SearchResult]:
+        """Run a checked search (:func:`.search.run`) and refresh the decay clock of the facts it returns."""
+        self.require_open()
+        at = time.time() if query.now is None else query.now
+        with self._lock:
+            results = search.run(query, qvec, self._state, self._config, self._tz, at)
+            if self._config.decay.enabled:
+                self.touched |= {r.memory.id: at for r in results if r.memory.memory_type is MemoryType.FACT
+                                 and not r.memory.protected}  # journaled later, in batches
+        return results
+
     def search(self, query: str, memory_type: MemoryType | str | None = None, limit: int = SEARCH_LIMIT,
                min_score: float = SEARCH_MIN_SCORE, where: dict[str, Any] | None = None, *, mode: str | None = None,
                now: Any = None, about: str | None = None, owner: str | None = None,
                include_superseded: bool = False) -> list[SearchResult]:
-        """See :meth:`MemoryStore.search`."""
-        return self._search.search(query, memory_type, limit, min_score, where, mode=mode, now=now, about=about,
-                                   owner=owner, include_superseded=include_superseded)
+        """Check, embed (unless lexical), search: see :meth:`MemoryStore.search`."""
+        self.require_open()
+        q = self.check_search(query, memory_type, limit, min_score, where, mode=mode, now=now, about=about,
+                              owner=owner, include_superseded=include_superseded)
+        return self.search_checked(q, self.embed_query(q.text) if q.mode != "lexical" else None)
 
     def search_vector(self, query: str, qvec: np.ndarray | None, memory_type: MemoryType | str | None = None,
                       limit: int = SEARCH_LIMIT, min_score: float = SEARCH_MIN_SCORE,
                       where: dict[str, Any] | None = None, *, mode: str = "hybrid", now: Any = None,
                       about: str | None = None, owner: str | None = None,
                       include_superseded: bool = False) -> list[SearchResult]:
-        """See :meth:`MemoryStore.search_vector`."""
-        return self._search.search_vector(query, qvec, memory_type, limit, min_score, where, mode=mode, now=now,
-                                          about=about, owner=owner, include_superseded=include_superseded)
+        """Check and search with the query already embedded (``qvec`` may be None)."""
+        self.require_open()
+        q = self.check_search(query, memory_type, limit, min_score, where, mode=mode, now=now, about=about,
+                              owner=owner, include_superseded=include_superseded)
+        return self.search_checked(q, qvec)
 
     def window_shown(self) -> list[tuple[Any, ...]]:
         """The window's turns not older than ``memory.context_window_max_age_minutes``."""

@@ -43,6 +43,7 @@ from reachy_memory.engine.maintenance import Maintenance
 from reachy_memory.engine.opening import DEFAULT_EMBEDDER, Embedder
 from reachy_memory.engine.ports import Prepared
 from reachy_memory.engine.records import Record
+from reachy_memory.engine.search import SearchQuery
 from reachy_memory.engine.session import Session
 from reachy_memory.engine.state import MemoryState
 from reachy_memory.errors import ReachyMemoryError
@@ -270,27 +271,9 @@ class MemoryStore:
         """Delete every memory expired at ``now`` (default: now); returns the count."""
         return retention.cleanup_expired(self._core, now)
 
+    @_doc(retention.apply_retention)
     def apply_retention(self, *, dry_run: bool = False, max_deletions: int | None = None,
                         now: datetime_or_float = None) -> dict[str, Any]:
-        """Give the conversation turns stored and alive at ``now`` the configured
-        lifetime (``memory.conversation_ttl_days`` from their creation, as new turns
-        get), and delete what is expired at ``now``.  A memory's expiry is otherwise
-        fixed when it is written, so a changed TTL reaches stored turns only through
-        this explicit call; a turn already expired stays gone, even with a longer TTL.
-
-        Returns the configured days and the plan (``turns`` alive; how many expire
-        ``earlier`` or ``later`` than before; ``expire_now``: expired with the new
-        lifetime), ``applied``, and ``deleted`` (every expired memory swept).
-        ``dry_run`` counts only.  A ``now`` before the clock counts as the clock (a turn
-        expired in between must not come back).  Raises ValidationError, changing nothing, when the
-        new lifetime would delete more than ``max_deletions`` turns (the consent of
-        ``reachy-memory retention --apply`` without ``--yes``).
-
-        One frame (sweep, ``ttl`` op, sweep), synced whatever ``memory.fsync`` says.
-        The op sets expiries in place; a snapshot or backup being written meanwhile
-        holds the ones of its frozen moment (``MemoryState.retime``).  A replay gives
-        the same expiries whatever config the store is reopened with.
-        """
         return retention.apply_retention(self._core, dry_run=dry_run, max_deletions=max_deletions, now=now)
 
     def latest_time(self) -> float:
@@ -298,14 +281,8 @@ class MemoryStore:
         0.0 for an empty store)."""
         return retention.latest_time(self._core)
 
+    @_doc(retention.redate)
     def redate(self, since: float, until: float, delta: float) -> int:
-        """Move every memory created in ``[since, until)`` (epoch seconds) by ``delta``
-        seconds, its expiry with it, and every window turn of that period: the memories
-        written while the wall clock was wrong by ``-delta`` (the daemon calls it when NTP's
-        first sync steps a stale clock).  One ``redate`` op, synced whatever
-        ``memory.fsync`` says; a replay gives the same times, whatever the clock or config.
-        Returns how many memories moved.  Raises ValidationError, writing nothing, for
-        values that are not finite, ``since > until``, or times moved out of 1970..2200."""
         return retention.redate(self._core, since, until, delta)
 
     # -- reading ---------------------------------------------------------------------
@@ -354,9 +331,24 @@ class MemoryStore:
                                  owner=owner, include_superseded=include_superseded)
 
     def check_search_args(self, query: Any, limit: Any, min_score: Any, mode: str | None) -> str:
-        """Validate search arguments (before embedding the query); returns the mode.
-        Raises ValidationError / TooLargeError."""
+        """Validate the query, limit, min_score and mode (all of a search's: :meth:`check_search`);
+        returns the mode.  Raises ValidationError / TooLargeError."""
         return ingest.check_search(query, limit, min_score, mode, self._core.config)
+
+    def check_search(self, query: Any, memory_type: Any = None, limit: Any = SEARCH_LIMIT,
+                     min_score: Any = SEARCH_MIN_SCORE, where: Any = None, *, mode: Any = None,
+                     now: Any = None, about: Any = None, owner: Any = None,
+                     include_superseded: Any = False) -> SearchQuery:
+        """Every argument of :meth:`search`, checked once, before the query is embedded (any
+        thread; the daemon's embed thread); run it with :meth:`search_checked`.
+        Raises ValidationError / TooLargeError naming the first argument at fault."""
+        return self._core.check_search(query, memory_type, limit, min_score, where, mode=mode, now=now,
+                                       about=about, owner=owner, include_superseded=include_superseded)
+
+    def search_checked(self, query: SearchQuery, qvec: np.ndarray | None) -> list[SearchResult]:
+        """The results of a :meth:`check_search` query (``qvec``: its vector from :meth:`embed_query`,
+        or None: lexical), as :meth:`search` returns them."""
+        return self._core.search_checked(query, qvec)
 
     def embed_query(self, query: str) -> np.ndarray | None:
         """The query's vector, or None when no model is usable (thread-safe)."""
@@ -544,18 +536,8 @@ class MemoryStore:
 
     # -- maintenance -------------------------------------------------------------------
 
+    @_doc(Maintenance.maintain)
     def maintain(self, budget: int = 256, *, save_cache: bool = True) -> int:
-        """Idle-time upkeep (the daemon calls it between requests): finishes a step of
-        a mass expiry's index work (:meth:`MemoryState.bury`), inserts a batch of pending
-        vectors into the graph, and journals the decay clock refreshes at most once a
-        minute; with none of that left, embeds memories that have no vector (a few
-        milliseconds' worth, see :mod:`.backfill`), and then, when ``save_cache``,
-        saves one memory type's vector graph to the graph cache if enough of it changed
-        since it was cached (a crash then leaves little to insert again; up to ~80 ms
-        for a graph of 33k vectors: the daemon asks for it only after some quiet).
-        Returns how much it did (vectors inserted, deletions buried, graph nodes marked,
-        memories embedded, graph nodes saved): 0 when nothing is left, or nothing can
-        be done yet."""
         return self._maintenance.maintain(budget, save_cache=save_cache)
 
     def compact(self, *, full: bool = False) -> None:
@@ -586,13 +568,8 @@ class MemoryStore:
         size, count = self._core.storage.backup(target, progress)
         return {"path": str(target), "bytes": size, "memories": count}
 
+    @_doc(Maintenance.reindex)
     def reindex(self, progress: Callable[[int, int], None] | None = None, batch: int = 64) -> int:
-        """Re-embed every memory whose vector is not from the current model.
-
-        Each batch is committed on its own, so an interrupted reindex resumes
-        where it stopped. Returns how many memories were re-embedded.
-        Raises ModelError when there is no usable model.
-        """
         return self._maintenance.reindex(progress, batch)
 
     def stats(self) -> dict[str, Any]:
