@@ -699,6 +699,17 @@ def cmd_reindex(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_web(args: argparse.Namespace) -> int:
+    from reachy_memory.web import server
+
+    if getattr(args, "data_dir", None) and getattr(args, "endpoint", None):
+        raise ValidationError("give --data-dir (a store opened here) or --endpoint (the daemon), not both",
+                              field="data_dir")
+    return server.run(_config(args), host=args.host, port=args.port, token_file=args.token_file,
+                      in_process=bool(getattr(args, "data_dir", None)), endpoint=getattr(args, "endpoint", None),
+                      timeout=args.timeout)
+
+
 def cmd_mcp(args: argparse.Namespace) -> int:
     from reachy_memory import mcp_server
 
@@ -824,6 +835,13 @@ def _parser() -> argparse.ArgumentParser:
                    "with a random token if missing; default: mcp-http.token in the private runtime directory)")
     p.add_argument("--owner", help="bind every tool call to this user of the robot: their memories plus shared and "
                    "unscoped ones; facts stored as theirs (the model cannot choose another user)")
+    p = add("web", cmd_web, "serve the household's page: who and what the robot remembers, search, forget, pause "
+            "(loopback only unless --host; --data-dir opens a store in-process instead of using the daemon)")
+    p.add_argument("--port", type=int, default=8766, help="HTTP port (default 8766; 0: any free port)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1; another address serves the LAN, as plain HTTP)")
+    p.add_argument("--token-file", help="the file holding the login token (made 0600 with a random token if missing; "
+                   "default: web.token in the private runtime directory)")
     return parser
 
 
