@@ -49,13 +49,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reachy_memory.engine import ingest
-from reachy_memory.engine.records import Record
-from reachy_memory.errors import RememberingPausedError, ValidationError
+from reachy_memory.engine.records import Record, encode
+from reachy_memory.errors import NotFoundError, RememberingPausedError, ValidationError
 from reachy_memory.model import MemoryType, to_datetime
 from reachy_memory.people.registry import Person
 
-__all__ = ["MAX_PAUSE_MINUTES", "REDACTED", "ForgetPlan", "Remembering", "Sorted", "name_pattern", "plan_forget",
-           "redact", "sort_records"]
+__all__ = ["MAX_PAUSE_MINUTES", "REDACTED", "ForgetPlan", "Household", "Remembering", "Sorted", "name_pattern",
+           "plan_forget", "redact", "sort_records"]
 
 MAX_PAUSE_MINUTES = 7 * 24 * 60  # a pause of at most a week (a guest staying over)
 REDACTED = "someone"  # what a forgotten person's name becomes in the memories that stay
@@ -173,7 +173,8 @@ class ForgetPlan:
                 "names_removed": list(f.names), "names_kept": list(f.names_kept), "dry_run": dry_run}
 
 
-def plan_forget(found: Sorted, records: dict[str, Record], window: Sequence[Turn], private: Sequence[Turn]) -> ForgetPlan:
+def plan_forget(found: Sorted, records: dict[str, Record], window: Sequence[Turn],
+                private: Sequence[Turn]) -> ForgetPlan:
     """The plan of forgetting ``found.person`` (see the module doc); changes nothing."""
     deleted = [*found.only, *found.turns]
     gone = {r.id for r in deleted}
@@ -328,3 +329,84 @@ class Remembering:
         if not private:
             return list(journaled)
         return sorted([*journaled, *private], key=lambda t: t[2])[-self._window_size:]
+
+
+# -- the store's component -----------------------------------------------------------------------
+
+
+class Household:
+    """``forget_person`` and ``about_person`` of :class:`~reachy_memory.engine.store.MemoryStore`
+    on the engine (its state, lock and one commit funnel); the pause is ``remembering``."""
+
+    def __init__(self, engine: Any, remembering: Remembering) -> None:
+        self._engine = engine
+        self.remembering = remembering
+
+    def _sorted(self, reference: Any) -> Sorted:
+        """The records about the person ``reference`` names (under the lock). Raises
+        ValidationError for a reference that is no text, NotFoundError for nobody."""
+        if not isinstance(reference, str) or not reference.strip():
+            raise ValidationError("a person (a name, an alias, 'my wife' or a person id) is needed", field="reference")
+        state = self._engine.state
+        person = state.people.find_person(reference.strip(), None)
+        if person is None:
+            raise NotFoundError(f"no person the robot knows is {reference.strip()[:100]!r}", reference=reference)
+        merged = [old for old, kept in state.people.redirects().items() if kept == person.id]
+        return sort_records(person, merged, list(state.records.values()), state.people.people(None),
+                            self._engine.config.search.entity_fields)
+
+    def about_person(self, reference: str) -> dict[str, Any]:
+        """Everything kept about one person (every owner's memories): the person, the memories
+        about only them, their conversation turns, the memories about them and others, the
+        memories that name them, and the context window's turns that are theirs or name them
+        (see the module doc). Raises ValidationError, NotFoundError."""
+        self._engine.require_open()
+        with self._engine.lock:
+            found = self._sorted(reference)
+            return about(found, self.remembering.window(self._engine.state.window_view))
+
+    def forget_person(self, reference: str, dry_run: bool = False) -> dict[str, Any]:
+        """Forget a person and what is kept about them, in one journal frame synced whatever
+        ``memory.fsync`` says (see the module doc): the counts of what went (``dry_run``: of
+        what would go, nothing changed). Raises ValidationError, NotFoundError."""
+        self._engine.require_open()
+        if not isinstance(dry_run, bool):
+            raise ValidationError("dry_run must be true or false", field="dry_run")
+        with self._engine.lock:
+            found = self._sorted(reference)
+            state = self._engine.state
+            plan = plan_forget(found, state.records, state.window_view, self.remembering.private_turns())
+            if dry_run:
+                return plan.counts(True)
+            ops: list[Any] = [["del", rec.id] for rec in plan.deleted]
+            ops += self._rewrite_ops(plan)
+            ops.append(state.people.delete_person(found.person.id))
+            if plan.window is not None:
+                ops += [["winclr"], *(["win", role, text, at] for role, text, at in plan.window)]
+            self._engine.commit(ops, durable=True)
+            self.remembering.set_private(plan.private_window)
+            return plan.counts(False)
+
+    def _rewrite_ops(self, plan: ForgetPlan) -> list[list[Any]]:
+        """``put`` ops of the rewritten records, each embedded anew (its text as stored: a
+        turn with the turn it follows, as rewritten); without a model (or when it fails) with
+        no vector, which the idle-time backfill gives it."""
+        engine, state = self._engine, self._engine.state
+        if not plan.rewritten:
+            return []
+        gone = {rec.id for rec in plan.deleted}
+        new = {rec.id: rec for rec in plan.rewritten}
+
+        def before(rec: Record) -> Record | None:
+            if rec.follows is None or rec.follows in gone:
+                return None
+            return new.get(rec.follows) or state.records.get(rec.follows)
+
+        texts = [ingest.context_text(rec, before(rec), engine.config) for rec in plan.rewritten]
+        vectors = engine.embed(texts) if engine.embedder is not None else None
+        key = state.current_key
+        ops = []
+        for i, rec in enumerate(plan.rewritten):
+            vector = vectors[i].astype("float32").tobytes() if vectors is not None else None
+            ops.append(["put", encode(rec.replace(vkey=key if vector is not None else None)), vector])
+        return ops

@@ -11,6 +11,7 @@ threads, a client's socket and the store's engine state want one.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -95,7 +96,7 @@ class _Serialized:
     def memories(self) -> Iterator[list[Memory]]:
         cursor: str | None = None
         while True:
-            page, cursor = self._one(lambda: self._api.export_page(cursor, EXPORT_PAGE))
+            page, cursor = self._one(functools.partial(self._api.export_page, cursor, EXPORT_PAGE))
             yield list(page)
             if cursor is None:
                 return

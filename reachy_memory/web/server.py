@@ -182,7 +182,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -- plumbing ---------------------------------------------------------------------
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002  (the base class's name)
+    def log_message(self, format: str, *args: Any) -> None:
         """To the logger at debug level, the query string left out (the login link holds the token)."""
         log.debug("%s %s", self.address_string(), (format % args).split("?", 1)[0])
 
@@ -233,10 +233,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -- GET --------------------------------------------------------------------------
 
-    def do_GET(self) -> None:  # noqa: N802  (the base class's name)
+    def do_GET(self) -> None:
         self._guarded(self._get)
 
-    def do_HEAD(self) -> None:  # noqa: N802
+    def do_HEAD(self) -> None:
         self._guarded(self._get)
 
     def _get(self) -> None:
@@ -325,7 +325,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -- POST -------------------------------------------------------------------------
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         self._guarded(self._post)
 
     def _post(self) -> None:
