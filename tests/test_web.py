@@ -314,9 +314,16 @@ def _wait(driver: Any, condition: Any, timeout: float = 10.0) -> Any:
 
 
 def _texts(driver: Any, css: str) -> list[str]:
-    from selenium.webdriver.common.by import By
+    """The shown texts of the elements ``css`` selects, read at one moment (the page re-renders)."""
+    return driver.execute_script(  # type: ignore[no-any-return]
+        "return [...document.querySelectorAll(arguments[0])].map(e => e.innerText.trim())", css)
 
-    return [e.text for e in driver.find_elements(By.CSS_SELECTOR, css)]
+
+def _click(driver: Any, element: Any) -> None:
+    """Click ``element`` as a person would: scrolled to the middle of the screen first (the
+    sticky header covers what the driver scrolls to the top)."""
+    driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", element)
+    element.click()
 
 
 def _confirm(driver: Any, choice: str) -> str:
@@ -326,7 +333,7 @@ def _confirm(driver: Any, choice: str) -> str:
     dialog = _wait(driver, lambda d: d.find_element(By.ID, "confirm") if d.find_element(By.ID, "confirm")
                    .get_attribute("open") is not None else False)
     text = dialog.find_element(By.ID, "confirm-text").text
-    driver.find_element(By.ID, f"confirm-{choice}").click()
+    _click(driver, driver.find_element(By.ID, f"confirm-{choice}"))
     _wait(driver, lambda d: d.find_element(By.ID, "confirm").get_attribute("open") is None)
     return text
 
@@ -362,10 +369,10 @@ def test_the_household_page_in_a_browser(browser: Any, page: Page) -> None:
 
     # Forget, with confirmation: "Keep" keeps it, "Forget" forgets it
     forget = f'#facts-list button.forget[data-id="{ids["bike"]}"]'
-    driver.find_element(By.CSS_SELECTOR, forget).click()
+    _click(driver, driver.find_element(By.CSS_SELECTOR, forget))
     assert "blue bike" in _confirm(driver, "no")
     assert page.store.get(ids["bike"]) is not None and driver.find_elements(By.CSS_SELECTOR, forget)
-    driver.find_element(By.CSS_SELECTOR, forget).click()
+    _click(driver, driver.find_element(By.CSS_SELECTOR, forget))
     _confirm(driver, "yes")
     _wait(driver, lambda d: not d.find_elements(By.CSS_SELECTOR, forget))
     assert page.store.get(ids["bike"]) is None
@@ -373,7 +380,7 @@ def test_the_household_page_in_a_browser(browser: Any, page: Page) -> None:
     # forget a person: the dialog says what goes, then it goes
     dave = page.store.find_person("Dave")
     button = f'.person[data-id="{dave.id}"] button.forget-person'
-    driver.find_element(By.CSS_SELECTOR, button).click()
+    _click(driver, driver.find_element(By.CSS_SELECTOR, button))
     said = _confirm(driver, "yes")
     assert "Dave" in said and "1 memory about them" in said and "1 conversation turn" in said
     _wait(driver, lambda d: _texts(d, ".person h3") == ["Sarah"])
@@ -383,13 +390,13 @@ def test_the_household_page_in_a_browser(browser: Any, page: Page) -> None:
     assert not any("flamingo" in t for t in _texts(driver, "#days .text"))
 
     # pause: shown, and a turn said meanwhile is not kept
-    driver.find_element(By.ID, "pause").click()
+    _click(driver, driver.find_element(By.ID, "pause"))
     _wait(driver, lambda d: d.find_element(By.ID, "status").text.startswith("Not remembering until"))
     assert page.store.remembering()["paused"] is True
     turn = page.store.record_turn("user", "The guest's wifi code is toucan42")
     assert page.store.get(turn.id) is None
     assert any(t["content"] == "The guest's wifi code is toucan42" for t in page.store.get_context_window())
-    driver.find_element(By.ID, "resume").click()
+    _click(driver, driver.find_element(By.ID, "resume"))
     _wait(driver, lambda d: d.find_element(By.ID, "status").text == "Remembering")
     assert page.store.remembering()["paused"] is False
     assert not driver.get_log("browser") or all(e["level"] != "SEVERE" for e in driver.get_log("browser"))
