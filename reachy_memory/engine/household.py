@@ -305,6 +305,19 @@ class Remembering:
                                          "(resume_remembering, or `reachy-memory resume`, to store it)",
                                          paused_until=status["until"])
 
+    def check(self, ops: Iterable[Any], records: Any) -> None:
+        """The funnel's check: while paused, a frame that would write a new memory (a ``put``
+        of an id ``records`` does not hold) or a person (``person_put``) raises
+        RememberingPausedError, nothing written; deleting, unlinking, rewriting a memory in
+        its place (a vector added, a name removed) and the window's own ops pass."""
+        if not self.paused:
+            return
+        for op in ops:
+            if isinstance(op, dict) and op.get("op") == "person_put":
+                self.refuse("the person")
+            if isinstance(op, list) and op and op[0] == "put" and op[1].get("id") not in records:
+                self.refuse("the memory")
+
     def add_turn(self, role: str, content: str) -> None:
         """Keep a turn said while paused, in memory only (the newest ``window_size``)."""
         with self._lock:
