@@ -261,9 +261,8 @@ def test_the_tools(config: Config) -> None:
             assert plan["dry_run"] is True and plan["memories_deleted"] == 1
             paused = await PauseRemembering(backend)(None, minutes=5)
             assert paused["paused"] is True
-            stored = await TOOLS_BY_NAME["store_memory"].run  # the tool's own call refuses while paused
-            with pytest.raises(RememberingPausedError):
-                await stored(backend, {"content": "a guest's secret"})
+            with pytest.raises(RememberingPausedError):  # the model's store refused, nothing written
+                await TOOLS_BY_NAME["store_memory"].run(backend, {"content": "a guest's secret"})
             assert (await ResumeRemembering(backend)(None))["paused"] is False
             done = await ForgetPerson(backend)(None, person="Dave")
             assert done["dry_run"] is False and done["turns_deleted"] == 1
