@@ -188,12 +188,20 @@ def test_forget_person_drops_their_private_window_turns(lexical_store: MemorySto
 # -- every face --------------------------------------------------------------------------------------
 
 
+# The daemon's forget_person / about_person / pause_remembering / resume_remembering rows and
+# handlers (and health's "remembering") come once the op-table dispatch is on main: until then
+# these fail, strictly (they must pass, and lose this mark, once the rows exist).
+AWAITING_DAEMON_OPS = pytest.mark.xfail(reason="the daemon's household ops are not in its op table yet",
+                                        strict=True)
+
+
 @pytest.fixture
 def daemon(tmp_path: Path) -> Any:
     with DaemonProcess(tmp_path, embedding={"enabled": False}) as d:
         yield d
 
 
+@AWAITING_DAEMON_OPS
 def test_the_daemon_clients_and_cli(daemon: DaemonProcess, capsys: pytest.CaptureFixture[str]) -> None:
     with daemon.client() as c:
         ids = seed(c)
@@ -241,6 +249,7 @@ def test_the_daemon_clients_and_cli(daemon: DaemonProcess, capsys: pytest.Captur
     assert cli_main([*base, "pause", "0"]) == 2  # bad input
 
 
+@AWAITING_DAEMON_OPS
 def test_the_bridge_pauses_and_resumes(daemon: DaemonProcess) -> None:
     with MemoryBridge(daemon.endpoint, config=daemon.config) as bridge:
         assert bridge.pause_remembering(5).result(timeout=10)["paused"] is True
