@@ -321,7 +321,9 @@ def _stats_text(d: dict[str, Any]) -> str:
     lines = [f"status {h['status']}  memories {h['memories']}  uptime {h['uptime_s']:.0f} s  "
              f"embedder {h['embedder'].get('state')}", f"by type: {_type_counts(s['store']['by_type'])}",
              f"journal {s['store']['journal_bytes']} B  snapshot {s['store']['snapshot_bytes']} B",
-             f"last cleanup: {_cleanup_text(h['last_cleanup'])}", _remembering_text(h.get("remembering"))]
+             f"last cleanup: {_cleanup_text(h['last_cleanup'])}"]
+    if isinstance(h.get("remembering"), dict) and h["remembering"].get("paused"):
+        lines.append(_remembering_text(h["remembering"]))
     if s["store"].get("expired_unswept"):
         lines.append(f"expired, not counted, deleted by the next cleanup: {s['store']['expired_unswept']}")
     if s["store"].get("unembedded"):
