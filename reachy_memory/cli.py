@@ -137,6 +137,17 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _minutes(text: str) -> float:
+    """argparse type: a number of minutes above 0 and at most a week."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of minutes: {text!r}") from None
+    if not 0 < value <= 7 * 24 * 60:  # also refuses nan and inf
+        raise argparse.ArgumentTypeError(f"must be above 0 and at most {7 * 24 * 60} minutes (a week), got {text!r}")
+    return value
+
+
 def _json_arg(text: str, option: str) -> Any:
     try:
         return json.loads(text)
@@ -311,6 +322,8 @@ def _stats_text(d: dict[str, Any]) -> str:
              f"embedder {h['embedder'].get('state')}", f"by type: {_type_counts(s['store']['by_type'])}",
              f"journal {s['store']['journal_bytes']} B  snapshot {s['store']['snapshot_bytes']} B",
              f"last cleanup: {_cleanup_text(h['last_cleanup'])}"]
+    if isinstance(h.get("remembering"), dict) and h["remembering"].get("paused"):
+        lines.append(_remembering_text(h["remembering"]))
     if s["store"].get("expired_unswept"):
         lines.append(f"expired, not counted, deleted by the next cleanup: {s['store']['expired_unswept']}")
     if s["store"].get("unembedded"):
@@ -626,6 +639,75 @@ def cmd_people(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_forget_person(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        result = c.forget_person(args.reference, dry_run=args.dry_run)
+    _out(args, result, _forget_person_text)
+    return 0
+
+
+def _forget_person_text(r: dict[str, Any]) -> str:
+    """What ``forget-person`` did (or, with --dry-run, would do), in words."""
+    aliases = f" (also called {', '.join(r['aliases'])})" if r["aliases"] else ""
+    lines = [f"{'would forget' if r['dry_run'] else 'forgot'} {r['person']['name']}{aliases}: "
+             f"{r['memories_deleted']} memories about them and {r['turns_deleted']} of their conversation turns "
+             f"{'would go' if r['dry_run'] else 'deleted'}",
+             f"their name {'would be' if r['dry_run'] else 'was'} removed from {r['mentions_rewritten']} other "
+             f"memories ({r['unlinked']} about them and others, unlinked)",
+             f"context window: {r['window_turns_dropped']} turns dropped, {r['window_turns_rewritten']} rewritten"]
+    if r["names_kept"]:
+        lines.append(f"not removed, as another known person has them too: {', '.join(r['names_kept'])}")
+    if r["dry_run"]:
+        lines.append("nothing changed: run again without --dry-run to forget")
+    return "\n".join(lines)
+
+
+def cmd_about(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        about = c.about_person(args.reference)
+    _out(args, about, _about_text)
+    return 0
+
+
+def _about_text(a: dict[str, Any]) -> str:
+    p = a["person"]
+    name = p["name"] or f"the user's {p['relation']}"
+    head = f"{p['id']}  {name}" + (f" ({p['relation']})" if p["relation"] and p["name"] else "")
+    head += f"  aka {', '.join(p['aliases'])}" if p["aliases"] else ""
+    lines = [head]
+    for key, title in (("memories", "about them"), ("shared", "about them and others"), ("turns", "their turns"),
+                       ("mentions", "naming them")):
+        lines.append(f"{title}: {len(a[key])}")
+        lines += [f"  {m['id']}  [{m['type']}]  {m['created_at'][:16].replace('T', ' ')}  {m['content']}"
+                  for m in a[key]]
+    lines.append(f"in the context window: {len(a['window'])}")
+    lines += [f"  {t['role']}: {t['content']}" for t in a["window"]]
+    return "\n".join(lines)
+
+
+def cmd_pause(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        status = c.pause_remembering(args.minutes)
+    _out(args, status, _remembering_text)
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        status = c.resume_remembering()
+    _out(args, status, _remembering_text)
+    return 0
+
+
+def _remembering_text(status: dict[str, Any] | None) -> str:
+    """The pause as one phrase (a daemon from before pausing tells none: remembering)."""
+    if not isinstance(status, dict) or not status.get("paused"):
+        return "remembering"
+    until = datetime.fromtimestamp(status["until"]).astimezone().strftime("%Y-%m-%d %H:%M %Z")
+    return (f"paused until {until} ({status['seconds_left'] / 60:.0f} min left): turns reach the context window "
+            "only, nothing is written")
+
+
 def cmd_history(args: argparse.Namespace) -> int:
     with _client(args) as c:
         chain: list[Memory] = c.history(args.id)
@@ -697,6 +779,17 @@ def cmd_reindex(args: argparse.Namespace) -> int:
         n = store.reindex(progress=_progress("re-embedding"))
     _out(args, {"reindexed": n}, lambda _: f"re-embedded {n} memories")
     return 0
+
+
+def cmd_web(args: argparse.Namespace) -> int:
+    from reachy_memory.web import server
+
+    if getattr(args, "data_dir", None) and getattr(args, "endpoint", None):
+        raise ValidationError("give --data-dir (a store opened here) or --endpoint (the daemon), not both",
+                              field="data_dir")
+    return server.run(_config(args), host=args.host, port=args.port, token_file=args.token_file,
+                      in_process=bool(getattr(args, "data_dir", None)), endpoint=getattr(args, "endpoint", None),
+                      timeout=args.timeout)
 
 
 def cmd_mcp(args: argparse.Namespace) -> int:
@@ -809,6 +902,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--all", action="store_true", help="include superseded facts")
     add("people", cmd_people, "the persons the robot knows").add_argument("--owner")
     add("history", cmd_history, "the supersession chain of a memory").add_argument("id")
+    p = add("forget-person", cmd_forget_person, "forget a person and what is kept about them (their name removed "
+            "from the memories about others); docs/HOUSEHOLD.md")
+    p.add_argument("reference", help="a name, an alias, 'my wife' or a person id")
+    p.add_argument("--dry-run", action="store_true", help="say what would go, change nothing")
+    add("about", cmd_about, "everything kept about one person").add_argument(
+        "reference", help="a name, an alias, 'my wife' or a person id")
+    add("pause", cmd_pause, "stop remembering for a while (a guest, a private moment): turns reach the context "
+        "window only, nothing is written; ends by itself").add_argument("minutes", type=_minutes,
+                                                                         help="how long, in minutes (at most a week)")
+    add("resume", cmd_resume, "remember again (end a pause)")
     p = add("prompt", cmd_prompt, "prompt-ready context for a message (context_for)")
     p.add_argument("message")
     p.add_argument("--owner")
@@ -824,6 +927,13 @@ def _parser() -> argparse.ArgumentParser:
                    "with a random token if missing; default: mcp-http.token in the private runtime directory)")
     p.add_argument("--owner", help="bind every tool call to this user of the robot: their memories plus shared and "
                    "unscoped ones; facts stored as theirs (the model cannot choose another user)")
+    p = add("web", cmd_web, "serve the household's page: who and what the robot remembers, search, forget, pause "
+            "(loopback only unless --host; --data-dir opens a store in-process instead of using the daemon)")
+    p.add_argument("--port", type=int, default=8766, help="HTTP port (default 8766; 0: any free port)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1; another address serves the LAN, as plain HTTP)")
+    p.add_argument("--token-file", help="the file holding the login token (made 0600 with a random token if missing; "
+                   "default: web.token in the private runtime directory)")
     return parser
 
 

@@ -347,6 +347,28 @@ class _Api:
         "person_id"}`` (a daemon older than that rule returns neither)."""
         return self._call("import", _given(memories=memories, people=people), timeout=timeout)
 
+    # -- the household's controls (docs/HOUSEHOLD.md) --------------------------------------
+
+    def forget_person(self, reference: str, dry_run: bool = False, *, timeout: float | None = None) -> Any:
+        """Forget a person and what is kept about them (the person, their aliases, the
+        memories about only them, their turns and window turns; their name removed from
+        the memories that stay); returns the counts (``dry_run``: what would go, nothing
+        changed). NotFoundError for a reference naming nobody."""
+        return self._call("forget_person", _given(reference=reference, dry_run=dry_run or None), timeout=timeout)
+
+    def about_person(self, reference: str, *, timeout: float | None = None) -> Any:
+        """Everything kept about one person (``MemoryStore.about_person``); NotFoundError for nobody."""
+        return self._call("about_person", {"reference": reference}, timeout=timeout)
+
+    def pause_remembering(self, minutes: float, *, timeout: float | None = None) -> Any:
+        """Stop writing memories for ``minutes`` (turns reach the window only, in memory);
+        returns the status (``paused``, ``until``, ``seconds_left``, ``private_turns``)."""
+        return self._call("pause_remembering", {"minutes": minutes}, timeout=timeout)
+
+    def resume_remembering(self, *, timeout: float | None = None) -> Any:
+        """Remember again; returns the status."""
+        return self._call("resume_remembering", {}, timeout=timeout)
+
 
 def _unsendable(exc: Exception) -> str:
     """What msgpack refused, in words a caller (or a model) can act on."""

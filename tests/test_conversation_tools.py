@@ -155,9 +155,12 @@ def run(coro: Any) -> Any:
     return asyncio.run(coro)
 
 
+HOUSEHOLD_NAMES = ["forget_person", "pause_remembering", "resume_remembering"]  # tests/test_household.py
+
+
 def test_specs_follow_the_app_interface_and_the_tool_table() -> None:
     assert [c.name for c in TOOL_CLASSES] == ["search_memories", "store_memory", "forget_memory", "remember",
-                                              "recall"]
+                                              "recall", *HOUSEHOLD_NAMES]
     for cls, table in zip(TOOL_CLASSES, TOOLS, strict=True):
         spec = cls().spec()
         assert spec == {"type": "function", "name": table.name, "description": table.description,
@@ -170,7 +173,8 @@ def test_specs_follow_the_app_interface_and_the_tool_table() -> None:
     assert search["properties"]["limit"]["maximum"] == MAX_LIMIT
     assert StoreMemory.parameters_schema["properties"]["memory_type"]["default"] == "fact"
     assert "forever" in StoreMemory.description and "30 days" in StoreMemory.description
-    assert TOOLS_TXT.splitlines()[1:] == ["search_memories", "store_memory", "forget_memory", "remember", "recall"]
+    assert TOOLS_TXT.splitlines()[1:] == ["search_memories", "store_memory", "forget_memory", "remember", "recall",
+                                          *HOUSEHOLD_NAMES]
 
 
 def test_store_search_forget_through_the_dispatcher(daemon: DaemonProcess) -> None:

@@ -51,7 +51,8 @@ def test_tools_schemas_and_round_trip(daemon: DaemonProcess) -> None:
         ("forget_memory", {"memory_id": "placeholder"}),
     ])
     by_name = {t.name: t for t in tools.tools}
-    assert list(by_name) == ["search_memories", "store_memory", "forget_memory", "remember", "recall"]
+    assert list(by_name) == ["search_memories", "store_memory", "forget_memory", "remember", "recall",
+                             "forget_person", "pause_remembering", "resume_remembering"]
     assert all(by_name[t.name].input_schema == t.parameters_schema() for t in TOOLS)  # the table's schema
     assert by_name["search_memories"].input_schema["required"] == ["query"]
     assert by_name["forget_memory"].input_schema["required"] == ["memory_id"]

@@ -41,6 +41,7 @@ import numpy as np
 from reachy_memory.config import Config
 from reachy_memory.engine import ingest, search
 from reachy_memory.engine.backfill import Backfill
+from reachy_memory.engine.household import Remembering
 from reachy_memory.engine.ports import Prepared
 from reachy_memory.engine.records import Record, encode
 from reachy_memory.engine.search import SearchQuery
@@ -72,6 +73,7 @@ class Core:
         self.touches_flushed = time.monotonic()
         self.closed = True  # until the store has finished opening
         self._deferring: int | None = None  # the thread whose writes skip their fsync (deferred_durability)
+        self.remembering = Remembering(2 * config.memory.context_window_size)  # the pause (in memory only)
 
     # -- what the Engine port exposes ------------------------------------------------------
 
@@ -117,8 +119,10 @@ class Core:
 
     def commit(self, ops: list[Any], *, durable: bool = False) -> None:
         """Journal ``ops`` (durably per policy, or whatever the policy with
-        ``durable``), then apply them to the state."""
+        ``durable``), then apply them to the state.  While remembering is paused a frame
+        writing a new memory or person is refused (RememberingPausedError), nothing written."""
         with self._lock:
+            self.remembering.check(ops, self._state.records)
             self.storage.append(ops, durable=durable, defer=self._deferring == threading.get_ident())
             self.storage.apply(ops)
             if self._embedder is not None:
@@ -205,8 +209,10 @@ class Core:
                 imported: bool = False) -> Prepared:
         """Validate and embed ``items`` without changing anything (thread-safe); ``imported``:
         exported memories, their ids taken as earlier versions wrote them (``validate_item``).
-        Raises ValidationError / TooLargeError."""
+        Raises ValidationError / TooLargeError, RememberingPausedError while paused (before
+        any embedding)."""
         self.require_open()
+        self.remembering.refuse("the memory")
         rows = [ingest.validate_item(item, self._config, imported=imported or self._holds_id(item))
                 for item in ingest.as_list(items, self._config.memory.max_batch)]
         created = time.time() if now is None else now
@@ -320,10 +326,11 @@ class Core:
         return self.search_checked(q, qvec)
 
     def window_shown(self) -> list[tuple[Any, ...]]:
-        """The window's turns not older than ``memory.context_window_max_age_minutes``."""
+        """The window's turns not older than ``memory.context_window_max_age_minutes``, the
+        turns said while paused (held in memory only) among them."""
         max_age = self._config.memory.context_window_max_age_minutes * 60.0
         oldest = time.time() - max_age if max_age else -math.inf
-        return [turn for turn in self._state.window_view if turn[2] >= oldest]
+        return [turn for turn in self.remembering.window(self._state.window_view) if turn[2] >= oldest]
 
     def window(self) -> list[dict[str, Any]]:
         """The recent messages, oldest first (see :meth:`MemoryStore.get_context_window`)."""

@@ -36,6 +36,7 @@ class Prepared:
     ops: list[list[Any]]
     ids: list[str]
     texts: list[str | None]
+    held: tuple[str, dict[str, Any], str | None] | None = None  # a turn said while paused: text, metadata, owner
 
 
 class Engine(Protocol):

@@ -39,6 +39,7 @@ from reachy_memory._threads import pin_native_threads
 from reachy_memory.config import Config
 from reachy_memory.engine import ingest, opening, retention
 from reachy_memory.engine.context_text import RetrievedContext
+from reachy_memory.engine.household import Household
 from reachy_memory.engine.maintenance import Maintenance
 from reachy_memory.engine.opening import DEFAULT_EMBEDDER, Embedder
 from reachy_memory.engine.ports import Prepared
@@ -122,6 +123,7 @@ class MemoryStore:
         self._notes = Notes(core, self._facts.correct)
         self._importer = Importer(core)
         self._context = Context(core, self._persons)
+        self._household = Household(core, core.remembering)
         core.closed = False
         if recover:
             core.storage.compact(full=True)  # a fresh snapshot of the rebuilt state (see verify --repair)
@@ -572,14 +574,43 @@ class MemoryStore:
     def reindex(self, progress: Callable[[int, int], None] | None = None, batch: int = 64) -> int:
         return self._maintenance.reindex(progress, batch)
 
+    # -- the household's controls (engine/household.py, docs/HOUSEHOLD.md) ---------------
+
+    @_doc(Household.forget_person)
+    def forget_person(self, reference: str, dry_run: bool = False) -> dict[str, Any]:
+        return self._household.forget_person(reference, dry_run)
+
+    @_doc(Household.about_person)
+    def about_person(self, reference: str) -> dict[str, Any]:
+        return self._household.about_person(reference)
+
+    def pause_remembering(self, minutes: float) -> dict[str, Any]:
+        """Stop remembering for ``minutes`` (above 0, at most a week; a pause in force is
+        replaced): until then no memory or person is written (RememberingPausedError) and
+        turns reach the context window only, held in this process's memory, never on disk.
+        Ends by itself; a restart ends it too. Returns :meth:`remembering`. Raises ValidationError."""
+        self._core.require_open()
+        return self._core.remembering.pause(minutes)
+
+    def resume_remembering(self) -> dict[str, Any]:
+        """Remember again (the turns held meanwhile stay in the window, in memory only);
+        returns :meth:`remembering`."""
+        self._core.require_open()
+        return self._core.remembering.resume()
+
+    def remembering(self) -> dict[str, Any]:
+        """The pause: ``paused``, ``until`` (epoch seconds or None), ``seconds_left``,
+        ``private_turns`` (turns held in memory only). Takes no store lock."""
+        return self._core.remembering.status()
+
     def stats(self) -> dict[str, Any]:
         """Counts, sizes, the embedder's state and the conversation TTL.  Takes no lock (a compaction or a
         search never makes it wait); the figures may be one write apart.
 
         ``memories`` and ``by_type`` count what a reader can see (as ``len``);
         ``expired_unswept``, the expired memories the next sweep deletes (hidden from
-        every reader, still held in memory and on disk until then)."""
-        return self._core.stats()
+        every reader, still held in memory and on disk until then); ``remembering``, the pause."""
+        return self._core.stats() | {"remembering": self._core.remembering.status()}
 
     @property
     def read_only(self) -> str | None:
@@ -618,6 +649,7 @@ class MemoryStore:
                 if self._core.touched:
                     with contextlib.suppress(ReachyMemoryError):  # a refresh lost on a failing disk is harmless
                         self._core.flush_touches()
+                self._core.remembering.clear()  # the turns held while paused end with the process's store
                 self._core.storage.close()
             finally:
                 self._core.closed = True

@@ -70,9 +70,12 @@ from reachy_memory.errors import ConfigError, ReachyMemoryError
 from reachy_memory.integrations.tools import (
     DEFAULT_CONVERSATION_DAYS,
     FORGET_MEMORY,
+    FORGET_PERSON,
     MAX_ERROR_CHARS,
+    PAUSE_REMEMBERING,
     RECALL,
     REMEMBER,
+    RESUME_REMEMBERING,
     SEARCH_MEMORIES,
     STORE_MEMORY,
     Backend,
@@ -252,8 +255,32 @@ class Recall(MemoryTool):
         return SearchMemories._shape(self, kwargs, result)  # type: ignore[arg-type]
 
 
-#: The tools in the specs' order (000's three, then 004's two).
-TOOL_CLASSES: tuple[type[MemoryTool], ...] = (SearchMemories, StoreMemory, ForgetMemory, Remember, Recall)
+# -- the household's tools (docs/HOUSEHOLD.md) ------------------------------------------------
+
+
+class ForgetPerson(MemoryTool):
+    """``forget_person``: returns the counts of what went (or, ``dry_run``, would go)."""
+
+    definition = FORGET_PERSON
+
+
+class PauseRemembering(MemoryTool):
+    """``pause_remembering``: returns the status (``paused``, ``until``, ``seconds_left``)."""
+
+    definition = PAUSE_REMEMBERING
+
+
+class ResumeRemembering(MemoryTool):
+    """``resume_remembering``: returns the status."""
+
+    definition = RESUME_REMEMBERING
+
+
+HOUSEHOLD_TOOL_CLASSES: tuple[type[MemoryTool], ...] = (ForgetPerson, PauseRemembering, ResumeRemembering)
+
+#: The tools in the specs' order (000's three, then 004's two), then the household's.
+TOOL_CLASSES: tuple[type[MemoryTool], ...] = (SearchMemories, StoreMemory, ForgetMemory, Remember, Recall,
+                                              *HOUSEHOLD_TOOL_CLASSES)
 
 #: Lines for a profile's ``tools.txt`` (each names the profile module holding one tool; later
 #: app versions list tools in ``default_tools`` of a ``profile.md`` instead: ``docs/ROBOT.md``).
@@ -271,6 +298,6 @@ def app_tool_classes(tool_base: type) -> list[type]:
     return [type(c.__name__, (c, tool_base), {"__module__": __name__}) for c in TOOL_CLASSES]
 
 
-__all__ = ["MAX_ERROR_CHARS", "TOOLS_TXT", "TOOL_CLASSES", "ForgetMemory", "MemoryTool", "Recall", "Remember",
-           "SearchMemories", "StoreMemory",
+__all__ = ["HOUSEHOLD_TOOL_CLASSES", "MAX_ERROR_CHARS", "TOOLS_TXT", "TOOL_CLASSES", "ForgetMemory", "ForgetPerson",
+           "MemoryTool", "PauseRemembering", "Recall", "Remember", "ResumeRemembering", "SearchMemories", "StoreMemory",
            "aclose_default", "app_tool_classes", "error_text"]

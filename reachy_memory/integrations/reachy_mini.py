@@ -36,6 +36,8 @@ the loop must never call the daemon.  :class:`MemoryBridge` does it for the loop
   "not now") is counted in ``stats.errors`` (a turn also in ``stats.turns_lost``;
   ``remember``'s future fails with that error).  A daemon from before the ids (it
   refuses them, storing nothing) gets the write once without its id, never again.
+* :meth:`~MemoryBridge.pause_remembering` / :meth:`~MemoryBridge.resume_remembering`
+  (a guest, a private moment) queue like a search and return a future of the status.
 * :meth:`~MemoryBridge.close` (or leaving the ``with`` block) takes no new job
   and lets the queued ones reach the daemon (writes with their retries) for up to
   its ``timeout`` (5 s by default), then stops the worker.  Jobs still queued then
@@ -298,6 +300,20 @@ class MemoryBridge:
         turns, known people, ``.text`` within ``max_tokens``); the future gives a
         RetrievedContext, one daemon round trip, for an app to put before its LLM call."""
         return self._submit(lambda c: c.context_for(message, max_tokens=max_tokens), "context_for")
+
+    # -- guests and private moments (docs/HOUSEHOLD.md) -------------------------------------------
+
+    def pause_remembering(self, minutes: float) -> Future[dict[str, Any]]:
+        """Queue "stop remembering for ``minutes``" (a guest, a private moment): until then the
+        daemon keeps the turns this bridge records in its context window only, in memory, and
+        writes no memory (a ``remember`` fails with RememberingPausedError); the pause ends by
+        itself. The future gives the status (``paused``, ``until``, ``seconds_left``). Sent
+        again while the daemon restarts, as a turn is (a restart ends a pause in force)."""
+        return self._submit(lambda c: c.pause_remembering(minutes), "pause_remembering", retry=True)
+
+    def resume_remembering(self) -> Future[dict[str, Any]]:
+        """Queue "remember again"; the future gives the status."""
+        return self._submit(lambda c: c.resume_remembering(), "resume_remembering", retry=True)
 
     @property
     def pending(self) -> int:

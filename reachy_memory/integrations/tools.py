@@ -467,9 +467,76 @@ RECALL = ToolDef(
     call=_recall, read_only=True, returns=list[dict[str, Any]],
 )
 
+# -- the household's tools: forgetting a person, pausing (docs/HOUSEHOLD.md) ---------------------
+
+
+def _household_wide(backend: Backend, tool: str) -> None:
+    """Refuse ``tool`` on a backend bound to one user: it reaches every user's memories."""
+    if getattr(backend, "owner", None) is not None:
+        raise ValidationError(f"{tool}: not available to a user-bound tool, as it reaches every user's memories; "
+                              "the household does it on its page (reachy-memory web) or with reachy-memory "
+                              "forget-person", field="person")
+
+
+def _backend_call(backend: Backend, name: str, tool: str) -> Callable[..., Awaitable[Any]]:
+    call = getattr(backend, name, None)
+    if call is None:
+        raise ValidationError(f"{tool}: this backend cannot do it", field=name)
+    return call  # type: ignore[no-any-return]
+
+
+async def _forget_person(backend: Backend, a: dict[str, Any]) -> dict[str, Any]:
+    _household_wide(backend, "forget_person")
+    return await _backend_call(backend, "forget_person", "forget_person")(_unwrapped(a["person"]), a["dry_run"])
+
+
+async def _pause_remembering(backend: Backend, a: dict[str, Any]) -> dict[str, Any]:
+    return await _backend_call(backend, "pause_remembering", "pause_remembering")(int(a["minutes"]))
+
+
+async def _resume_remembering(backend: Backend, a: dict[str, Any]) -> dict[str, Any]:
+    return await _backend_call(backend, "resume_remembering", "resume_remembering")()
+
+
+FORGET_PERSON = ToolDef(
+    name="forget_person",
+    description=(
+        "Forget a person for good, when the user clearly asks the robot to forget everything about someone: "
+        "the person and their other names, every memory about only them, their conversation turns, and their "
+        "name in the memories about others (removed; those memories stay). Call it first with dry_run true and "
+        "tell the user what would be forgotten, then again with dry_run false once they confirm. Returns the "
+        "counts (memories_deleted, turns_deleted, mentions_rewritten...)."),
+    params=(
+        Param("person", {"type": "string", "minLength": 1}, str,
+              "Who: a name ('Dave'), what they are to the user ('my wife') or a person id.", required=True),
+        Param("dry_run", {"type": "boolean"}, bool, "True: only say what would be forgotten.", default=False),
+    ),
+    call=_forget_person, destructive=True,
+)
+
+PAUSE_REMEMBERING = ToolDef(
+    name="pause_remembering",
+    description=(
+        "Stop remembering for a while when the user asks (\"don't remember this\", a guest is visiting, a private "
+        "moment): until then the conversation is followed but nothing is written down, and no memory can be "
+        "stored. It ends by itself. Returns the status (paused, until as epoch seconds)."),
+    params=(Param("minutes", {"type": "integer", "minimum": 1, "maximum": 10080}, int,
+                  "How long, in minutes (1 to 10080, a week).", default=60),),
+    call=_pause_remembering,
+)
+
+RESUME_REMEMBERING = ToolDef(
+    name="resume_remembering",
+    description="Remember again before a pause ends, when the user asks. Returns the status.",
+    params=(), call=_resume_remembering,
+)
+
+HOUSEHOLD_TOOLS: tuple[ToolDef, ...] = (FORGET_PERSON, PAUSE_REMEMBERING, RESUME_REMEMBERING)
+
+
 #: The tool table: the spec's three tools (000), then spec 004's people-aware pair; its
 #: descriptions say the default retention (:func:`tools_for` says another).
-TOOLS: tuple[ToolDef, ...] = (SEARCH_MEMORIES, STORE_MEMORY, FORGET_MEMORY, REMEMBER, RECALL)
+TOOLS: tuple[ToolDef, ...] = (SEARCH_MEMORIES, STORE_MEMORY, FORGET_MEMORY, REMEMBER, RECALL, *HOUSEHOLD_TOOLS)
 TOOLS_BY_NAME: dict[str, ToolDef] = {t.name: t for t in TOOLS}
 
 
@@ -498,7 +565,8 @@ _TTL_RANGE = cast(tuple[float, float], RANGES["memory.conversation_ttl_days"])
 def _tools_for(conversation_days: float) -> tuple[ToolDef, ...]:
     if conversation_days == DEFAULT_CONVERSATION_DAYS:
         return TOOLS
-    return (_search_memories(conversation_days), _store_memory(conversation_days), FORGET_MEMORY, REMEMBER, RECALL)
+    return (_search_memories(conversation_days), _store_memory(conversation_days), FORGET_MEMORY, REMEMBER, RECALL,
+            *HOUSEHOLD_TOOLS)
 
 
 def local_retention(store: Any) -> float:
@@ -738,6 +806,16 @@ class DaemonBackend(_OwnerBound):
     async def knows(self, reference: str) -> bool:
         return await self._guard(self.client.find_person(reference, owner=self._owner)) is not None
 
+    # the household's calls (docs/HOUSEHOLD.md)
+    async def forget_person(self, reference: str, dry_run: bool) -> dict[str, Any]:
+        return await self._guard(self.client.forget_person(reference, dry_run=dry_run))  # type: ignore[no-any-return]
+
+    async def pause_remembering(self, minutes: float) -> dict[str, Any]:
+        return await self._guard(self.client.pause_remembering(minutes))  # type: ignore[no-any-return]
+
+    async def resume_remembering(self) -> dict[str, Any]:
+        return await self._guard(self.client.resume_remembering())  # type: ignore[no-any-return]
+
     async def aclose(self) -> None:
         if self._own:
             await self.client.close()
@@ -799,6 +877,17 @@ class LocalBackend(_OwnerBound):
     async def knows(self, reference: str) -> bool:
         owner = self._owner
         return await self._run(lambda: self.memory_store.find_person(reference, owner)) is not None
+
+    # the household's calls (docs/HOUSEHOLD.md)
+    async def forget_person(self, reference: str, dry_run: bool) -> dict[str, Any]:
+        return await self._run(  # type: ignore[no-any-return]
+            lambda: self.memory_store.forget_person(reference, dry_run=dry_run))
+
+    async def pause_remembering(self, minutes: float) -> dict[str, Any]:
+        return await self._run(self.memory_store.pause_remembering, minutes)  # type: ignore[no-any-return]
+
+    async def resume_remembering(self) -> dict[str, Any]:
+        return await self._run(self.memory_store.resume_remembering)  # type: ignore[no-any-return]
 
     async def aclose(self) -> None:
         """Close the store on its own thread, then stop the thread; idempotent; a view
@@ -862,6 +951,7 @@ def finite_score(score: float) -> float:
     return score if math.isfinite(score) else 0.0
 
 
-__all__ = ["DEFAULT_CONVERSATION_DAYS", "MAX_ERROR_CHARS", "MAX_LIMIT", "MEMORY_TYPES", "RECALL", "REMEMBER", "TOOLS",
-           "TOOLS_BY_NAME", "Backend", "DaemonBackend", "LocalBackend", "Param", "ToolDef", "daemon_retention",
-           "error_text", "local_retention", "may_forget", "retention_text", "tools_for"]
+__all__ = ["DEFAULT_CONVERSATION_DAYS", "FORGET_PERSON", "HOUSEHOLD_TOOLS", "MAX_ERROR_CHARS", "MAX_LIMIT",
+           "MEMORY_TYPES", "PAUSE_REMEMBERING", "RECALL", "REMEMBER", "RESUME_REMEMBERING", "TOOLS", "TOOLS_BY_NAME",
+           "Backend", "DaemonBackend", "LocalBackend", "Param", "ToolDef", "daemon_retention", "error_text",
+           "local_retention", "may_forget", "retention_text", "tools_for"]
