@@ -1,6 +1,6 @@
 """What the daemon adds to a search over the same search in-process, side by side in one run.
 
-    python tools/bench_overhead.py                      # 3,000 memories, 5 rounds of 80 searches each way
+    python tools/bench_overhead.py                      # 3,000 memories, 5 rounds of 80 calls per case each way
     python tools/bench_overhead.py --memories 6000 --rounds 3
 
 One store of LoCoMo dev turns (then synthetic dialogue lines up to ``--memories``) is
@@ -15,6 +15,8 @@ difference (the daemon's overhead), for
 * a fresh query each time (the embedding included, as a robot's question);
 * a query seen before (its vector from the embedder's cache: what is left is all
   that is not the embedding);
+* a fresh query after ``--gap-ms`` of quiet (a robot asks now and then: threads
+  asleep, caches cold, on both sides);
 * the embedding alone in-process (``MemoryStore.embed_query``), and a ``ping``
   round trip (the transport's floor);
 
@@ -64,20 +66,25 @@ def _config(tmp: Path, name: str) -> Path:
     return path
 
 
-def block(fn: Callable[[str], Any], queries: list[str]) -> list[float]:
-    """Seconds of ``fn(q)`` for each query in turn."""
+def summary(rounds: list[list[float]]) -> dict[str, float]:
+    """Median over rounds of each round's p50 and p99 (ms)."""
+    per = [percentiles(r) for r in rounds]
+    return {k: float(np.median([p[k] for p in per])) for k in ("p50", "p99")}
+
+
+def timed_after(fn: Callable[[str], Any], queries: list[str], gap: float) -> list[float]:
+    """Seconds of ``fn(q)`` for each query, each after ``gap`` seconds of quiet."""
     out = []
     for q in queries:
+        time.sleep(gap)
         t = time.perf_counter()
         fn(q)
         out.append(time.perf_counter() - t)
     return out
 
 
-def summary(rounds: list[list[float]]) -> dict[str, float]:
-    """Median over rounds of each round's p50 and p99 (ms)."""
-    per = [percentiles(r) for r in rounds]
-    return {k: float(np.median([p[k] for p in per])) for k in ("p50", "p99")}
+# (in-process call, daemon call, the queries of a round for a side, seconds of quiet before each call)
+Case = tuple[Callable[[str], Any] | None, Callable[[str], Any] | None, Callable[[int, str], list[str]], float]
 
 
 def main() -> None:
@@ -85,8 +92,9 @@ def main() -> None:
     parser.add_argument("--memories", type=int, default=3000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--per-round", type=int, default=80, help="searches per side per round and case")
+    parser.add_argument("--gap-ms", type=float, default=50.0, help="quiet before each search of the paced case")
     args = parser.parse_args()
-    qs = questions()
+    qs, n, gap = questions(), args.per_round, args.gap_ms / 1000
     with tempfile.TemporaryDirectory(prefix="rm-overhead-") as tmp_name:
         tmp = Path(tmp_name)
         built = write_store(tmp, args.memories)
@@ -100,34 +108,34 @@ def main() -> None:
                     MemoryClient(config=load_config(tmp / "served.yaml"), timeout=60) as client:
                 _wait_ping(client)
                 wait_for_graphs(client)
-                seen = [q for q in qs[: args.per_round]]
+                seen = qs[:n]
                 for q in seen:  # both embedders' caches hold these
                     store.search(q)
                     client.search(q)
-                cases: dict[str, tuple[Callable[[str], Any] | None, Callable[[str], Any] | None,
-                                      Callable[[int], list[str]]]]
-                cases = {
-                    "search, fresh query (embedding included)": (
-                        store.search, client.search,
-                        lambda r: [f"{qs[(r * args.per_round + i) % len(qs)]} {r}-{i}" for i in range(args.per_round)]),
-                    "search, cached query vector (no embedding)": (store.search, client.search, lambda r: seen),
-                    "embedding alone (embed_query, fresh query)": (
-                        store.embed_query, None, lambda r: [f"{qs[i % len(qs)]} e{r}-{i}" for i in range(args.per_round)]),
-                    "ping round trip": (None, lambda q: client.ping(), lambda r: seen),
+
+                def fresh(tag: str) -> Callable[[int, str], list[str]]:  # never seen by either side's cache
+                    return lambda r, side: [f"{qs[(r * n + i) % len(qs)]} {tag}{r}-{i} {side}" for i in range(n)]
+
+                cases: dict[str, Case] = {
+                    "search, fresh query (embedding included)": (store.search, client.search, fresh("f"), 0.0),
+                    "search, cached query vector (no embedding)": (store.search, client.search, lambda r, s: seen, 0.0),
+                    f"search, fresh query, one every {args.gap_ms:g} ms": (
+                        store.search, client.search, fresh("p"), gap),
+                    "embedding alone (embed_query, fresh query)": (store.embed_query, None, fresh("e"), 0.0),
+                    "ping round trip": (None, lambda q: client.ping(), lambda r, s: seen, 0.0),
                 }
                 for r in range(args.rounds):
-                    for case, (local, served, make) in cases.items():
-                        queries = make(r)
+                    for case, (local, served, make, pause) in cases.items():
                         sides = [("in-process", local), ("daemon", served)]
-                        for side, fn in (sides if r % 2 == 0 else sides[::-1]):
+                        for side, fn in (sides if r % 2 == 0 else sides[::-1]):  # who goes first alternates
                             if fn is not None:
                                 results.setdefault(case, {}).setdefault(side, []).append(
-                                    block(fn, [f"{q} {side}" if "fresh" in case else q for q in queries]))
+                                    timed_after(fn, make(r, side), pause))
                     print(f"  round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
                 stages = client.stats()["ops"]["search"]
         finally:
             stop(proc)
-    print(f"\n{args.memories:,} memories, {args.rounds} rounds x {args.per_round} searches per side and case "
+    print(f"\n{args.memories:,} memories, {args.rounds} rounds x {n} calls per side and case "
           "(median over rounds of each percentile, ms):\n")
     print(f"| {'case':<44} | in-process p50 / p99 | daemon p50 / p99 | daemon - in-process p50 / p99 |")
     print(f"|{'-' * 46}|---|---|---|")
