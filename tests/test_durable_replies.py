@@ -303,7 +303,7 @@ def test_a_search_is_answered_while_the_scheduled_sweep_waits_for_its_fsync(serv
                         "created_at": time.time() - 400 * 86400, "id": "old"}])
         assert served.store.stats()["expired_unswept"] == 1
         disk.hold()
-        served._enqueue_internal(served._cleanup)
+        served.lanes.schedule(served.upkeep.cleanup)
         assert disk.entered.wait(WAIT)
         assert [h.memory.id for h in c.search("kettle kitchen", mode="lexical")] == ["kettle"]
         disk.release()
@@ -326,7 +326,7 @@ def test_a_full_sync_queue_holds_the_engine_back_and_everything_is_answered(conf
         writes = [in_background(lambda w, i=i: w.store(f"fact {i}", id=f"f{i}"), daemon, pool) for i in range(24)]
         assert disk.entered.wait(WAIT)
         deadline = time.monotonic() + WAIT
-        while daemon._sync_q.qsize() < 8:  # the queue fills (the engine then waits for room)
+        while daemon.lanes.sync_q.qsize() < 8:  # the queue fills (the engine then waits for room)
             assert time.monotonic() < deadline
             time.sleep(0.01)
         time.sleep(1.5)  # the embed thread's 1-s wait for the engine queue runs out: busy

@@ -332,11 +332,6 @@ class MemoryStore:
         return self._core.search(query, memory_type, limit, min_score, where, mode=mode, now=now, about=about,
                                  owner=owner, include_superseded=include_superseded)
 
-    def check_search_args(self, query: Any, limit: Any, min_score: Any, mode: str | None) -> str:
-        """Validate the query, limit, min_score and mode (all of a search's: :meth:`check_search`);
-        returns the mode.  Raises ValidationError / TooLargeError."""
-        return ingest.check_search(query, limit, min_score, mode, self._core.config)
-
     def check_search(self, query: Any, memory_type: Any = None, limit: Any = SEARCH_LIMIT,
                      min_score: Any = SEARCH_MIN_SCORE, where: Any = None, *, mode: Any = None,
                      now: Any = None, about: Any = None, owner: Any = None,
