@@ -33,9 +33,11 @@ Behaviour the app relies on:
 * bad arguments and memory errors come back as ``{"error": "..."}`` (the
   dispatcher's own convention, at most :data:`MAX_ERROR_CHARS` characters), never
   as exceptions; the dispatcher passes ``{}`` for arguments that are not a JSON
-  object (a "required" error here); keys it adds (``tool_manager``, in later app
-  versions) and any other key the tool does not take (even ``deps`` or ``self``)
-  are ignored; a result must survive ``json.dumps`` (the app sends it so);
+  object (a "required" error here); a key it adds (``tool_manager``:
+  :data:`DISPATCHER_KEYS`) is ignored, any other key the tool does not take (even
+  ``deps`` or ``self``) is refused with a message naming the ones it takes (the
+  schema says ``additionalProperties: false``); a result must survive ``json.dumps``
+  (the app sends it so);
 * the memory used is, in order: the ``backend`` given to the constructor,
   ``deps.memory`` if the app provides one (a :class:`~.tools.Backend` or an
   :class:`~reachy_memory.AsyncMemoryClient`), else one daemon client per event
@@ -71,6 +73,7 @@ from reachy_memory.integrations.tools import (
     DEFAULT_CONVERSATION_DAYS,
     FORGET_MEMORY,
     MAX_ERROR_CHARS,
+    MEMORY_CONTEXT,
     RECALL,
     REMEMBER,
     SEARCH_MEMORIES,
@@ -85,6 +88,9 @@ from reachy_memory.integrations.tools import (
 )
 
 DEFAULT_TIMEOUT = 5.0
+#: Keys the app's dispatcher may add to a call's arguments (its background manager, for its own
+#: system tools in later versions): ignored; any other key no tool takes is refused.
+DISPATCHER_KEYS = frozenset({"tool_manager"})
 # One daemon client per event loop: an asyncio ZeroMQ socket belongs to the loop it runs on.
 _DEFAULT_BACKENDS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, DaemonBackend] = weakref.WeakKeyDictionary()
 
@@ -172,7 +178,7 @@ class MemoryTool:
         ``self`` lands in ``kwargs`` (and is ignored) instead of raising TypeError.
         """
         try:
-            result = await self.definition.run(self._backend_for(deps), kwargs)
+            result = await self.definition.run(self._backend_for(deps), kwargs, ignored=DISPATCHER_KEYS)
         except ReachyMemoryError as exc:
             return {"error": error_text(exc)}
         return self._shape(kwargs, result)
@@ -188,7 +194,11 @@ class MemoryTool:
 
 
 def _described(definition: ToolDef, days: float) -> ToolDef:
-    """``definition`` as the table for a ``days`` conversation TTL words it."""
+    """``definition`` as the table for a ``days`` conversation TTL words it (a tool of another
+    table, :mod:`.conversation_profile`'s, words it itself: ``definition.retold``)."""
+    retold = getattr(definition, "retold", None)
+    if retold is not None:
+        return retold(days)  # type: ignore[no-any-return]
     return next(t for t in tools_for(days) if t.name == definition.name)
 
 
@@ -252,8 +262,16 @@ class Recall(MemoryTool):
         return SearchMemories._shape(self, kwargs, result)  # type: ignore[arg-type]
 
 
-#: The tools in the specs' order (000's three, then 004's two).
-TOOL_CLASSES: tuple[type[MemoryTool], ...] = (SearchMemories, StoreMemory, ForgetMemory, Remember, Recall)
+class MemoryContext(MemoryTool):
+    """``memory_context``: returns ``{"text", "tokens", "people", "memories", "left_out"}`` (``text``:
+    the block to read, empty when nothing is remembered)."""
+
+    definition = MEMORY_CONTEXT
+
+
+#: The tools in the specs' order (000's three, then 004's two), then the context block.
+TOOL_CLASSES: tuple[type[MemoryTool], ...] = (SearchMemories, StoreMemory, ForgetMemory, Remember, Recall,
+                                              MemoryContext)
 
 #: Lines for a profile's ``tools.txt`` (each names the profile module holding one tool; later
 #: app versions list tools in ``default_tools`` of a ``profile.md`` instead: ``docs/ROBOT.md``).
@@ -271,6 +289,6 @@ def app_tool_classes(tool_base: type) -> list[type]:
     return [type(c.__name__, (c, tool_base), {"__module__": __name__}) for c in TOOL_CLASSES]
 
 
-__all__ = ["MAX_ERROR_CHARS", "TOOLS_TXT", "TOOL_CLASSES", "ForgetMemory", "MemoryTool", "Recall", "Remember",
-           "SearchMemories", "StoreMemory",
+__all__ = ["DISPATCHER_KEYS", "MAX_ERROR_CHARS", "TOOLS_TXT", "TOOL_CLASSES", "ForgetMemory", "MemoryContext",
+           "MemoryTool", "Recall", "Remember", "SearchMemories", "StoreMemory",
            "aclose_default", "app_tool_classes", "error_text"]
