@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import asyncio
 import weakref
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from reachy_memory.client import AsyncMemoryClient
@@ -117,6 +118,8 @@ class MemoryTool:
     """A conversation-app tool made from one :class:`~.tools.ToolDef`."""
 
     definition: ClassVar[ToolDef]
+    #: The tool table the definition comes from, by conversation TTL (its descriptions say it).
+    table: ClassVar[Callable[[float], Sequence[ToolDef]]] = staticmethod(tools_for)  # type: ignore[assignment]
     name: ClassVar[str]
     description: str  # the class's: the default retention; an instance's: its own (``__init__``)
     parameters_schema: dict[str, Any]  # as description: the class's, or the instance's own
@@ -138,7 +141,7 @@ class MemoryTool:
         self._owner = None if owner is None else check_owner(owner)
         days = _conversation_days(self._backend, config)
         if days != DEFAULT_CONVERSATION_DAYS:  # the class's text says the default retention
-            described = _described(self.definition, days)
+            described = _described(self.definition, days, self.table)
             self.description, self.parameters_schema = described.description, described.parameters_schema()
 
     def spec(self) -> dict[str, Any]:
@@ -193,13 +196,10 @@ class MemoryTool:
             self._backend = None
 
 
-def _described(definition: ToolDef, days: float) -> ToolDef:
-    """``definition`` as the table for a ``days`` conversation TTL words it (a tool of another
-    table, :mod:`.conversation_profile`'s, words it itself: ``definition.retold``)."""
-    retold = getattr(definition, "retold", None)
-    if retold is not None:
-        return retold(days)  # type: ignore[no-any-return]
-    return next(t for t in tools_for(days) if t.name == definition.name)
+def _described(definition: ToolDef, days: float, table: Callable[[float], Sequence[ToolDef]] = tools_for) -> ToolDef:
+    """``definition`` as ``table`` (:func:`~.tools.tools_for`, or another tool table made the same
+    way) words it for a ``days`` conversation TTL."""
+    return next(t for t in table(days) if t.name == definition.name)
 
 
 def _conversation_days(backend: Backend | None, config: Config | None) -> float:
