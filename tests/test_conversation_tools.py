@@ -157,7 +157,7 @@ def run(coro: Any) -> Any:
 
 def test_specs_follow_the_app_interface_and_the_tool_table() -> None:
     assert [c.name for c in TOOL_CLASSES] == ["search_memories", "store_memory", "forget_memory", "remember",
-                                              "recall"]
+                                              "recall", "memory_context"]
     for cls, table in zip(TOOL_CLASSES, TOOLS, strict=True):
         spec = cls().spec()
         assert spec == {"type": "function", "name": table.name, "description": table.description,
@@ -166,11 +166,13 @@ def test_specs_follow_the_app_interface_and_the_tool_table() -> None:
         json.dumps(spec)  # the app sends it to the model as JSON
     search = SearchMemories.parameters_schema
     assert search["required"] == ["query"]
-    assert search["properties"]["memory_type"]["enum"] == ["conversation", "fact", "context"]
+    assert search["properties"]["memory_type"]["enum"] == ["conversation", "fact", "context", None]
+    assert search["properties"]["memory_type"]["type"] == ["string", "null"]  # null is taken: omitted
     assert search["properties"]["limit"]["maximum"] == MAX_LIMIT
     assert StoreMemory.parameters_schema["properties"]["memory_type"]["default"] == "fact"
     assert "forever" in StoreMemory.description and "30 days" in StoreMemory.description
-    assert TOOLS_TXT.splitlines()[1:] == ["search_memories", "store_memory", "forget_memory", "remember", "recall"]
+    assert TOOLS_TXT.splitlines()[1:] == ["search_memories", "store_memory", "forget_memory", "remember", "recall",
+                                          "memory_context"]
 
 
 def test_store_search_forget_through_the_dispatcher(daemon: DaemonProcess) -> None:
@@ -226,12 +228,14 @@ def test_extra_dispatcher_keys_and_case_are_tolerated(daemon: DaemonProcess) -> 
     assert result["type"] == "context"
 
 
-def test_arguments_named_deps_or_self_are_ignored(daemon: DaemonProcess) -> None:
+def test_arguments_named_deps_or_self_are_refused_not_raised(daemon: DaemonProcess) -> None:
     # __call__(self, deps, **kwargs) raised TypeError ("got multiple values for argument
-    # 'deps'") before its try block: the app's dispatcher splats the model's arguments
+    # 'deps'") before its try block: the app's dispatcher splats the model's arguments; then
+    # they were ignored, while the schema said additionalProperties: false
     args = '{"content": "The porch light is on a timer", "deps": {"memory": 1}, "self": "x"}'
     result = run(dispatch(StoreMemory(config=daemon.config), args))
-    assert result["content"] == "The porch light is on a timer" and result["type"] == "fact"
+    assert result == {"error": "ValidationError: store_memory: unknown arguments 'deps', 'self'; it takes content, "
+                               "memory_type, metadata"}
 
 
 def test_an_error_echoing_a_huge_value_is_cut(daemon: DaemonProcess) -> None:
@@ -258,7 +262,8 @@ def test_app_registry_finds_mixed_in_tools(daemon: DaemonProcess, monkeypatch: p
     monkeypatch.setenv("REACHY_MEMORY_CONFIG", str(daemon.config_path))
     classes = app_tool_classes(AppTool)
     registry = app_registry(AppTool)
-    assert set(registry) == {"search_memories", "store_memory", "forget_memory", "remember", "recall"}
+    assert set(registry) == {"search_memories", "store_memory", "forget_memory", "remember", "recall",
+                             "memory_context"}
     assert all(isinstance(t, AppTool) for t in registry.values())
     stored = run(dispatch(registry["store_memory"], '{"content": "Alex plays the cello"}'))
     assert stored["content"] == "Alex plays the cello"
