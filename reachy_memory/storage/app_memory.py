@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from reachy_memory.config import Config
+from reachy_memory.engine.ingest import check_id
 from reachy_memory.errors import TooLargeError, ValidationError
 from reachy_memory.storage.export import check_entries, strict_object
 
@@ -86,6 +87,10 @@ def _entry(where: str, fact: Any) -> dict[str, Any]:
     fact_id, text, created = fact.get("id"), fact.get("text"), fact.get("createdAt")
     if not isinstance(fact_id, str) or not fact_id.strip():
         raise ValidationError(f"{where}: id must be a non-empty string, got {fact_id!r}", field="id")
+    try:  # as a new memory's id: a model must be able to copy it back (memory_forget)
+        check_id(fact_id)
+    except ValidationError as exc:
+        raise ValidationError(f"{where}: {exc.message}", **exc.fields) from exc
     if not isinstance(text, str) or not text.strip():
         raise ValidationError(f"{where}: text must be a non-empty string, got {text!r}"[:300], field="text")
     if isinstance(created, bool) or not isinstance(created, int | float) or not math.isfinite(created) \
