@@ -8,13 +8,11 @@ them against the schema.  :class:`SearchMemories`, :class:`StoreMemory` and
 :class:`ForgetMemory` follow that interface without importing the app; they are
 generated from the one tool table (:mod:`.tools`), so they match the MCP tools.
 
-Plugging them into a profile: the app (checked at its commit 8c3005a) imports
-one module per line of the profile's ``tools.txt`` and registers every concrete
-subclass of its own ``Tool`` base, made with no arguments; so a file in the profile
-folder mixes it in (where that folder is, and what later app versions changed:
-``docs/ROBOT.md``)::
+Plugging them into the app: ``reachy-memory conversation-profile install`` puts a ready
+profile and one tool file per tool where the app looks (:mod:`.conversation_profile`, whose
+tools are these under names the app's own tools do not use; ``docs/ROBOT.md``). A tool file
+defines one subclass mixing a class of this module (or of that one) into the app's ``Tool``::
 
-    # src/reachy_mini_conversation_app/profiles/<profile>/search_memories.py
     from reachy_mini_conversation_app.tools.core_tools import Tool
     from reachy_memory.integrations.conversation import SearchMemories
 
