@@ -546,10 +546,11 @@ def cmd_import(args: argparse.Namespace) -> int:
     from reachy_memory.storage.export import check_entries, import_requests, read_jsonl
 
     config = _config(args)
+    people: list[dict[str, Any]] = []
     if _is_app_memory(Path(args.file)):
         from reachy_memory.storage.app_memory import read_app_memory
 
-        memories, people = read_app_memory(Path(args.file), config), []  # all checked: nothing sent on an error
+        memories = read_app_memory(Path(args.file), config)  # all checked: nothing sent on an error
     elif Path(args.file).is_dir():
         from reachy_memory.storage.markdown import parse, read_dir
 

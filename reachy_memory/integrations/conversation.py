@@ -116,8 +116,6 @@ class MemoryTool:
     """A conversation-app tool made from one :class:`~.tools.ToolDef`."""
 
     definition: ClassVar[ToolDef]
-    #: The tool table the definition comes from, by conversation TTL (its descriptions say it).
-    table: ClassVar[Callable[[float], Sequence[ToolDef]]] = staticmethod(tools_for)  # type: ignore[assignment]
     name: ClassVar[str]
     description: str  # the class's: the default retention; an instance's: its own (``__init__``)
     parameters_schema: dict[str, Any]  # as description: the class's, or the instance's own
@@ -141,6 +139,11 @@ class MemoryTool:
         if days != DEFAULT_CONVERSATION_DAYS:  # the class's text says the default retention
             described = _described(self.definition, days, self.table)
             self.description, self.parameters_schema = described.description, described.parameters_schema()
+
+    @staticmethod
+    def table(conversation_days: float) -> Sequence[ToolDef]:
+        """The tool table the definition comes from, worded for a conversation TTL."""
+        return tools_for(conversation_days)
 
     def spec(self) -> dict[str, Any]:
         """The function spec the app sends to the model."""

@@ -29,12 +29,13 @@ import dataclasses
 import functools
 import os
 import shutil
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from reachy_memory.errors import ConfigError
-from reachy_memory.integrations.conversation import MemoryContext, MemoryTool
+from reachy_memory.integrations.conversation import MemoryContext, MemoryTool, SearchMemories
 from reachy_memory.integrations.tools import (
     DEFAULT_CONVERSATION_DAYS,
     FORGET_MEMORY,
@@ -120,7 +121,9 @@ def profile_tools(conversation_days: float) -> tuple[ToolDef, ...]:
 class _ProfileTool(MemoryTool):
     """A profile tool: its definition worded for the configured retention by :func:`profile_tools`."""
 
-    table = staticmethod(profile_tools)  # type: ignore[assignment]
+    @staticmethod
+    def table(conversation_days: float) -> Sequence[ToolDef]:
+        return profile_tools(conversation_days)
 
 
 _DEFAULT = profile_tools(DEFAULT_CONVERSATION_DAYS)
@@ -130,12 +133,7 @@ class MemorySearch(_ProfileTool):
     """``memory_search``: ``{"query", "results": [...], "count"}`` (plus a message when empty)."""
 
     definition = _DEFAULT[0]
-
-    def _shape(self, kwargs: dict[str, Any], result: Any) -> dict[str, Any]:
-        out: dict[str, Any] = {"query": kwargs.get("query"), "results": result, "count": len(result)}
-        if not result:
-            out["message"] = "Nothing relevant is remembered."
-        return out
+    _shape = SearchMemories._shape  # the same answer as search_memories'
 
 
 class MemoryRemember(_ProfileTool):

@@ -317,7 +317,8 @@ def capped(text: str, limit: int = MAX_CONTENT_CHARS) -> str:
 def _within_budget(hits: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The best hits whose JSON fits :data:`MAX_RESULT_CHARS` (always the first): a result a
     model reads is bounded whatever the limit asked and however long each memory is."""
-    kept, used = [], 0
+    kept: list[dict[str, Any]] = []
+    used = 0
     for hit in hits:
         used += len(_json_text(hit)) + 1
         if kept and used > MAX_RESULT_CHARS:
