@@ -559,7 +559,12 @@ def cmd_import(args: argparse.Namespace) -> int:
     from reachy_memory.storage.export import check_entries, import_requests, read_jsonl
 
     config = _config(args)
-    if Path(args.file).is_dir():
+    people: list[dict[str, Any]] = []
+    if _is_app_memory(Path(args.file)):
+        from reachy_memory.storage.app_memory import read_app_memory
+
+        memories = read_app_memory(Path(args.file), config)  # all checked: nothing sent on an error
+    elif Path(args.file).is_dir():
         from reachy_memory.storage.markdown import parse, read_dir
 
         ignored: dict[str, list[str]] = {}
@@ -590,6 +595,27 @@ def cmd_import(args: argparse.Namespace) -> int:
             _say_links_left_out(left_out)
     print(f"imported {done['people']} people and {done['memories']} memories "
           "(ids already present were kept as they were)", file=sys.stderr)
+    return 0
+
+
+def _is_app_memory(path: Path) -> bool:
+    from reachy_memory.storage.app_memory import is_app_memory
+
+    return path.is_file() and is_app_memory(path)
+
+
+def cmd_conversation_profile(args: argparse.Namespace) -> int:
+    from reachy_memory.integrations import conversation_profile as cp
+
+    target = Path(args.dir).expanduser() if args.dir else cp.default_dir()
+    if args.action == "install":
+        lines = cp.install(target, args.profile)
+        print(f"installed the profile {args.profile!r} in {target / 'profiles'} and its tools in "
+              f"{target / 'tools'}; add these lines to the conversation app's .env (also in "
+              f"{target / 'app.env'}), then restart the app:", file=sys.stderr)
+    else:
+        lines = cp.env_lines(target, args.profile)
+    print("\n".join(lines))
     return 0
 
 
@@ -883,8 +909,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("file", nargs="?", default="-", help="a file (JSON Lines; - for stdout) or, for markdown, a folder")
     p.add_argument("--format", choices=["jsonl", "markdown"], default="jsonl")
     p.add_argument("--force", action="store_true", help="markdown: move an existing, non-empty folder aside")
-    add("import", cmd_import, "import JSON Lines or a markdown folder (idempotent: ids already present are kept)"
-        ).add_argument("file", help="an exported JSON Lines file, or a markdown folder")
+    add("import", cmd_import, "import JSON Lines, a markdown folder, or the conversation app's memory.v1.json "
+        "(idempotent: ids already present are kept)").add_argument(
+        "file", help="an exported JSON Lines file, a markdown folder, or the conversation app's memory.v1.json")
+    p = add("conversation-profile", cmd_conversation_profile, "put the memory profile and tools where Pollen's "
+            "conversation app looks (install), or print the environment lines pointing it there (print-env)")
+    p.add_argument("action", choices=["install", "print-env"])
+    p.add_argument("--dir", help="where the profiles/ and tools/ folders go (default: "
+                   "$XDG_DATA_HOME/reachy-memory/conversation-app)")
+    p.add_argument("--profile", default="reachy_memory", help="the profile's name (default reachy_memory)")
     p = add("remember", cmd_remember, "remember a fact about people (persons resolved or created)")
     p.add_argument("content")
     p.add_argument("--about", action="append", metavar="REF", help="who it is about: 'my wife', 'Sarah' (repeatable)")

@@ -37,3 +37,14 @@ if [ ! -f "$stamp" ]; then
   "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[$extras]"
   touch "$stamp"
 fi
+# An mcp 1.x client beside it (the conversation app's: mcp>=1.27.1; the project's mcp is 2.x), for
+# tests/test_mcp_app_client.py and tools/bench_mcp_http.py: its own small venv, made once per pin.
+MCP1_PIN="mcp>=1.27.1,<2"
+MCP1_VENV="${REACHY_MEMORY_MCP1_VENV:-$VENV-mcp1}"
+mcp1_stamp="$MCP1_VENV/.installed-$(echo "$MCP1_PIN" | sha256sum | cut -c1-16)"
+if [ ! -f "$mcp1_stamp" ]; then
+  echo "installing an mcp 1.x client ($MCP1_PIN) into $MCP1_VENV (once)..." >&2
+  python3 -m venv "$MCP1_VENV" && "$MCP1_VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
+    "$MCP1_PIN" && touch "$mcp1_stamp"
+fi
+export REACHY_MEMORY_MCP1_PYTHON="$MCP1_VENV/bin/python"

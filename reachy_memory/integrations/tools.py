@@ -56,6 +56,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import functools
+import json
 import math
 import threading
 import time
@@ -85,6 +86,8 @@ from reachy_memory.people.registry import names_someone
 MEMORY_TYPES: tuple[str, ...] = tuple(m.value for m in MemoryType)
 MAX_LIMIT = 50
 MAX_ERROR_CHARS = 1000  # an error text a tool hands a model (it may echo a huge bad value)
+MAX_CONTENT_CHARS = 600  # of one memory in a search or recall result (a voice model reads it)
+MAX_RESULT_CHARS = 6000  # of a search or recall result's JSON: the best hits that fit
 START_HINT = ("start it with `reachy-memory serve` (on the robot: `sudo systemctl start reachy-memory`), "
               "or run `reachy-memory mcp --data-dir DIR` to open a store in this process instead")
 
@@ -130,6 +133,8 @@ class Backend(Protocol):
     async def recall(self, query: str, about: str | None, limit: int) -> list[SearchResult]: ...
 
     async def knows(self, reference: str) -> bool: ...
+
+    async def context(self, message: str, max_tokens: int, max_memories: int) -> Any: ...
 
     async def aclose(self) -> None: ...
 
@@ -203,7 +208,8 @@ def _array_problem(schema: dict[str, Any], value: Any) -> str | None:
 
 @dataclass(frozen=True)
 class ToolDef:
-    """One tool: what an LLM sees (name, description, schema) and what it runs."""
+    """One tool: what an LLM sees (name, description, schema), what it runs, and the text a
+    model reads of its result (:attr:`text`: MCP sends it beside the structured content)."""
 
     name: str
     description: str
@@ -212,19 +218,32 @@ class ToolDef:
     read_only: bool = False
     destructive: bool = False
     returns: Any = field(default=dict[str, Any])
+    text: Callable[[dict[str, Any], Any], str] = field(default=lambda args, result: _json_text(result))
 
     def parameters_schema(self) -> dict[str, Any]:
-        """The parameters as one JSON Schema object (OpenAI / conversation-app style)."""
+        """The parameters as one JSON Schema object (OpenAI / conversation-app style). An optional
+        parameter is typed nullable (``null`` means "omitted": :meth:`check` fills its default);
+        no other key is taken (``additionalProperties: false``, and :meth:`check` refuses one)."""
         props = {p.name: {**p.schema, "description": p.description} for p in self.params}
         for p in self.params:
-            if not p.required and p.default is not None:
-                props[p.name]["default"] = p.default
+            if not p.required:
+                props[p.name].update(_nullable(p.schema))
+                if p.default is not None:
+                    props[p.name]["default"] = p.default
         return {"type": "object", "properties": props, "required": [p.name for p in self.params if p.required],
                 "additionalProperties": False}
 
-    def check(self, args: Mapping[str, Any]) -> dict[str, Any]:
-        """Checked arguments with defaults filled in; unknown keys are ignored
-        (a dispatcher may add its own). Raises ValidationError."""
+    def check(self, args: Mapping[str, Any], ignored: frozenset[str] = frozenset()) -> dict[str, Any]:
+        """Checked arguments with defaults filled in (``null`` for an optional one counts as
+        omitted). A key the tool does not take is refused, naming the ones it takes, unless it
+        is in ``ignored`` (a dispatcher's own, e.g. the conversation app's ``tool_manager``).
+        Raises ValidationError."""
+        unknown = sorted(str(k) for k in args if k not in self._names and k not in ignored)
+        if unknown:
+            shown = ", ".join(repr(k[:40]) for k in unknown[:5]) + (f" and {len(unknown) - 5} more"
+                                                                   if len(unknown) > 5 else "")
+            raise ValidationError(f"{self.name}: unknown argument{'s' if len(unknown) > 1 else ''} {shown}; "
+                                  f"it takes {', '.join(p.name for p in self.params)}", field=unknown[0][:40])
         out: dict[str, Any] = {}
         for p in self.params:
             if p.name not in args or args[p.name] is None:
@@ -235,12 +254,30 @@ class ToolDef:
             out[p.name] = p.check(self.name, args[p.name])
         return out
 
-    async def run(self, backend: Backend, args: Mapping[str, Any]) -> Any:
-        """Check ``args`` and run the tool on ``backend`` as bound when the call starts (a
-        tool making two calls, ``recall``'s ``knows`` then ``recall``, must not serve
-        another user's second half after ``backend.owner`` changes in between); raises
-        ReachyMemoryError subclasses."""
-        return await self.call(_pinned(backend), self.check(args))
+    @functools.cached_property
+    def _names(self) -> frozenset[str]:
+        return frozenset(p.name for p in self.params)
+
+    async def run(self, backend: Backend, args: Mapping[str, Any], ignored: frozenset[str] = frozenset()) -> Any:
+        """Check ``args`` (``ignored``: as :meth:`check`) and run the tool on ``backend`` as bound
+        when the call starts (a tool making two calls, ``recall``'s ``knows`` then ``recall``,
+        must not serve another user's second half after ``backend.owner`` changes in between);
+        raises ReachyMemoryError subclasses."""
+        return await self.call(_pinned(backend), self.check(args, ignored))
+
+
+def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    """The keys that make ``schema`` accept ``null`` too: its type as ``[type, "null"]`` and, for
+    an enum, ``null`` among the values (JSON Schema checks both)."""
+    made: dict[str, Any] = {"type": [schema["type"], "null"]}
+    if "enum" in schema:
+        made["enum"] = [*schema["enum"], None]
+    return made
+
+
+def _json_text(result: Any) -> str:
+    """A result as compact JSON text (a tool without a text of its own)."""
+    return json.dumps(result, ensure_ascii=False, separators=(",", ":"))
 
 
 def _pinned(backend: Backend) -> Backend:
@@ -263,13 +300,67 @@ def _no_note_names(backend: Backend, a: dict[str, Any]) -> None:
 
 def _hit(h: SearchResult) -> dict[str, Any]:
     m = h.memory
-    return {"id": m.id, "content": m.content, "type": m.memory_type.value,
+    return {"id": m.id, "content": capped(m.content), "type": m.memory_type.value,
             "score": round(finite_score(float(h.score)), 4),
             "created_at": m.created_at.isoformat(), "metadata": dict(m.metadata)}
 
 
+def capped(text: str, limit: int = MAX_CONTENT_CHARS) -> str:
+    """``text``, or its first characters and how long it was when longer than ``limit``: a
+    long note read out whole would fill a voice model's context (``get`` has all of it)."""
+    if len(text) <= limit:
+        return text
+    tail = f"... ({len(text)} characters in all)"
+    return text[:limit - len(tail)] + tail
+
+
+def _within_budget(hits: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The best hits whose JSON fits :data:`MAX_RESULT_CHARS` (always the first): a result a
+    model reads is bounded whatever the limit asked and however long each memory is."""
+    kept: list[dict[str, Any]] = []
+    used = 0
+    for hit in hits:
+        used += len(_json_text(hit)) + 1
+        if kept and used > MAX_RESULT_CHARS:
+            break
+        kept.append(hit)
+    return kept
+
+
 async def _search(backend: Backend, a: dict[str, Any]) -> list[dict[str, Any]]:
-    return [_hit(h) for h in await backend.search(a["query"], a["memory_type"], int(a["limit"]))]
+    return _within_budget([_hit(h) for h in await backend.search(a["query"], a["memory_type"], int(a["limit"]))])
+
+
+def hits_text(args: dict[str, Any], hits: list[dict[str, Any]]) -> str:
+    """Search or recall results as a model reads them aloud: one line a memory (its type, the
+    persons it is about, its id), or that nothing relevant is remembered."""
+    if not hits:
+        about = args.get("about")
+        return f"Nothing relevant is remembered{f' about {about}' if about else ''}: say so instead of guessing."
+    lines = [f"{len(hits)} memor{'y' if len(hits) == 1 else 'ies'} found, most relevant first:"]
+    for h in hits:
+        about = f", about {', '.join(h['about'])}" if h.get("about") else ""
+        lines.append(f"- [{h['type']}{about}] {h['content']} (id {h['id']})")
+    return "\n".join(lines)
+
+
+def _stored_text(args: dict[str, Any], m: dict[str, Any]) -> str:
+    return f"Stored as a {m['type']} (id {m['id']}): {capped(m['content'])}"
+
+
+def _forget_text(args: dict[str, Any], r: dict[str, Any]) -> str:
+    if r["success"]:
+        return f"Forgot memory {r['id']}."
+    return (f"No memory has the id {r['id']} (already forgotten, expired, or not an id from a result): "
+            "nothing was deleted.")
+
+
+def _remembered_text(args: dict[str, Any], r: dict[str, Any]) -> str:
+    if not r["stored"]:
+        return "Nothing was stored."
+    lines = [f"Remembered {r['count']} fact{'s' if r['count'] != 1 else ''}:"]
+    lines += [f"- {capped(m['content'])} (id {m['id']})" for m in r["stored"]]
+    return "\n".join(lines)
 
 
 async def _store(backend: Backend, a: dict[str, Any]) -> dict[str, Any]:
@@ -348,7 +439,7 @@ async def _recall(backend: Backend, a: dict[str, Any]) -> list[dict[str, Any]]:
         hits = [h for h in hits if norm(str(h.memory.metadata.get("person", ""))) == norm(about)][:limit]
     else:
         hits = await backend.recall(a["query"], about, limit)
-    return [_hit(h) | ({"about": list(h.subject_names)} if h.subject_names else {}) for h in hits]
+    return _within_budget([_hit(h) | ({"about": list(h.subject_names)} if h.subject_names else {}) for h in hits])
 
 
 _TypeName = Literal["conversation", "fact", "context"]
@@ -374,7 +465,7 @@ def _search_memories(conversation_days: float) -> ToolDef:
             Param("limit", {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT}, int,
                   f"Maximum number of results (1 to {MAX_LIMIT}).", default=SEARCH_LIMIT),
         ),
-        call=_search, read_only=True, returns=list[dict[str, Any]],
+        call=_search, read_only=True, returns=list[dict[str, Any]], text=hits_text,
     )
 
 
@@ -401,7 +492,7 @@ def _store_memory(conversation_days: float) -> ToolDef:
                   "Optional flat key/value pairs (strings, numbers, booleans), e.g. {\"person\": \"Sarah\"}.",
                   nullable=True),
         ),
-        call=_store,
+        call=_store, text=_stored_text,
     )
 
 
@@ -417,7 +508,7 @@ FORGET_MEMORY = ToolDef(
         "not an id from a result: copy it exactly)."),
     params=(Param("memory_id", {"type": "string", "minLength": 1}, str, "The id of the memory to delete.",
                   required=True),),
-    call=_forget, destructive=True,
+    call=_forget, destructive=True, text=_forget_text,
 )
 
 _FACT_ITEM = {"type": "object", "properties": {"content": {"type": "string"},
@@ -447,7 +538,7 @@ REMEMBER = ToolDef(
               "Days until the fact expires (omit: kept forever).", nullable=True),
         Param("shared", {"type": "boolean"}, bool, "True for household facts every user sees.", default=False),
     ),
-    call=_remember,
+    call=_remember, text=_remembered_text,
 )
 
 RECALL = ToolDef(
@@ -464,7 +555,7 @@ RECALL = ToolDef(
         Param("limit", {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT}, int,
               f"Maximum number of results (1 to {MAX_LIMIT}).", default=SEARCH_LIMIT),
     ),
-    call=_recall, read_only=True, returns=list[dict[str, Any]],
+    call=_recall, read_only=True, returns=list[dict[str, Any]], text=hits_text,
 )
 
 # -- the household's tools: forgetting a person, pausing (docs/HOUSEHOLD.md) ---------------------
@@ -533,10 +624,47 @@ RESUME_REMEMBERING = ToolDef(
 
 HOUSEHOLD_TOOLS: tuple[ToolDef, ...] = (FORGET_PERSON, PAUSE_REMEMBERING, RESUME_REMEMBERING)
 
+DEFAULT_CONTEXT_MESSAGE = "the user, the people the robot knows, and what matters to them today"
+CONTEXT_MEMORIES = 20  # facts and context memories a memory_context block may hold
 
-#: The tool table: the spec's three tools (000), then spec 004's people-aware pair; its
-#: descriptions say the default retention (:func:`tools_for` says another).
-TOOLS: tuple[ToolDef, ...] = (SEARCH_MEMORIES, STORE_MEMORY, FORGET_MEMORY, REMEMBER, RECALL, *HOUSEHOLD_TOOLS)
+
+async def _context(backend: Backend, a: dict[str, Any]) -> dict[str, Any]:
+    """``context_for`` as a tool: the prompt-ready block (people, the facts that matter, recent
+    context) for ``message``, within ``max_tokens`` of the embedder's tokens."""
+    context = getattr(backend, "context", None)
+    if context is None:  # a custom backend from before the tool
+        raise ValidationError(f"memory_context: the backend {type(backend).__name__} has no context", field="message")
+    got = await context(a["message"] or DEFAULT_CONTEXT_MESSAGE, int(a["max_tokens"]), CONTEXT_MEMORIES)
+    return {"text": got.text, "tokens": int(got.tokens), "people": [p.name for p in got.people],
+            "memories": len(got.memories), "left_out": int(got.dropped_lines)}
+
+
+def _context_text(args: dict[str, Any], r: dict[str, Any]) -> str:
+    return r["text"] or "Nothing is remembered yet: the robot knows no one and no facts."
+
+
+MEMORY_CONTEXT = ToolDef(
+    name="memory_context",
+    description=(
+        "What the robot remembers that matters now, as one short block to read before answering: the people it "
+        "knows and the most relevant facts and plans, each with who it is about. Call it once at the start of a "
+        "conversation (with the user's first words, if any), and again when the talk turns to a person or a "
+        "plan it may know about. Use what it says naturally; do not recite it."),
+    params=(
+        Param("message", {"type": "string", "minLength": 1}, str | None,
+              "The user's words or the topic to gather memories for (omit at the start of a conversation).",
+              nullable=True),
+        Param("max_tokens", {"type": "integer", "minimum": 100, "maximum": 2000}, int,
+              "Longest block to return, in tokens (100 to 2000).", default=600),
+    ),
+    call=_context, read_only=True, text=_context_text,
+)
+
+#: The tool table: the spec's three tools (000), then spec 004's people-aware pair, then
+#: the one-call context block; its descriptions say the default retention (:func:`tools_for`
+#: says another).
+TOOLS: tuple[ToolDef, ...] = (SEARCH_MEMORIES, STORE_MEMORY, FORGET_MEMORY, REMEMBER, RECALL, MEMORY_CONTEXT,
+                               *HOUSEHOLD_TOOLS)
 TOOLS_BY_NAME: dict[str, ToolDef] = {t.name: t for t in TOOLS}
 
 
@@ -566,7 +694,7 @@ def _tools_for(conversation_days: float) -> tuple[ToolDef, ...]:
     if conversation_days == DEFAULT_CONVERSATION_DAYS:
         return TOOLS
     return (_search_memories(conversation_days), _store_memory(conversation_days), FORGET_MEMORY, REMEMBER, RECALL,
-            *HOUSEHOLD_TOOLS)
+            MEMORY_CONTEXT, *HOUSEHOLD_TOOLS)
 
 
 def local_retention(store: Any) -> float:
@@ -815,6 +943,10 @@ class DaemonBackend(_OwnerBound):
 
     async def resume_remembering(self) -> dict[str, Any]:
         return await self._guard(self.client.resume_remembering())  # type: ignore[no-any-return]
+    async def context(self, message: str, max_tokens: int, max_memories: int) -> Any:
+        """``context_for`` on the daemon, for the bound user (a RetrievedContext)."""
+        return await self._guard(self.client.context_for(message, owner=self._owner, max_tokens=max_tokens,
+                                                         max_memories=max_memories))
 
     async def aclose(self) -> None:
         if self._own:
@@ -888,6 +1020,11 @@ class LocalBackend(_OwnerBound):
 
     async def resume_remembering(self) -> dict[str, Any]:
         return await self._run(self.memory_store.resume_remembering)  # type: ignore[no-any-return]
+    async def context(self, message: str, max_tokens: int, max_memories: int) -> Any:
+        """``context_for`` on the store, for the bound user (a RetrievedContext)."""
+        owner = self._owner
+        return await self._run(lambda: self.memory_store.context_for(message, owner=owner, max_tokens=max_tokens,
+                                                                     max_memories=max_memories))
 
     async def aclose(self) -> None:
         """Close the store on its own thread, then stop the thread; idempotent; a view
@@ -951,7 +1088,8 @@ def finite_score(score: float) -> float:
     return score if math.isfinite(score) else 0.0
 
 
-__all__ = ["DEFAULT_CONVERSATION_DAYS", "FORGET_PERSON", "HOUSEHOLD_TOOLS", "MAX_ERROR_CHARS", "MAX_LIMIT",
-           "MEMORY_TYPES", "PAUSE_REMEMBERING", "RECALL", "REMEMBER", "RESUME_REMEMBERING", "TOOLS", "TOOLS_BY_NAME",
-           "Backend", "DaemonBackend", "LocalBackend", "Param", "ToolDef", "daemon_retention", "error_text",
-           "local_retention", "may_forget", "retention_text", "tools_for"]
+__all__ = ["DEFAULT_CONVERSATION_DAYS", "FORGET_PERSON", "HOUSEHOLD_TOOLS", "MAX_CONTENT_CHARS", "MAX_ERROR_CHARS",
+           "MAX_LIMIT", "MAX_RESULT_CHARS", "MEMORY_CONTEXT", "MEMORY_TYPES", "PAUSE_REMEMBERING", "RECALL", "REMEMBER",
+           "RESUME_REMEMBERING", "TOOLS", "TOOLS_BY_NAME", "Backend", "DaemonBackend", "LocalBackend", "Param",
+           "ToolDef", "capped", "daemon_retention", "error_text", "hits_text", "local_retention", "may_forget",
+           "retention_text", "tools_for"]
