@@ -262,7 +262,7 @@ def test_app_registry_finds_mixed_in_tools(daemon: DaemonProcess, monkeypatch: p
     classes = app_tool_classes(AppTool)
     registry = app_registry(AppTool)
     assert set(registry) == {"search_memories", "store_memory", "forget_memory", "remember", "recall",
-                             "memory_context"}
+                             "memory_context", *HOUSEHOLD_NAMES}
     assert all(isinstance(t, AppTool) for t in registry.values())
     stored = run(dispatch(registry["store_memory"], '{"content": "Alex plays the cello"}'))
     assert stored["content"] == "Alex plays the cello"

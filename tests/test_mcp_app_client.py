@@ -85,7 +85,8 @@ def test_the_apps_client_flow_lists_and_calls_every_tool(served: tuple[str, Path
         ("search_memories", {"query": "x", "owner": "bob"}),
     ])
     names = [t["name"] for t in out["tools"]]
-    assert names == ["search_memories", "store_memory", "forget_memory", "remember", "recall", "memory_context"]
+    assert names == ["search_memories", "store_memory", "forget_memory", "remember", "recall", "memory_context",
+                     "forget_person", "pause_remembering", "resume_remembering"]
     assert all(NAME.match(f"reachy_memory__{n}") for n in names)  # `mcp-servers add reachy_memory ...`
     empty, remembered, stored, found, recalled, context, forgot, refused = out["results"]
     for res in out["results"][:-1]:
