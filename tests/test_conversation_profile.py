@@ -40,7 +40,10 @@ CALLS = {"memory_context": {},
          "memory_remember": {"fact": "Sarah is allergic to peanuts", "subjects": ["Sarah"]},
          "memory_search": {"query": "who is allergic to peanuts?"},
          "memory_recall": {"query": "allergies", "about": "Sarah"},
-         "memory_forget": {"memory_id": "not-an-id"}}
+         "memory_forget": {"memory_id": "not-an-id"},
+         "memory_forget_person": {"person": "Sarah", "dry_run": True},
+         "memory_pause": {"minutes": 5},
+         "memory_resume": {}}
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +122,49 @@ def _assert_results(results: dict[str, Any]) -> None:
     assert results["memory_recall"]["results"][0]["about"] == ["Sarah"]
     assert results["memory_forget"] == {"success": False, "id": "not-an-id"}
     assert set(results["memory_context"]) == {"text", "tokens", "people", "memories", "left_out"}
+    _assert_household(results, "Sarah")
+
+
+def _assert_household(results: dict[str, Any], name: str) -> None:
+    plan = results["memory_forget_person"]
+    assert plan["dry_run"] is True and plan["person"]["name"] == name and plan["memories_deleted"] >= 1
+    assert results["memory_pause"]["paused"] is True and 290 < results["memory_pause"]["seconds_left"] <= 300
+    assert results["memory_resume"]["paused"] is False
+
+
+def test_the_household_tools_pause_and_forget_a_person_through_the_daemon(daemon: DaemonProcess,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """By voice: "don't remember this" pauses the daemon (memory_remember then fails, saying so),
+    "forget everything about Dave" forgets him; a user-bound call may not forget a person."""
+    monkeypatch.setenv("REACHY_MEMORY_CONFIG", str(daemon.config_path))
+    monkeypatch.delenv("REACHY_MEMORY_ENDPOINT", raising=False)
+    _stand_in_core_tools(monkeypatch)
+    tools = {p.stem: next(v for k, v in vars(_load(p)).items() if k.endswith("Tool") and k != "Tool")()
+             for p in (cp.data_dir() / "tools").glob("*.py")}
+    calls = {"memory_remember": {"fact": "Dave collects kazoo records", "subjects": ["Dave"]},
+             "memory_pause": {"minutes": 30},
+             "paused_remember": {"fact": "Dave's guest password is wombat"},
+             "memory_resume": {},
+             "memory_forget_person": {"person": "Dave"}}
+    results = asyncio.run(_dispatch({**tools, "paused_remember": tools["memory_remember"]}, calls))
+    assert results["memory_pause"]["paused"] is True and results["memory_resume"]["paused"] is False
+    assert "paused" in results["paused_remember"]["error"]  # nothing saved, and the model is told why
+    assert results["memory_forget_person"]["dry_run"] is False and results["memory_forget_person"]["memories_deleted"]
+    bound = types.SimpleNamespace(memory_owner="alice")
+    refused = asyncio.run(_dispatch_with(tools["memory_forget_person"], bound, {"person": "Sarah"}))
+    assert "user-bound" in refused["error"]
+    with daemon.client() as c:
+        assert c.find_person("Dave") is None and c.health()["remembering"]["paused"] is False
+        assert not [m for m in c.export_page()[0] if "kazoo" in m.content or "wombat" in m.content]
+
+
+async def _dispatch_with(tool: Any, deps: Any, args: dict[str, Any]) -> dict[str, Any]:
+    from reachy_memory.integrations.conversation import aclose_default
+
+    try:
+        return await tool(deps, **args)  # type: ignore[no-any-return]
+    finally:
+        await aclose_default()
 
 
 def test_install_puts_the_files_where_the_app_looks_and_says_the_lines(tmp_path: Path) -> None:
@@ -163,7 +209,8 @@ def test_the_apps_own_loader_loads_the_profile_beside_its_default_tools(daemon: 
     env.pop("REACHY_MEMORY_ENDPOINT", None)
     calls = {**CALLS, "memory_remember": {"fact": "Tom is allergic to cats", "subjects": ["Tom"]},
              "memory_search": {"query": "who is allergic to cats?"}, "memory_recall": {"query": "allergy",
-                                                                                       "about": "Tom"}}
+                                                                                       "about": "Tom"},
+             "memory_forget_person": {"person": "Tom", "dry_run": True}}
     done = subprocess.run([sys.executable, str(ROOT / "tests" / "_conversation_app_check.py"), str(target),
                            json.dumps(calls)], env=env, capture_output=True, text=True, timeout=180, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -175,6 +222,7 @@ def test_the_apps_own_loader_loads_the_profile_beside_its_default_tools(daemon: 
     assert "error" not in json.dumps(results), results
     assert results["memory_recall"]["results"][0]["about"] == ["Tom"]
     assert results["memory_search"]["results"][0]["content"] == "Tom is allergic to cats"
+    _assert_household(results, "Tom")
 
 
 def _stand_in_core_tools(monkeypatch: pytest.MonkeyPatch) -> Any:

@@ -116,6 +116,28 @@ def test_spec_004_remember_and_recall_through_the_sdk_client(daemon: DaemonProce
     assert bad.is_error and "content" in bad.content[0].text
 
 
+def test_the_household_tools_on_the_daemon_through_the_sdk_client(daemon: DaemonProcess) -> None:
+    _, (stored, plan, paused, refused, resumed, done, gone) = session_run(["--config", str(daemon.config_path)], [
+        ("remember", {"content": "Zelda keeps bees on the roof", "subjects": ["Zelda"]}),
+        ("forget_person", {"person": "Zelda", "dry_run": True}),
+        ("pause_remembering", {"minutes": 30}),
+        ("store_memory", {"content": "the guest's wifi code is okapi77"}),
+        ("resume_remembering", {}),
+        ("forget_person", {"person": "Zelda"}),
+        ("forget_person", {"person": "Zelda"}),
+    ])
+    assert not stored.is_error
+    assert plan.structured_content["dry_run"] is True and plan.structured_content["memories_deleted"] == 1
+    assert paused.structured_content["paused"] is True and 1790 < paused.structured_content["seconds_left"] <= 1800
+    assert refused.is_error and "RememberingPausedError" in refused.content[0].text
+    assert resumed.structured_content["paused"] is False
+    assert done.structured_content["dry_run"] is False and done.structured_content["memories_deleted"] == 1
+    assert gone.is_error and "NotFoundError" in gone.content[0].text
+    with daemon.client() as c:
+        assert c.find_person("Zelda") is None
+        assert not [m for m in c.export_page()[0] if "okapi" in m.content or "bees" in m.content]
+
+
 class Recording:
     """A backend that finds nothing and records what each call reached it with."""
 

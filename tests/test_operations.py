@@ -21,17 +21,10 @@ def test_every_operation_has_a_server_handler_and_nothing_else_does() -> None:
     assert set(HANDLERS) == set(OPERATIONS)
 
 
-# The household's client methods whose daemon rows and handlers come once the op-table dispatch
-# (the Daemon refactor) is on main: listed here until then, and this test fails as soon as a row
-# exists for one of them (remove it from the set then).
-AWAITING_ROWS = {"forget_person", "about_person", "pause_remembering", "resume_remembering"}
-
-
 def test_every_operation_has_a_client_method_and_every_client_method_an_operation() -> None:
     methods = inspect.getmembers(client_module._Api, inspect.isfunction)
-    public = {name for name, _ in methods if not name.startswith("_")} - AWAITING_ROWS
+    public = {name for name, _ in methods if not name.startswith("_")}
     wanted = {op.client_method for op in OPERATIONS.values()}
-    assert not wanted & AWAITING_ROWS, f"rows exist now: drop them from AWAITING_ROWS: {sorted(wanted & AWAITING_ROWS)}"
     assert wanted <= public, f"operations without a client method: {sorted(wanted - public)}"
     assert public <= wanted, f"client methods without an operation: {sorted(public - wanted)}"
 
@@ -96,7 +89,7 @@ def test_cli_commands_reach_only_operations_of_the_table() -> None:
     called = {node.func.attr for node in ast.walk(tree) if isinstance(node, ast.Call)
               and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name)
               and node.func.value.id == "c"}
-    methods = {op.client_method for op in OPERATIONS.values()} | AWAITING_ROWS
+    methods = {op.client_method for op in OPERATIONS.values()}
     assert called and called <= methods, f"CLI calls outside the table: {sorted(called - methods)}"
 
 

@@ -263,8 +263,6 @@ def test_the_web_command_makes_a_private_token_file_and_prints_the_login_link(tm
         assert proc.wait(timeout=20) == 0  # stops on SIGTERM, cleanly
 
 
-@pytest.mark.xfail(reason="the daemon's household ops are not in its op table yet (tests/test_household.py)",
-                   strict=True)
 def test_the_page_on_the_daemon(tmp_path: Path) -> None:
     """``--endpoint``: the same page through a MemoryClient to a real daemon process."""
     with DaemonProcess(tmp_path, embedding={"enabled": False}) as daemon:

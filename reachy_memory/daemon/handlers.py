@@ -394,6 +394,29 @@ def context_for(d: Daemon, job: Job) -> dict[str, Any]:
     return proto.context_to_wire(d.store.context_for(**job.args))
 
 
+# -- the household's controls ---------------------------------------------------------------------
+
+
+@handles("forget_person")
+def forget_person(d: Daemon, job: Job) -> dict[str, Any]:
+    return d.store.forget_person(job.args["reference"], dry_run=job.args["dry_run"])
+
+
+@handles("about_person")
+def about_person(d: Daemon, job: Job) -> dict[str, Any]:
+    return d.store.about_person(job.args["reference"])
+
+
+@handles("pause_remembering")
+def pause_remembering(d: Daemon, job: Job) -> dict[str, Any]:
+    return d.store.pause_remembering(job.args["minutes"])
+
+
+@handles("resume_remembering")
+def resume_remembering(d: Daemon, job: Job) -> dict[str, Any]:
+    return d.store.resume_remembering()
+
+
 def _check_complete() -> None:
     """Every row has a handler; an embed op, and only one, has a ``prepare``."""
     missing = sorted(set(OPERATIONS) - set(HANDLERS))

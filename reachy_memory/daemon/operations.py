@@ -164,14 +164,15 @@ _OWNER = _opt("owner", STR, doc="a user of the robot; None: unscoped")
 _ROWS = [
     # -- service --------------------------------------------------------------------------
     _read("ping", "inline", [], '{"pong": true, "time": float}', "Round trip; answered on the I/O thread."),
-    _read("health", "inline", [], "{status, embedder, memories, last_cleanup, uptime_s, ...}",
-        "Whether the daemon and its model are usable (status ok | degraded | read_only)."),
+    _read("health", "inline", [], "{status, embedder, memories, last_cleanup, uptime_s, remembering, ...}",
+        "Whether the daemon and its model are usable (status ok | degraded | read_only); remembering: the pause "
+        "({paused, until, seconds_left, private_turns})."),
     _read("stats", "inline", [], "{ops: {op: {count, errors, p50_ms, p99_ms, stages_p50_ms}}, store: {...}, uptime_s, "
         "queues: {embed, engine, sync, background}, replies_dropped, heap_trims: {recent, p50_ms, max_ms}}",
         "Per-operation counts and latencies (p50 per stage: wait, embed, engine, sync: a write's fsync), store "
         "sizes (store.memories and by_type: what readers see; expired_unswept: expired, hidden, deleted by the "
-        "next sweep) and the conversation TTL (store.conversation_ttl_days), queue depths, replies dropped, "
-        "the last heap trims (ms; null before the first)."),
+        "next sweep), the conversation TTL (store.conversation_ttl_days) and the pause (store.remembering), "
+        "queue depths, replies dropped, the last heap trims (ms; null before the first)."),
     # -- memories -------------------------------------------------------------------------
     _op("store", "embed", [_req("content", STR), _opt("memory_type", STR, "fact"), _opt("metadata", DICT),
                            _opt("id", STR, doc="client-chosen: a retry never duplicates"), _OWNER,
@@ -286,10 +287,33 @@ _ROWS = [
                                   _opt("min_similarity", NUM, 0.3)],
         "{window, messages, memories, people, text, tokens, dropped_lines}",
         "Everything a prompt needs about a message, with prompt-ready text within a token budget.", capped=True),
+    # -- the household's controls (docs/HOUSEHOLD.md) ------------------------------------------
+    _op("forget_person", "engine", [_req("reference", STR, "a name, an alias, 'my wife' or a person id"),
+                                    _opt("dry_run", BOOL, False, doc="say what would go, change nothing")],
+        '{"person": {id, name}, "aliases", "memories_deleted", "turns_deleted", "unlinked", "mentions_rewritten", '
+        '"followers_rewritten", "window_turns_dropped", "window_turns_rewritten", "names_removed", "names_kept", '
+        '"dry_run"}',
+        "Forget a person and what is kept about them in one synced frame: the person, the memories about only "
+        "them, their turns and window turns deleted; their name removed from the memories that stay; the counts. "
+        "Nobody is not_found. Not retried: a retry of a done forget finds nobody."),
+    _read("about_person", "engine", [_req("reference", STR, "a name, an alias, 'my wife' or a person id")],
+        "{person, memories, turns, shared, mentions, window, names, names_kept}",
+        "Everything kept about one person (every owner's memories; memory maps as exported). Nobody is not_found.",
+          capped=True),
+    _op("pause_remembering", "engine", [_req("minutes", NUM, "above 0, at most a week (10080)")],
+        '{"paused": bool, "until": float | null, "seconds_left": float, "private_turns": int}',
+        "Stop remembering for a while (replacing a pause in force): no memory or person is written "
+        "(bad_request, type RememberingPausedError, paused_until), turns reach the context window only, in the "
+        "daemon's memory; ends by itself, or at a restart. Retried: a repeat only restarts the same pause.",
+        retry="yes"),
+    _op("resume_remembering", "engine", [], '{"paused": false, "until": null, "seconds_left": 0.0, '
+        '"private_turns": int}', "Remember again (the turns held meanwhile stay in the window, in memory only).",
+        retry="yes"),
 ]
 OPERATIONS: dict[str, Op] = {op.name: op for op in _ROWS}
 # Retried by the clients after a timeout: the reads, and the writes whose ids the client made
-# (store/store_batch/remember_* carry them, so a retry cannot duplicate; import keeps ids already present).
+# (store/store_batch/remember_* carry them, so a retry cannot duplicate; import keeps ids already present),
+# and pause/resume_remembering (sent twice, they leave what once would).
 IDEMPOTENT = frozenset(op.name for op in _ROWS if op.retry == "yes")
 # Retried only when the call carries a client-chosen id (:func:`carries_ids`): without one, a retry
 # after a lost reply would keep the write twice.

@@ -402,7 +402,8 @@ class Daemon:
             self._reply(router, [*job.envelope, proto.error_from(job.request_id, busy)])
 
     def health(self) -> dict[str, Any]:
-        """Liveness summary: embedder state, counts, last cleanup, a backup being written, uptime."""
+        """Liveness summary: embedder state, counts, last cleanup, a backup being written, uptime,
+        the pause of remembering."""
         read_only, running = self.store.read_only, self.backup_running
         status = "stopping" if self._stopping.is_set() else "read_only" if read_only else "ok"
         return {"status": status, "read_only": read_only,
@@ -411,7 +412,8 @@ class Daemon:
                 "last_redate": self.upkeep.last_redate,
                 "backup_running": running and running.to_dict(),
                 "uptime_s": round(time.monotonic() - self._started, 3), "endpoint": self.endpoint,
-                "data_dir": str(self.store.path.resolve())}  # absolute: a client compares it from elsewhere
+                "data_dir": str(self.store.path.resolve()),  # absolute: a client compares it from elsewhere
+                "remembering": self.store.remembering()}  # the pause (a brief lock, no store lock)
 
     def stats(self) -> dict[str, Any]:
         """Per-op counts and latency percentiles, store sizes, queue depths, uptime."""

@@ -17,7 +17,10 @@ So every tool here is named ``memory_*`` (:data:`PROFILE_TOOLS`), a name the app
 built-in tools (``remember``, ``forget``, ``dance``...) do not use, and the profile leaves the
 app's own memory tools out: one memory, not two. The tools are the table's
 (:mod:`.tools`), renamed and, for ``memory_remember``, shaped as the app's own ``remember``
-is called (``{"fact": ...}``).
+is called (``{"fact": ...}``); the household's tools too (``memory_forget_person``,
+``memory_pause``, ``memory_resume``: ``forget_person``, ``pause_remembering``,
+``resume_remembering``), so "forget everything about Dave" and "don't remember this" work
+by voice.
 
 :func:`install` copies the package data (``profile_data/``) to a directory and returns the
 environment lines that point the app at it (``reachy-memory conversation-profile``).
@@ -39,9 +42,12 @@ from reachy_memory.integrations.conversation import MemoryContext, MemoryTool, S
 from reachy_memory.integrations.tools import (
     DEFAULT_CONVERSATION_DAYS,
     FORGET_MEMORY,
+    FORGET_PERSON,
     MEMORY_CONTEXT,
+    PAUSE_REMEMBERING,
     RECALL,
     REMEMBER,
+    RESUME_REMEMBERING,
     Backend,
     Param,
     ToolDef,
@@ -110,11 +116,38 @@ def _forget(days: float) -> ToolDef:
         "remove a wrong memory before saving the corrected one. Says so when no memory has that id."))
 
 
+# The household's tools (docs/HOUSEHOLD.md), as the model is told to use them by voice.
+
+
+def _forget_person(days: float) -> ToolDef:
+    return _renamed(FORGET_PERSON, "memory_forget_person", (
+        "Forget a person for good, only when the user clearly asks you to forget everything about someone: the "
+        "person and their other names, every memory about only them, their conversation turns, and their name in "
+        "the memories about others (removed; those memories stay). Call it first with dry_run true and tell the "
+        "user in a few words what would be forgotten; call it again with dry_run false only once they say yes. "
+        "Returns the counts (memories_deleted, turns_deleted, mentions_rewritten...). To forget one thing, use "
+        "memory_forget instead."))
+
+
+def _pause(days: float) -> ToolDef:
+    return _renamed(PAUSE_REMEMBERING, "memory_pause", (
+        "Stop remembering for a while when the user asks (\"don't remember this\", \"a guest is here\", a "
+        "private moment): until then you still follow the conversation but nothing is written down and "
+        "memory_remember fails. It ends by itself after the minutes given (default 60). Returns the status "
+        "(paused, until as epoch seconds)."))
+
+
+def _resume(days: float) -> ToolDef:
+    return _renamed(RESUME_REMEMBERING, "memory_resume",
+                    "Remember again before a pause (memory_pause) ends, when the user asks. Returns the status.")
+
+
 @functools.cache
 def profile_tools(conversation_days: float) -> tuple[ToolDef, ...]:
     """The profile's tools, their descriptions saying conversation memories are kept
     ``conversation_days`` (as :func:`~.tools.tools_for`; raises ValidationError as it does)."""
-    made = tuple(make(conversation_days) for make in (_search, _remember, _recall, _forget))
+    made = tuple(make(conversation_days) for make in (_search, _remember, _recall, _forget, _forget_person, _pause,
+                                                      _resume))
     return (*made, MEMORY_CONTEXT)
 
 
@@ -154,9 +187,28 @@ class MemoryForget(_ProfileTool):
     definition = _DEFAULT[3]
 
 
+class MemoryForgetPerson(_ProfileTool):
+    """``memory_forget_person``: the counts of what went (or, ``dry_run``, would go); a
+    user-bound call (``deps.memory_owner``) is refused: it reaches every user's memories."""
+
+    definition = _DEFAULT[4]
+
+
+class MemoryPause(_ProfileTool):
+    """``memory_pause``: the status (``paused``, ``until``, ``seconds_left``, ``private_turns``)."""
+
+    definition = _DEFAULT[5]
+
+
+class MemoryResume(_ProfileTool):
+    """``memory_resume``: the status."""
+
+    definition = _DEFAULT[6]
+
+
 #: The profile's tool classes, in its tools' order (each tool file mixes one into the app's ``Tool``).
 PROFILE_CLASSES: tuple[type[MemoryTool], ...] = (MemorySearch, MemoryRemember, MemoryRecall, MemoryForget,
-                                                  MemoryContext)
+                                                  MemoryForgetPerson, MemoryPause, MemoryResume, MemoryContext)
 PROFILE_TOOLS: tuple[str, ...] = tuple(c.definition.name for c in PROFILE_CLASSES)
 
 
