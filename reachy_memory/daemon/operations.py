@@ -22,10 +22,10 @@ table come:
 
 Adding an operation ``frob``:
 
-1. one row in ``_ROWS`` below: ``_op("frob", "engine", [_req("id", STR)], "memory", "What it does.")``,
-   with ``read=True`` if it changes nothing (``capped=True`` too if its reply can
-   outgrow its request), or ``retry="yes"`` / ``"with_id"`` for a write a retry
-   cannot repeat;
+1. one row in ``_ROWS`` below: a write is ``_op("frob", "engine", [_req("id", STR)], "memory",
+   "What it does.")`` (add ``retry="yes"``, or ``"with_id"``, when sending it again
+   cannot repeat it); a read, which changes nothing, is ``_read(...)`` (add
+   ``capped=True`` when its reply can outgrow its request);
 2. one handler function in ``daemon/handlers.py``, decorated ``@handles("frob")``:
    ``def frob(d, job): return proto.memory_to_wire(d.store.frob(job.args["id"]))``
    (``job.args`` are checked against the row, defaults filled in; an ``embed`` op
@@ -34,8 +34,8 @@ Adding an operation ``frob``:
 3. the store method it calls (the engine), and one method on ``client._Api`` (both
    clients get it); then regenerate the reference.
 
-Nothing else routes, checks or counts by op name: a missing handler or a
-handler without a row fails at import.
+No other list of ops exists to update: the daemon routes, checks, runs and caps
+from the row, and a missing handler or a handler without a row fails at import.
 
 Lanes (the thread an op runs on): ``inline`` ops are answered on the I/O thread
 from lock-free views (they never wait behind a search or a compaction);
