@@ -153,14 +153,15 @@ _REMOVING = frozenset({"del", "expire", "ttl", "put", "winclr"})
 def capture(state: MemoryState, ops: list[Any]) -> Capture | None:
     """A :class:`Capture` when ``ops`` may remove something (a ``del``, a sweep, a
     rewrite, a window cleared, a person deleted), else None (most frames: a glance)."""
-    for op in ops:
-        if isinstance(op, dict):
-            if op.get("op") == "person_delete":
-                return Capture(state, ops)
-        elif isinstance(op, list | tuple) and op and op[0] in _REMOVING:
-            if op[0] != "put" or (len(op) >= 2 and isinstance(op[1], dict) and op[1].get("id") in state.records):
-                return Capture(state, ops)
-    return None
+    return Capture(state, ops) if any(map(_may_remove, ops, [state] * len(ops))) else None
+
+
+def _may_remove(op: Any, state: MemoryState) -> bool:
+    if isinstance(op, dict):
+        return op.get("op") == "person_delete"
+    if not (isinstance(op, list | tuple) and op and op[0] in _REMOVING):
+        return False
+    return op[0] != "put" or (len(op) >= 2 and isinstance(op[1], dict) and op[1].get("id") in state.records)
 
 
 # -- the registers ---------------------------------------------------------------------------
