@@ -102,6 +102,7 @@ class Removal:
     texts: list[str] = field(default_factory=list)
     persons: list[str] = field(default_factory=list)
     vectors: bool = False  # a memory that went had a vector (the graph cache holds it)
+    rows: list[bytes] = field(default_factory=list)  # forgotten vectors as snapshots and graph caches hold them
 
 
 class Capture:
@@ -122,6 +123,7 @@ class Capture:
                 if rec is not None:
                     self.removal.forgotten.append(rec.id)
                     self._went(rec)
+                    self.removal.rows += _vector_forms(state, rec.slot)
             elif kind in ("expire", "ttl") and self._before is None:
                 self._before = dict(state.records)  # refs only: ~1 ms at 100k, once a sweep
             elif kind == "put" and len(op) >= 2 and isinstance(op[1], dict):
@@ -148,6 +150,16 @@ class Capture:
 
 
 _REMOVING = frozenset({"del", "expire", "ttl", "put", "winclr"})
+
+
+def _vector_forms(state: MemoryState, slot: int) -> list[bytes]:
+    """A live slot's vector as a snapshot holds it (bf16) and as a graph cache does (float32
+    widened from it); none for a slot without one."""
+    vectors = state.vectors
+    if slot >= len(vectors.alive) or not vectors.alive[slot]:
+        return []
+    bf16 = vectors.matrix[slot].copy()
+    return [bf16.astype("<u2").tobytes(), (bf16.astype(np.uint32) << 16).astype("<u4").tobytes()]
 
 
 def capture(state: MemoryState, ops: list[Any]) -> Capture | None:
@@ -399,13 +411,66 @@ def _common_prefix(blob: bytes, at: int, text: bytes) -> int:
     return lo
 
 
-def redact(path: Path, texts: Iterable[str]) -> int:
-    """Rewrite ``path`` (atomically, fsynced, same name) with every span of ``texts`` in it
-    zeroed; returns the bytes zeroed (0: the file is left as it was).  The frames holding
-    them no longer pass their checksums (``verify`` reports them as damage): such a file
-    holds nothing acknowledged that the store does not hold.  Raises StorageError."""
+@dataclass
+class Traces:
+    """What a set-aside file may hold of removed memories: their texts, their vectors
+    (bf16 and widened float32 rows), and the ids whose journaled vectors (float32, as the
+    model gave them) are found by reading the file's frames."""
+
+    texts: set[str] = field(default_factory=set)
+    rows: set[bytes] = field(default_factory=set)
+    ids: set[str] = field(default_factory=set)
+
+    def __bool__(self) -> bool:
+        return bool(self.texts or self.rows or self.ids)
+
+    def __sub__(self, other: Traces) -> Traces:
+        return Traces(self.texts - other.texts, self.rows - other.rows, self.ids - other.ids)
+
+    def update(self, other: Traces) -> None:
+        self.texts |= other.texts
+        self.rows |= other.rows
+        self.ids |= other.ids
+
+
+def journal_vectors(path: Path, data: memoryview, ids: set[str]) -> list[bytes]:
+    """The vectors that the valid frames of the journal-format file ``data`` ``put`` for
+    ``ids`` (float32, as the model gave them: a set-aside journal, a damaged copy); none
+    for another kind of file."""
+    if not ids or bytes(data[: len(jr.MAGIC) + 1]) != jr.MAGIC + jr.JOURNAL:
+        return []
+    try:
+        found = jr.scan(path, data, jr.JOURNAL)
+    except ReachyMemoryError:
+        return []
+    vectors = []
+    for _, payload in found.frames:
+        try:
+            ops = jr.unpack(payload)
+        except Exception:  # damage that kept its checksum: not ours to read
+            continue
+        for op in ops if isinstance(ops, list) else ():
+            if isinstance(op, list) and len(op) == 3 and op[0] == "put" and isinstance(op[1], dict) \
+                    and op[1].get("id") in ids and isinstance(op[2], bytes) and op[2]:
+                vectors.append(op[2])
+    return vectors
+
+
+def redact(path: Path, traces: Traces) -> int:
+    """Rewrite ``path`` (atomically, fsynced, same name) with every trace of removed memories
+    in it zeroed (:func:`text_spans`, their vector rows, their journaled vectors); returns
+    the bytes zeroed (0: the file is left as it was).  The frames holding them no longer
+    pass their checksums (``verify`` reports them as damage): such a file holds nothing
+    acknowledged that the store does not hold.  Raises StorageError."""
     data = jr.read_bytes(path)
-    spans = text_spans(data, texts)
+    spans = text_spans(data, traces.texts)
+    needles = {*traces.rows, *journal_vectors(path, data, traces.ids)}
+    blob = bytes(data) if needles else b""
+    for needle in needles:
+        at = blob.find(needle)
+        while at != -1:
+            spans.append((at, at + len(needle)))
+            at = blob.find(needle, at + 1)
     if not spans:
         return 0
     out = bytearray(data)
@@ -428,8 +493,8 @@ class _Stopped(Exception):
 class _Batch:
     """The removals not yet purged from disk."""
 
-    texts: set[str] = field(default_factory=set)
-    redacted: set[str] = field(default_factory=set)  # texts already zeroed in set-aside files
+    traces: Traces = field(default_factory=Traces)
+    redacted: Traces = field(default_factory=Traces)  # already zeroed in set-aside files
     forgotten: int = 0  # memory ids forgotten in this batch (recorded in the register)
     vectors: bool = False
     after: int = -1  # compactions begun before its last removal (-1: none yet: nothing pending)
@@ -480,7 +545,7 @@ class Purger:
             for person_id in removal.persons:
                 self.forgotten.persons[person_id] = now
             batch = self._batch
-            batch.texts.update(removal.texts)
+            batch.traces.update(Traces(set(removal.texts), set(removal.rows), set(removal.forgotten)))
             batch.forgotten += len(removal.forgotten)
             batch.vectors = batch.vectors or removal.vectors
             self._mark(batch, self._begun)
@@ -570,15 +635,15 @@ class Purger:
         while True:
             with self._cond:
                 batch = self._batch
-                version, after, texts = batch.version, batch.after, batch.texts - batch.redacted
+                version, after, traces = batch.version, batch.after, batch.traces - batch.redacted
             if not batch.due:
                 return
             if batch.recorded != version:
                 self._record()
-            if texts:
-                sides += self._redact_side_files(texts)
+            if traces:
+                sides += self._redact_side_files(traces)
                 with self._cond:
-                    batch.redacted |= texts
+                    batch.redacted.update(traces)
             if not self._clean_after(after):
                 self._compact(closing=closing)
                 compactions += 1
@@ -588,10 +653,10 @@ class Purger:
                 if batch.version != version:
                     continue  # removed meanwhile: the same batch goes on
                 self._batch = _Batch()
+                self.purges += 1
+                self.last = {"at": time.time(), "seconds": round(time.monotonic() - started, 3),
+                             "compactions": compactions, "files_rewritten": sides}
             self._record()
-            self.purges += 1
-            self.last = {"at": time.time(), "seconds": round(time.monotonic() - started, 3),
-                         "compactions": compactions, "files_rewritten": sides}
             log.info("purge: %d forgotten, every copy gone from %s in %.2f s (%d compactions)",
                      batch.forgotten, self.path, time.monotonic() - started, compactions)
             return
@@ -606,12 +671,12 @@ class Purger:
             with self._cond:
                 batch.recorded = version
 
-    def _redact_side_files(self, texts: set[str]) -> int:
-        """Zero ``texts`` in every set-aside file; returns how many files were rewritten."""
+    def _redact_side_files(self, traces: Traces) -> int:
+        """Zero ``traces`` in every set-aside file; returns how many files were rewritten."""
         rewritten = 0
         for path in side_files(self.path):
             try:
-                if redact(path, texts):
+                if redact(path, traces):
                     rewritten += 1
                     log.warning("purge: forgotten text zeroed in %s", path)
             except FileNotFoundError:
@@ -778,7 +843,8 @@ def purge_backup(path: Path, config: Config, forgotten: Iterable[str], persons: 
     (``bytes`` 0: nothing to remove, the file is left as it was) and what it keeps.
     Raises CorruptionError / FormatVersionError for a file that is no backup,
     StorageError when it cannot be written."""
-    from reachy_memory.engine.state import MemoryState, snapshot_sections  # late: the engine imports storage
+    from reachy_memory.engine.records import RECORD_VERSION  # late: the engine imports storage
+    from reachy_memory.engine.state import MemoryState, snapshot_sections
     from reachy_memory.storage.files import damage_is_corruption, read_snapshot
 
     at = time.time() if now is None else now
@@ -800,7 +866,9 @@ def purge_backup(path: Path, config: Config, forgotten: Iterable[str], persons: 
     kept = Kept(list(state.records), [p.id for p in state.people.people()], min(expiries, default=math.inf))
     if not removed and not gone:
         return {"path": str(path), "removed": 0, "persons": 0, "bytes": 0}, kept
-    head = {k: snap[k] for k in ("kind", "generation", "model", "dim", "created", "records", "follows") if k in snap}
+    # read_snapshot's "records" are the rows, not the head's record format: the state writes its own
+    head = {k: snap[k] for k in ("kind", "generation", "model", "dim", "created", "follows") if k in snap}
+    head["records"] = RECORD_VERSION
     frozen = state.freeze(with_lexical=True)
     size = jr.write_snapshot(path, snapshot_sections(frozen, head | {"purged": at}, frozen.lexical or {}))
     return {"path": str(path), "removed": removed, "persons": gone, "bytes": size}, kept
