@@ -177,6 +177,20 @@ def test_a_cleared_window_and_a_deleted_person_leave_the_disk(cfg: Config) -> No
         assert all(holders(data, [mark(2).encode()]).values())
 
 
+def test_forgetting_a_person_purges_their_memories_and_their_name(cfg: Config) -> None:
+    data = Path(cfg.memory.path)
+    with MemoryStore(config=cfg, embedder=DigestEmbedder()) as store:
+        store.remember(f"Zorblaxina likes {mark(1)} tea", subjects=["Zorblaxina"])
+        store.remember(f"Zorblaxina and Sarah planted {mark(2)} roses", subjects=["Zorblaxina", "Sarah"])
+        store.remember(f"Sarah reads {mark(3)} novels", subjects=["Sarah"])
+        store.compact()
+        acknowledged = time.monotonic()
+        counts = store.forget_person("Zorblaxina")
+        assert counts["memories_deleted"] == 1, counts
+        wait_clean(data, [mark(1).encode(), b"Zorblaxina"], acknowledged)
+        assert all(holders(data, markers([2, 3])).values())  # the memory about both stays, without the name
+
+
 def test_a_burst_of_forgets_costs_one_purge(cfg: Config) -> None:
     data = Path(cfg.memory.path)
     with MemoryStore(config=cfg, embedder=DigestEmbedder()) as store:
