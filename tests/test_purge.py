@@ -299,16 +299,22 @@ def test_backups_made_before_are_named_and_purged(cfg: Config, tmp_path: Path) -
     with MemoryStore(config=cfg, embedder=DigestEmbedder()) as store:
         ids = [store.store(text(i)).id for i in range(10)]
         turn = store.store(text(50), MemoryType.CONVERSATION)
+        store.remember(f"Zorblaxina likes {mark(60)} tea", subjects=["Zorblaxina"])
+        store.remember(f"Sarah and Zorblaxina sang {mark(61)}", subjects=["Sarah", "Zorblaxina"])
         before = Path(store.backup(backups / "before.rms")["path"])
         store.forget(ids[0])
+        store.forget_person("Zorblaxina")
         after = Path(store.backup(backups / "after.rms")["path"])
         assert [b["path"] for b in store.forgotten_in_backups([ids[0]])] == [str(before)]
         assert store.forgotten_in_backups([ids[1]]) == []  # not forgotten
         assert [b["path"] for b in store.forgotten_in_backups()] == [str(before)]
         assert mark(0).encode() in before.read_bytes()
+        assert store.forgotten_in_backups()[0]["persons"] == 1
         done = {r["path"]: r for r in store.purge_backups()}
-        assert done[str(before)]["removed"] == 1 and done[str(after)]["bytes"] == 0
-        assert mark(0).encode() not in before.read_bytes()
+        assert done[str(before)]["removed"] == 2 and done[str(before)]["persons"] == 1, done
+        assert done[str(after)]["bytes"] == 0
+        assert not any(n in before.read_bytes() for n in [mark(0).encode(), mark(60).encode(), b"Zorblaxina"])
+        assert mark(61).encode() in before.read_bytes()  # about Sarah too: kept, without the name
         assert mark(1).encode() in before.read_bytes() and mark(50).encode() in before.read_bytes()
         assert store.forgotten_in_backups() == []
         assert bk.verify(before).ok

@@ -826,6 +826,26 @@ class Purger:
 # -- purging a backup ----------------------------------------------------------------------------
 
 
+def _forget_person_ops(state: MemoryState, config: Config, person_id: str, at: float) -> list[Any]:
+    """The ops that forget a person in a backup's state as ``forget_person`` does in the store
+    (``engine/household.py``): their memories and turns deleted, their names removed from
+    the others' (rewritten without a vector: a restored store embeds them in idle time)."""
+    from reachy_memory.engine.household import plan_forget, sort_records
+    from reachy_memory.engine.records import encode
+
+    person = state.people.get(person_id)
+    merged = [old for old, kept in state.people.redirects().items() if kept == person_id]
+    found = sort_records(person, merged, list(state.records.values()), state.people.people(None),
+                         config.search.entity_fields)
+    plan = plan_forget(found, state.records, state.window_view, [])
+    ops: list[Any] = [["del", rec.id] for rec in plan.deleted]
+    ops += [["put", encode(rec.replace(vkey=None)), None] for rec in plan.rewritten]
+    ops.append({"op": "person_delete", "id": person_id, "at": at})
+    if plan.window is not None:
+        ops += [["winclr"], *(["win", role, text, when] for role, text, when in plan.window)]
+    return ops
+
+
 @dataclass
 class Kept:
     """What a backup holds after :func:`purge_backup` (for its register entry)."""
@@ -854,13 +874,9 @@ def purge_backup(path: Path, config: Config, forgotten: Iterable[str], persons: 
         state = MemoryState(config, int(snap.get("dim") or 384), model, model)
         state.load(snap)
         before, people_before = len(state.records), len(state.people)
-        ops: list[Any] = [["del", i] for i in forgotten if i in state.records]
+        state.apply_all([*(["del", i] for i in forgotten if i in state.records), ["expire", at]])
         for person_id in (p for p in persons if state.people.is_live(p)):
-            ops.append({"op": "person_delete", "id": person_id, "at": at})
-            ops += [["update", rec.id, {"subjects": [s for s in rec.subjects if s != person_id]}]
-                    for rec in map(state.by_slot.__getitem__, sorted(state.by_subject.get(person_id, ())))]
-        ops.append(["expire", at])
-        state.apply_all(ops)
+            state.apply_all(_forget_person_ops(state, config, person_id, at))
     removed, gone = before - len(state.records), people_before - len(state.people)
     expiries = [r.expires for r in state.records.values() if r.expires is not None]
     kept = Kept(list(state.records), [p.id for p in state.people.people()], min(expiries, default=math.inf))
