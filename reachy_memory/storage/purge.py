@@ -240,10 +240,10 @@ class ForgottenRegister:
         self.persons: dict[str, float] = _id_times(obj.get("persons"))
         self.pending = bool(obj.get("pending", False)) or not readable
 
-    def save(self, pending: bool) -> None:
-        """Write it (atomic, fsynced).  Raises StorageError."""
-        _write_register(self.path, {"version": 1, "pending": pending, "memories": self.memories,
-                                    "persons": self.persons})
+    def save(self, pending: bool, memories: dict[str, float], persons: dict[str, float]) -> None:
+        """Write it with ``memories`` and ``persons`` (copies of its own: another thread adds
+        to those meanwhile) (atomic, fsynced).  Raises StorageError."""
+        _write_register(self.path, {"version": 1, "pending": pending, "memories": memories, "persons": persons})
         self.pending = pending
 
 
@@ -530,6 +530,7 @@ class Purger:
         self._last_result: tuple[int, bool] | None = None
         self._ready = False
         self._stopping = False
+        self._halted = False  # the store refuses writes: no purge until it is reopened
         self._thread: threading.Thread | None = None
         self.purges = 0
         self.last: dict[str, Any] | None = None
@@ -585,7 +586,7 @@ class Purger:
 
     def _wake(self) -> None:
         """(Under ``_cond``.)  Start the purge thread, or wake it."""
-        if not self._ready or self._stopping or not self._batch.due:
+        if not self._ready or self._stopping or self._halted or not self._batch.due:
             return
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="reachy-memory-purge", daemon=True)
@@ -600,6 +601,10 @@ class Purger:
                 except _Stopped:
                     return
                 except ReachyMemoryError as exc:
+                    if self.storage.failure is not None:  # read-only until reopened: the next open resumes it
+                        log.warning("purge stopped, the store refuses writes (the next open purges): %s", exc)
+                        self._halted = True
+                        return
                     log.warning("purge failed (tried again in %.0f s): %s", RETRY_SECONDS, exc)
                     self._pause(RETRY_SECONDS)
                 except Exception:  # a bug must not end the thread silently
@@ -667,7 +672,8 @@ class Purger:
             with self._cond:
                 batch = self._batch
                 version, pending = batch.version, batch.due
-            self.forgotten.save(pending)
+                memories, persons = dict(self.forgotten.memories), dict(self.forgotten.persons)
+            self.forgotten.save(pending, memories, persons)
             with self._cond:
                 batch.recorded = version
 
@@ -759,10 +765,11 @@ class Purger:
     def backups_holding(self, ids: Iterable[str] | None = None) -> list[dict[str, Any]]:
         """The backups this store wrote that still hold a forgotten memory (of ``ids``, or
         any), a forgotten person or an expired memory: path, when made, how many."""
+        with self._cond:
+            memories, forgotten_persons = dict(self.forgotten.memories), list(self.forgotten.persons)
         with self._registers:
-            memories = dict(self.forgotten.memories)
             wanted = memories if ids is None else [i for i in ids if i in memories]
-            hashes, persons = _hashes(wanted), _hashes(self.forgotten.persons if ids is None else ())
+            hashes, persons = _hashes(wanted), _hashes(forgotten_persons if ids is None else ())
             now, out = time.time(), []
             for entry in self.backups.current():
                 held, people = entry.holds(hashes, entry.ids), entry.holds(persons, entry.persons)
@@ -780,11 +787,13 @@ class Purger:
         taken.  Raises ValidationError for a path inside the data directory or that is no
         backup, StorageError when one cannot be written (those before it are done)."""
         targets = self._backup_targets(paths)
-        with self._registers:
+        with self._cond:
             forgotten, persons = list(self.forgotten.memories), list(self.forgotten.persons)
         done = []
         for target in targets:
-            made = self.backups.entries[str(target)].made if str(target) in self.backups.entries else time.time()
+            with self._registers:
+                known = self.backups.entries.get(str(target))
+            made = known.made if known is not None else time.time()
             result, kept = purge_backup(target, self.storage.config, forgotten, persons)
             try:
                 entry = entry_for(target, made, kept.ids, kept.persons, kept.next_expiry)
