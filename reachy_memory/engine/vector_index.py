@@ -256,18 +256,6 @@ class VectorIndex:
             self._version += 1
             self.matrix[inside] = 0
 
-    def forget_cache(self, path: Path) -> None:
-        """Remove the graph cache at ``path`` (its graphs may hold forgotten memories'
-        vectors): every graph is saved again at the next idle-time cache step or close,
-        without them (:func:`_scrub_deleted`).  Failures are logged."""
-        for file in [path, _meta_path(path), *path.parent.glob(f"{path.name}.[0-9]*")]:
-            try:
-                file.unlink(missing_ok=True)
-            except OSError as exc:
-                log.warning("could not remove the graph cache file %s: %s", file, exc.strerror)
-        self._cache_meta = None
-        self._changed = {group: max(CACHE_MIN_CHANGES, self._in_graph_count.get(group, 0)) for group in self._graphs}
-
     def remove_many(self, slots: np.ndarray) -> None:
         """Drop ``slots`` from results at once (a mass expiry).  Their graph nodes are
         marked deleted later (:meth:`settle`, at idle time): marking costs ~1 us a node
@@ -751,6 +739,19 @@ class VectorIndex:
         return {"vectors": self.count, "slots": len(self.alive), "pending": len(self.pending),
                 "unmarked": len(self._unmarked),
                 "graph_elements": sum(g.element_count for g in self._graphs.values())}
+
+
+def forget_cache(index: VectorIndex, path: Path) -> None:
+    """Remove the graph cache of ``index`` at ``path`` (its graphs may hold forgotten
+    memories' vectors): every graph is saved again at the next idle-time cache step or
+    close, without them (:func:`_scrub_deleted`).  Failures are logged."""
+    for file in [path, _meta_path(path), *path.parent.glob(f"{path.name}.[0-9]*")]:
+        try:
+            file.unlink(missing_ok=True)
+        except OSError as exc:
+            log.warning("could not remove the graph cache file %s: %s", file, exc.strerror)
+    index._cache_meta = None
+    index._changed = {group: max(CACHE_MIN_CHANGES, index._in_graph_count.get(group, 0)) for group in index._graphs}
 
 
 class _Loaded(NamedTuple):

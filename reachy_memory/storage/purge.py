@@ -730,7 +730,9 @@ class Purger:
                     with contextlib.suppress(FileNotFoundError):
                         tmp.unlink()
             if batch.vectors:
-                st.state.vectors.forget_cache(self.path / GRAPH_FILE)
+                from reachy_memory.engine.vector_index import forget_cache  # late: the engine imports storage
+
+                forget_cache(st.state.vectors, self.path / GRAPH_FILE)
 
     # -- closing -----------------------------------------------------------------------------------
 
