@@ -250,10 +250,19 @@ def cmd_get(args: argparse.Namespace) -> int:
 def cmd_forget(args: argparse.Namespace) -> int:
     with _client(args) as c:
         deleted = c.forget(args.id)
+        backups = [b["path"] for b in c.forgotten_in_backups([args.id])] if deleted else []
     if not deleted:
         raise NotFoundError(f"no memory {args.id!r}", memory_id=args.id)
-    _out(args, {"deleted": True, "id": args.id}, lambda _: f"forgot {args.id}")
+    _out(args, {"deleted": True, "id": args.id, "backups": backups}, lambda _: _forgot_line(args.id, backups))
     return 0
+
+
+def _forgot_line(memory_id: str, backups: list[str]) -> str:
+    """What ``forget`` prints: done, and the backups made before that still hold it."""
+    if not backups:
+        return f"forgot {memory_id}"
+    return (f"forgot {memory_id}; still held by {len(backups)} backup(s) made before: {', '.join(backups)} "
+            "(run 'reachy-memory backup --purge-forgotten' to rewrite them)")
 
 
 def cmd_cleanup(args: argparse.Namespace) -> int:
@@ -351,6 +360,10 @@ def _cleanup_text(cleanup: dict[str, Any] | None) -> str:
 
 
 def cmd_backup(args: argparse.Namespace) -> int:
+    if args.purge_forgotten:
+        return _purge_backups(args)
+    if args.dest is None:
+        raise ValidationError("backup needs DEST (a file, or a directory for a timestamped file)", field="dest")
     dest = bk.backup_target(args.dest, _config(args).data_dir, force=args.force)
     if args.keep is not None and args.keep < 1:
         raise ValidationError("--keep must be at least 1", field="keep")
@@ -363,6 +376,18 @@ def cmd_backup(args: argparse.Namespace) -> int:
     if args.keep is not None:
         info["pruned"] = bk.prune(Path(info["path"]).parent, args.keep, written=info["path"])
     _out(args, info, lambda i: f"backup of {i['memories']} memories written to {i['path']} ({i['bytes']} bytes)")
+    return 0
+
+
+def _purge_backups(args: argparse.Namespace) -> int:
+    """``backup --purge-forgotten [DEST]``: the daemon rewrites the backups it wrote (and
+    DEST, a backup file or a directory of them) without what was forgotten or expired."""
+    paths = [str(Path(args.dest).expanduser().resolve())] if args.dest else None
+    with _client(args) as c:
+        done = c.purge_backups(paths, timeout=_slow_timeout(args, "backup"))
+    _out(args, done, lambda d: "\n".join(
+        f"{r['path']}: {r['removed']} memories and {r['persons']} persons removed" if r["bytes"]
+        else f"{r['path']}: nothing to remove" for r in d) or "no backup to purge")
     return 0
 
 
@@ -896,8 +921,11 @@ def _parser() -> argparse.ArgumentParser:
     csub.add_parser("get", parents=[late]).add_argument("key")
     add("stats", cmd_stats, "daemon health and statistics")
     p = add("backup", cmd_backup, "write a consistent backup file (taken by the running daemon)")
-    p.add_argument("dest", help="a file, or a directory for a timestamped file")
+    p.add_argument("dest", nargs="?", help="a file, or a directory for a timestamped file")
     p.add_argument("--keep", type=int, help="with a directory: keep only the newest N backups")
+    p.add_argument("--purge-forgotten", action="store_true",
+                   help="rewrite the backups the daemon wrote (and DEST, a backup or a directory of them) "
+                        "without what was forgotten or expired since")
     p.add_argument("--force", action="store_true", help="replace an existing file that is not a backup")
     p = add("verify", cmd_verify, "check a data directory or backup file")
     p.add_argument("path")

@@ -202,6 +202,17 @@ class _Api:
         """Fold the journal into a snapshot now."""
         return self._call("compact", {}, timeout=timeout)
 
+    def forgotten_in_backups(self, ids: list[str] | None = None, *, timeout: float | None = None) -> Any:
+        """The backups the daemon wrote that still hold a forgotten memory (of ``ids``, or
+        any), a forgotten person or an expired memory: [{"path", "made", "forgotten",
+        "persons", "expired"}]."""
+        return self._call("forgotten_in_backups", {} if ids is None else {"ids": list(ids)}, timeout=timeout)
+
+    def purge_backups(self, paths: list[str] | None = None, *, timeout: float | None = None) -> Any:
+        """Rewrite the backups the daemon wrote, and ``paths`` (absolute, on its machine),
+        without what was forgotten or expired: [{"path", "removed", "persons", "bytes"}]."""
+        return self._call("purge_backups", {} if paths is None else {"paths": list(paths)}, timeout=timeout)
+
 
     # -- people-aware memory -------------------------------------------------------------
 

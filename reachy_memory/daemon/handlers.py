@@ -165,8 +165,11 @@ def import_(d: Daemon, job: Job) -> dict[str, Any]:
 
 
 @handles("forget")
-def forget(d: Daemon, job: Job) -> dict[str, bool]:
-    return {"deleted": d.store.forget(job.args["id"])}
+def forget(d: Daemon, job: Job) -> dict[str, Any]:
+    """Forget one memory; the backups made before that still hold it are named."""
+    memory_id = job.args["id"]
+    deleted = d.store.forget(memory_id)
+    return {"deleted": deleted, "backups": [b["path"] for b in d.store.forgotten_in_backups([memory_id])]}
 
 
 def _past(now: Any) -> Any:
@@ -277,6 +280,20 @@ def backup(d: Daemon, job: Job) -> dict[str, Any]:
 @handles("compact")
 def compact(d: Daemon, job: Job) -> None:
     d.store.compact()
+
+
+@handles("forgotten_in_backups")
+def forgotten_in_backups(d: Daemon, job: Job) -> list[dict[str, Any]]:
+    return d.store.forgotten_in_backups(job.args.get("ids"))
+
+
+@handles("purge_backups")
+def purge_backups(d: Daemon, job: Job) -> list[dict[str, Any]]:
+    paths = job.args.get("paths") or []
+    for path in paths:  # the daemon's working directory is not the caller's
+        if not isinstance(path, str) or not os.path.isabs(path):
+            raise ValidationError(f"backup path {str(path)[:200]!r} must be absolute", field="paths")
+    return d.store.purge_backups(paths)
 
 
 # -- people-aware memory ------------------------------------------------------------------------

@@ -194,7 +194,9 @@ _ROWS = [
                             _opt("include_superseded", BOOL, False)],
         '[{"memory": memory, "score": float, "subject_names"?: [str]}]', "Find memories by meaning and words.",
           capped=True),
-    _op("forget", "engine", [_req("id", STR)], '{"deleted": bool}', "Delete a memory."),
+    _op("forget", "engine", [_req("id", STR)], '{"deleted": bool, "backups": [str]}',
+        "Delete a memory; its text leaves every file of the data directory within seconds. "
+        "`backups`: the backups made before that still hold it (see purge_backups)."),
     _op("cleanup_expired", "engine", [_opt("now", NUM, doc="epoch; never in the future")], '{"deleted": int}',
         "Delete expired memories now."),
     _op("apply_retention", "engine", [_opt("dry_run", BOOL, False),
@@ -222,6 +224,12 @@ _ROWS = [
     _op("backup", "background", [_req("path", STR), _opt("force", BOOL, False)], '{"path", "bytes", "memories"}',
         "A consistent snapshot file on the daemon's machine (a directory gets a timestamped file)."),
     _op("compact", "engine", [], "null", "Fold the journal into a snapshot now."),
+    _read("forgotten_in_backups", "engine", [_opt("ids", LIST, doc="memory ids; default: any forgotten")],
+          '[{"path", "made", "forgotten": int, "persons": int, "expired": bool}]',
+          "The backups this daemon wrote that still hold a forgotten memory or person, or an expired memory."),
+    _op("purge_backups", "background", [_opt("paths", LIST, doc="absolute backup files or directories")],
+        '[{"path", "removed": int, "persons": int, "bytes": int}]',
+        "Rewrite the backups this daemon wrote (and `paths`) without what was forgotten or expired."),
     # -- people-aware memory (issue 10) ----------------------------------------------------------
     _op("remember", "engine", [_opt("content", STR), _opt("facts", LIST, doc="[{content, subjects?, name?, id?, ...}]"),
                                _opt("subjects", LIST, doc="references: 'my wife', 'Sarah', person ids"),

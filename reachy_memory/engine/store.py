@@ -127,6 +127,7 @@ class MemoryStore:
         core.closed = False
         if recover:
             core.storage.compact(full=True)  # a fresh snapshot of the rebuilt state (see verify --repair)
+        core.storage.purge.opened()  # what a forget left on disk goes within seconds (storage/purge.py)
 
     # -- the engine's parts, for tests and tools ------------------------------------------
 
@@ -565,6 +566,23 @@ class MemoryStore:
         size, count = self._core.storage.backup(target, progress)
         return {"path": str(target), "bytes": size, "memories": count}
 
+    def forgotten_in_backups(self, ids: Iterable[str] | None = None) -> list[dict[str, Any]]:
+        """The backups this store wrote (still as written) that hold a forgotten memory
+        (one of ``ids``, or any), a forgotten person, or (``ids`` None) an expired memory:
+        ``[{"path", "made", "forgotten", "persons", "expired"}]``, oldest first.
+        :meth:`purge_backups` rewrites them.  Any thread."""
+        self._core.require_open()
+        return self._core.storage.purge.backups_holding(ids)
+
+    def purge_backups(self, paths: Iterable[str | Path] | None = None) -> list[dict[str, Any]]:
+        """Rewrite the backups this store wrote, and the backup files (or directories of
+        timestamped backups) ``paths``, without every memory and person forgotten and
+        every memory expired: ``[{"path", "removed", "persons", "bytes"}]`` (``bytes`` 0:
+        left as it was).  Any thread; the store lock is not taken.  Raises
+        ValidationError for a path inside the data directory or not a backup, StorageError."""
+        self._core.require_open()
+        return self._core.storage.purge.purge_backups(paths)
+
     @_doc(Maintenance.reindex)
     def reindex(self, progress: Callable[[int, int], None] | None = None, batch: int = 64) -> int:
         return self._maintenance.reindex(progress, batch)
@@ -604,8 +622,10 @@ class MemoryStore:
 
         ``memories`` and ``by_type`` count what a reader can see (as ``len``);
         ``expired_unswept``, the expired memories the next sweep deletes (hidden from
-        every reader, still held in memory and on disk until then); ``remembering``, the pause."""
-        return self._core.stats() | {"remembering": self._core.remembering.status()}
+        every reader, still held in memory and on disk until then); ``remembering``, the pause;
+        ``purge``, forgetting's way to the disk (storage/purge.py)."""
+        return self._core.stats() | {"remembering": self._core.remembering.status(),
+                                     "purge": self._core.storage.purge.status()}
 
     @property
     def read_only(self) -> str | None:

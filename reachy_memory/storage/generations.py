@@ -34,6 +34,7 @@ from reachy_memory.engine.state import Frozen, MemoryState, checked, snapshot_se
 from reachy_memory.errors import ClosedError, CorruptionError, ReachyMemoryError, ReadOnlyError, StorageError
 from reachy_memory.storage import files
 from reachy_memory.storage import journal as jr
+from reachy_memory.storage import purge as pg
 from reachy_memory.storage.files import GRAPH_FILE, JOURNAL_FILE
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,8 @@ class _Compaction:
     head: dict[str, Any]
     lexical: dict[str, Any] | Callable[[], dict[str, Any]]  # the snapshot's lexical state, or what builds it
     carried_to: int | None = None  # the journal offset up to which ops are already in the next journal
+    number: int = 0  # the how-manyth compaction begun since the store opened (see storage.purge)
+    switched: bool = False  # its journals switched: every generation file on disk is from its freeze on
 
 
 class Storage:
@@ -66,6 +69,7 @@ class Storage:
         self.closing = False  # set by close() first: no background compaction or backup starts after it
         self._backups = _Tally()  # backups being written (any threads); close() waits for them
         self.journal: jr.Journal
+        self.purge = pg.Purger(self)  # forgetting that reaches every file (storage/purge.py)
 
     def rebuilt_from(self, generation: int) -> None:
         """The state was rebuilt from the previous generation (``verify --repair``)."""
@@ -102,12 +106,17 @@ class Storage:
         return None if journal.synced_through(end) else lambda: journal.sync_through(end)
 
     def apply(self, ops: list[list[Any]]) -> None:
-        """Apply journaled ops to the state; a malformed op is CorruptionError naming the journal."""
+        """Apply journaled ops to the state; a malformed op is CorruptionError naming the journal.
+        What they remove (forgotten, expired) is purged from the disk (:mod:`.purge`)."""
+        taken = pg.capture(self.state, ops)
         try:
             self.state.apply_all(ops)
         except CorruptionError as exc:
             where = self.journal.path if hasattr(self, "journal") else self.path
             raise CorruptionError(f"{where}: {exc.message}", path=str(where), offset=-1) from exc
+        removal = taken.finish(self.state) if taken is not None else None
+        if removal is not None:
+            self.purge.note(removal)
 
     def maybe_compact(self) -> None:
         """Start a background compaction when the journal outgrew its threshold."""
@@ -123,22 +132,36 @@ class Storage:
     def close(self) -> None:
         """Wait for a background compaction, compact what the journal holds, save the
         graph cache, close the journal.  A failure is logged (the journal keeps everything).
+        A purge pending is finished first (:meth:`Purger.finish`).
         Safe while another thread writes: it waits for that write, and later ones raise
         ClosedError; idempotent."""
         self.closing = True  # else writers could start compactions faster than close waits for them
+        self.purge.stop()
         with self.quiesced():
             if self.closed:
                 return
             try:
+                self._finish_purge()
                 if self.journal.size > jr.HEADER_SIZE + 64:
                     self.compact(full=True)
-                elif self.state.vectors.pending:  # an in-service compaction skipped the graph cache
+                elif self.state.vectors.pending or not (self.path / GRAPH_FILE).exists():
+                    # an in-service compaction skipped the graph cache, or a purge removed it
                     self.state.vectors.save_graph(self.path / GRAPH_FILE, self.graph_tag(), force=True)
             except ReachyMemoryError as exc:
                 log.warning("could not compact on close (the journal keeps every change): %s", exc)
             finally:
                 self.journal.close()
                 self.closed = True
+
+    def _finish_purge(self) -> None:
+        """Close: a purge pending is finished (a failure is logged: the register keeps it
+        pending, and the next open resumes it)."""
+        if self.journal.failure is not None:
+            return
+        try:
+            self.purge.finish()
+        except ReachyMemoryError as exc:
+            log.warning("could not finish the purge on close (the next open does): %s", exc)
 
     @contextlib.contextmanager
     def quiesced(self) -> Iterator[None]:
@@ -171,14 +194,16 @@ class Storage:
             self._require_open()
             if self.closing:
                 raise ClosedError("the store is closing: no backup started (nothing written)")
-            frozen = self.state.freeze(with_lexical=False)
+            frozen, made = self.state.freeze(with_lexical=False), time.time()
             head = self._snapshot_head(self.generation)
             lexical = self._lexical_of(frozen, self._abandon_if_closing)
             self._backups.enter()
         try:
             with _short_gil_slices():
                 sections = snapshot_sections(frozen, head, lexical, self._abandon_if_closing)
-                return jr.write_snapshot(target, sections, progress=self._ticking(progress)), len(frozen.records)
+                size = jr.write_snapshot(target, sections, progress=self._ticking(progress))
+            self.purge.backup_written(target, frozen, made)  # so that a forget can name it
+            return size, len(frozen.records)
         finally:
             with self.lock:
                 self.state.thaw()
@@ -272,6 +297,7 @@ class Storage:
                 self._finish_compaction(job)
             finally:
                 self.state.thaw()
+                self.purge.compacted(job.number, job.switched)
             self.state.vectors.save_graph(self.path / GRAPH_FILE, self.graph_tag(), force=full)
             files.tighten_files(self.path)
 
@@ -306,6 +332,7 @@ class Storage:
             with self.lock:
                 self.state.thaw()
                 self.compacting = None
+                self.purge.compacted(job.number, job.switched)
 
     def wait(self) -> None:
         thread = self.compacting
@@ -321,10 +348,11 @@ class Storage:
         self._require_writable()
         generation, follows = self.generation + 1, (self.journal_generation, self.journal.size)
         files.write_next_journal(self.path, generation, follows, durable=False)
+        number = self.purge.before_compaction()  # the ids a purge pending forgets are recorded first
         frozen = self.state.freeze(with_lexical=not background)
         head = self._snapshot_head(generation) | {"follows": list(follows)}
         lexical = frozen.lexical if frozen.lexical is not None else self._lexical_of(frozen)
-        return _Compaction(generation, follows, frozen, head, lexical)
+        return _Compaction(generation, follows, frozen, head, lexical, number=number)
 
     def _write_snapshot(self, job: _Compaction) -> None:
         """Write the snapshot of the frozen view durably, keeping the previous one (any thread)."""
@@ -372,6 +400,7 @@ class Storage:
             _log_kept(exc)
             return
         self._switch_journals(known=True)
+        job.switched = True
 
     def _switch_journals(self, *, known: bool = False) -> None:
         """Retire the current journal and open ``journal.next.rmj`` in its place
