@@ -36,10 +36,12 @@ def _v2_frame(payload: bytes) -> bytes:
 
 
 def _v4_shaped(payload: bytes, rnd: random.Random) -> bytes:
-    """A frame shaped like a v4 one, with guessed tags (ASCII, the last byte a UTF-8 lead
-    so the payload's continuation bytes decode): the attacker cannot know the key."""
-    fields = struct.pack("<4sIQQ", jr.FRAME_MARK, len(payload), rnd.randrange(1, 30), rnd.randrange(0, 90))
-    return fields + bytes(rnd.randrange(0x20, 0x7F) for _ in range(23)) + b"\xf1" + payload
+    """A frame shaped like a v4 one (its payload CRC right) with a guessed tag (ASCII, the
+    last byte a UTF-8 lead so the payload's continuation bytes decode): the attacker
+    cannot know the key."""
+    fields = struct.pack("<4sIQQI", jr.FRAME_MARK, len(payload), rnd.randrange(1, 30), rnd.randrange(0, 90),
+                         zlib.crc32(payload))
+    return fields + bytes(rnd.randrange(0x20, 0x7F) for _ in range(15)) + b"\xf1" + payload
 
 
 def search(kind: str, seed: int, tries: int = 3_000_000) -> str:
@@ -120,7 +122,7 @@ def test_a_flipped_byte_in_a_frame_holding_a_crafted_text_never_applies_the_fram
         config: Config, crafted: str) -> None:
     ids, bad, data, (start, end) = _written(config, crafted)
     inside = data.index(crafted.encode())
-    for at in sorted({*range(start, start + 48), *range(inside, end, 23)}):
+    for at in sorted({*range(start, start + jr.FRAME_OVERHEAD[4]), *range(inside, end, 23)}):
         damaged = bytearray(data)
         damaged[at] ^= 0x01
         _reset(config, bytes(damaged))
@@ -144,7 +146,7 @@ def test_a_frame_of_another_key_or_out_of_its_place_is_never_read(tmp_path: Path
     journal.close()
     data = path.read_bytes()
     offsets = jr.read_file(path, jr.JOURNAL).offsets
-    for at in range(offsets[2], offsets[2] + 48):
+    for at in range(offsets[2], offsets[2] + jr.FRAME_OVERHEAD[4]):
         damaged = bytearray(data)
         damaged[at] ^= 0x80
         found = jr.scan(path, memoryview(bytes(damaged)), jr.JOURNAL)

@@ -6,8 +6,8 @@ File layout (all integers little-endian)::
 
     header    b"RMEM" kind:u8 version:u8 0x00 0x00     kind: b"J" journal, b"S" snapshot
     header v4 the 8 bytes above, key:16, 0:u32, crc32(first 28 bytes):u32     (journals of format 4)
-    frame v4  b"\xa7RMF" length:u32 seq:u64 synced:u64 head_tag:8 tag:16 payload
-              (tags: BLAKE2b keyed with the file's key; head_tag over bytes 0..23, tag over 0..31 + payload)
+    frame v4  b"\xa7RMF" length:u32 seq:u64 synced:u64 crc32(payload):u32 tag:16 payload
+              (tag: BLAKE2b-128 keyed with the file's key, over bytes 0..27)
     frame v2  b"\xa7RMF" length:u32 crc32(payload):u32 crc32(first 12 bytes):u32 payload
     frame v1  length:u32 crc32(payload):u32 payload      (read only)
 
@@ -95,8 +95,8 @@ FRAME_MARK = b"\xa7RMF"
 _V1 = struct.Struct("<II")
 _V2 = struct.Struct("<4sIII")
 _V2_HEAD = struct.Struct("<4sII")
-_V4 = struct.Struct("<4sIQQ8s16s")  # mark, length, seq, synced, head tag, tag
-_V4_FIELDS = 24  # the bytes the head tag covers
+_V4 = struct.Struct("<4sIQQI16s")  # mark, length, seq, synced, crc32 of the payload, tag
+_V4_FIELDS = 28  # the bytes the tag covers
 MAX_FRAME = (1 << 31) - 1  # a frame's payload; the vector block of a very large snapshot stays below
 MAX_SEQ = (1 << 63) - 1
 FRAME_OVERHEAD = {1: _V1.size, 2: _V2.size, 3: _V2.size, 4: _V4.size}  # a file's version -> its frames' header size
@@ -180,14 +180,10 @@ def journal_id(key: bytes) -> bytes:
     return hashlib.blake2b(key, digest_size=16, person=b"rmem-journal-id").digest()
 
 
-def _head_tag(key: bytes, fields: bytes | memoryview) -> bytes:
-    return hashlib.blake2b(fields, key=key, digest_size=8, person=b"rmem-frame-head").digest()
-
-
-def _tag(key: bytes, head: bytes | memoryview, payload: bytes | memoryview) -> bytes:
-    digest = hashlib.blake2b(head, key=key, digest_size=16, person=b"rmem-frame")
-    digest.update(payload)
-    return digest.digest()
+def _tag(key: bytes, fields: bytes | memoryview) -> bytes:
+    """The keyed tag of a v4 frame's first 28 bytes (its payload's CRC among them): no one
+    without the key can make one, and it costs the same whatever the payload's size."""
+    return hashlib.blake2b(fields, key=key, digest_size=16, person=b"rmem-frame").digest()
 
 
 def keyed_header_of(payload: bytes | memoryview, key: bytes, seq: int, synced: int) -> bytes:
@@ -196,9 +192,8 @@ def keyed_header_of(payload: bytes | memoryview, key: bytes, seq: int, synced: i
     if len(payload) > MAX_FRAME:
         raise TooLargeError(f"a frame of {len(payload)} bytes exceeds the {MAX_FRAME}-byte limit",
                             field="frame", size=len(payload), limit=MAX_FRAME)
-    fields = struct.pack("<4sIQQ", FRAME_MARK, len(payload), seq, synced)
-    head = fields + _head_tag(key, fields)
-    return head + _tag(key, head, payload)
+    fields = struct.pack("<4sIQQI", FRAME_MARK, len(payload), seq, synced, zlib.crc32(payload))
+    return fields + _tag(key, fields)
 
 
 def encode_keyed(obj: Any, key: bytes, seq: int, synced: int) -> bytes:
@@ -522,22 +517,20 @@ def _keyed_frame_at(data: memoryview, offset: int, key: bytes) -> tuple[memoryvi
     """(payload, seq, synced) of a valid v4 frame starting at ``offset``, or None."""
     if len(data) - offset < _V4.size:
         return None
-    mark, length, seq, synced, head_tag, tag = _V4.unpack_from(data, offset)
-    if mark != FRAME_MARK or _head_tag(key, data[offset : offset + _V4_FIELDS]) != head_tag:
+    mark, length, seq, synced, crc, tag = _V4.unpack_from(data, offset)
+    if mark != FRAME_MARK or _tag(key, data[offset : offset + _V4_FIELDS]) != tag:
         return None
     end = offset + _V4.size + length
     if length > MAX_FRAME or end > len(data):
         return None
     payload = data[offset + _V4.size : end]
-    if _tag(key, data[offset : offset + _V4.size - 16], payload) != tag:
-        return None
-    return payload, seq, synced
+    return (payload, seq, synced) if zlib.crc32(payload) == crc else None
 
 
 def _next_keyed(data: memoryview, start: int, key: bytes, last: int) -> int | None:
     """The offset of the first valid v4 frame at or after ``start`` whose seq is above
     ``last``, or None.  Only this store's frames pass: a text holding a frame (of any
-    format, or of another store) fails the keyed head tag, at the cost of one short hash."""
+    format, or of another store) fails the keyed tag, at the cost of one short hash."""
     blob = bytes(data)  # a copy, only on the damage path: bytes.find is the fast sync-mark search
     at = blob.find(FRAME_MARK, start)
     while at != -1:
