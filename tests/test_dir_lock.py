@@ -76,10 +76,16 @@ def test_a_journal_taken_away_makes_the_store_read_only(config: Config, how: str
 
 
 def test_writes_check_too_without_idle_time(config: Config) -> None:
-    """A daemon busy with writes calls maintain rarely: the write itself checks (once a second)."""
+    """A daemon busy with writes calls maintain rarely: the write itself checks (the journal's
+    link count every time, the directory's identity once a second)."""
     with MemoryStore(config=config, embedder=None) as store:
         store.remember_fact("before")
         shutil.rmtree(config.data_dir)
+        with pytest.raises(ReadOnlyError, match="deleted"):
+            store.remember_fact("after")
+    with MemoryStore(config=config, embedder=None) as store:
+        store.remember_fact("before")
+        os.rename(config.data_dir, config.data_dir.with_name("elsewhere"))
         time.sleep(1.05)
         with pytest.raises(ReadOnlyError, match="removed"):
             store.remember_fact("after")

@@ -995,6 +995,9 @@ class Journal:
         frame = encode_frame(obj, self._version) if payload is None else b""
         with self._lock:
             fd = self._require_writable()
+            if os.fstat(fd).st_nlink == 0:  # one cheap call: a write into a deleted file is never acknowledged
+                self._fail(f"{self.path} was deleted while the store had it open (with its directory?)")
+                raise self.read_only()
             if payload is not None:
                 assert self._key is not None
                 frame = keyed_header_of(payload, self._key, self.seq + 1, self._synced) + payload
