@@ -73,6 +73,8 @@ class Core:
         self.touches_flushed = time.monotonic()
         self.closed = True  # until the store has finished opening
         self._deferring: int | None = None  # the thread whose writes skip their fsync (deferred_durability)
+        self._held: list[Any] | None = None  # inside one_frame: the ops applied, journaled at its end
+        self._undo: list[list[Any]] = []  # inside one_frame: what undoes each held op
         self.remembering = Remembering(2 * config.memory.context_window_size)  # the pause (in memory only)
 
     # -- what the Engine port exposes ------------------------------------------------------
@@ -123,11 +125,72 @@ class Core:
         writing a new memory or person is refused (RememberingPausedError), nothing written."""
         with self._lock:
             self.remembering.check(ops, self._state.records)
+            if self._held is not None:  # inside one_frame: journaled with the rest at its end
+                self._hold(ops)
+                return
             self.storage.append(ops, durable=durable, defer=self._deferring == threading.get_ident())
             self.storage.apply(ops)
             if self._embedder is not None:
                 self.backfill.note(ops)  # written without a vector (the model failed): embedded later
             self.storage.maybe_compact()
+
+    @contextlib.contextmanager
+    def one_frame(self) -> Iterator[None]:
+        """Under the lock, every commit made inside is one journal frame: all or nothing.
+
+        Each :meth:`commit` inside is applied at once (later steps see it: a person the
+        first fact created, a fact the second one supersedes) and held; at the end the
+        held ops are journaled as one frame.  When anything inside raises, or that write
+        fails (a full disk: StorageFullError), every held op is undone in reverse order and
+        the error is raised: nothing of it stays, in memory or on disk.  Nested: the
+        outer frame holds the inner one's ops.  No compaction starts meanwhile (it would
+        freeze ops not journaled yet).  Only ops that can be undone may be held: ``put``
+        of a new memory, ``update``, ``person_put``."""
+        with self._lock:
+            if self._held is not None:
+                yield
+                return
+            self._held, self._undo = [], []
+            try:
+                yield
+                ops, self._held = self._held, None
+                if ops:
+                    self.storage.append(ops, defer=self._deferring == threading.get_ident())
+            except BaseException:
+                self._rewind()
+                raise
+            finally:
+                self._held, self._undo = None, []
+            if ops and self._embedder is not None:
+                self.backfill.note(ops)
+            self.storage.maybe_compact()
+
+    def _hold(self, ops: list[Any]) -> None:
+        """Inside :meth:`one_frame`: apply ``ops`` one by one, keeping each and what undoes it."""
+        assert self._held is not None
+        for op in ops:
+            self._undo.append(self._inverse(op))
+            self.storage.apply([op])
+            self._held.append(op)
+
+    def _inverse(self, op: Any) -> list[Any]:
+        """The ops that undo ``op`` applied to the state as it is now."""
+        state = self._state
+        if isinstance(op, dict) and op.get("op") == "person_put":
+            old = state.people.get(op["id"]) if state.people.is_live(op["id"]) else None
+            return [old.to_op()] if old is not None else [{"op": "person_delete", "id": op["id"], "at": 0.0}]
+        kind = op[0] if isinstance(op, list) and op else None
+        if kind == "put" and op[1]["id"] not in state.records:
+            return [["del", op[1]["id"]]]
+        if kind == "update":
+            old = state.records.get(op[1])
+            return [] if old is None else [["update", op[1], {key: getattr(old, key) for key in op[2]}]]
+        raise ValueError(f"a {kind or op.get('op')!r} op cannot be undone: not allowed inside one_frame")
+
+    def _rewind(self) -> None:
+        """Undo the held ops, last first (the state as before :meth:`one_frame`)."""
+        for undo in reversed(self._undo):
+            self.storage.apply(undo)
 
     @contextlib.contextmanager
     def deferred_durability(self) -> Iterator[None]:

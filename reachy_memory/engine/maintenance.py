@@ -44,10 +44,14 @@ class Maintenance:
         for a graph of 33k vectors: the daemon asks for it only after some quiet).
         Returns how much it did (vectors inserted, deletions buried, graph nodes marked,
         memories embedded, graph nodes saved): 0 when nothing is left, or nothing can
-        be done yet."""
+        be done yet.  At most once a second it also checks that the data directory and the
+        journal are still the ones opened: when they were removed or replaced, the store
+        refuses writes from then on (``read_only`` names why; ``health`` says
+        ``read_only``), and makes the journal head's last reach durable."""
         core = self._core
         core.require_open()
         with core.lock:
+            core.storage.check_files(idle=True)
             if core.touched and time.monotonic() - core.touches_flushed > TOUCH_FLUSH_SECONDS:
                 core.flush_touches()
             left = core.state.bury(0)  # how much deletion work waits (none is done by 0)

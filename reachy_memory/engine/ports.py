@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import tzinfo
 from typing import TYPE_CHECKING, Any, Protocol
@@ -72,6 +73,11 @@ class Engine(Protocol):
     def commit(self, ops: list[Any], *, durable: bool = False) -> None:
         """Journal ``ops`` (lists; persons' as dicts) as one frame, then apply them to
         ``state``: the one mutation funnel."""
+        ...
+
+    def one_frame(self) -> AbstractContextManager[None]:
+        """Every commit inside is applied at once and journaled with the others as one
+        frame at the end: all or nothing (see :meth:`.core.Core.one_frame`)."""
         ...
 
     def embed(self, texts: list[str]) -> np.ndarray | None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -66,6 +67,8 @@ __all__ = ["DEFAULT_EMBEDDER", "GRAPH_FILE", "JOURNAL_FILE", "SNAPSHOT_FILE", "E
            "read_snapshot"]
 datetime_or_float = Any  # a datetime (aware, or naive meaning UTC), epoch seconds, or None
 _F = TypeVar("_F", bound=Callable[..., Any])
+
+log = logging.getLogger(__name__)
 
 
 def _doc(source: Callable[..., Any]) -> Callable[[_F], _F]:
@@ -124,10 +127,28 @@ class MemoryStore:
         self._importer = Importer(core)
         self._context = Context(core, self._persons)
         self._household = Household(core, core.remembering)
+        core.storage.dir_lock = self._dir_lock  # checked with the journal (Storage.check_files)
         core.closed = False
         if recover:
             core.storage.compact(full=True)  # a fresh snapshot of the rebuilt state (see verify --repair)
+        else:
+            self._migrate_journal()
         core.storage.purge.opened()  # what a forget left on disk goes within seconds (storage/purge.py)
+
+    def _migrate_journal(self) -> None:
+        """A journal of a format before 4 (keyed frames): compact now, so that every later
+        write goes into a format-4 journal.  A failure (a full disk) is logged: the old
+        journal stays in use and the next compaction moves on."""
+        storage = self._core.storage
+        if storage.journal.version >= jr.JOURNAL_VERSION or self.read_only:
+            return
+        try:
+            storage.compact()
+            log.warning("%s: the journal was of an earlier format; compacted to start one of format %s",
+                        self.path, jr.JOURNAL_VERSION)
+        except ReachyMemoryError as exc:
+            log.warning("could not move the journal to format %s yet (%s); the next compaction does",
+                        jr.JOURNAL_VERSION, exc)
 
     # -- the engine's parts, for tests and tools ------------------------------------------
 
@@ -629,7 +650,8 @@ class MemoryStore:
 
     @property
     def read_only(self) -> str | None:
-        """Why the store refuses writes (an fsync failed), or None; cleared by reopening."""
+        """Why the store refuses writes (an fsync failed, its data directory or journal was
+        taken away), or None; cleared by reopening."""
         return self._core.storage.failure
 
     @property

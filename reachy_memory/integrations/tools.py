@@ -18,8 +18,8 @@ Backends:
   ``retry_for`` seconds (the client's timeout by default) after its first failure; the
   daemon keeps it once however often it arrives. So the model is told "kept" (with the
   ids) or "not stored"; only when an attempt got no reply and the daemon stays away, or
-  the daemon kept it (or a ``remember``'s first facts) before its disk failed (an fsync
-  error, a full disk), is it told the memory may have been kept. A write whose client
+  the daemon kept it before its disk failed (an fsync error), is it told the memory may
+  have been kept (a ``remember`` is one journal frame: a full disk stores none of it). A write whose client
   was closed (ClosedError) is not sent again. A daemon from before the ids (it refuses
   them) gets the write once without.
 * :class:`LocalBackend` opens a :class:`~reachy_memory.MemoryStore` in this
@@ -77,7 +77,6 @@ from reachy_memory.errors import (
     ReachyMemoryError,
     ReadOnlyError,
     RequestTimeoutError,
-    StorageFullError,
     ValidationError,
 )
 from reachy_memory.model import SEARCH_LIMIT, Memory, MemoryType, SearchResult
@@ -831,14 +830,14 @@ class DaemonBackend(_OwnerBound):
             "(busy, or a large request); a store may still complete: search for it before storing it again",
             **exc.fields)
 
-    async def _write(self, send: Callable[[bool, float | None], Awaitable[Any]], *, frames: int = 1) -> Any:
+    async def _write(self, send: Callable[[bool, float | None], Awaitable[Any]]) -> Any:
         """``send(True, timeout)``: a write carrying its client-made ids, sent again after each
         "not now" failure (:func:`~reachy_memory.daemon.protocol.retryable`, or no daemon listening)
         until :attr:`retry_for` seconds after the first, then answered definitely: the
         daemon keeps it once however often it arrived, so a result is the memory kept.  A daemon
         from before the ids (it refuses them, storing nothing) gets ``send(False, None)``, once,
-        as :meth:`_guard` sends any call.  ``frames``: the journal frames the daemon writes it in
-        (one per fact of a ``remember``): a full disk refusing one leaves those before it.
+        as :meth:`_guard` sends any call.  The daemon writes each call as one journal frame (a
+        ``remember`` of several facts too): a full disk refusing it stores nothing.
 
         Raises the write's own error at once (nothing was stored), and ClosedError at once once
         this backend's client is closed (:meth:`aclose`, from another task: an attempt in flight
@@ -858,7 +857,7 @@ class DaemonBackend(_OwnerBound):
             except ReachyMemoryError as exc:
                 if not retryable(exc):  # its own error, or this backend's client closed: not sent again
                     raise
-                unsure = unsure or _may_have_kept(exc, frames)
+                unsure = unsure or _may_have_kept(exc)
                 deadline = time.monotonic() + self.retry_for if deadline is None else deadline
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -922,10 +921,8 @@ class DaemonBackend(_OwnerBound):
         fact is kept once."""
         owned = _owned(args, self._owner)
         ided = _with_ids(owned)
-        facts = owned.get("facts")
         return await self._write(lambda ids, timeout: self.client.remember(  # type: ignore[no-any-return]
-            **(ided if ids else _without_ids(owned)), timeout=timeout),
-            frames=len(facts) if isinstance(facts, list) else 1)
+            **(ided if ids else _without_ids(owned)), timeout=timeout))  # one journal frame, however many facts
 
     async def recall(self, query: str, about: str | None, limit: int) -> list[SearchResult]:
         return await self._guard(  # type: ignore[no-any-return]
@@ -1034,17 +1031,15 @@ class LocalBackend(_OwnerBound):
             self._pool.shutdown(wait=True)
 
 
-def _may_have_kept(failure: ReachyMemoryError, frames: int) -> str:
-    """Why an attempt of a write (in ``frames`` journal frames) that failed with ``failure``
+def _may_have_kept(failure: ReachyMemoryError) -> str:
+    """Why an attempt of a write (one journal frame) that failed with ``failure``
     ("not now") may have been kept, or "" when it cannot have been: no reply (it may have
     reached a daemon); an fsync failing after the daemon applied it (ReadOnlyError: readers
-    see it; it may even be on disk); a full disk refusing a later frame of several."""
+    see it; it may even be on disk)."""
     if isinstance(failure, RequestTimeoutError):
         return "an earlier attempt got no reply"
     if isinstance(failure, ReadOnlyError):
         return "the daemon may have kept an attempt before its disk failed"
-    if isinstance(failure, StorageFullError) and frames > 1:
-        return "what the daemon wrote before its disk filled stays"
     return ""
 
 
