@@ -355,6 +355,25 @@ class Household:
         self._engine = engine
         self.remembering = remembering
 
+    def pause_remembering(self, minutes: float) -> dict[str, Any]:
+        """Stop remembering for ``minutes`` (above 0, at most a week; a pause in force is
+        replaced): until then no memory or person is written (RememberingPausedError) and
+        turns reach the context window only, held in this process's memory, never on disk.
+        Ends by itself; a restart ends it too. Returns :meth:`remembering`. Raises ValidationError."""
+        self._engine.require_open()
+        return self.remembering.pause(minutes)
+
+    def resume_remembering(self) -> dict[str, Any]:
+        """Remember again (the turns held meanwhile stay in the window, in memory only);
+        returns :meth:`remembering`."""
+        self._engine.require_open()
+        return self.remembering.resume()
+
+    def remembering_status(self) -> dict[str, Any]:
+        """The pause: ``paused``, ``until`` (epoch seconds or None), ``seconds_left``,
+        ``private_turns`` (turns held in memory only). Takes no store lock."""
+        return self.remembering.status()
+
     def _sorted(self, reference: Any) -> Sorted:
         """The records about the person ``reference`` names (under the lock). Raises
         ValidationError for a reference that is no text, NotFoundError for nobody."""

@@ -39,6 +39,7 @@ import numpy as np
 from reachy_memory._threads import pin_native_threads
 from reachy_memory.config import Config
 from reachy_memory.engine import ingest, opening, retention
+from reachy_memory.engine.backups import Backups
 from reachy_memory.engine.context_text import RetrievedContext
 from reachy_memory.engine.household import Household
 from reachy_memory.engine.maintenance import Maintenance
@@ -127,6 +128,7 @@ class MemoryStore:
         self._importer = Importer(core)
         self._context = Context(core, self._persons)
         self._household = Household(core, core.remembering)
+        self._backups = Backups(core, self.path)
         core.storage.dir_lock = self._dir_lock  # checked with the journal (Storage.check_files)
         core.closed = False
         if recover:
@@ -571,38 +573,18 @@ class MemoryStore:
         self._core.storage.wait()
         self._core.storage.compact(full)
 
+    @_doc(Backups.backup)
     def backup(self, dest: str | Path, *, force: bool = False,
                progress: Callable[[int], None] | None = None) -> dict[str, Any]:
-        """Write a consistent snapshot of the whole store to the file ``dest`` (fsynced),
-        or to a timestamped file inside ``dest`` when it is a directory; ``progress`` is
-        told the bytes written so far.  Any thread: the store lock is held only to
-        freeze the state and to thaw it.
+        return self._backups.backup(dest, force=force, progress=progress)
 
-        Raises ValidationError (nothing written) for a target inside the data
-        directory, a symlink, a missing directory, or an existing file that is
-        not a backup (unless ``force``).
-        """
-        self._core.require_open()
-        target = files.backup_target(dest, self.path, force=force)
-        size, count = self._core.storage.backup(target, progress)
-        return {"path": str(target), "bytes": size, "memories": count}
-
+    @_doc(Backups.forgotten_in_backups)
     def forgotten_in_backups(self, ids: Iterable[str] | None = None) -> list[dict[str, Any]]:
-        """The backups this store wrote (still as written) that hold a forgotten memory
-        (one of ``ids``, or any), a forgotten person, or (``ids`` None) an expired memory:
-        ``[{"path", "made", "forgotten", "persons", "expired"}]``, oldest first.
-        :meth:`purge_backups` rewrites them.  Any thread."""
-        self._core.require_open()
-        return self._core.storage.purge.backups_holding(ids)
+        return self._backups.forgotten_in_backups(ids)
 
+    @_doc(Backups.purge_backups)
     def purge_backups(self, paths: Iterable[str | Path] | None = None) -> list[dict[str, Any]]:
-        """Rewrite the backups this store wrote, and the backup files (or directories of
-        timestamped backups) ``paths``, without every memory and person forgotten and
-        every memory expired: ``[{"path", "removed", "persons", "bytes"}]`` (``bytes`` 0:
-        left as it was).  Any thread; the store lock is not taken.  Raises
-        ValidationError for a path inside the data directory or not a backup, StorageError."""
-        self._core.require_open()
-        return self._core.storage.purge.purge_backups(paths)
+        return self._backups.purge_backups(paths)
 
     @_doc(Maintenance.reindex)
     def reindex(self, progress: Callable[[int, int], None] | None = None, batch: int = 64) -> int:
@@ -618,24 +600,17 @@ class MemoryStore:
     def about_person(self, reference: str) -> dict[str, Any]:
         return self._household.about_person(reference)
 
+    @_doc(Household.pause_remembering)
     def pause_remembering(self, minutes: float) -> dict[str, Any]:
-        """Stop remembering for ``minutes`` (above 0, at most a week; a pause in force is
-        replaced): until then no memory or person is written (RememberingPausedError) and
-        turns reach the context window only, held in this process's memory, never on disk.
-        Ends by itself; a restart ends it too. Returns :meth:`remembering`. Raises ValidationError."""
-        self._core.require_open()
-        return self._core.remembering.pause(minutes)
+        return self._household.pause_remembering(minutes)
 
+    @_doc(Household.resume_remembering)
     def resume_remembering(self) -> dict[str, Any]:
-        """Remember again (the turns held meanwhile stay in the window, in memory only);
-        returns :meth:`remembering`."""
-        self._core.require_open()
-        return self._core.remembering.resume()
+        return self._household.resume_remembering()
 
+    @_doc(Household.remembering_status)
     def remembering(self) -> dict[str, Any]:
-        """The pause: ``paused``, ``until`` (epoch seconds or None), ``seconds_left``,
-        ``private_turns`` (turns held in memory only). Takes no store lock."""
-        return self._core.remembering.status()
+        return self._household.remembering_status()
 
     def stats(self) -> dict[str, Any]:
         """Counts, sizes, the embedder's state and the conversation TTL.  Takes no lock (a compaction or a
