@@ -129,28 +129,11 @@ class MemoryStore:
         self._context = Context(core, self._persons)
         self._household = Household(core, core.remembering)
         self._backups = Backups(core, self.path)
-        core.storage.dir_lock = self._dir_lock  # checked with the journal (Storage.check_files)
         core.closed = False
         if recover:
             core.storage.compact(full=True)  # a fresh snapshot of the rebuilt state (see verify --repair)
-        else:
-            self._migrate_journal()
+        core.storage.opened(self._dir_lock)  # checked from now on; an older journal format migrated
         core.storage.purge.opened()  # what a forget left on disk goes within seconds (storage/purge.py)
-
-    def _migrate_journal(self) -> None:
-        """A journal of a format before 4 (keyed frames): compact now, so that every later
-        write goes into a format-4 journal.  A failure (a full disk) is logged: the old
-        journal stays in use and the next compaction moves on."""
-        storage = self._core.storage
-        if storage.journal.version >= jr.JOURNAL_VERSION or self.read_only:
-            return
-        try:
-            storage.compact()
-            log.warning("%s: the journal was of an earlier format; compacted to start one of format %s",
-                        self.path, jr.JOURNAL_VERSION)
-        except ReachyMemoryError as exc:
-            log.warning("could not move the journal to format %s yet (%s); the next compaction does",
-                        jr.JOURNAL_VERSION, exc)
 
     # -- the engine's parts, for tests and tools ------------------------------------------
 
@@ -625,8 +608,7 @@ class MemoryStore:
 
     @property
     def read_only(self) -> str | None:
-        """Why the store refuses writes (an fsync failed, its data directory or journal was
-        taken away), or None; cleared by reopening."""
+        """Why the store refuses writes (a failed fsync, files taken away), or None; cleared by reopening."""
         return self._core.storage.failure
 
     @property

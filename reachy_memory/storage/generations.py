@@ -131,6 +131,22 @@ class Storage:
                             self.head.path)
             self.head.write(self.journal_generation, journal.id, journal.synced, journal.seq)
 
+    def opened(self, dir_lock: jr.DirLock) -> None:
+        """The store is open: ``dir_lock`` is checked with the journal from now on
+        (:meth:`check_files`), and a journal of a format before 4 (keyed frames) is compacted
+        now, so that every later write goes into a format-4 journal.  A failure (a full disk)
+        is logged: the old journal stays in use and the next compaction moves on."""
+        self.dir_lock = dir_lock
+        if self.journal.version >= jr.JOURNAL_VERSION or self.journal.failure is not None:
+            return
+        try:
+            self.compact()
+            log.warning("%s: the journal was of an earlier format; compacted to start one of format %s",
+                        self.path, jr.JOURNAL_VERSION)
+        except ReachyMemoryError as exc:
+            log.warning("could not move the journal to format %s yet (%s); the next compaction does",
+                        jr.JOURNAL_VERSION, exc)
+
     def check_files(self, *, every: float = 1.0, idle: bool = False) -> str | None:
         """At most once per ``every`` seconds: whether the data directory and the journal are
         still the ones opened.  When they are not (a directory removed or replaced, a journal
