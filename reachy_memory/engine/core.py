@@ -183,8 +183,8 @@ class Core:
         if kind == "put" and op[1]["id"] not in state.records:
             return [["del", op[1]["id"]]]
         if kind == "update":
-            old = state.records.get(op[1])
-            return [] if old is None else [["update", op[1], {key: getattr(old, key) for key in op[2]}]]
+            rec = state.records.get(op[1])
+            return [] if rec is None else [["update", op[1], {key: getattr(rec, key) for key in op[2]}]]
         raise ValueError(f"a {kind or op.get('op')!r} op cannot be undone: not allowed inside one_frame")
 
     def _rewind(self) -> None:

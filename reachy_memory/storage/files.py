@@ -304,13 +304,14 @@ def seq_of(snapshot: Any) -> int | None:
 
 
 def frames_not_in_snapshot(result: jr.ReadResult, generation: int, follows: tuple[int, int] | None,
-                           seq: int | None = None) -> Carried:
+                           seq: int | None = None) -> list[tuple[int | None, list[Any]]]:
     """The frames ((seq, ops); seq None before format 4) of a journal (of ``generation``)
     that a snapshot does not hold.  Format 4: those numbered above the snapshot's ``seq``,
     wherever they are (a journal cut short of the snapshot's point and appended to since
     keeps them).  Earlier formats: those from the byte offset ``follows`` names on (none
     when it names no offset in this journal: then the snapshot holds all of it)."""
-    pairs = list(zip(result.seqs[1:] or [None] * (len(result.frames) - 1), result.frames[1:], strict=True))
+    seqs: list[int | None] = list(result.seqs[1:]) or [None] * (len(result.frames) - 1)
+    pairs = list(zip(seqs, result.frames[1:], strict=True))
     if result.version >= 4 and seq is not None:
         return [(s, frame) for s, frame in pairs if s is not None and s > seq]
     if follows is None or follows[0] != generation:

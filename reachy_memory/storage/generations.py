@@ -22,7 +22,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,7 +63,7 @@ class _Compaction:
         return out
 
 
-def _numbered(frames: list[tuple[int | None, list[Any]]], last: int) -> tuple[files.Carried, int]:
+def _numbered(frames: Sequence[tuple[int | None, list[Any]]], last: int) -> tuple[files.Carried, int]:
     """``frames`` with a seq each: their own, or (frames of a journal of an earlier format)
     the next ones after ``last``; and the last seq given."""
     out: files.Carried = []
@@ -363,7 +363,7 @@ class Storage:
                     generation, self.generation, len(tail))
         self._carry_over(follows or (generation, self.journal.size), tail)
 
-    def _carry_over(self, follows: tuple[int, int], tail: list[tuple[int | None, list[Any]]]) -> None:
+    def _carry_over(self, follows: tuple[int, int], tail: Sequence[tuple[int | None, list[Any]]]) -> None:
         """Start the snapshot's own journal with ``tail`` (the frames it does not hold)
         and retire the current one (moved, never rewritten).
 

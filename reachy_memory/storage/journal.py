@@ -295,6 +295,7 @@ def frames_from(path: Path, offset: int, version: int, end: int | None = None) -
             raise CorruptionError(f"{path}: no valid frame at offset {offset + at}", path=str(path),
                                   offset=offset + at)
         payload, seq, _ = found
+        assert payload is not None  # (checked above: found[0])
         frames.append((seq, _decode(path, offset + at, payload)))
         at += FRAME_OVERHEAD[version] + len(payload)
     return frames

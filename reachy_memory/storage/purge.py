@@ -127,7 +127,7 @@ class Capture:
             elif kind in ("expire", "ttl") and self._before is None:
                 self._before = dict(state.records)  # refs only: ~1 ms at 100k, once a sweep
             elif kind == "put" and len(op) >= 2 and isinstance(op[1], dict):
-                old = state.records.get(op[1].get("id"))  # a memory rewritten in place: its old text went
+                old = state.records.get(str(op[1].get("id")))  # a memory rewritten in place: its old text went
                 if old is not None and old.content != op[1].get("content"):
                     self.removal.texts.append(old.content)
             elif kind == "winclr":
@@ -309,7 +309,7 @@ class BackupRegister:
     def __init__(self, path: Path) -> None:
         self.path = path / BACKUPS_FILE
         obj, _ = _read_or_set_aside(self.path)
-        listed = obj.get("backups") if isinstance(obj.get("backups"), list) else []
+        listed: list[Any] = obj["backups"] if isinstance(obj.get("backups"), list) else []
         self.entries: dict[str, BackupEntry] = {e.path: e for e in map(_entry, listed) if e is not None}
 
     def current(self) -> list[BackupEntry]:
@@ -356,8 +356,7 @@ def text_spans(data: bytes | memoryview, texts: Iterable[str]) -> list[tuple[int
     at least ``_PROBE`` bytes (a previous turn's copy, a write cut short), or at its very end
     a prefix of at least ``MIN_TEXT`` bytes (a torn tail).  Texts under ``MIN_TEXT`` bytes
     are not searched for."""
-    encoded = {t.encode("utf-8", "surrogatepass") for t in texts}
-    encoded = [b for b in encoded if len(b) >= MIN_TEXT]
+    encoded = [b for b in {t.encode("utf-8", "surrogatepass") for t in texts} if len(b) >= MIN_TEXT]
     if not encoded or not len(data):
         return []
     blob = bytes(data)
@@ -845,6 +844,7 @@ def _forget_person_ops(state: MemoryState, config: Config, person_id: str, at: f
     from reachy_memory.engine.records import encode
 
     person = state.people.get(person_id)
+    assert person is not None  # (a person the state lists as forgotten-about is one it knows)
     merged = [old for old, kept in state.people.redirects().items() if kept == person_id]
     found = sort_records(person, merged, list(state.records.values()), state.people.people(None),
                          config.search.entity_fields)
@@ -894,7 +894,8 @@ def purge_backup(path: Path, config: Config, forgotten: Iterable[str], persons: 
     if not removed and not gone:
         return {"path": str(path), "removed": 0, "persons": 0, "bytes": 0}, kept
     # read_snapshot's "records" are the rows, not the head's record format: the state writes its own
-    head = {k: snap[k] for k in ("kind", "generation", "model", "dim", "created", "follows") if k in snap}
+    kept_keys = ("kind", "generation", "model", "dim", "created", "follows")
+    head: dict[str, Any] = {k: snap[k] for k in kept_keys if k in snap}
     head["records"] = RECORD_VERSION
     frozen = state.freeze(with_lexical=True)
     size = jr.write_snapshot(path, snapshot_sections(frozen, head | {"purged": at}, frozen.lexical or {}))
