@@ -9,9 +9,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import settings
 
 from reachy_memory import Config, MemoryStore, load_config, load_embedder
 from reachy_memory.embedding.embedder import OnnxEmbedder
+
+# tools/check_arm64.sh (pytest --hypothesis-profile=emulated): under qemu a first example can take
+# 10-30x longer than the rest, which hypothesis's deadline reads as flaky timing.
+settings.register_profile("emulated", deadline=None)
 
 SHARED = Path(os.environ.get("REACHY_MEMORY_SHARED", Path(__file__).resolve().parents[2] / "shared"))
 REFERENCE = SHARED / "data" / "minilm-reference"

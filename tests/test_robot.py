@@ -1,6 +1,6 @@
 """Reachy Mini integration against the real reachy-mini daemon in mockup simulation
 (loopback only) and a real reachy-memory daemon: a 50 Hz control loop moving the
-head while it uses memory through MemoryBridge, a stalled memory daemon, the demo app.
+head while it uses memory through MemoryBridge, a stalled memory daemon, the memory app.
 
 Skipped only when ``reachy_mini`` cannot be imported (``tools/test.sh`` installs it)."""
 
@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -24,7 +23,7 @@ from reachy_mini import ReachyMini
 from reachy_mini.utils import create_head_pose
 
 from reachy_memory.integrations.reachy_mini import MemoryBridge
-from tests.daemon_util import ROOT, DaemonProcess
+from tests.daemon_util import DaemonProcess
 from tools._reachy_sim import SimDaemon
 
 pytestmark = pytest.mark.timeout(180)
@@ -118,15 +117,15 @@ def test_a_stalled_memory_daemon_never_stalls_the_loop(mini: Any, memory: Daemon
             assert _wait(lambda: any(t["content"] == "after the stall" for t in c.get_context_window()))
 
 
-def test_the_demo_app_greets_nods_and_stops_promptly(mini: Any, memory: DaemonProcess) -> None:
-    sys.path.insert(0, str(ROOT / "examples" / "reachy_mini_memory_app"))
-    try:
-        from reachy_mini_memory_app.main import MemoryGreeter
-    finally:
-        sys.path.pop(0)
+def test_the_memory_app_greets_nods_and_stops_promptly(mini: Any, memory: DaemonProcess,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its loop run in-process on the simulated robot (tests/test_memory_app.py runs it from the dashboard)."""
+    from reachy_memory.integrations.memory_app import MemoryApp
+
+    monkeypatch.setenv("REACHY_MEMORY_APP_URL", "")  # no settings page here
     with memory.client() as c:
         c.store("Nora likes jazz", "fact", {"person": "Nora"})
-    app = MemoryGreeter(memory.endpoint, memory.config, person="Nora")
+    app = MemoryApp(memory.endpoint, memory.config, person="Nora")
     stop = threading.Event()
     runner = threading.Thread(target=app.run, args=(mini, stop))
     runner.start()
@@ -137,6 +136,9 @@ def test_the_demo_app_greets_nods_and_stops_promptly(mini: Any, memory: DaemonPr
             )
             c.store("Nora plays the saxophone", "fact", {"person": "Nora"})  # something new about her
         assert _wait(lambda: app.nods >= 1)
+        app.hear("I'm back from the market")
+        with memory.client() as c:
+            assert _wait(lambda: any(t["content"] == "I'm back from the market" for t in c.get_context_window()))
     finally:
         stopped_at = time.monotonic()
         stop.set()

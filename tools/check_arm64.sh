@@ -156,6 +156,7 @@ say "model fetched and built in $((SECONDS - start)) s"
 
 # -- the named subset -------------------------------------------------------------------------------
 start=$SECONDS
-in_root sh -c 'cd /opt/src && exec python -m pytest -q -p no:cacheprovider -o addopts=-ra --timeout=900 "$@"' \
+in_root sh -c 'cd /opt/src && exec python -m pytest -q -p no:cacheprovider -o addopts=-ra --timeout=900 \
+  --hypothesis-profile=emulated --durations=8 "$@"' \
   pytest "${TESTS[@]}"
 say "tests passed in $((SECONDS - start)) s (QEMU_CPU=$CPU)"
