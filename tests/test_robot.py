@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 if os.environ.get("CI") != "true":  # in CI tools/test.sh installs the robot extra: these tests may not skip
-    pytest.importorskip("reachy_mini", reason="the robot extra is not installed (pip install 'reachy-memory[robot]')")
+    pytest.importorskip("reachy_mini", reason="the robot extra is not installed (pip install '.[robot]')")
 
 from reachy_mini import ReachyMini
 from reachy_mini.utils import create_head_pose

@@ -96,7 +96,8 @@ bind() {  # bind SOURCE TARGET [ro]
   [ "${3:-}" != ro ] || mount -o remount,bind,ro "$2"
 }
 mount -t proc proc "$ROOT/proc" && mounted+=("$ROOT/proc")
-mount -t sysfs sysfs "$ROOT/sys" 2>/dev/null && mounted+=("$ROOT/sys") || true  # onnxruntime reads the CPU list there
+# No /sys: onnxruntime's cpuinfo reads the CPU list there, and the host's (x86) makes it crash under
+# emulation; without it, it warns ("Error in cpuinfo: failed to parse ...") and runs. The robot has its own.
 bind /dev "$ROOT/dev"
 mount -t devpts devpts "$ROOT/dev/pts" 2>/dev/null && mounted+=("$ROOT/dev/pts") || true
 mount -t tmpfs tmpfs "$ROOT/dev/shm" 2>/dev/null && mounted+=("$ROOT/dev/shm") || true

@@ -51,7 +51,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from reachy_memory.engine.ingest import check_seconds
-from reachy_memory.errors import BusyError, ClosedError, ReachyMemoryError, ServiceError
+from reachy_memory.errors import BusyError, ClosedError, ReachyMemoryError, ServiceError, ValidationError
 from reachy_memory.integrations.reachy_mini import (
     BridgeStats,
     MemoryBridge,
@@ -167,7 +167,7 @@ class HelperBridge(MemoryBridge):
                  helper: bool | None = None) -> None:
         """Raises ValidationError as MemoryBridge does; no process is started before start()."""
         if client_factory is not None:
-            raise ReachyMemoryError("a client_factory makes its clients in this process: use helper=False")
+            raise ValidationError("a client_factory makes its clients in this process: use helper=False")
         super().__init__(endpoint, config=config, queue_size=queue_size, refresh_interval=refresh_interval,
                          timeout=timeout, person_facts=person_facts, turn_retry_for=turn_retry_for,
                          helper=False)

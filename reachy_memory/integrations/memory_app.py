@@ -10,7 +10,7 @@ What it does, every 20 ms tick of its control loop:
 
 * checks the memory daemon through :class:`~reachy_memory.integrations.reachy_mini.MemoryBridge`
   (its worker in a helper process: the loop only reads the last snapshot and queues
-  calls). At start it waits up to ``REACHY_MEMORY_APP_WAIT`` seconds (15) for the daemon's
+  calls). At start it waits up to ``REACHY_MEMORY_APP_WAIT`` seconds (30) for the daemon's
   first answer; none: it exits with status 1 and one line saying the daemon is not
   running and how to start it, which the dashboard shows as the app's error. Later
   outages are logged once (and once more when the daemon is back) and shown on the
@@ -32,7 +32,8 @@ reachable from the robot's network: it shows no memory's content.
 
 Environment (the dashboard gives an app the reachy-mini daemon's environment, so set them
 where that daemon starts, e.g. ``Environment=`` in its systemd unit):
-``REACHY_MEMORY_ENDPOINT`` / ``REACHY_MEMORY_CONFIG`` (which memory daemon),
+``REACHY_MEMORY_ENDPOINT`` / ``REACHY_MEMORY_CONFIG`` (which memory daemon; with neither, the
+systemd unit's socket ``/run/reachy-memory/memory.sock`` when it is there, else the default),
 ``REACHY_MEMORY_APP_PERSON`` (who is in front of the robot at start; nobody by default),
 ``REACHY_MEMORY_APP_WAIT`` (seconds to wait for the memory daemon at start),
 ``REACHY_MEMORY_APP_URL`` (the settings page's address; empty: no page),
@@ -52,6 +53,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from reachy_mini import ReachyMini
@@ -67,7 +69,10 @@ log = logging.getLogger("reachy_memory.app")
 TICK = 0.02  # 50 Hz
 NOD_TICKS = 25  # half a second of nodding per new fact
 CLOSE_TIMEOUT = 0.3  # seconds the bridge gets to deliver the last turns once the app is told to stop
-DEFAULT_WAIT = 15.0  # seconds to wait for the memory daemon's first answer at start
+DEFAULT_WAIT = 30.0  # seconds to wait for the memory daemon's first answer (at boot it may start after the app)
+#: The socket of the systemd unit (systemd/reachy-memory.service): the app's default when neither
+#: $REACHY_MEMORY_ENDPOINT nor $REACHY_MEMORY_CONFIG says otherwise (the dashboard passes neither)
+ROBOT_SOCKET = Path("/run/reachy-memory/memory.sock")
 MAX_HEARD = 2000  # characters of one thing heard
 URL_ENV, WAIT_ENV, PERSON_ENV, ROBOT_ENV = ("REACHY_MEMORY_APP_URL", "REACHY_MEMORY_APP_WAIT",
                                            "REACHY_MEMORY_APP_PERSON", "REACHY_MEMORY_APP_ROBOT")
@@ -86,11 +91,11 @@ class MemoryApp(ReachyMiniApp):
                  startup_wait: float | None = None) -> None:
         """``endpoint``/``config``: the memory daemon (default: as every client finds it);
         ``person``: who is in front of the robot at start (default ``$REACHY_MEMORY_APP_PERSON``);
-        ``startup_wait``: seconds to wait for the daemon (default ``$REACHY_MEMORY_APP_WAIT`` or 15)."""
+        ``startup_wait``: seconds to wait for the daemon (default ``$REACHY_MEMORY_APP_WAIT`` or 30)."""
         if URL_ENV in os.environ:  # before the base class: it serves the page at this address
             self.custom_app_url = os.environ[URL_ENV] or None
         super().__init__()
-        self.endpoint, self.config = endpoint, config
+        self.endpoint, self.config = endpoint or _robot_endpoint(config), config
         self.person = (person or os.environ.get(PERSON_ENV) or "").strip() or None
         self.startup_wait = DEFAULT_WAIT if startup_wait is None else startup_wait
         if startup_wait is None and os.environ.get(WAIT_ENV):
@@ -125,7 +130,7 @@ class MemoryApp(ReachyMiniApp):
     def run(self, reachy_mini: ReachyMini, stop_event: threading.Event) -> None:
         """Wait for the memory daemon, then the 50 Hz loop until ``stop_event``; raises
         DaemonUnavailableError when the daemon did not answer within ``startup_wait``."""
-        bridge = MemoryBridge(self.endpoint, config=self.config, refresh_interval=0.25).start()
+        bridge = MemoryBridge(self.endpoint, config=self.config).start()
         try:
             if not self._wait_for_daemon(bridge, stop_event):
                 return
@@ -253,6 +258,12 @@ class _Loop:
             "bridge": {"pending": self.bridge.pending, "dropped": stats.dropped, "errors": stats.errors,
                        "turns_lost": stats.turns_lost},
         }
+
+
+def _robot_endpoint(config: Config | None) -> str | None:
+    """The systemd unit's socket when nothing names another daemon and it is there, else None."""
+    named = config is not None or any(os.environ.get(v) for v in ("REACHY_MEMORY_ENDPOINT", "REACHY_MEMORY_CONFIG"))
+    return f"ipc://{ROBOT_SOCKET}" if not named and ROBOT_SOCKET.exists() else None
 
 
 def _greeting(person: str, facts: tuple[str, ...]) -> str:
