@@ -15,8 +15,9 @@ from reachy_memory import Config, MemoryStore, load_config, load_embedder
 from reachy_memory.embedding.embedder import OnnxEmbedder
 
 # tools/check_arm64.sh (pytest --hypothesis-profile=emulated): under qemu a first example can take
-# 10-30x longer than the rest, which hypothesis's deadline reads as flaky timing.
-settings.register_profile("emulated", deadline=None)
+# 10-30x longer than the rest, which hypothesis's deadline reads as flaky timing; fewer examples
+# keep the emulated run within its time.
+settings.register_profile("emulated", deadline=None, max_examples=25)
 
 SHARED = Path(os.environ.get("REACHY_MEMORY_SHARED", Path(__file__).resolve().parents[2] / "shared"))
 REFERENCE = SHARED / "data" / "minilm-reference"

@@ -44,8 +44,8 @@ TESTS=(
   "tests/test_bridge.py::test_round_trip_with_the_daemon"
   "tests/test_mcp.py::test_tools_schemas_and_round_trip"
 )
-# Every reference sentence is a 7 min (int8) / 27 min (fp32) affair under emulation: 1 in 12.
-REFERENCE_EVERY=${REACHY_MEMORY_REFERENCE_EVERY:-12}
+# Every reference sentence is a 7 min (int8) / 27 min (fp32) affair under emulation: 1 in 24.
+REFERENCE_EVERY=${REACHY_MEMORY_REFERENCE_EVERY:-24}
 
 say() { printf 'check_arm64: %s\n' "$*" >&2; }
 skip() { say "skipped: $*"; exit 77; }
@@ -89,6 +89,7 @@ cleanup() {
   for ((i = ${#mounted[@]} - 1; i >= 0; i--)); do umount -l "${mounted[$i]}" 2>/dev/null || true; done
 }
 trap cleanup EXIT
+trap 'exit 143' TERM INT  # (timeout's SIGTERM): the EXIT trap unmounts
 bind() {  # bind SOURCE TARGET [ro]
   mkdir -p "$2"
   mount --bind "$1" "$2"
