@@ -16,6 +16,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 SIM_ARGS = ["--mockup-sim", "--headless", "--no-media", "--no-wake-up-on-start", "--no-goto-sleep-on-stop",
             "--no-preload-datasets", "--dataset-update-interval", "0", "--fastapi-host", "127.0.0.1"]
@@ -65,11 +66,12 @@ class SimDaemon:
     def status(self) -> dict[str, object]:
         """The daemon's /api/daemon/status, or {} if it does not answer."""
         try:
-            return dict(self.api("GET", "/api/daemon/status", timeout=1))
+            found = self.api("GET", "/api/daemon/status", timeout=1)
         except (OSError, ValueError):
             return {}
+        return dict(found) if isinstance(found, dict) else {}
 
-    def api(self, method: str, path: str, timeout: float = 30.0) -> object:
+    def api(self, method: str, path: str, timeout: float = 30.0) -> Any:
         """One call to the daemon's HTTP API (the dashboard's): its JSON reply; raises OSError
         (urllib's HTTPError for an error status) or ValueError."""
         request = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", method=method)
