@@ -888,3 +888,13 @@ def test_the_helper_of_an_app_that_died_delivers_the_last_turn_and_ends(daemon: 
     pid = int(done.stdout.split()[0])
     wait_for(lambda: not os.path.exists(f"/proc/{pid}"), timeout=15)  # ended by itself (reaped by init)
     assert kept_turns(daemon, "Eve") == ["said just before the app died"]
+
+
+def test_the_helper_bridge_forwards_every_call_of_the_bridge() -> None:
+    # A call added to MemoryBridge but not to HelperBridge would queue on the unused local
+    # queue of the default (helper) bridge: its future would never finish.
+    from reachy_memory.integrations.bridge_process import _CALLS, HelperBridge
+
+    public = {name for name in vars(MemoryBridge) if not name.startswith("_")}
+    assert public <= set(vars(HelperBridge))
+    assert public - {"start", "close", "stop", "latest", "pending"} <= _CALLS

@@ -73,7 +73,8 @@ CLOSE_GRACE = 0.5
 HELPER_NICE = 5
 #: Seconds the helper gives the queued writes when the control process ended without close().
 CLOSE_ON_EXIT = 5.0
-_CALLS = frozenset({"record_turn", "set_current_person", "remember", "search", "context_for"})
+_CALLS = frozenset({"record_turn", "set_current_person", "remember", "search", "context_for", "pause_remembering",
+                    "resume_remembering"})
 _FINISHED = ("done", "errors", "discarded_at_close", "discarded_at_failure")  # every job ends in one (or dropped)
 
 
@@ -297,6 +298,14 @@ class HelperBridge(MemoryBridge):
     def context_for(self, message: str, *, max_tokens: int = 800) -> Future[Any]:
         """As :meth:`MemoryBridge.context_for`."""
         return self._submit_remote("context_for", (message,), {"max_tokens": max_tokens})
+
+    def pause_remembering(self, minutes: float) -> Future[dict[str, Any]]:
+        """As :meth:`MemoryBridge.pause_remembering`."""
+        return self._submit_remote("pause_remembering", (minutes,), {})
+
+    def resume_remembering(self) -> Future[dict[str, Any]]:
+        """As :meth:`MemoryBridge.resume_remembering`."""
+        return self._submit_remote("resume_remembering", (), {})
 
     @property
     def pending(self) -> int:
