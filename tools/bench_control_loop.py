@@ -17,8 +17,10 @@ pair the order alternates from run to run, so drift on a shared machine hits bot
 Tick delay is how late a tick starts after its 20 ms slot; a tick is missed when it starts
 a whole period late. Each run's line gives both sides' p99 and missed ticks, the gap, and
 OK when the bridge's p99 is within 1 ms of the same load without memory calls and no tick
-was missed. Also measured: the bridge calls' own time inside a tick (p99) and how long a
-search takes to reach the loop (its future done, seen at the next tick).
+was missed. Also measured: the bridge calls' own time inside a tick (p99), how long a
+search takes to reach the loop (its future done, seen at the next tick), and the CPU the
+loop's process uses (every thread of it, not its children: the bridge's helper is one)
+per second of loop, which does not depend on what else runs on the machine.
 
 ``--bridge thread`` runs the bridge's worker on a thread of the control process (the old
 way) instead of its helper process. ``--daemon-cpu-max 'QUOTA PERIOD'`` (microseconds, as
@@ -73,6 +75,7 @@ def loop(mini: Any, bridge: MemoryBridge | None, seconds: float) -> dict[str, li
     calls: list[float] = []
     searches: list[float] = []
     waiting: list[tuple[float, Any]] = []
+    cpu = os.times()
     start = time.monotonic()
     ticks = 0
     while (now := time.monotonic()) - start < seconds:
@@ -97,7 +100,10 @@ def loop(mini: Any, bridge: MemoryBridge | None, seconds: float) -> dict[str, li
             waiting = still
             calls.append(time.perf_counter() - began)
         ticks += 1
-    return {"delays": delays, "calls": calls, "searches": searches}
+    used = os.times()
+    # the control process's CPU (every thread of it, not its children) per second of loop
+    busy = (used.user - cpu.user + used.system - cpu.system) / (time.monotonic() - start)
+    return {"delays": delays, "calls": calls, "searches": searches, "cpu": [busy]}
 
 
 def load(endpoint: str, config_path: str, stop: Any) -> None:
@@ -235,7 +241,7 @@ def cpu_limited(pid: int, quota: str | None) -> Iterator[str]:
 def stats(run: dict[str, list[float]]) -> dict[str, float]:
     d = percentiles(run["delays"])
     out = {"p50": d["p50"], "p99": d["p99"], "max": d["max"], "ticks": len(run["delays"]),
-           "missed": int(sum(x >= TICK for x in run["delays"]))}
+           "missed": int(sum(x >= TICK for x in run["delays"])), "cpu_ms": 1000 * run["cpu"][0]}
     if run["calls"]:
         out["calls_p99"] = percentiles(run["calls"])["p99"]
     if run["searches"]:
@@ -252,6 +258,7 @@ def report(r: int, load_name: str, plain: dict[str, float], bridge: dict[str, fl
         extra = f"  calls in tick p99 {bridge['calls_p99']:.3f} ms"
     if "search_p50" in bridge:
         extra += f"  search reaches loop p50 {bridge['search_p50']:.0f} / p99 {bridge['search_p99']:.0f} ms"
+    extra += f"  loop process CPU {plain['cpu_ms']:.0f} -> {bridge['cpu_ms']:.0f} ms/s"
     print(f"run {r + 1} {load_name:<5} plain p99 {plain['p99']:5.2f} ms missed {plain['missed']:>2} | "
           f"bridge p99 {bridge['p99']:5.2f} ms missed {bridge['missed']:>2} | gap {gap:+.2f} ms "
           f"{'OK' if ok else 'OVER'}{extra}", flush=True)
@@ -313,10 +320,11 @@ def main() -> None:
           f"bridge worker: {args.bridge}, load: {args.load_procs} process(es) x (3 searching + 1 storing), "
           f"nice -{args.nice}, median of runs:")
     for (name, mode), runs in results.items():
-        med = {k: float(np.median([s[k] for s in runs])) for k in ("p50", "p99", "max")}
+        med = {k: float(np.median([s[k] for s in runs])) for k in ("p50", "p99", "max", "cpu_ms")}
         print(f"  {name:<5} {mode:<7} ticks {sum(int(s['ticks']) for s in runs):>6}  missed "
               f"{sum(int(s['missed']) for s in runs):>3}  delay p50 {med['p50']:.2f}  p99 {med['p99']:.2f} "
-              f"(worst run {max(s['p99'] for s in runs):.2f})  max {med['max']:.2f} ms")
+              f"(worst run {max(s['p99'] for s in runs):.2f})  max {med['max']:.2f} ms  "
+              f"loop process CPU {med['cpu_ms']:.0f} ms/s")
     print(f"\nmemory daemon RSS at the end {rss:.0f} MB, peak {peak:.0f} MB (the unit's MemoryMax is 512M)")
     print(f"every run within {GAP_TARGET_MS:g} ms p99 and 0 missed: {'yes' if all(verdicts) else 'NO'} "
           f"({sum(verdicts)}/{len(verdicts)} runs)")
