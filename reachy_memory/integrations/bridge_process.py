@@ -64,6 +64,7 @@ from reachy_memory.model import SEARCH_LIMIT, Memory, MemoryType, SearchResult
 _HEADER = struct.Struct(">I")
 _READ_CHUNK = 1 << 16
 _READ_BUDGET = 1 << 20  # bytes read per pump at most: one call never drains an unbounded backlog
+_POLL_EVERY = 0.001  # seconds: calls closer together than this (one tick's) read the pipe once
 _PIPE_SIZE = 1 << 20  # asked of Linux for both pipes (F_SETPIPE_SZ); the default 64 KiB also works
 _F_SETPIPE_SZ = 1031
 #: Seconds close() waits past its own timeout for the helper's last report (its final
@@ -193,6 +194,7 @@ class HelperBridge(MemoryBridge):
         self._finished = 0  # of those, the ones the helper finished (its counters)
         self._dropped_here = 0
         self._helper_dropped = 0
+        self._polled_at = 0.0  # time.monotonic() of the last read of the helper's pipe
         self._snap_data: bytes | None = None
         self._snap_from: bytes | None = None
         self._ended = threading.Event()  # the helper reported its close, or is gone
@@ -380,11 +382,15 @@ class HelperBridge(MemoryBridge):
             else:
                 with contextlib.suppress(OSError, ValueError):
                     select.select([fd], [], [], wait)
+        elif time.monotonic() - self._polled_at < _POLL_EVERY:  # a tick's many calls: one read
+            self._hand_over()
+            return
         if not self._link.acquire(blocking=blocking):
             return
         try:
             self._flush()
             self._read()
+            self._polled_at = time.monotonic()
         finally:
             self._link.release()
         self._hand_over()
