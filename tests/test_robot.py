@@ -75,7 +75,9 @@ def _loop(mini: Any, bridge: MemoryBridge, seconds: float, tag: str) -> dict[str
             time.sleep(delay)
         else:
             late += 1
-    return {"ticks": ticks, "late": late, "max_memory_ms": max(memory_calls) * 1000, "futures": futures}
+    ordered = sorted(memory_calls)
+    return {"ticks": ticks, "late": late, "futures": futures, "max_memory_ms": ordered[-1] * 1000,
+            "p99_memory_ms": ordered[int(0.99 * (len(ordered) - 1))] * 1000}
 
 
 def _wait(predicate: Any, timeout: float = 20.0) -> bool:
@@ -93,7 +95,9 @@ def test_a_50hz_loop_uses_memory_without_waiting_and_nothing_is_lost(mini: Any, 
         assert _wait(lambda: bridge.pending == 0)
         assert all(f.result(timeout=10) is not None for f in result["futures"])
     assert result["ticks"] >= 120  # about 150 at 50 Hz
-    assert result["max_memory_ms"] < 5.0  # queue puts and an attribute read, never I/O
+    # pipe writes and reads, never a wait for the daemon: a round trip in each of the 15 turns
+    # would show in the p99; the max only bounds one preemption on a shared machine
+    assert result["p99_memory_ms"] < 5.0 and result["max_memory_ms"] < 50.0
     with memory.client() as c:
         recorded = {t["content"] for t in c.get_context_window()} | {
             h.memory.content for h in c.search("loop turn", limit=50, min_score=0)
@@ -110,7 +114,7 @@ def test_a_stalled_memory_daemon_never_stalls_the_loop(mini: Any, memory: Daemon
             result = _loop(mini, bridge, 2.0, "stalled")
         finally:
             os.kill(memory.proc.pid, signal.SIGCONT)
-        assert result["ticks"] >= 80 and result["max_memory_ms"] < 5.0
+        assert result["ticks"] >= 80 and result["p99_memory_ms"] < 5.0 and result["max_memory_ms"] < 50.0
         assert bridge.latest().error is not None or bridge.pending > 0  # it noticed, the loop did not wait
         assert bridge.record_turn("user", "after the stall")
         with memory.client() as c:  # the bridge catches up once the daemon runs again
