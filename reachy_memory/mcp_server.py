@@ -3,7 +3,7 @@
 Serves the tool table of :mod:`reachy_memory.integrations.tools`
 (spec 000's ``search_memories``, ``store_memory``, ``forget_memory`` and spec
 004's people-aware ``remember`` and ``recall``) with the official
-MCP SDK (extra ``mcp``: ``pip install 'reachy-memory[mcp]'``):
+MCP SDK (extra ``mcp``: ``pip install '.[mcp]'`` in the checkout; reachy-memory is not on PyPI):
 
 * on stdio (the default: what Claude Desktop, Cursor, ... start as a subprocess);
 * with ``--http``, as streamable HTTP on ``http://127.0.0.1:PORT/mcp`` (loopback only),
@@ -90,8 +90,8 @@ def _require_sdk() -> Any:
     try:
         from mcp.server.mcpserver import MCPServer
     except ImportError as exc:
-        raise ConfigError("the MCP server needs the official MCP SDK: pip install 'reachy-memory[mcp]'",
-                          key="mcp") from exc
+        raise ConfigError("the MCP server needs the official MCP SDK: pip install 'mcp>=2.3,<2.4' (or, in the "
+                          "reachy-memory checkout, pip install '.[mcp]')", key="mcp") from exc
     return MCPServer
 
 

@@ -808,7 +808,7 @@ def _save_one(graph: hnswlib.Index, path: Path, *, durable: bool = True) -> int:
         graph.save_index(str(tmp))
         # hnswlib writes through a std::ofstream it never checks: a full disk leaves a short
         # file and no error (it was checksummed as it was and renamed over the good graph)
-        if os.path.getsize(tmp) != graph.index_file_size():
+        if _written_short(graph, tmp):
             raise OSError(errno.ENOSPC, "the graph was written short (the disk is full?)", str(tmp))
         _scrub_deleted(tmp, graph.dim)
         os.chmod(tmp, 0o600)  # hnswlib creates it with the umask's mode; the data dir's files are private
@@ -846,6 +846,24 @@ def _scrub_deleted(path: Path, dim: int) -> int:
             nodes.flush()
         del nodes
         return len(deleted)
+
+
+def _written_short(graph: hnswlib.Index, path: Path) -> bool:
+    """Whether ``path``, where ``graph`` was just saved, is shorter than the graph: exactly, by
+    hnswlib's own ``index_file_size`` (0.8); with Chroma's build of hnswlib (the aarch64 wheel,
+    pyproject.toml), which has none, against the least its file can hold: the header, the
+    level-0 block it announces and one link-list size per element (a cut inside the last
+    link lists slips through there; loading such a file fails and the graph is rebuilt)."""
+    size = os.path.getsize(path)
+    exact = getattr(graph, "index_file_size", None)
+    if exact is not None:
+        return bool(size != exact())
+    with open(path, "rb") as fh:
+        head = fh.read(_HNSW_HEAD.size)
+    if len(head) < _HNSW_HEAD.size:
+        return True
+    count, per_element = _HNSW_HEAD.unpack(head)[2:4]
+    return size < _HNSW_HEAD.size + count * (per_element + 4)
 
 
 def _crc(fh: BinaryIO) -> int:
