@@ -990,7 +990,7 @@ def _parser() -> argparse.ArgumentParser:
                    "unscoped ones; facts stored as theirs (the model cannot choose another user)")
     p = add("web", cmd_web, "serve the household's page: who and what the robot remembers, search, forget, pause "
             "(loopback only unless --host; --data-dir opens a store in-process instead of using the daemon)")
-    p.add_argument("--port", type=int, default=8766, help="HTTP port (default 8766; 0: any free port)")
+    p.add_argument("--port", type=int, default=8767, help="HTTP port (default 8767; 0: any free port)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1; another address serves the LAN, as plain HTTP)")
     p.add_argument("--token-file", help="the file holding the login token (made 0600 with a random token if missing; "

@@ -69,7 +69,7 @@ __all__ = ["DEFAULT_PORT", "MAX_BODY", "TOKEN_FILE", "HouseholdServer", "login_u
 
 log = logging.getLogger("reachy_memory.web")
 
-DEFAULT_PORT = 8766
+DEFAULT_PORT = 8767  # 8765: the MCP command and the conversation app; 8766: the MCP unit
 TOKEN_FILE = "web.token"  # in the private runtime directory, unless --token-file
 MAX_BODY = 16 * 1024  # bytes of a POST body
 MAX_QUERY_CHARS = 500  # characters of a search
