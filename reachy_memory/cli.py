@@ -137,6 +137,17 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _minutes(text: str) -> float:
+    """argparse type: a number of minutes above 0 and at most a week."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of minutes: {text!r}") from None
+    if not 0 < value <= 7 * 24 * 60:  # also refuses nan and inf
+        raise argparse.ArgumentTypeError(f"must be above 0 and at most {7 * 24 * 60} minutes (a week), got {text!r}")
+    return value
+
+
 def _json_arg(text: str, option: str) -> Any:
     try:
         return json.loads(text)
@@ -239,10 +250,19 @@ def cmd_get(args: argparse.Namespace) -> int:
 def cmd_forget(args: argparse.Namespace) -> int:
     with _client(args) as c:
         deleted = c.forget(args.id)
+        backups = [b["path"] for b in c.forgotten_in_backups([args.id])] if deleted else []
     if not deleted:
         raise NotFoundError(f"no memory {args.id!r}", memory_id=args.id)
-    _out(args, {"deleted": True, "id": args.id}, lambda _: f"forgot {args.id}")
+    _out(args, {"deleted": True, "id": args.id, "backups": backups}, lambda _: _forgot_line(args.id, backups))
     return 0
+
+
+def _forgot_line(memory_id: str, backups: list[str]) -> str:
+    """What ``forget`` prints: done, and the backups made before that still hold it."""
+    if not backups:
+        return f"forgot {memory_id}"
+    return (f"forgot {memory_id}; still held by {len(backups)} backup(s) made before: {', '.join(backups)} "
+            "(run 'reachy-memory backup --purge-forgotten' to rewrite them)")
 
 
 def cmd_cleanup(args: argparse.Namespace) -> int:
@@ -293,6 +313,8 @@ def _dedupe_text(r: dict[str, Any]) -> str:
     for m in r["merges"]:
         lines.append(f"{m['kept']}  {m['content']}")
         lines += [f"  - {c['id']}  {c['content']}  ({c['reason']})" for c in m["copies"]]
+        if m["copies_count"] > len(m["copies"]):
+            lines.append(f"  ... and {m['copies_count'] - len(m['copies'])} more")
     if len(r["merges"]) < r["kept"]:
         lines.append(f"(the first {len(r['merges'])} of {r['kept']} shown)")
     return "\n".join(lines)
@@ -331,6 +353,8 @@ def _stats_text(d: dict[str, Any]) -> str:
              f"embedder {h['embedder'].get('state')}", f"by type: {_type_counts(s['store']['by_type'])}",
              f"journal {s['store']['journal_bytes']} B  snapshot {s['store']['snapshot_bytes']} B",
              f"last cleanup: {_cleanup_text(h['last_cleanup'])}"]
+    if isinstance(h.get("remembering"), dict) and h["remembering"].get("paused"):
+        lines.append(_remembering_text(h["remembering"]))
     if s["store"].get("expired_unswept"):
         lines.append(f"expired, not counted, deleted by the next cleanup: {s['store']['expired_unswept']}")
     if s["store"].get("unembedded"):
@@ -358,6 +382,10 @@ def _cleanup_text(cleanup: dict[str, Any] | None) -> str:
 
 
 def cmd_backup(args: argparse.Namespace) -> int:
+    if args.purge_forgotten:
+        return _purge_backups(args)
+    if args.dest is None:
+        raise ValidationError("backup needs DEST (a file, or a directory for a timestamped file)", field="dest")
     dest = bk.backup_target(args.dest, _config(args).data_dir, force=args.force)
     if args.keep is not None and args.keep < 1:
         raise ValidationError("--keep must be at least 1", field="keep")
@@ -370,6 +398,18 @@ def cmd_backup(args: argparse.Namespace) -> int:
     if args.keep is not None:
         info["pruned"] = bk.prune(Path(info["path"]).parent, args.keep, written=info["path"])
     _out(args, info, lambda i: f"backup of {i['memories']} memories written to {i['path']} ({i['bytes']} bytes)")
+    return 0
+
+
+def _purge_backups(args: argparse.Namespace) -> int:
+    """``backup --purge-forgotten [DEST]``: the daemon rewrites the backups it wrote (and
+    DEST, a backup file or a directory of them) without what was forgotten or expired."""
+    paths = [str(Path(args.dest).expanduser().resolve())] if args.dest else None
+    with _client(args) as c:
+        done = c.purge_backups(paths, timeout=_slow_timeout(args, "backup"))
+    _out(args, done, lambda d: "\n".join(
+        f"{r['path']}: {r['removed']} memories and {r['persons']} persons removed" if r["bytes"]
+        else f"{r['path']}: nothing to remove" for r in d) or "no backup to purge")
     return 0
 
 
@@ -566,7 +606,12 @@ def cmd_import(args: argparse.Namespace) -> int:
     from reachy_memory.storage.export import check_entries, import_requests, read_jsonl
 
     config = _config(args)
-    if Path(args.file).is_dir():
+    people: list[dict[str, Any]] = []
+    if _is_app_memory(Path(args.file)):
+        from reachy_memory.storage.app_memory import read_app_memory
+
+        memories = read_app_memory(Path(args.file), config)  # all checked: nothing sent on an error
+    elif Path(args.file).is_dir():
         from reachy_memory.storage.markdown import parse, read_dir
 
         ignored: dict[str, list[str]] = {}
@@ -597,6 +642,27 @@ def cmd_import(args: argparse.Namespace) -> int:
             _say_links_left_out(left_out)
     print(f"imported {done['people']} people and {done['memories']} memories "
           "(ids already present were kept as they were)", file=sys.stderr)
+    return 0
+
+
+def _is_app_memory(path: Path) -> bool:
+    from reachy_memory.storage.app_memory import is_app_memory
+
+    return path.is_file() and is_app_memory(path)
+
+
+def cmd_conversation_profile(args: argparse.Namespace) -> int:
+    from reachy_memory.integrations import conversation_profile as cp
+
+    target = Path(args.dir).expanduser() if args.dir else cp.default_dir()
+    if args.action == "install":
+        lines = cp.install(target, args.profile)
+        print(f"installed the profile {args.profile!r} in {target / 'profiles'} and its tools in "
+              f"{target / 'tools'}; add these lines to the conversation app's .env (also in "
+              f"{target / 'app.env'}), then restart the app:", file=sys.stderr)
+    else:
+        lines = cp.env_lines(target, args.profile)
+    print("\n".join(lines))
     return 0
 
 
@@ -644,6 +710,75 @@ def cmd_people(args: argparse.Namespace) -> int:
                              + (f"  aka {', '.join(p.aliases)}" if p.aliases else "") for p in people)
          or "(nobody yet)")
     return 0
+
+
+def cmd_forget_person(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        result = c.forget_person(args.reference, dry_run=args.dry_run)
+    _out(args, result, _forget_person_text)
+    return 0
+
+
+def _forget_person_text(r: dict[str, Any]) -> str:
+    """What ``forget-person`` did (or, with --dry-run, would do), in words."""
+    aliases = f" (also called {', '.join(r['aliases'])})" if r["aliases"] else ""
+    lines = [f"{'would forget' if r['dry_run'] else 'forgot'} {r['person']['name']}{aliases}: "
+             f"{r['memories_deleted']} memories about them and {r['turns_deleted']} of their conversation turns "
+             f"{'would go' if r['dry_run'] else 'deleted'}",
+             f"their name {'would be' if r['dry_run'] else 'was'} removed from {r['mentions_rewritten']} other "
+             f"memories ({r['unlinked']} about them and others, unlinked)",
+             f"context window: {r['window_turns_dropped']} turns dropped, {r['window_turns_rewritten']} rewritten"]
+    if r["names_kept"]:
+        lines.append(f"not removed, as another known person has them too: {', '.join(r['names_kept'])}")
+    if r["dry_run"]:
+        lines.append("nothing changed: run again without --dry-run to forget")
+    return "\n".join(lines)
+
+
+def cmd_about(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        about = c.about_person(args.reference)
+    _out(args, about, _about_text)
+    return 0
+
+
+def _about_text(a: dict[str, Any]) -> str:
+    p = a["person"]
+    name = p["name"] or f"the user's {p['relation']}"
+    head = f"{p['id']}  {name}" + (f" ({p['relation']})" if p["relation"] and p["name"] else "")
+    head += f"  aka {', '.join(p['aliases'])}" if p["aliases"] else ""
+    lines = [head]
+    for key, title in (("memories", "about them"), ("shared", "about them and others"), ("turns", "their turns"),
+                       ("mentions", "naming them")):
+        lines.append(f"{title}: {len(a[key])}")
+        lines += [f"  {m['id']}  [{m['type']}]  {m['created_at'][:16].replace('T', ' ')}  {m['content']}"
+                  for m in a[key]]
+    lines.append(f"in the context window: {len(a['window'])}")
+    lines += [f"  {t['role']}: {t['content']}" for t in a["window"]]
+    return "\n".join(lines)
+
+
+def cmd_pause(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        status = c.pause_remembering(args.minutes)
+    _out(args, status, _remembering_text)
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        status = c.resume_remembering()
+    _out(args, status, _remembering_text)
+    return 0
+
+
+def _remembering_text(status: dict[str, Any] | None) -> str:
+    """The pause as one phrase (a daemon from before pausing tells none: remembering)."""
+    if not isinstance(status, dict) or not status.get("paused"):
+        return "remembering"
+    until = datetime.fromtimestamp(status["until"]).astimezone().strftime("%Y-%m-%d %H:%M %Z")
+    return (f"paused until {until} ({status['seconds_left'] / 60:.0f} min left): turns reach the context window "
+            "only, nothing is written")
 
 
 def cmd_history(args: argparse.Namespace) -> int:
@@ -717,6 +852,17 @@ def cmd_reindex(args: argparse.Namespace) -> int:
         n = store.reindex(progress=_progress("re-embedding"))
     _out(args, {"reindexed": n}, lambda _: f"re-embedded {n} memories")
     return 0
+
+
+def cmd_web(args: argparse.Namespace) -> int:
+    from reachy_memory.web import server
+
+    if getattr(args, "data_dir", None) and getattr(args, "endpoint", None):
+        raise ValidationError("give --data-dir (a store opened here) or --endpoint (the daemon), not both",
+                              field="data_dir")
+    return server.run(_config(args), host=args.host, port=args.port, token_file=args.token_file,
+                      in_process=bool(getattr(args, "data_dir", None)), endpoint=getattr(args, "endpoint", None),
+                      timeout=args.timeout)
 
 
 def cmd_mcp(args: argparse.Namespace) -> int:
@@ -800,8 +946,11 @@ def _parser() -> argparse.ArgumentParser:
     csub.add_parser("get", parents=[late]).add_argument("key")
     add("stats", cmd_stats, "daemon health and statistics")
     p = add("backup", cmd_backup, "write a consistent backup file (taken by the running daemon)")
-    p.add_argument("dest", help="a file, or a directory for a timestamped file")
+    p.add_argument("dest", nargs="?", help="a file, or a directory for a timestamped file")
     p.add_argument("--keep", type=int, help="with a directory: keep only the newest N backups")
+    p.add_argument("--purge-forgotten", action="store_true",
+                   help="rewrite the backups the daemon wrote (and DEST, a backup or a directory of them) "
+                        "without what was forgotten or expired since")
     p.add_argument("--force", action="store_true", help="replace an existing file that is not a backup")
     p = add("verify", cmd_verify, "check a data directory or backup file")
     p.add_argument("path")
@@ -813,8 +962,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("file", nargs="?", default="-", help="a file (JSON Lines; - for stdout) or, for markdown, a folder")
     p.add_argument("--format", choices=["jsonl", "markdown"], default="jsonl")
     p.add_argument("--force", action="store_true", help="markdown: move an existing, non-empty folder aside")
-    add("import", cmd_import, "import JSON Lines or a markdown folder (idempotent: ids already present are kept)"
-        ).add_argument("file", help="an exported JSON Lines file, or a markdown folder")
+    add("import", cmd_import, "import JSON Lines, a markdown folder, or the conversation app's memory.v1.json "
+        "(idempotent: ids already present are kept)").add_argument(
+        "file", help="an exported JSON Lines file, a markdown folder, or the conversation app's memory.v1.json")
+    p = add("conversation-profile", cmd_conversation_profile, "put the memory profile and tools where Pollen's "
+            "conversation app looks (install), or print the environment lines pointing it there (print-env)")
+    p.add_argument("action", choices=["install", "print-env"])
+    p.add_argument("--dir", help="where the profiles/ and tools/ folders go (default: "
+                   "$XDG_DATA_HOME/reachy-memory/conversation-app)")
+    p.add_argument("--profile", default="reachy_memory", help="the profile's name (default reachy_memory)")
     p = add("remember", cmd_remember, "remember a fact about people (persons resolved or created)")
     p.add_argument("content")
     p.add_argument("--about", action="append", metavar="REF", help="who it is about: 'my wife', 'Sarah' (repeatable)")
@@ -832,6 +988,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--all", action="store_true", help="include superseded facts")
     add("people", cmd_people, "the persons the robot knows").add_argument("--owner")
     add("history", cmd_history, "the supersession chain of a memory").add_argument("id")
+    p = add("forget-person", cmd_forget_person, "forget a person and what is kept about them (their name removed "
+            "from the memories about others); docs/HOUSEHOLD.md")
+    p.add_argument("reference", help="a name, an alias, 'my wife' or a person id")
+    p.add_argument("--dry-run", action="store_true", help="say what would go, change nothing")
+    add("about", cmd_about, "everything kept about one person").add_argument(
+        "reference", help="a name, an alias, 'my wife' or a person id")
+    add("pause", cmd_pause, "stop remembering for a while (a guest, a private moment): turns reach the context "
+        "window only, nothing is written; ends by itself").add_argument("minutes", type=_minutes,
+                                                                         help="how long, in minutes (at most a week)")
+    add("resume", cmd_resume, "remember again (end a pause)")
     p = add("prompt", cmd_prompt, "prompt-ready context for a message (context_for)")
     p.add_argument("message")
     p.add_argument("--owner")
@@ -847,6 +1013,13 @@ def _parser() -> argparse.ArgumentParser:
                    "with a random token if missing; default: mcp-http.token in the private runtime directory)")
     p.add_argument("--owner", help="bind every tool call to this user of the robot: their memories plus shared and "
                    "unscoped ones; facts stored as theirs (the model cannot choose another user)")
+    p = add("web", cmd_web, "serve the household's page: who and what the robot remembers, search, forget, pause "
+            "(loopback only unless --host; --data-dir opens a store in-process instead of using the daemon)")
+    p.add_argument("--port", type=int, default=8767, help="HTTP port (default 8767; 0: any free port)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1; another address serves the LAN, as plain HTTP)")
+    p.add_argument("--token-file", help="the file holding the login token (made 0600 with a random token if missing; "
+                   "default: web.token in the private runtime directory)")
     return parser
 
 

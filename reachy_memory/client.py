@@ -208,6 +208,17 @@ class _Api:
         """Fold the journal into a snapshot now."""
         return self._call("compact", {}, timeout=timeout)
 
+    def forgotten_in_backups(self, ids: list[str] | None = None, *, timeout: float | None = None) -> Any:
+        """The backups the daemon wrote that still hold a forgotten memory (of ``ids``, or
+        any), a forgotten person or an expired memory: [{"path", "made", "forgotten",
+        "persons", "expired"}]."""
+        return self._call("forgotten_in_backups", {} if ids is None else {"ids": list(ids)}, timeout=timeout)
+
+    def purge_backups(self, paths: list[str] | None = None, *, timeout: float | None = None) -> Any:
+        """Rewrite the backups the daemon wrote, and ``paths`` (absolute, on its machine),
+        without what was forgotten or expired: [{"path", "removed", "persons", "bytes"}]."""
+        return self._call("purge_backups", {} if paths is None else {"paths": list(paths)}, timeout=timeout)
+
 
     # -- people-aware memory -------------------------------------------------------------
 
@@ -352,6 +363,28 @@ class _Api:
         link: ``links_left_out`` counts them, ``left_out_links`` lists ``{"memory_id",
         "person_id"}`` (a daemon older than that rule returns neither)."""
         return self._call("import", _given(memories=memories, people=people), timeout=timeout)
+
+    # -- the household's controls (docs/HOUSEHOLD.md) --------------------------------------
+
+    def forget_person(self, reference: str, dry_run: bool = False, *, timeout: float | None = None) -> Any:
+        """Forget a person and what is kept about them (the person, their aliases, the
+        memories about only them, their turns and window turns; their name removed from
+        the memories that stay); returns the counts (``dry_run``: what would go, nothing
+        changed). NotFoundError for a reference naming nobody."""
+        return self._call("forget_person", _given(reference=reference, dry_run=dry_run or None), timeout=timeout)
+
+    def about_person(self, reference: str, *, timeout: float | None = None) -> Any:
+        """Everything kept about one person (``MemoryStore.about_person``); NotFoundError for nobody."""
+        return self._call("about_person", {"reference": reference}, timeout=timeout)
+
+    def pause_remembering(self, minutes: float, *, timeout: float | None = None) -> Any:
+        """Stop writing memories for ``minutes`` (turns reach the window only, in memory);
+        returns the status (``paused``, ``until``, ``seconds_left``, ``private_turns``)."""
+        return self._call("pause_remembering", {"minutes": minutes}, timeout=timeout)
+
+    def resume_remembering(self, *, timeout: float | None = None) -> Any:
+        """Remember again; returns the status."""
+        return self._call("resume_remembering", {}, timeout=timeout)
 
 
 def _unsendable(exc: Exception) -> str:

@@ -9,7 +9,8 @@ from hnswlib, msgpack, onnxruntime and zmq are translated where they happen
     ReachyMemoryError                 code
     ├── ConfigError(key)              bad_request
     ├── ValidationError(field)        bad_request
-    │   └── TooLargeError(field, size, limit)   too_large
+    │   ├── TooLargeError(field, size, limit)   too_large
+    │   └── RememberingPausedError(paused_until)  bad_request   nothing stored: remembering is paused
     ├── NotFoundError(memory_id)      not_found
     ├── ClosedError                   unavailable
     ├── StorageError(path)            internal
@@ -68,6 +69,11 @@ class TooLargeError(ValidationError):
     """Input exceeds a configured limit (``field``, ``size``, ``limit``)."""
 
     code = "too_large"
+
+
+class RememberingPausedError(ValidationError):
+    """Remembering is paused (``pause_remembering``) until ``paused_until`` (epoch
+    seconds): the memory or person was not stored.  Not worth retrying before then."""
 
 
 class NotFoundError(ReachyMemoryError):

@@ -3,7 +3,7 @@
 Serves the tool table of :mod:`reachy_memory.integrations.tools`
 (spec 000's ``search_memories``, ``store_memory``, ``forget_memory`` and spec
 004's people-aware ``remember`` and ``recall``) with the official
-MCP SDK (extra ``mcp``: ``pip install 'reachy-memory[mcp]'``):
+MCP SDK (extra ``mcp``: ``pip install '.[mcp]'`` in the checkout; reachy-memory is not on PyPI):
 
 * on stdio (the default: what Claude Desktop, Cursor, ... start as a subprocess);
 * with ``--http``, as streamable HTTP on ``http://127.0.0.1:PORT/mcp`` (loopback only),
@@ -63,6 +63,7 @@ from reachy_memory.daemon.http_auth import TOKEN_FILE, BearerAuth, http_token
 from reachy_memory.engine.ingest import check_owner
 from reachy_memory.errors import ConfigError, ReachyMemoryError, StoreLockedError, ValidationError
 from reachy_memory.integrations.tools import (
+    MEMORY_CONTEXT,
     TOOLS,
     Backend,
     DaemonBackend,
@@ -89,8 +90,8 @@ def _require_sdk() -> Any:
     try:
         from mcp.server.mcpserver import MCPServer
     except ImportError as exc:
-        raise ConfigError("the MCP server needs the official MCP SDK: pip install 'reachy-memory[mcp]'",
-                          key="mcp") from exc
+        raise ConfigError("the MCP server needs the official MCP SDK: pip install 'mcp>=2.3,<2.4' (or, in the "
+                          "reachy-memory checkout, pip install '.[mcp]')", key="mcp") from exc
     return MCPServer
 
 
@@ -112,19 +113,25 @@ class _Service:
             self.backend = None
 
 
-def _tool_function(tool: ToolDef, service: _Service) -> Callable[..., Awaitable[Any]]:
+def _tool_function(tool: ToolDef, service: _Service, wrap: bool) -> Callable[..., Awaitable[Any]]:
     """An async function running ``tool`` on the call's arguments as sent; errors become MCP tool errors.
 
-    Its signature has no parameters (the SDK builds no argument model from it) and the
-    tool's return type (the SDK derives the output schema from it).
+    It answers a ``CallToolResult`` holding both the tool's text (:attr:`ToolDef.text`: what a
+    voice model reads; an empty search says so) and the structured result (under ``result``
+    when ``wrap``: the SDK's shape for a list). Its signature has no parameters (the SDK builds
+    no argument model from it) and the tool's return type (the SDK derives the output schema
+    from it).
     """
     from mcp.server.mcpserver.exceptions import ToolError
+    from mcp_types import CallToolResult, TextContent
 
     async def call(**kwargs: Any) -> Any:
         try:
-            return await tool.run(service.get(), kwargs)
+            result = await tool.run(service.get(), kwargs)
         except ReachyMemoryError as exc:
             raise ToolError(error_text(exc)) from exc
+        return CallToolResult(content=[TextContent(type="text", text=tool.text(kwargs, result))],
+                              structured_content={"result": result} if wrap else result)
 
     call.__signature__ = inspect.Signature(return_annotation=tool.returns)  # type: ignore[attr-defined]
     call.__name__ = call.__qualname__ = tool.name
@@ -157,7 +164,8 @@ def _sdk_tool(tool: ToolDef, service: _Service) -> Any:
 
     hints = ToolAnnotations(read_only_hint=tool.read_only, destructive_hint=tool.destructive,
                             idempotent_hint=tool.read_only, open_world_hint=False)
-    made = Tool.from_function(_tool_function(tool, service), name=tool.name, description=tool.description,
+    wrap = Tool.from_function(_tool_function(tool, service, False), name=tool.name).fn_metadata.wrap_output
+    made = Tool.from_function(_tool_function(tool, service, wrap), name=tool.name, description=tool.description,
                               annotations=hints)
     meta = made.fn_metadata
     unvalidated = _unvalidated_metadata()(arg_model=meta.arg_model, output_schema=meta.output_schema,
@@ -165,11 +173,36 @@ def _sdk_tool(tool: ToolDef, service: _Service) -> Any:
     return made.model_copy(update={"parameters": tool.parameters_schema(), "fn_metadata": unvalidated})
 
 
+CONTEXT_PROMPT = "conversation_start"
+
+
+def _context_prompt(service: _Service, tools: Sequence[ToolDef]) -> Any:
+    """The MCP prompt a client can start a conversation with: the ``memory_context`` block (what
+    the conversation app pastes at a conversation's start, from this memory)."""
+    from mcp.server.mcpserver.prompts.base import Prompt
+
+    context = next(t for t in tools if t.name == MEMORY_CONTEXT.name)
+
+    async def conversation_start(message: str | None = None) -> str:
+        try:
+            result = await context.run(service.get(), {"message": message})
+        except ReachyMemoryError as exc:
+            return f"(the robot's memory could not be read: {error_text(exc)})"
+        return f"What you remember (use it naturally, do not recite it):\n{context.text({}, result)}"
+
+    return Prompt.from_function(conversation_start, name=CONTEXT_PROMPT, description=(
+        "The robot's memory at the start of a conversation: the people it knows and the facts that matter "
+        "(optionally for the user's first words), within a token budget."))
+
+
 def build_server(service: _Service, tools: Sequence[ToolDef] = TOOLS) -> Any:
     """An ``MCPServer`` exposing ``tools`` on ``service``'s backend: each listed with the table's
     schema, bad arguments answered with ``ToolDef.check``'s message (as the conversation tools do)."""
-    return _require_sdk()("reachy-memory", instructions=INSTRUCTIONS, log_level="WARNING",
-                          tools=[_sdk_tool(tool, service) for tool in tools])
+    server = _require_sdk()("reachy-memory", instructions=INSTRUCTIONS, log_level="WARNING",
+                            tools=[_sdk_tool(tool, service) for tool in tools])
+    if any(t.name == MEMORY_CONTEXT.name for t in tools):
+        server.add_prompt(_context_prompt(service, tools))
+    return server
 
 
 async def _serve(server: Any, service: _Service, sock: socket.socket | None, token: str | None) -> None:
@@ -185,17 +218,25 @@ async def _serve(server: Any, service: _Service, sock: socket.socket | None, tok
 
 async def _serve_http(server: Any, sock: socket.socket, token: str) -> None:
     """The SDK's streamable HTTP app (with its Host/Origin check for loopback) behind
-    :class:`BearerAuth`, on uvicorn as the SDK's own runner would serve it."""
+    :class:`BearerAuth`, on uvicorn as the SDK's own runner would serve it.
+
+    Stateless, with plain JSON replies: every tool here answers one request with one reply
+    (no server-sent notifications), and a client opening a connection per call (the
+    conversation app does) then makes no GET event stream and no closing DELETE, and reads
+    no event-stream framing (tools/bench_mcp_http.py: docs/MEASUREMENTS.md)."""
     import uvicorn
 
-    app = BearerAuth(server.streamable_http_app(host="127.0.0.1"), token)
+    app = BearerAuth(server.streamable_http_app(host="127.0.0.1", stateless_http=True, json_response=True), token)
     await uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", log_level="warning")).serve(sockets=[sock])
 
 
 def _bind(port: int) -> socket.socket:
     """127.0.0.1:``port``, bound before anything is made or said: a port in use (or one
     below 1024 without root) is a ConfigError, not uvicorn's log line and exit 3."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on accepted sockets whose proto says TCP
+    # (what uvicorn's own bind makes); without it every reply written as headers then body
+    # waited ~40 ms for the client's delayed ACK (Nagle), a fresh connection's requests each.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn's own bind
     try:
         sock.bind(("127.0.0.1", port))

@@ -53,6 +53,7 @@ def abandon(store: MemoryStore) -> None:
     """Leave a store as a crash would: no compaction, no final sync, lock released.
     (A background compaction in flight finishes first: tests that crash inside one
     do it deterministically, on the calling thread.)"""
+    store._storage.purge.stop()  # a purge thread must not write into a directory another store opens
     store._storage.wait()
     store._storage.journal.close()
     store._closed = True

@@ -1,8 +1,9 @@
-"""MemoryBridge: the control loop's calls never do I/O; the worker thread does it all.
+"""MemoryBridge: the control loop's calls never do I/O; the worker does it all.
 
-Runs without reachy-mini. Structural checks use a recording stand-in client
-(which thread called what, how many jobs ran while the "daemon" was stalled);
-the round trip uses a real daemon process.
+Runs without reachy-mini. Structural checks use a recording stand-in client (which
+thread called what, how many jobs ran while the "daemon" was stalled): a client_factory
+runs the worker on a thread. The tests with a real daemon process run it as apps do,
+in the bridge's helper process; the last ones check that process itself.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import contextlib
 import logging
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -793,3 +796,105 @@ def test_a_fact_journaled_by_a_daemon_killed_before_its_reply_is_kept_once(resta
         real.close()
     assert client.sent == [memory, memory]  # the memory the killed daemon kept, not a second one
     assert contents(restarting) == ["Ada is allergic to peanuts"]
+
+
+# -- the helper process (the default on POSIX) ----------------------------------------------------
+
+
+_EXITS_WITHOUT_CLOSE = """
+import os, sys
+from reachy_memory.integrations.reachy_mini import MemoryBridge
+from tests.daemon_util import DaemonProcess
+bridge = MemoryBridge(sys.argv[1], refresh_interval=3600).start()
+assert bridge.record_turn("user", "said just before the app died", person="Eve")
+print(bridge._proc.pid, flush=True)
+os._exit(0)  # no close(), no interpreter shutdown: as a crash
+"""
+
+
+def _helper_pid(bridge: MemoryBridge) -> int:
+    proc = getattr(bridge, "_proc", None)
+    assert proc is not None, "not a helper-process bridge"
+    return int(proc.pid)
+
+
+def test_by_default_the_worker_is_a_helper_process_that_yields_to_the_loop(daemon: DaemonProcess) -> None:
+    # A worker thread of the control process decoded replies holding the loop's GIL (+1 to
+    # +6 ms tick p99); now the control process keeps no thread of the bridge's at all.
+    before = set(threading.enumerate())
+    with MemoryBridge(daemon.endpoint, config=daemon.config, refresh_interval=0.05) as bridge:
+        pid = _helper_pid(bridge)
+        assert bridge.record_turn("user", "Bo is here")
+        hits = bridge.search("Bo is here", memory_type="conversation").result(timeout=30)
+        assert [h.memory.content for h in hits] == ["Bo is here"] and isinstance(hits[0], SearchResult)
+        assert set(threading.enumerate()) == before
+        assert os.sched_getscheduler(pid) == os.SCHED_BATCH
+        assert os.getpriority(os.PRIO_PROCESS, pid) >= os.getpriority(os.PRIO_PROCESS, 0) + 5
+    assert bridge._proc.poll() is not None  # type: ignore[attr-defined]  # ended, and reaped by close()
+    assert MemoryBridge(helper=False).__class__ is MemoryBridge
+    with pytest.raises(ValidationError):
+        MemoryBridge(client_factory=RecordingClient, helper=True)
+
+
+def test_a_stopped_helper_never_makes_the_loop_wait_and_its_queue_stays_bounded(daemon: DaemonProcess) -> None:
+    with MemoryBridge(daemon.endpoint, config=daemon.config, queue_size=8, refresh_interval=0.05) as bridge:
+        wait_for(lambda: bridge.latest().fetched_at > 0)
+        pid = _helper_pid(bridge)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            worst = 0.0
+            found = bridge.search("sleeps")
+            results = []
+            for i in range(40):
+                started = time.perf_counter()
+                results.append(bridge.record_turn("user", f"while it sleeps {i}"))
+                bridge.latest()
+                found.done()
+                worst = max(worst, time.perf_counter() - started)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert results[:7] == [True] * 7 and not any(results[7:])  # queue_size calls (with the search), then dropped
+        assert worst < 0.05 and bridge.stats.dropped == 33
+        wait_for(lambda: bridge.pending == 0)
+        assert found.result(timeout=0) is not None
+    with daemon.client() as c:
+        said = {h.memory.content for h in c.search("while it sleeps", "conversation", limit=50, min_score=0.0)
+                if h.memory.content.startswith("while it sleeps")}
+    assert said == {f"while it sleeps {i}" for i in range(7)}
+
+
+def test_a_helper_that_dies_ends_the_bridge_as_a_failed_worker(daemon: DaemonProcess) -> None:
+    bridge = MemoryBridge(daemon.endpoint, config=daemon.config, refresh_interval=3600).start()
+    try:
+        wait_for(lambda: bridge.latest().fetched_at > 0)
+        with frozen(daemon):  # the helper's worker waits in a call: these stay unfinished
+            futures = [bridge.search(f"query {i}") for i in range(3)]
+            time.sleep(0.2)
+            os.kill(_helper_pid(bridge), signal.SIGKILL)
+            wait_for(lambda: bridge.latest().error is not None, timeout=10)
+        assert "helper process ended" in (bridge.latest().error or "")
+        assert all(isinstance(f.exception(timeout=5), ClosedError) for f in futures)
+        assert bridge.stats.discarded_at_failure == 3 and bridge.record_turn("user", "too late") is False
+    finally:
+        assert _timed(lambda: bridge.close(timeout=1.0)) < 1.0
+
+
+def test_the_helper_of_an_app_that_died_delivers_the_last_turn_and_ends(daemon: DaemonProcess) -> None:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+           "REACHY_MEMORY_CONFIG": str(daemon.config_path)}
+    done = subprocess.run([sys.executable, "-c", _EXITS_WITHOUT_CLOSE, daemon.endpoint], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    pid = int(done.stdout.split()[0])
+    wait_for(lambda: not os.path.exists(f"/proc/{pid}"), timeout=15)  # ended by itself (reaped by init)
+    assert kept_turns(daemon, "Eve") == ["said just before the app died"]
+
+
+def test_the_helper_bridge_forwards_every_call_of_the_bridge() -> None:
+    # A call added to MemoryBridge but not to HelperBridge would queue on the unused local
+    # queue of the default (helper) bridge: its future would never finish.
+    from reachy_memory.integrations.bridge_process import _CALLS, HelperBridge
+
+    public = {name for name in vars(MemoryBridge) if not name.startswith("_")}
+    assert public <= set(vars(HelperBridge))
+    assert public - {"start", "close", "stop", "latest", "pending"} <= _CALLS

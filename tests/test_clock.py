@@ -65,8 +65,8 @@ def kernel() -> SyncedClock:
 
 def _watch(daemon: Any, wall: WallClock, kernel: SyncedClock) -> None:
     """The daemon's clock watches on the test's clocks."""
-    daemon._sync = SyncWatch(lambda: wall.at, lambda: kernel.steady, lambda: kernel.synced)
-    daemon._clock = ClockWatch(lambda: wall.at, lambda: kernel.steady)
+    daemon.upkeep.sync_watch = SyncWatch(lambda: wall.at, lambda: kernel.steady, lambda: kernel.synced)
+    daemon.upkeep.clock_watch = ClockWatch(lambda: wall.at, lambda: kernel.steady)
 
 
 def _later(wall: WallClock, kernel: SyncedClock, seconds: float) -> None:
@@ -92,18 +92,18 @@ def test_a_sweep_right_after_a_forward_step_of_the_clock_waits_one_interval(
     wall.at = NOW - 2 * DAY
     old = store.set_context("task", "yesterday's chores").id  # expired at NOW (end of its day)
     wall.at = NOW
-    daemon._cleanup()  # the sweep of the daemon's start: the clock has not moved
+    daemon.upkeep.cleanup()  # the sweep of the daemon's start: the clock has not moved
     assert store.get(old, now=NOW - 2 * DAY) is None
     kept = store.set_context("task2", "today's chores").id
     wall.at = NOW + step
-    daemon._cleanup()
+    daemon.upkeep.cleanup()
     swept = first_sweep_runs and step >= DAY  # today's context is then past its day too
-    assert daemon.last_cleanup["deleted"] == int(swept)
+    assert daemon.upkeep.last_cleanup["deleted"] == int(swept)
     held = store.stats()
     assert held["memories"] + held["expired_unswept"] == 1 - int(swept)  # a deferred sweep deleted nothing
-    assert ("deferred_s" in daemon.last_cleanup) is not first_sweep_runs
-    daemon._cleanup()  # the next interval, the clock steady: swept whatever happened before
-    assert "deferred_s" not in daemon.last_cleanup
+    assert ("deferred_s" in daemon.upkeep.last_cleanup) is not first_sweep_runs
+    daemon.upkeep.cleanup()  # the next interval, the clock steady: swept whatever happened before
+    assert "deferred_s" not in daemon.upkeep.last_cleanup
     assert (store.get(kept, now=NOW) is None) is (step >= DAY)
 
 
@@ -113,13 +113,13 @@ def test_a_clock_glitch_years_ahead_and_back_deletes_nothing(
     conversation turn and context entry for good; the clock came back a minute later."""
     ids = [*_turns(store, 5), store.set_context("task", "reading").id]
     fact = store.remember_fact("Anna likes green tea").id
-    daemon._cleanup()
+    daemon.upkeep.cleanup()
     wall.at = NOW + YEARS_14
-    daemon._cleanup()
+    daemon.upkeep.cleanup()
     wall.at = NOW + 60
-    daemon._cleanup()
+    daemon.upkeep.cleanup()
     assert [i for i in [*ids, fact] if store.get(i) is None] == []
-    assert daemon.last_cleanup["deleted"] == 0 and "deferred_s" not in daemon.last_cleanup
+    assert daemon.upkeep.last_cleanup["deleted"] == 0 and "deferred_s" not in daemon.upkeep.last_cleanup
 
 
 def test_uptime_follows_a_steady_clock_not_the_wall_clock(daemon: Any, wall: WallClock) -> None:
@@ -194,7 +194,7 @@ def _stale_boot(store: MemoryStore, daemon: Any, wall: WallClock, kernel: Synced
     ids = {"earlier": earlier[0].id, "context": store.set_context("task", "water the garden").id}
     ids.update({f"turn{i}": t for i, t in enumerate(_turns(store, 2))})
     _later(wall, kernel, 10.0)
-    daemon._check_sync()  # an idle tick: no step yet
+    daemon.upkeep.check_sync()  # an idle tick: no step yet
     return ids
 
 
@@ -219,15 +219,15 @@ def test_only_a_large_step_at_the_flags_first_sync_redates_the_stale_period(
     wall.at += step
     kernel.synced = after
     _later(wall, kernel, 0.05)  # the next idle tick, 50 ms on
-    daemon._check_sync()
+    daemon.upkeep.check_sync()
     moved = {i for i, times in _times(store).items() if times != stale[i]}
     assert moved == ({ids["context"], ids["turn0"], ids["turn1"]} if redated else set())
     for memory_id in moved:
         created, expires = stale[memory_id]
         assert _times(store)[memory_id] == (created + step, expires + step)
-    assert (daemon.last_redate is not None) is redated
+    assert (daemon.upkeep.last_redate is not None) is redated
     assert (daemon.health()["last_redate"] or {}).get("memories") == (3 if redated else None)
-    assert daemon._check_sync() is None and _times(store) == (_times(store) if redated else stale)
+    assert daemon.upkeep.check_sync() is None and _times(store) == (_times(store) if redated else stale)
 
 
 def test_a_context_set_before_the_sync_outlives_it_and_ends_with_its_corrected_day(
@@ -235,21 +235,21 @@ def test_a_context_set_before_the_sync_outlives_it_and_ends_with_its_corrected_d
     """Before the redate, the sync hid the context at once (its stale day had ended) and
     the sweep one interval later deleted it; turns were three days old (out of the window)."""
     ids = _stale_boot(store, daemon, wall, kernel, 3 * DAY, False)
-    daemon._cleanup()  # the start-up sweep, by the stale clock
+    daemon.upkeep.cleanup()  # the start-up sweep, by the stale clock
     wall.at += 3 * DAY
     kernel.synced = True
-    daemon._cleanup()  # the sweep after the sync: the sync seen first, then the sweep deferred
-    assert "deferred_s" in daemon.last_cleanup and daemon.last_redate["delta_s"] == 3 * DAY
+    daemon.upkeep.cleanup()  # the sweep after the sync: the sync seen first, then the sweep deferred
+    assert "deferred_s" in daemon.upkeep.last_cleanup and daemon.upkeep.last_redate["delta_s"] == 3 * DAY
     assert store.get_context("task") == "water the garden"
     assert len(store.get_context_window()) == 2
     _later(wall, kernel, 3600.0)
-    daemon._cleanup()  # the next interval: swept, the context still in its day
-    assert daemon.last_cleanup["deleted"] == 0 and store.get_context("task") == "water the garden"
+    daemon.upkeep.cleanup()  # the next interval: swept, the context still in its day
+    assert daemon.upkeep.last_cleanup["deleted"] == 0 and store.get_context("task") == "water the garden"
     end_of_day = NOW - NOW % DAY + DAY
     assert store.get(ids["context"]).expires_at.timestamp() == end_of_day
     _later(wall, kernel, end_of_day - wall.at)
-    daemon._cleanup()
-    assert daemon.last_cleanup["deleted"] == 1 and store.get_context("task") is None
+    daemon.upkeep.cleanup()
+    assert daemon.upkeep.last_cleanup["deleted"] == 1 and store.get_context("task") is None
     assert bk.verify(store.path).problems == []
 
 
@@ -262,13 +262,13 @@ def test_a_step_waits_a_while_for_the_flag(store: MemoryStore, daemon: Any, wall
                                            kernel: SyncedClock, flag_after: float, redated: bool) -> None:
     _stale_boot(store, daemon, wall, kernel, 3 * DAY, False)
     wall.at += 3 * DAY
-    daemon._check_sync()  # the step seen, the flag still unsynchronised
-    assert daemon.last_redate is None or flag_after == 0.0
+    daemon.upkeep.check_sync()  # the step seen, the flag still unsynchronised
+    assert daemon.upkeep.last_redate is None or flag_after == 0.0
     _later(wall, kernel, flag_after)
     kernel.synced = True
     _later(wall, kernel, 1.0)  # the flag is read at most once a second
-    daemon._check_sync()
-    assert (daemon.last_redate is not None) is redated
+    daemon.upkeep.check_sync()
+    assert (daemon.upkeep.last_redate is not None) is redated
 
 
 @pytest.mark.parametrize(("since_last_check", "step", "pending"), [
@@ -296,16 +296,16 @@ def test_the_engine_thread_redates_at_an_idle_tick(
     _stale_boot(store, daemon, wall, kernel, 3 * DAY, False)
     wall.at += 3 * DAY
     kernel.synced = True
-    engine = threading.Thread(target=daemon._engine_loop)
+    engine = threading.Thread(target=daemon.lanes.engine_loop)
     engine.start()
     try:
         deadline = time.monotonic() + 10
-        while daemon.last_redate is None and time.monotonic() < deadline:
+        while daemon.upkeep.last_redate is None and time.monotonic() < deadline:
             time.sleep(0.01)
     finally:
-        daemon._engine_q.put(None)
+        daemon.lanes.engine_q.put(None)
         engine.join(10)
-    assert daemon.last_redate is not None and daemon.last_redate["memories"] == 3
+    assert daemon.upkeep.last_redate is not None and daemon.upkeep.last_redate["memories"] == 3
 
 
 def test_a_previous_boots_memories_inside_the_stale_period_keep_their_times(
@@ -315,7 +315,7 @@ def test_a_previous_boots_memories_inside_the_stale_period_keep_their_times(
     were dated right.  The period starts after what the store held at the daemon's start."""
     wall.at, kernel.steady, kernel.synced = NOW - 3 * DAY, 30.0, False  # restored 10 min behind the last boot's end
     last_boot = store.store_batch([{"content": "said just before the power cut", "created_at": wall.at + 600.0}])
-    daemon._sync = SyncWatch(lambda: wall.at, lambda: kernel.steady, lambda: kernel.synced,
+    daemon.upkeep.sync_watch = SyncWatch(lambda: wall.at, lambda: kernel.steady, lambda: kernel.synced,
                              after=store.latest_time())  # as the daemon makes it at its start
     _later(wall, kernel, 300.0)
     early = _turns(store, 1)[0]  # this boot's, but dated among the last boot's: left as it is
@@ -325,10 +325,10 @@ def test_a_previous_boots_memories_inside_the_stale_period_keep_their_times(
     wall.at += 3 * DAY
     kernel.synced = True
     _later(wall, kernel, 0.05)
-    daemon._check_sync()
+    daemon.upkeep.check_sync()
     moved = {i for i, times in _times(store).items() if times != stale[i]}
     assert moved == {late} and last_boot[0].id not in moved and early not in moved
-    assert daemon.last_redate["since"] > stale[last_boot[0].id][0]
+    assert daemon.upkeep.last_redate["since"] > stale[last_boot[0].id][0]
 
 
 def test_the_kernel_flag_reads_as_a_bool_or_none() -> None:

@@ -1,6 +1,7 @@
 """Conversation-app tools, loaded and called the way Pollen's reachy_mini_conversation_app
 does it (its ``tools/core_tools.py`` and ``openai_realtime.py`` at commit 8c3005a, 2026-01-26,
-the loader of its release 0.2.2; read, and run once on the ROBOT.md files against a daemon).
+the loader of its release 0.2.2). The shipped profile and its tools, loaded by the loader of
+the app's release 1.0.0: tests/test_conversation_profile.py.
 
 Its loader: for each line of ``profiles/<p>/tools.txt`` (``#`` comments and blank lines
 skipped) it imports ``reachy_mini_conversation_app.profiles.<p>.<line>``, else
@@ -18,18 +19,14 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import importlib
 import inspect
 import json
 import math
-import re
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -64,7 +61,6 @@ from reachy_memory.integrations.tools import MAX_LIMIT, TOOLS, TOOLS_BY_NAME, Da
 from tests.daemon_util import DaemonProcess
 
 ROOT = Path(__file__).resolve().parents[1]
-APP_COMMIT = "8c3005a"  # the app commit this emulation follows (docs/ROBOT.md names it too)
 
 
 @dataclass
@@ -155,9 +151,12 @@ def run(coro: Any) -> Any:
     return asyncio.run(coro)
 
 
+HOUSEHOLD_NAMES = ["forget_person", "pause_remembering", "resume_remembering"]  # tests/test_household.py
+
+
 def test_specs_follow_the_app_interface_and_the_tool_table() -> None:
     assert [c.name for c in TOOL_CLASSES] == ["search_memories", "store_memory", "forget_memory", "remember",
-                                              "recall"]
+                                              "recall", "memory_context", *HOUSEHOLD_NAMES]
     for cls, table in zip(TOOL_CLASSES, TOOLS, strict=True):
         spec = cls().spec()
         assert spec == {"type": "function", "name": table.name, "description": table.description,
@@ -166,11 +165,13 @@ def test_specs_follow_the_app_interface_and_the_tool_table() -> None:
         json.dumps(spec)  # the app sends it to the model as JSON
     search = SearchMemories.parameters_schema
     assert search["required"] == ["query"]
-    assert search["properties"]["memory_type"]["enum"] == ["conversation", "fact", "context"]
+    assert search["properties"]["memory_type"]["enum"] == ["conversation", "fact", "context", None]
+    assert search["properties"]["memory_type"]["type"] == ["string", "null"]  # null is taken: omitted
     assert search["properties"]["limit"]["maximum"] == MAX_LIMIT
     assert StoreMemory.parameters_schema["properties"]["memory_type"]["default"] == "fact"
     assert "forever" in StoreMemory.description and "30 days" in StoreMemory.description
-    assert TOOLS_TXT.splitlines()[1:] == ["search_memories", "store_memory", "forget_memory", "remember", "recall"]
+    assert TOOLS_TXT.splitlines()[1:] == ["search_memories", "store_memory", "forget_memory", "remember", "recall",
+                                          "memory_context", *HOUSEHOLD_NAMES]
 
 
 def test_store_search_forget_through_the_dispatcher(daemon: DaemonProcess) -> None:
@@ -226,12 +227,14 @@ def test_extra_dispatcher_keys_and_case_are_tolerated(daemon: DaemonProcess) -> 
     assert result["type"] == "context"
 
 
-def test_arguments_named_deps_or_self_are_ignored(daemon: DaemonProcess) -> None:
+def test_arguments_named_deps_or_self_are_refused_not_raised(daemon: DaemonProcess) -> None:
     # __call__(self, deps, **kwargs) raised TypeError ("got multiple values for argument
-    # 'deps'") before its try block: the app's dispatcher splats the model's arguments
+    # 'deps'") before its try block: the app's dispatcher splats the model's arguments; then
+    # they were ignored, while the schema said additionalProperties: false
     args = '{"content": "The porch light is on a timer", "deps": {"memory": 1}, "self": "x"}'
     result = run(dispatch(StoreMemory(config=daemon.config), args))
-    assert result["content"] == "The porch light is on a timer" and result["type"] == "fact"
+    assert result == {"error": "ValidationError: store_memory: unknown arguments 'deps', 'self'; it takes content, "
+                               "memory_type, metadata"}
 
 
 def test_an_error_echoing_a_huge_value_is_cut(daemon: DaemonProcess) -> None:
@@ -258,45 +261,15 @@ def test_app_registry_finds_mixed_in_tools(daemon: DaemonProcess, monkeypatch: p
     monkeypatch.setenv("REACHY_MEMORY_CONFIG", str(daemon.config_path))
     classes = app_tool_classes(AppTool)
     registry = app_registry(AppTool)
-    assert set(registry) == {"search_memories", "store_memory", "forget_memory", "remember", "recall"}
+    assert set(registry) == {"search_memories", "store_memory", "forget_memory", "remember", "recall",
+                             "memory_context", *HOUSEHOLD_NAMES}
     assert all(isinstance(t, AppTool) for t in registry.values())
     stored = run(dispatch(registry["store_memory"], '{"content": "Alex plays the cello"}'))
     assert stored["content"] == "Alex plays the cello"
     del classes
 
 
-# -- the ROBOT.md files, loaded by a stand-in of the app ------------------------------------
-
-# Our own stand-in for reachy_mini_conversation_app.tools.core_tools: the two names a
-# profile file imports, shaped like the app's (see AppTool and Deps above).
-STAND_IN_CORE_TOOLS = """\
-import abc
-from dataclasses import dataclass
-from typing import Any
-
-
-@dataclass
-class ToolDependencies:
-    reachy_mini: Any
-    movement_manager: Any
-    camera_worker: Any = None
-    vision_manager: Any = None
-    head_wobbler: Any = None
-    motion_duration_s: float = 1.0
-
-
-class Tool(abc.ABC):
-    name: str
-    description: str
-    parameters_schema: dict
-
-    def spec(self) -> dict:
-        return {"type": "function", "name": self.name, "description": self.description,
-                "parameters": self.parameters_schema}
-
-    @abc.abstractmethod
-    async def __call__(self, deps: Any, **kwargs: Any) -> dict: ...
-"""
+# -- docs/ROBOT.md: the owner's way from the app's memory to this one ------------------------
 
 
 def robot_md_conversation_section() -> str:
@@ -304,115 +277,23 @@ def robot_md_conversation_section() -> str:
     return text.split("## Conversation app (Pollen's reachy_mini_conversation_app)\n", 1)[1].split("\n## ", 1)[0]
 
 
-def robot_md_profile_files() -> dict[str, str]:
-    """The profile files docs/ROBOT.md tells a user to write, read from the page: the
-    Python snippet, the same with each other class (its "same for `X` in `x.py`" list),
-    ``tools.txt`` and ``instructions.txt`` (its two ``text`` blocks, in that order)."""
-    section = robot_md_conversation_section()
-    [snippet] = re.findall(r"```python\n(.*?)```", section, re.S)
-    tools_txt, instructions = re.findall(r"```text\n(.*?)```", section, re.S)
-    first = re.search(r"from reachy_memory\.integrations\.conversation import (\w+)\n", snippet)
-    first_file = re.search(r"`(\w+\.py)`:\n", section)
-    assert first is not None and first_file is not None
-    files = {first_file.group(1): snippet}
-    for cls, module in re.findall(r"`(\w+)` in `(\w+)\.py`", section):
-        files[f"{module}.py"] = snippet.replace(first.group(1), cls)
-    return files | {"tools.txt": tools_txt, "instructions.txt": instructions}
-
-
-@pytest.fixture
-def stand_in_app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """An importable ``reachy_mini_conversation_app`` package under tmp_path (its own
-    ``Tool`` base each time), removed from sys.modules afterwards."""
-    package = tmp_path / "reachy_mini_conversation_app"
-    (package / "tools").mkdir(parents=True)
-    (package / "profiles").mkdir()
-    for init in (package, package / "tools", package / "profiles"):
-        (init / "__init__.py").write_text("")
-    (package / "tools" / "core_tools.py").write_text(STAND_IN_CORE_TOOLS)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    try:
-        yield package
-    finally:
-        for name in [n for n in sys.modules if n.split(".")[0] == "reachy_mini_conversation_app"]:
-            del sys.modules[name]
-
-
-def load_profile_tools(package: Path, profile: str) -> tuple[ModuleType, dict[str, Any], list[ModuleType]]:
-    """The app's startup for ``REACHY_MINI_CUSTOM_PROFILE=profile`` (stricter: an import error
-    raises here; the app logs it and starts without that tool)."""
-    folder = package / "profiles" / profile
-    assert (folder / "instructions.txt").read_text().strip(), "the app exits on a missing or empty instructions.txt"
-    core = importlib.import_module("reachy_mini_conversation_app.tools.core_tools")
-    lines = [line.strip() for line in (folder / "tools.txt").read_text().splitlines()]
-    modules = [importlib.import_module(f"reachy_mini_conversation_app.profiles.{profile}.{line}")
-               for line in lines if line and not line.startswith("#")]
-    return core, app_registry(core.Tool), modules
-
-
-def test_robot_md_says_where_the_app_looks_and_what_it_needs() -> None:
-    # ROBOT.md said only "the profile folder" and offered `default_tools` in `profile.md`,
-    # which the app at 8c3005a does not read: a profile folder anywhere else, or a profile
-    # without instructions.txt, or an app venv without reachy-memory, gives no memory tools.
+def test_robot_md_walks_an_owner_from_the_apps_memory_to_this_one() -> None:
+    # ROBOT.md had the owner write five tool files, tools.txt and instructions by hand into the
+    # app's package, for an old app commit, and never named the external profiles directory.
     flat = " ".join(robot_md_conversation_section().split())
-    for says in (f"at commit {APP_COMMIT}", "`src/reachy_mini_conversation_app/profiles/<p>/`",
-                 "`REACHY_MINI_CUSTOM_PROFILE=<p>`", "`instructions.txt` is required",
-                 "Install reachy-memory into the app's Python environment", "No module named 'reachy_memory'"):
+    for says in ("release 1.0.0", "reachy-memory conversation-profile install",
+                 "REACHY_MINI_EXTERNAL_PROFILES_DIRECTORY",
+                 "REACHY_MINI_EXTERNAL_TOOLS_DIRECTORY", "REACHY_MINI_CUSTOM_PROFILE=reachy_memory",
+                 "reachy-memory import ~/.local/share/reachy_mini_conversation_app/memory.v1.json",
+                 "mcp-servers add reachy_memory http://127.0.0.1:8766/mcp --token-env REACHY_MEMORY_MCP_TOKEN",
+                 "Install reachy-memory into the app's Python environment", "No module named 'reachy_memory'",
+                 "systemd/reachy-memory-mcp.service", "memory_context"):
         assert says in flat, says
-    files = robot_md_profile_files()
-    assert sorted(files) == ["forget_memory.py", "instructions.txt", "recall.py", "remember.py",
-                             "search_memories.py", "store_memory.py", "tools.txt"]
-    assert files["tools.txt"] == TOOLS_TXT
+    from reachy_memory.integrations.conversation_profile import PROFILE_TOOLS
 
-
-@pytest.mark.timeout(120)
-def test_robot_md_files_load_and_run_in_the_app(stand_in_app: Path, daemon: DaemonProcess,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("REACHY_MEMORY_CONFIG", str(daemon.config_path))
-    profile = stand_in_app / "profiles" / "memory"
-    profile.mkdir()
-    for name, text in robot_md_profile_files().items():
-        (profile / name).write_text(text)
-    core, registry, modules = load_profile_tools(stand_in_app, "memory")
-
-    names = [line for line in TOOLS_TXT.splitlines() if not line.startswith("#")]
-    assert sorted(registry) == sorted(names)  # each module's tool registered under its tools.txt line
-    for cls, module in zip(TOOL_CLASSES, modules, strict=True):
-        tool = registry[cls.definition.name]
-        assert isinstance(tool, core.Tool) and isinstance(tool, cls)
-        assert tool.spec() == core.Tool.spec(tool) == {  # the app's own spec() gives the same
-            "type": "function", "name": cls.definition.name, "description": cls.definition.description,
-            "parameters": cls.definition.parameters_schema()}
-        # later app versions register only the Tool classes defined in the tool's own file
-        assert [c for c in vars(module).values() if inspect.isclass(c) and issubclass(c, core.Tool)
-                and c.__module__ == module.__name__] == [type(tool)]
-
-    async def scenario() -> dict[str, dict[str, Any]]:
-        deps = core.ToolDependencies(reachy_mini=None, movement_manager=None)
-        call = lambda name, args: app_dispatch(registry, name, args, deps)  # noqa: E731
-        try:
-            out = {"store_memory": await call("store_memory", '{"content": "Mia collects stamps"}'),
-                   "search_memories": await call("search_memories", '{"query": "what does Mia collect?"}'),
-                   "remember": await call("remember", '{"content": "Mia is my niece", "subjects": ["Mia"]}'),
-                   "recall": await call("recall", '{"query": "who is Mia?", "about": "Mia"}'),
-                   "bad": await call("search_memories", '{"query": "x", "limit": 0}'),
-                   "not json": await call("store_memory", "content: stamps"),
-                   "unknown": await call("search_memory", "{}")}
-            out["forget_memory"] = await call("forget_memory", json.dumps({"memory_id": out["store_memory"]["id"]}))
-            return out
-        finally:
-            await aclose_default()
-
-    out = run(scenario())
-    assert out["store_memory"]["content"] == "Mia collects stamps"
-    assert out["store_memory"]["id"] in [r["id"] for r in out["search_memories"]["results"]]
-    assert out["remember"]["count"] == 1
-    assert any(r["content"] == "Mia is my niece" for r in out["recall"]["results"])
-    assert out["forget_memory"] == {"success": True, "id": out["store_memory"]["id"]}
-    assert set(out["bad"]) == {"error"}
-    assert out["bad"]["error"].startswith("ValidationError: search_memories: limit must be between 1 and")
-    assert out["not json"] == {"error": "ValidationError: store_memory: content is required"}
-    assert out["unknown"] == {"error": "unknown tool: search_memory"}
+    for name in PROFILE_TOOLS:
+        assert f"`{name}`" in flat, name
+    assert "8766" in (ROOT / "systemd" / "reachy-memory-mcp.service").read_text()
 
 
 def test_remember_and_recall_through_the_dispatcher(daemon: DaemonProcess) -> None:

@@ -8,7 +8,7 @@ cut right after it would leave: each file as of the *start* of its latest comple
 (what an fsync that started earlier cannot have missed; bytes written while it ran are
 not counted as durable), and the directory's entries as of its last fsync, or as they
 stand.  Each acknowledgement is counted when the daemon is about to send it
-(``Daemon._record_done``, called just before the reply goes out), so a cut point owes
+(``Lanes.record_done``, called just before the reply goes out), so a cut point owes
 every acknowledgement counted before the next fsync returned.
 """
 
@@ -155,14 +155,14 @@ def serving(config: Config, rec: FsyncRecorder, tmp_path: Path) -> Iterator[Daem
     is about to send is counted in ``rec``."""
     store = MemoryStore(config=config, embedder=None)
     daemon = Daemon(config, store=store, endpoint=f"ipc://{tmp_path}/run/m.sock", clock_sync=lambda: None)
-    record_done = daemon._record_done
+    record_done = daemon.lanes.record_done
 
     def counted(job: Any) -> None:
         record_done(job)
         if job.done:
-            rec.ack(effects_of(job.op, job.args))
+            rec.ack(effects_of(job.op.name, job.args))
 
-    daemon._record_done = counted  # type: ignore[method-assign]
+    daemon.lanes.record_done = counted  # type: ignore[method-assign]
     thread = threading.Thread(target=daemon.serve, daemon=True)
     thread.start()
     try:

@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import os
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -87,3 +93,36 @@ def test_the_daemon_and_its_clients_meet_at_the_expanded_socket(
         done = run_cli(daemon, "stats", "--json")  # the CLI, a child process with the same HOME
         assert done.returncode == 0, done.stderr
     assert not os.path.exists(tmp_path / "~")
+
+
+def test_a_first_serve_makes_the_data_dir_and_its_socket_dir_private_from_the_start() -> None:
+    # The default socket folder is <data dir>/run; made with parents at the umask's mode, the
+    # data directory was 0755 until the store tightened it, with a warning, on every first start.
+    with tempfile.TemporaryDirectory(prefix="rm-", dir="/tmp") as short:  # the socket path stays < 108 bytes
+        _first_serve(Path(short))
+
+
+def _first_serve(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {**os.environ, "HOME": str(home), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    for name in ("XDG_RUNTIME_DIR", "RUNTIME_DIRECTORY", ENV_ENDPOINT, "REACHY_MEMORY_CONFIG"):
+        env.pop(name, None)
+    previous = os.umask(0o022)
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "reachy_memory.cli", "serve"],
+                                env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    finally:
+        os.umask(previous)
+    data = home / ".reachy" / "memory"
+    try:
+        deadline = time.monotonic() + 60
+        while not (data / "run" / "memory.sock").exists():
+            if proc.poll() is not None or time.monotonic() >= deadline:
+                raise AssertionError(f"the daemon did not start: {proc.communicate(timeout=10)[0].decode()[-1500:]}")
+            time.sleep(0.05)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    assert stat.S_IMODE(data.stat().st_mode) == 0o700 and stat.S_IMODE((data / "run").stat().st_mode) == 0o700
+    assert b"readable by others" not in out, out.decode()[-1000:]

@@ -92,7 +92,7 @@ def test_corruption_mid_file_names_file_and_offset(tmp_path: Path) -> None:
     path = tmp_path / "j"
     offsets = _three_frames(path)
     data = bytearray(path.read_bytes())
-    data[offsets[1] + jr.FRAME_OVERHEAD[2] + 1] ^= 0xFF  # flip a payload byte of the middle frame
+    data[offsets[1] + jr.FRAME_OVERHEAD[jr.JOURNAL_VERSION] + 1] ^= 0xFF  # flip a payload byte of the middle frame
     path.write_bytes(bytes(data))
     with pytest.raises(CorruptionError) as info:
         jr.read_file(path, jr.JOURNAL)
@@ -104,7 +104,7 @@ def test_repair_keeps_every_valid_frame_and_moves_damaged_file_aside(tmp_path: P
     path = tmp_path / "j"
     offsets = _three_frames(path)
     data = bytearray(path.read_bytes())
-    data[offsets[1] + jr.FRAME_OVERHEAD[2] + 1] ^= 0xFF  # a payload byte of the middle frame
+    data[offsets[1] + jr.FRAME_OVERHEAD[jr.JOURNAL_VERSION] + 1] ^= 0xFF  # a payload byte of the middle frame
     path.write_bytes(bytes(data))
     report = jr.repair_file(path, jr.JOURNAL)
     assert report.damaged_at == offsets[1] and report.kept_frames == 2

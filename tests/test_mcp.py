@@ -51,7 +51,8 @@ def test_tools_schemas_and_round_trip(daemon: DaemonProcess) -> None:
         ("forget_memory", {"memory_id": "placeholder"}),
     ])
     by_name = {t.name: t for t in tools.tools}
-    assert list(by_name) == ["search_memories", "store_memory", "forget_memory", "remember", "recall"]
+    assert list(by_name) == ["search_memories", "store_memory", "forget_memory", "remember", "recall",
+                             "memory_context", "forget_person", "pause_remembering", "resume_remembering"]
     assert all(by_name[t.name].input_schema == t.parameters_schema() for t in TOOLS)  # the table's schema
     assert by_name["search_memories"].input_schema["required"] == ["query"]
     assert by_name["forget_memory"].input_schema["required"] == ["memory_id"]
@@ -115,6 +116,28 @@ def test_spec_004_remember_and_recall_through_the_sdk_client(daemon: DaemonProce
     assert bad.is_error and "content" in bad.content[0].text
 
 
+def test_the_household_tools_on_the_daemon_through_the_sdk_client(daemon: DaemonProcess) -> None:
+    _, (stored, plan, paused, refused, resumed, done, gone) = session_run(["--config", str(daemon.config_path)], [
+        ("remember", {"content": "Zelda keeps bees on the roof", "subjects": ["Zelda"]}),
+        ("forget_person", {"person": "Zelda", "dry_run": True}),
+        ("pause_remembering", {"minutes": 30}),
+        ("store_memory", {"content": "the guest's wifi code is okapi77"}),
+        ("resume_remembering", {}),
+        ("forget_person", {"person": "Zelda"}),
+        ("forget_person", {"person": "Zelda"}),
+    ])
+    assert not stored.is_error
+    assert plan.structured_content["dry_run"] is True and plan.structured_content["memories_deleted"] == 1
+    assert paused.structured_content["paused"] is True and 1790 < paused.structured_content["seconds_left"] <= 1800
+    assert refused.is_error and "RememberingPausedError" in refused.content[0].text
+    assert resumed.structured_content["paused"] is False
+    assert done.structured_content["dry_run"] is False and done.structured_content["memories_deleted"] == 1
+    assert gone.is_error and "NotFoundError" in gone.content[0].text
+    with daemon.client() as c:
+        assert c.find_person("Zelda") is None
+        assert not [m for m in c.export_page()[0] if "okapi" in m.content or "bees" in m.content]
+
+
 class Recording:
     """A backend that finds nothing and records what each call reached it with."""
 
@@ -174,10 +197,12 @@ CASES = [
     ("search_memories", {"query": "x", "memory_type": None}, None),
     ("search_memories", {"query": "x", "limit": "5"}, "search_memories: limit must be an integer, got '5'"),
     ("search_memories", {"query": "true"}, None),  # a string, not JSON to parse
-    ("search_memories", {"query": "[1]", "tool_manager": None}, None),
+    ("search_memories", {"query": "x", "owner": "bob"},  # additionalProperties: false, it was ignored
+     "search_memories: unknown argument 'owner'; it takes query, memory_type, limit"),
     ("recall", {"query": "x", "about": None}, None),
     ("remember", {"content": "x", "shared": None}, None),
-    ("remember", {"content": "x", "deps": 1, "self": 2}, None),  # unknown keys are ignored on both
+    ("remember", {"content": "x", "deps": 1, "self": 2},  # unknown keys are refused on both
+     "remember: unknown arguments 'deps', 'self'; it takes content, facts, subjects, expires_in_days, shared"),
     ("remember", {"content": "x", "shared": "true"}, "remember: shared must be true or false, got 'true'"),
     ("remember", {"content": "x", "expires_in_days": "7"}, "remember: expires_in_days must be an integer, got '7'"),
     ("remember", {"facts": json.dumps([{"content": "x"}])}, "remember: facts must be a list of at most 100 items"),
@@ -452,3 +477,91 @@ def test_tool_descriptions_state_the_configured_retention(tmp_path: Path) -> Non
     local = DaemonProcess(tmp_path / "local", memory={"conversation_ttl_days": 0.5})
     in_process = listed(["--config", str(local.config_path), "--data-dir", str(tmp_path / "local" / "data")])
     assert "kept 12 hours" in in_process["search_memories"]["description"]
+
+
+def test_every_tool_answers_in_text_and_structured_content(tmp_path: Path) -> None:
+    """A voice model reads the text: an empty search had no text content at all."""
+    cfg = DaemonProcess(tmp_path)
+    _, results = session_run(["--config", str(cfg.config_path), "--data-dir", str(tmp_path / "local")], [
+        ("search_memories", {"query": "anything"}),
+        ("recall", {"query": "anything", "about": "Sarah"}),
+        ("memory_context", {}),
+        ("remember", {"content": "Sarah is allergic to peanuts", "subjects": ["Sarah"]}),
+        ("store_memory", {"content": "The spare key is under the pot", "memory_type": "context"}),
+        ("search_memories", {"query": "spare key"}),
+        ("memory_context", {"message": "What is Sarah allergic to?"}),
+        ("forget_memory", {"memory_id": "not-an-id"}),
+    ])
+    empty, nobody, blank, remembered, stored, found, context, unknown = results
+    for res in results:
+        assert not res.is_error and res.structured_content is not None
+        assert [c.type for c in res.content] == ["text"] and res.content[0].text.strip()
+    assert empty.structured_content == {"result": []}
+    assert empty.content[0].text == "Nothing relevant is remembered: say so instead of guessing."
+    assert nobody.content[0].text == "Nothing relevant is remembered about Sarah: say so instead of guessing."
+    assert blank.content[0].text.startswith("Nothing is remembered yet")
+    assert remembered.content[0].text.startswith("Remembered 1 fact:\n- Sarah is allergic to peanuts (id ")
+    assert stored.content[0].text.startswith("Stored as a context (id ")
+    assert found.content[0].text.startswith("1 memory found, most relevant first:\n- [context] The spare key is")
+    assert "Sarah is allergic to peanuts" in context.content[0].text == context.structured_content["text"]
+    assert context.structured_content["tokens"] > 0 and context.structured_content["people"] == ["Sarah"]
+    assert unknown.content[0].text.startswith("No memory has the id not-an-id")
+
+
+class Long(Recording):
+    """A backend whose searches find ``n`` memories of ``chars`` characters each."""
+
+    def __init__(self, n: int, chars: int) -> None:
+        super().__init__()
+        self.n, self.chars = n, chars
+
+    async def search(self, query: str, memory_type: str | None, limit: int) -> list[Any]:
+        from datetime import UTC, datetime
+
+        from reachy_memory.model import Memory, MemoryType, SearchResult
+        return [SearchResult(Memory(f"id{i}", f"{i} " + "y" * self.chars, MemoryType.FACT, datetime.now(UTC)), 0.5)
+                for i in range(min(limit, self.n))]
+
+
+def test_results_are_capped_for_a_voice_model() -> None:
+    from reachy_memory.integrations.tools import MAX_CONTENT_CHARS, MAX_RESULT_CHARS
+
+    _, (one_long,) = in_process(Long(1, 100_000), [("search_memories", {"query": "x"})])
+    _, (many,) = in_process(Long(50, 400), [("search_memories", {"query": "x", "limit": 50})])
+    [hit] = one_long.structured_content["result"]
+    assert len(hit["content"]) == MAX_CONTENT_CHARS and hit["content"].endswith("(100002 characters in all)")
+    hits = many.structured_content["result"]
+    assert 1 < len(hits) < 50 and len(json.dumps(hits, separators=(",", ":"))) <= MAX_RESULT_CHARS
+    assert [h["id"] for h in hits] == [f"id{i}" for i in range(len(hits))]  # the best ones, in order
+    assert len(many.content[0].text) < MAX_RESULT_CHARS
+
+
+def test_optional_parameters_are_typed_nullable_and_the_dispatchers_key_only_in_the_app() -> None:
+    tools, (refused,) = in_process(Recording(), [("search_memories", {"query": "x", "tool_manager": None})])
+    for tool in tools.tools:
+        schema = tool.input_schema
+        assert schema["additionalProperties"] is False
+        for name, prop in schema["properties"].items():
+            assert ("null" in prop["type"]) == (name not in schema["required"]), (tool.name, name)
+    assert refused.is_error and "unknown argument 'tool_manager'" in refused.content[0].text
+    in_app = Recording()
+    answer = asyncio.run(TOOL_CLASSES[0](backend=in_app)(None, query="x", tool_manager=object()))
+    assert answer == {"query": "x", "results": [], "count": 0, "message": "Nothing relevant is remembered."}
+
+
+def test_the_conversation_start_prompt_gives_the_context_block(tmp_path: Path) -> None:
+    async def go() -> tuple[Any, Any]:
+        env = {"PYTHONPATH": str(ROOT), "XDG_CACHE_HOME": os.environ.get("XDG_CACHE_HOME", str(Path.home() / ".cache"))}
+        cfg = DaemonProcess(tmp_path)
+        params = StdioServerParameters(command=sys.executable, args=[
+            "-m", "reachy_memory.cli", "mcp", "--config", str(cfg.config_path), "--data-dir", str(tmp_path / "d")],
+            env=env)
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            await session.call_tool("remember", {"content": "John plays chess on Sundays", "subjects": ["John"]})
+            return await session.list_prompts(), await session.get_prompt("conversation_start", {})
+    prompts, got = asyncio.run(go())
+    assert [p.name for p in prompts.prompts] == ["conversation_start"]
+    [message] = got.messages
+    assert message.content.text.startswith("What you remember (use it naturally, do not recite it):\n")
+    assert "John plays chess on Sundays" in message.content.text

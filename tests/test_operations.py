@@ -1,4 +1,4 @@
-"""The operations table (``_operations``) is the one source of the protocol surface:
+"""The operations table (``daemon/operations.py``) is the one source of the protocol surface:
 the server, both clients and the generated reference must not drift from it."""
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ import pytest
 
 from reachy_memory import ValidationError
 from reachy_memory import client as client_module
-from reachy_memory.daemon import server
+from reachy_memory.daemon.handlers import HANDLERS
 from reachy_memory.daemon.operations import OPERATIONS, check_args, protocol_doc
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_every_operation_has_a_server_handler_and_nothing_else_does() -> None:
-    assert set(server._HANDLERS) == set(OPERATIONS)
+    assert set(HANDLERS) == set(OPERATIONS)
 
 
 def test_every_operation_has_a_client_method_and_every_client_method_an_operation() -> None:
@@ -91,3 +91,67 @@ def test_cli_commands_reach_only_operations_of_the_table() -> None:
               and node.func.value.id == "c"}
     methods = {op.client_method for op in OPERATIONS.values()}
     assert called and called <= methods, f"CLI calls outside the table: {sorted(called - methods)}"
+
+
+@pytest.mark.parametrize("row", [
+    {"lane": "inline"},  # answered on the I/O thread, so never a write
+    {"capped": True},  # only a read's reply is capped (a write's is bounded by its request)
+    {"read": True, "retry": "no"},  # a read is always safe to send again
+    {"retry": "with_id"},  # retried when it carries its id, but it takes none
+    {"lane": "nowhere"},
+])
+def test_a_row_that_contradicts_itself_is_refused(row: dict[str, Any]) -> None:
+    from reachy_memory.daemon.operations import Op
+
+    with pytest.raises(ValueError):
+        Op("frob", **({"lane": "engine", "args": (), "result": "null", "doc": ""} | row))
+
+
+def test_a_handler_needs_a_row_and_a_row_one_handler() -> None:
+    from reachy_memory.daemon.handlers import handles
+
+    with pytest.raises(RuntimeError, match="no such row"):
+        handles("no_such_op")(lambda d, job: None)
+    with pytest.raises(RuntimeError, match="second handler"):
+        handles("ping")(lambda d, job: None)
+
+
+@pytest.mark.timeout(60)
+def test_an_op_is_one_row_and_one_handler(config: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What adding an op takes: a row and a handler function.  The daemon then checks its
+    arguments, runs it on its lane and caps its reply from the row alone."""
+    import threading
+
+    from reachy_memory import MemoryClient, MemoryStore, TooLargeError
+    from reachy_memory.daemon import handlers, operations
+    from reachy_memory.daemon.server import Daemon
+
+    row = operations._read("repeat", "engine", [operations._req("text", operations.STR),
+                                                operations._opt("times", operations.INT, 1)],
+                           "str", "The text, repeated.", capped=True)
+    monkeypatch.setitem(operations.OPERATIONS, row.name, row)
+    ran_on: list[str] = []
+
+    def repeat(d: Any, job: Any) -> str:
+        ran_on.append(threading.current_thread().name)
+        return str(job.args["text"] * job.args["times"])
+
+    monkeypatch.setitem(handlers.HANDLERS, row.name, handlers.Handler(repeat))
+    daemon = Daemon(config, store=MemoryStore(config=config, embedder=None), endpoint=f"ipc://{tmp_path}/m.sock",
+                    clock_sync=lambda: None)
+    serving = threading.Thread(target=daemon.serve, daemon=True)
+    serving.start()
+    try:
+        with MemoryClient(daemon.endpoint, config=config, timeout=10) as c:
+            assert c._call("repeat", {"text": "ab", "times": 3}) == "ababab"
+            assert c._call("repeat", {"text": "ab"}) == "ab"  # the row's default
+            with pytest.raises(ValidationError) as err:
+                c._call("repeat", {"text": 3})
+            assert err.value.field == "text"
+            with pytest.raises(TooLargeError):  # capped: over server.max_reply_bytes
+                c._call("repeat", {"text": "x" * 1000, "times": config.server.max_reply_bytes // 1000 + 1})
+    finally:
+        daemon.stop()
+        serving.join(10)
+    assert not serving.is_alive()
+    assert ran_on == ["engine"] * 3  # the bad call never reached it

@@ -4,6 +4,7 @@ archives, one-call context, persistence of all of it, lexical-only mode."""
 
 from __future__ import annotations
 
+import errno
 import itertools
 import json
 import math
@@ -1194,3 +1195,46 @@ def test_an_import_refuses_merged_ids_it_cannot_restore(lexical_store: MemorySto
         (tmp_path / "all.jsonl").write_text("".join(json.dumps({"kind": "person", **p}) + "\n" for p in people))
         with pytest.raises(ValidationError, match=says):
             read_jsonl(tmp_path / "all.jsonl", lexical_store.config)
+
+
+def test_a_remember_of_several_facts_is_one_frame_all_stored_or_none(config: Config,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The disk fills up in the middle of a ``remember(facts=[...])``: nothing of it is stored,
+    in memory or on disk, and the error says so (the first fact was kept while the error
+    said nothing was stored: each fact was its own journal frame).  With room again, the
+    same call is one frame, and all of it survives a crash."""
+    from store_util import abandon
+
+    from reachy_memory import StorageFullError
+    from reachy_memory.storage import journal as jr
+    from tests.conftest import HashEmbedder
+
+    facts = [{"content": "the robot likes the garden"}, {"content": "My wife Sarah likes green tea"},
+             {"content": "Sarah's brother Tom plays chess"}]
+    real, room = jr._os.write, [0]
+
+    def write(fd: int, data: Any) -> int:
+        if len(data) > room[0]:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        room[0] -= len(data)
+        return real(fd, data)
+
+    with MemoryStore(config=config, embedder=HashEmbedder()) as store:
+        journal = store._storage.journal
+        size = journal.size
+        store.remember_fact("the robot lives in Lyon")
+        room[0] = (journal.size - size) * 3 // 2  # the disk takes one fact's frame, not two
+        frames = len(jr.read_file(journal.path, jr.JOURNAL).frames)
+        monkeypatch.setattr(jr._os, "write", write)
+        with pytest.raises(StorageFullError):
+            store.remember(facts=facts)
+        assert len(store) == 1 and store.people() == []  # none of it, not in memory either
+        assert len(jr.read_file(journal.path, jr.JOURNAL).frames) == frames  # nor on disk
+        monkeypatch.setattr(jr._os, "write", real)
+        stored = store.remember(facts=facts)
+        assert len(stored) == 3 and len(jr.read_file(journal.path, jr.JOURNAL).frames) == frames + 1  # one frame
+        people = sorted(p.name for p in store.people())
+        abandon(store)
+    with MemoryStore(config=config, embedder=HashEmbedder()) as store:
+        assert all(store.get(m.id) is not None for m in stored) and len(store) == 4
+        assert sorted(p.name for p in store.people()) == people

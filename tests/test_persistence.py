@@ -541,7 +541,7 @@ def test_snapshots_are_files_of_format_3_that_a_reader_of_1_and_2_refuses(config
         store.store("a fact")
     path = config.data_dir / files.SNAPSHOT_FILE
     assert path.read_bytes()[:6] == b"RMEMS\x03"
-    monkeypatch.setattr(jr, "READABLE_VERSIONS", (1, 2))  # what 9c248a7 and before read
+    monkeypatch.setattr(jr, "READABLE", {jr.JOURNAL: (1, 2, 4), jr.SNAPSHOT: (1, 2)})  # 9c248a7 and before: 1, 2
     with pytest.raises(FormatVersionError, match="format version 3"):
         MemoryStore(config=config, embedder=HashEmbedder())
 
@@ -635,7 +635,7 @@ def test_restores_within_one_second_keep_every_store_they_replace(tmp_path: Path
     assert files.previous_generation_kept(config.data_dir) == []  # moved too: not the restored store's
     bk.restore(backups[1], config.data_dir, force=True)
     aside = sorted(config.data_dir.glob("*.before-restore-*"))
-    assert len(aside) == 5  # the original's 3 files, the first restore's 2: none renamed over another
+    assert len(aside) == 6  # the original's 3 files and its head, the first restore's 2: none renamed over another
     assert sorted(bk.verify(p).memories for p in aside if p.name.startswith("snapshot.rms")) == [1, 50]
     original = tmp_path / "original"  # put back by hand (the first names moved are the original's): whole
     original.mkdir(mode=0o700)

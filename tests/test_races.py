@@ -471,23 +471,20 @@ def _reindex_beside_a_writer(store: MemoryStore) -> list[BaseException]:
 
 
 def test_the_daemon_counts_every_request_of_an_op_first_seen_on_two_threads() -> None:
-    """``Daemon._record`` runs on the I/O thread (inline ops, busy refusals), the embed
-    thread (its failures) and the engine thread (every queued job).  ``self._stats[op]``
-    is a defaultdict whose factory (``_OpStats()``) runs Python code: two threads that
+    """``Stats.record`` runs on the I/O thread (inline ops, busy refusals), the embed
+    thread (its failures) and the engine thread (every queued job).  ``stats.ops[op]``
+    was a defaultdict whose factory (``OpStats()``) runs Python code: two threads that
     meet an op name for the first time can both build one, and one count is lost."""
-    from collections import defaultdict
-    from types import SimpleNamespace
+    from reachy_memory.daemon.jobs import Stats
 
-    from reachy_memory.daemon.server import Daemon, _OpStats
-
-    fake = SimpleNamespace(_stats=defaultdict(_OpStats))
+    stats = Stats()
     names = [f"op{i}" for i in range(3000)]
     barrier = threading.Barrier(2)
 
     def record() -> None:
         for name in names:
             barrier.wait(5)
-            Daemon._record(fake, name, 0.001, failed=False)  # type: ignore[arg-type]
+            stats.record(name, 0.001, failed=False)
 
     with frequent_switches():
         threads = [threading.Thread(target=record) for _ in range(2)]
@@ -495,5 +492,5 @@ def test_the_daemon_counts_every_request_of_an_op_first_seen_on_two_threads() ->
             t.start()
         for t in threads:
             t.join(timeout=30)
-    lost = sum(2 - fake._stats[n].count for n in names)
+    lost = sum(2 - stats.ops[n].count for n in names)
     assert lost == 0, f"{lost} of {2 * len(names)} requests not counted"

@@ -1,6 +1,6 @@
 """Reachy Mini integration against the real reachy-mini daemon in mockup simulation
 (loopback only) and a real reachy-memory daemon: a 50 Hz control loop moving the
-head while it uses memory through MemoryBridge, a stalled memory daemon, the demo app.
+head while it uses memory through MemoryBridge, a stalled memory daemon, the memory app.
 
 Skipped only when ``reachy_mini`` cannot be imported (``tools/test.sh`` installs it)."""
 
@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -18,13 +17,13 @@ from typing import Any
 import pytest
 
 if os.environ.get("CI") != "true":  # in CI tools/test.sh installs the robot extra: these tests may not skip
-    pytest.importorskip("reachy_mini", reason="the robot extra is not installed (pip install 'reachy-memory[robot]')")
+    pytest.importorskip("reachy_mini", reason="the robot extra is not installed (pip install '.[robot]')")
 
 from reachy_mini import ReachyMini
 from reachy_mini.utils import create_head_pose
 
 from reachy_memory.integrations.reachy_mini import MemoryBridge
-from tests.daemon_util import ROOT, DaemonProcess
+from tests.daemon_util import DaemonProcess
 from tools._reachy_sim import SimDaemon
 
 pytestmark = pytest.mark.timeout(180)
@@ -76,7 +75,9 @@ def _loop(mini: Any, bridge: MemoryBridge, seconds: float, tag: str) -> dict[str
             time.sleep(delay)
         else:
             late += 1
-    return {"ticks": ticks, "late": late, "max_memory_ms": max(memory_calls) * 1000, "futures": futures}
+    ordered = sorted(memory_calls)
+    return {"ticks": ticks, "late": late, "futures": futures, "max_memory_ms": ordered[-1] * 1000,
+            "p99_memory_ms": ordered[int(0.99 * (len(ordered) - 1))] * 1000}
 
 
 def _wait(predicate: Any, timeout: float = 20.0) -> bool:
@@ -94,7 +95,9 @@ def test_a_50hz_loop_uses_memory_without_waiting_and_nothing_is_lost(mini: Any, 
         assert _wait(lambda: bridge.pending == 0)
         assert all(f.result(timeout=10) is not None for f in result["futures"])
     assert result["ticks"] >= 120  # about 150 at 50 Hz
-    assert result["max_memory_ms"] < 5.0  # queue puts and an attribute read, never I/O
+    # pipe writes and reads, never a wait for the daemon: a round trip in each of the 15 turns
+    # would show in the p99; the max only bounds one preemption on a shared machine
+    assert result["p99_memory_ms"] < 5.0 and result["max_memory_ms"] < 50.0
     with memory.client() as c:
         recorded = {t["content"] for t in c.get_context_window()} | {
             h.memory.content for h in c.search("loop turn", limit=50, min_score=0)
@@ -111,22 +114,22 @@ def test_a_stalled_memory_daemon_never_stalls_the_loop(mini: Any, memory: Daemon
             result = _loop(mini, bridge, 2.0, "stalled")
         finally:
             os.kill(memory.proc.pid, signal.SIGCONT)
-        assert result["ticks"] >= 80 and result["max_memory_ms"] < 5.0
+        assert result["ticks"] >= 80 and result["p99_memory_ms"] < 5.0 and result["max_memory_ms"] < 50.0
         assert bridge.latest().error is not None or bridge.pending > 0  # it noticed, the loop did not wait
         assert bridge.record_turn("user", "after the stall")
         with memory.client() as c:  # the bridge catches up once the daemon runs again
             assert _wait(lambda: any(t["content"] == "after the stall" for t in c.get_context_window()))
 
 
-def test_the_demo_app_greets_nods_and_stops_promptly(mini: Any, memory: DaemonProcess) -> None:
-    sys.path.insert(0, str(ROOT / "examples" / "reachy_mini_memory_app"))
-    try:
-        from reachy_mini_memory_app.main import MemoryGreeter
-    finally:
-        sys.path.pop(0)
+def test_the_memory_app_greets_nods_and_stops_promptly(mini: Any, memory: DaemonProcess,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its loop run in-process on the simulated robot (tests/test_memory_app.py runs it from the dashboard)."""
+    from reachy_memory.integrations.memory_app import MemoryApp
+
+    monkeypatch.setenv("REACHY_MEMORY_APP_URL", "")  # no settings page here
     with memory.client() as c:
         c.store("Nora likes jazz", "fact", {"person": "Nora"})
-    app = MemoryGreeter(memory.endpoint, memory.config, person="Nora")
+    app = MemoryApp(memory.endpoint, memory.config, person="Nora")
     stop = threading.Event()
     runner = threading.Thread(target=app.run, args=(mini, stop))
     runner.start()
@@ -137,6 +140,9 @@ def test_the_demo_app_greets_nods_and_stops_promptly(mini: Any, memory: DaemonPr
             )
             c.store("Nora plays the saxophone", "fact", {"person": "Nora"})  # something new about her
         assert _wait(lambda: app.nods >= 1)
+        app.hear("I'm back from the market")
+        with memory.client() as c:
+            assert _wait(lambda: any(t["content"] == "I'm back from the market" for t in c.get_context_window()))
     finally:
         stopped_at = time.monotonic()
         stop.set()

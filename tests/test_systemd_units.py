@@ -18,7 +18,9 @@ def test_units_verify_and_are_hardened() -> None:
     done = subprocess.run(["bash", str(ROOT / "tools" / "check_units.sh")], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.count("SAFE") == 2
+    # every service rated (exposure 2.5 or lower, else check_units.sh failed): the MCP endpoint's
+    # loopback TCP rates 1.5 ("OK"), the others 0.7 ("SAFE")
+    assert done.stdout.count("Overall exposure level") == len(list((ROOT / "systemd").glob("*.service"))) == 3
 
 
 def test_unit_declares_notify_watchdog_and_restart() -> None:
@@ -40,3 +42,16 @@ def test_stop_timeout_exceeds_the_daemons_shutdown_budget() -> None:
     drain = load_config(ROOT / "config" / "default.yaml").server.drain_seconds
     assert drain + server.STOP_WORKERS_SECONDS + server.STOP_CLOSE_SECONDS <= server.STOP_BUDGET_SECONDS
     assert int(timeout) > server.STOP_BUDGET_SECONDS
+
+
+def test_mcp_unit_serves_loopback_beside_the_daemon_with_a_token_file() -> None:
+    """The conversation app registers this endpoint (docs/ROBOT.md): loopback only, a token
+    that survives restarts (the app's environment holds it), the daemon's socket."""
+    unit = (ROOT / "systemd" / "reachy-memory-mcp.service").read_text()
+    [start] = re.findall(r"^ExecStart=(.*)$", unit, re.MULTILINE)
+    assert start.split()[1:5] == ["mcp", "--http", "--port", "8766"]
+    assert "--token-file /var/lib/reachy-memory-mcp/token" in start and "StateDirectory=reachy-memory-mcp" in unit
+    for line in ("After=reachy-memory.service", "Wants=reachy-memory.service", "IPAddressDeny=any",
+                 "IPAddressAllow=localhost", "RestrictAddressFamilies=AF_UNIX AF_INET", "User=reachy",
+                 "Environment=REACHY_MEMORY_ENDPOINT=ipc:///run/reachy-memory/memory.sock", "Restart=on-failure"):
+        assert line in unit, line

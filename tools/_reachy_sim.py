@@ -9,12 +9,14 @@ before running the daemon's own ``main()``.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 SIM_ARGS = ["--mockup-sim", "--headless", "--no-media", "--no-wake-up-on-start", "--no-goto-sleep-on-stop",
             "--no-preload-datasets", "--dataset-update-interval", "0", "--fastapi-host", "127.0.0.1"]
@@ -36,18 +38,21 @@ def free_port() -> int:
 
 
 class SimDaemon:
-    """``python -m reachy_mini.daemon.app.main --mockup-sim ...`` as a child process."""
+    """``python -m reachy_mini.daemon.app.main --mockup-sim ...`` as a child process; ``env`` is
+    added to its environment (the dashboard gives it to the apps it starts)."""
 
-    def __init__(self, log: Path, port: int | None = None) -> None:
+    def __init__(self, log: Path, port: int | None = None, env: dict[str, str] | None = None) -> None:
         self.port = port or free_port()
         self.log = log
+        self.env = dict(env or {})
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 60.0) -> SimDaemon:
         """Start it and wait until its status says running; raises RuntimeError otherwise."""
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen([sys.executable, "-c", _LAUNCH, *SIM_ARGS, "--fastapi-port", str(self.port)],
-                                         stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                                         stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         env={**os.environ, **self.env})
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -61,10 +66,17 @@ class SimDaemon:
     def status(self) -> dict[str, object]:
         """The daemon's /api/daemon/status, or {} if it does not answer."""
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/api/daemon/status", timeout=1) as r:
-                return dict(json.loads(r.read()))
+            found = self.api("GET", "/api/daemon/status", timeout=1)
         except (OSError, ValueError):
             return {}
+        return dict(found) if isinstance(found, dict) else {}
+
+    def api(self, method: str, path: str, timeout: float = 30.0) -> Any:
+        """One call to the daemon's HTTP API (the dashboard's): its JSON reply; raises OSError
+        (urllib's HTTPError for an error status) or ValueError."""
+        request = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", method=method)
+        with urllib.request.urlopen(request, timeout=timeout) as r:
+            return json.loads(r.read() or b"null")
 
     def tail(self, n: int = 2000) -> str:
         return self.log.read_text(errors="replace")[-n:] if self.log.exists() else ""

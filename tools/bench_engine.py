@@ -9,6 +9,8 @@
                                             # reopening after a crash: until the graph serves again
     python tools/bench_engine.py --cache-step --memories N
                                             # the pause of an idle-time graph cache save, per group
+    python tools/bench_engine.py --search [--memories 6000] [--against OTHER_CHECKOUT]
+                                            # in-process search cost on LoCoMo turns, alternating with other code
 
 Prints store/search latency percentiles (median of 3 runs), open time,
 cleanup time, vector recall@10 against exact search and RSS.
@@ -21,6 +23,7 @@ import contextlib
 import gc
 import itertools
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -275,6 +278,75 @@ def bench_crash_reopen(n: int, rounds: int, tmp: Path, against: Path | None, nev
               f"(min {idle.min():.1f}, max {idle.max():.1f})")
 
 
+_SEARCHES = """
+import statistics, sys, time
+sys.path.insert(0, ROOT)
+import numpy as np
+from reachy_memory import Config, MemoryStore
+from tools._bench import questions
+
+class Precomputed:
+    dim = 384
+    def __init__(self): self._rng = np.random.default_rng(7)
+    def embed(self, texts):
+        v = self._rng.standard_normal((len(texts), self.dim)).astype(np.float32)
+        return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+cfg = Config().replace("memory", path=PATH).replace("embedding", neighbour_context=False)
+store = MemoryStore(config=cfg, embedder=Precomputed())
+while store.maintain(4096): pass
+emb = Precomputed()
+qs = [(q, emb.embed([q])[0]) for q in questions()[:300]]
+cases = {
+    "search() hybrid (check, embed, rank)": lambda q, v: store.search(q, limit=5, min_score=0),
+    "search_vector hybrid": lambda q, v: store.search_vector(q, v, limit=5, min_score=0),
+    "search_vector where speaker=user1": lambda q, v: store.search_vector(q, v, limit=5, min_score=0,
+                                                                         where={"speaker": "user1"}),
+    "search() lexical": lambda q, v: store.search(q, limit=5, min_score=0, mode="lexical"),
+    "malformed where refused": lambda q, v: store.search(q, where={"$bad": 1}),
+}
+out = []
+for name, fn in cases.items():
+    for q, v in qs[:30]:
+        try: fn(q, v)
+        except Exception: pass
+    samples = []
+    for q, v in qs:
+        t = time.perf_counter()
+        try: fn(q, v)
+        except Exception: pass
+        samples.append(time.perf_counter() - t)
+    out.append(f"{name}\\t{statistics.median(samples) * 1e3:.4f}")
+store.close()
+print("\\n".join(out))
+"""
+
+
+def bench_search_pipeline(n: int, rounds: int, tmp: Path, against: Path | None) -> None:
+    """In-process search latency (median over 300 LoCoMo questions, embedding excluded:
+    random query vectors) on ``n`` LoCoMo turns, each round in a fresh process on a fresh
+    copy, alternating with the code of ``against`` when given; medians over the rounds."""
+    source = tmp / "search"
+    lines = dialogue_lines()
+    lines = (lines * (n // max(len(lines), 1) + 1))[:n]
+    with MemoryStore(config=config(source, fsync="never"), embedder=Precomputed()) as store:
+        for start in range(0, n, 1000):
+            store.store_batch([{"content": t, "memory_type": "conversation",
+                                "metadata": {"speaker": f"user{(start + i) % 5}", "n": start + i}}
+                               for i, t in enumerate(lines[start : start + 1000])])
+    got: dict[str, dict[str, list[float]]] = {}
+    for name, out in _alternating(source, against, rounds, _SEARCHES):
+        for line in out.strip().splitlines():
+            case, ms = line.split("\t")
+            got.setdefault(case, {}).setdefault(name, []).append(float(ms))
+    print(f"in-process search on {n} LoCoMo turns, p50 ms (median of {rounds} rounds, embedding excluded)")
+    for case, by in got.items():
+        this = statistics.median(by["this"])
+        other = statistics.median(by["against"]) if "against" in by else None
+        versus = f"  against {other:8.4f}  ratio this/against {this / other:5.3f}" if other else ""
+        print(f"  {case:<40} this {this:8.4f}{versus}")
+
+
 def bench_cache_step(n: int, rounds: int, tmp: Path) -> None:
     """The engine-thread pause of an idle-time graph cache save at ``n`` memories: each
     memory type's graph saved ``rounds`` times (each made due by hand), and the longest
@@ -385,9 +457,10 @@ def main() -> None:
     parser.add_argument("--cache-step", action="store_true", help="the pause of an idle-time graph cache save")
     parser.add_argument("--never-closed", action="store_true",
                         help="--crash-reopen of a store never closed cleanly (no graph cache but idle time's)")
-    parser.add_argument("--memories", type=int, default=100_000, help="store size of --crash-reopen")
+    parser.add_argument("--memories", type=int, help="store size: --crash-reopen and --cache-step 100k, --search 6000")
     parser.add_argument("--against", type=Path,
-                        help="another checkout to alternate with (--cleanup-only, --crash-reopen)")
+                        help="another checkout to alternate with (--cleanup-only, --crash-reopen, --search)")
+    parser.add_argument("--search", action="store_true", help="only in-process search latency (see --memories)")
     args = parser.parse_args()
     global EMBEDDER
     EMBEDDER = ModelVectors if args.model_vectors else Precomputed
@@ -398,10 +471,13 @@ def main() -> None:
             bench_cleanup(100_000, args.rounds, tmp, args.against)
             return
         if args.cache_step:
-            bench_cache_step(args.memories, args.rounds, tmp)
+            bench_cache_step(args.memories or 100_000, args.rounds, tmp)
+            return
+        if args.search:
+            bench_search_pipeline(args.memories or 6000, args.rounds, tmp, args.against)
             return
         if args.crash_reopen:
-            bench_crash_reopen(args.memories, args.rounds, tmp, args.against, args.never_closed)
+            bench_crash_reopen(args.memories or 100_000, args.rounds, tmp, args.against, args.never_closed)
             return
         for n in [10_000] if args.quick else [10_000, 100_000]:
             bench_size(n, args.repeat, tmp)

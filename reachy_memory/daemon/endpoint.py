@@ -204,13 +204,29 @@ def prepare_ipc_dir(path: Path) -> None:
     """
     parent = path.parent
     if not parent.exists():
-        parent.mkdir(mode=0o700, parents=True)
-        os.chmod(parent, 0o700)  # whatever the umask
+        _make_private_dirs(parent)
         return
     mode = parent.stat().st_mode
     if mode & (stat.S_IWGRP | stat.S_IWOTH) and not mode & stat.S_ISVTX:
         raise ConfigError(f"socket directory {parent} is writable by other users (mode {stat.S_IMODE(mode):o}); "
                           "use a private directory for the ipc socket", key="server.endpoint")
+
+
+def _make_private_dirs(folder: Path) -> None:
+    """Create ``folder`` and every missing folder above it, each 0700 whatever the umask
+    (the default socket folder is ``<data dir>/run``: made with the umask's mode, the data
+    directory was 0755 until the store tightened it, with a warning, on the first start).
+    A folder another process made meanwhile is left as it is."""
+    missing = []
+    while not folder.exists():
+        missing.append(folder)
+        folder = folder.parent
+    for made in reversed(missing):
+        try:
+            made.mkdir(mode=0o700)
+        except FileExistsError:
+            continue
+        os.chmod(made, 0o700)
 
 
 class EndpointLock:

@@ -31,12 +31,13 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
-def http_token(path: Path) -> str:
+def http_token(path: Path, *, what: str = "MCP HTTP", key: str = "mcp") -> str:
     """The token HTTP clients must send: read from ``path``, or a fresh random one written
     there (0600, fsynced) when the file does not exist.  Raises ConfigError for a file
     that is not a regular file, that another user owns or others can read, or that holds
-    no token."""
-    token = _read_token(path)
+    no token; ``what`` names the server in its message (``reachy-memory web`` says "web
+    page"), ``key`` is its ConfigError's key."""
+    token = _read_token(path, what, key)
     if token is not None:
         return token
     # Written whole under a scratch name, then linked into place (never replacing a file): a
@@ -54,22 +55,22 @@ def http_token(path: Path) -> str:
         finally:
             scratch.unlink(missing_ok=True)
     except FileExistsError:
-        token = _read_token(path)  # another server made it first
+        token = _read_token(path, what, key)  # another server made it first
         if token is None:
-            raise ConfigError(f"the MCP HTTP token file {path} came and went: start again", key="mcp") from None
+            raise ConfigError(f"the {what} token file {path} came and went: start again", key=key) from None
         return token
     except OSError as exc:
-        raise ConfigError(f"cannot create the MCP HTTP token file {path}: {exc.strerror}", key="mcp") from exc
+        raise ConfigError(f"cannot create the {what} token file {path}: {exc.strerror}", key=key) from exc
     return token
 
 
 MAX_TOKEN_FILE_BYTES = 4096
 
 
-def _read_token(path: Path) -> str | None:
+def _read_token(path: Path, what: str = "MCP HTTP", key: str = "mcp") -> str | None:
     """The token in ``path``, None if there is no such file; checked on the file actually
     opened (no symlink followed, a FIFO never waited on), not on the name."""
-    not_regular = ConfigError(f"the MCP HTTP token file {path} is not a regular file", key="mcp")
+    not_regular = ConfigError(f"the {what} token file {path} is not a regular file", key=key)
     try:
         if not stat.S_ISREG(path.lstat().st_mode):  # never open a device, FIFO or symlink
             raise not_regular
@@ -79,26 +80,26 @@ def _read_token(path: Path) -> str | None:
     except OSError as exc:
         if exc.errno == errno.ELOOP:  # swapped for a symlink since
             raise not_regular from exc
-        raise ConfigError(f"cannot read the MCP HTTP token file {path}: {exc}", key="mcp") from exc
+        raise ConfigError(f"cannot read the {what} token file {path}: {exc}", key=key) from exc
     with os.fdopen(fd, "rb") as fh:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise not_regular
         if info.st_uid != os.geteuid():  # its owner chose the token (root reads any 0600 file)
-            raise ConfigError(f"the MCP HTTP token file {path} belongs to another user (uid {info.st_uid}), who "
-                              "knows the token: use a file of your own", key="mcp")
+            raise ConfigError(f"the {what} token file {path} belongs to another user (uid {info.st_uid}), who "
+                              "knows the token: use a file of your own", key=key)
         if info.st_mode & 0o077:
-            raise ConfigError(f"the MCP HTTP token file {path} can be read by other users (mode "
+            raise ConfigError(f"the {what} token file {path} can be read by other users (mode "
                               f"{stat.S_IMODE(info.st_mode):o}): chmod 600 it, or delete it for a new token",
-                              key="mcp")
+                              key=key)
         try:
             data = fh.read(MAX_TOKEN_FILE_BYTES + 1)
         except OSError as exc:
-            raise ConfigError(f"cannot read the MCP HTTP token file {path}: {exc}", key="mcp") from exc
+            raise ConfigError(f"cannot read the {what} token file {path}: {exc}", key=key) from exc
     text = data.decode("ascii", "replace").strip() if len(data) <= MAX_TOKEN_FILE_BYTES else ""
     if len(text) < MIN_TOKEN_CHARS or not text.isprintable() or any(c.isspace() for c in text) or "\ufffd" in text:
-        raise ConfigError(f"the MCP HTTP token file {path} holds no token (one word of at least "
-                          f"{MIN_TOKEN_CHARS} characters): delete it for a new one", key="mcp")
+        raise ConfigError(f"the {what} token file {path} holds no token (one word of at least "
+                          f"{MIN_TOKEN_CHARS} characters): delete it for a new one", key=key)
     return text
 
 

@@ -2,21 +2,25 @@
 
 Threads, so that the robot's control loop never waits behind slow work::
 
-    I/O thread (main)   ROUTER socket: decode, validate, answer cheap ops inline
-                        (ping, health, stats, get, get_context, get_context_window),
+    I/O thread (main)   ROUTER socket: decode, check the arguments against the op's row,
+                        answer inline ops (ping, health, stats, get, get_context,
+                        get_context_window), queue the others on their row's lane,
                         forward replies, run the scheduler and the watchdog
     embed thread        embeds queries and new memories (onnxruntime releases the GIL)
     engine thread       the only thread that mutates the store or searches its indexes;
-                        idle time inserts pending vectors into the graph
+                        idle time inserts pending vectors into the graph (``upkeep``)
     sync thread         makes each write durable (fsync), then sends its reply: the engine
                         goes on meanwhile (a search never waits behind a write's fsync),
                         and one fsync serves every write made before it (group commit)
     background thread   writes backups from a frozen view of the store, one at a time
                         (the store lock only to freeze and thaw: the engine goes on)
 
-Queues between them are bounded: when one is full the request is answered
-``busy`` at once.  A request's ``timeout_ms`` is checked before work starts.
-SIGTERM/SIGINT stop intake, finish what is queued (up to
+This module is the daemon's life (start, the I/O thread, stop); ``lanes`` holds the
+worker threads and their queues, ``handlers`` one function per op, ``operations``
+the op table every request is routed and run by, ``upkeep`` the engine's work
+between requests.  Queues between the threads are bounded: when one is full the
+request is answered ``busy`` at once.  A request's ``timeout_ms`` is checked before
+work starts.  SIGTERM/SIGINT stop intake, finish what is queued (up to
 ``server.drain_seconds``), flush and close the store.
 """
 
@@ -32,17 +36,15 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
-import numpy as np
 import zmq
 
-from reachy_memory._threads import bound_native_heap, release_free_heap
+from reachy_memory._threads import bound_native_heap
 from reachy_memory.config import Config, ServerConfig
 from reachy_memory.daemon import protocol as proto
-from reachy_memory.daemon.clock import STEP_SECONDS, ClockWatch, Redate, SyncWatch, clock_synchronized
+from reachy_memory.daemon.clock import clock_synchronized
 from reachy_memory.daemon.endpoint import (
     EndpointLock,
     check_endpoint,
@@ -51,47 +53,30 @@ from reachy_memory.daemon.endpoint import (
     prepare_ipc_dir,
     resolve_endpoint,
 )
-from reachy_memory.daemon.operations import LANES, OPERATIONS, check_args
+from reachy_memory.daemon.handlers import BackupProgress
+from reachy_memory.daemon.jobs import Job, Stats
+from reachy_memory.daemon.lanes import REPLIES, Lanes
+from reachy_memory.daemon.operations import OPERATIONS, check_args
 from reachy_memory.daemon.systemd import notify, watchdog_interval
 from reachy_memory.embedding.embedder import describe, load_embedder
 from reachy_memory.embedding.model_files import local_weights, weights_signature
 from reachy_memory.engine.store import MemoryStore
 from reachy_memory.errors import (
     AlreadyRunningError,
-    BusyError,
     ConfigError,
     ModelUnavailableError,
     ProtocolError,
     ReachyMemoryError,
-    RequestTimeoutError,
     TooLargeError,
     ValidationError,
 )
-from reachy_memory.model import to_epoch
 
 log = logging.getLogger(__name__)
-REPLIES = "inproc://reachy-memory-replies"
 # Replies queued per client before further ones are dropped and counted (a client may pipeline
 # a burst of requests, so not fewer); with reads capped at server.max_reply_bytes (1 MiB) a
 # client that never reads holds at most 256 MiB, and in practice far less (README, abuse).
 REPLY_HWM = 256
-# Reads whose result can outgrow their request are capped at server.max_reply_bytes (a write's
-# reply echoes what it stored, so it is bounded by the request limit, and is never refused
-# after the write was made durable).
-CAPPED = frozenset({"search", "recall", "export", "history", "context_for", "people"})
-# Engine-thread reads: answered at once, never held for the fsync of an earlier write (what
-# they return may be a write not durable yet, whose own reply still waits for it). Every
-# other engine-thread op is answered once what the journal holds is durable, even when it
-# wrote nothing itself: a retried store finds its memory written but maybe not synced.
-READS = frozenset({"search", "export", "recall", "history", "find_person", "person_by_external_id", "people",
-                   "person_redirects", "note", "context_for"})
-IDLE_STEP = 8  # vectors (or buried records) per upkeep step: 2-4 ms of graph insertion on this VM
-IDLE_SLICE = 0.04  # seconds of upkeep per idle tick (the engine then checks its queue again)
-UPKEEP_PAUSE_SECONDS = 60.0  # after an unexpected fault in idle upkeep (not retried every 50 ms)
 MODEL_POLL_SECONDS = 5.0  # a daemon started before 'model fetch' looks for the weights this often (stat calls)
-INLINE = LANES["inline"]  # answered on the I/O thread (lock-free views)
-EMBEDDED = LANES["embed"]  # embedded on the embedding thread, committed on the engine thread
-BACKGROUND = LANES["background"]  # long jobs on a thread of their own (a backup of 100k memories: seconds)
 # SIGTERM's worst case, part by part: the I/O loop lets in-flight requests finish for up to
 # server.drain_seconds; _shutdown gives the workers STOP_WORKERS_SECONDS in all (one deadline
 # for their sentinels and joins); the store's close (a closing compaction, after any background
@@ -103,66 +88,6 @@ STOP_WORKERS_SECONDS = 30.0
 FINAL_REPLIES_LINGER_MS = 500  # how long the last replies may take to leave when the ROUTER closes
 STOP_CLOSE_SECONDS = 30.0
 STOP_BUDGET_SECONDS = ServerConfig.drain_seconds + STOP_WORKERS_SECONDS + STOP_CLOSE_SECONDS
-
-
-@dataclass
-class _Job:
-    """One request on its way through the queues."""
-
-    envelope: list[bytes]
-    request_id: Any
-    op: str
-    args: dict[str, Any]
-    deadline: float | None
-    received: float
-    prepared: Any = None
-    stages: dict[str, float] = field(default_factory=dict)  # seconds spent per stage (see stats)
-    done: bool = False  # it succeeded (its reply is an ok one)
-
-
-class _BackupProgress:
-    """The backup being written, as ``health`` shows it: the background thread writes
-    ``written``, the I/O thread reads it (one int, replaced whole)."""
-
-    def __init__(self, path: str) -> None:
-        self.path, self.since, self.written = path, time.monotonic(), 0
-
-    def wrote(self, total: int) -> None:
-        self.written = total
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "seconds": round(time.monotonic() - self.since, 3), "bytes": self.written}
-
-
-class _Recent:
-    """The latest ``size`` durations (seconds) in a float32 ring: a deque of Python
-    floats cost ~32 bytes a sample (2 MB over a daemon's ops) and kept every sample
-    alive for 2,048 requests among the long-lived objects, fragmenting the heap.
-    Two threads appending at once may overwrite one sample (stats only)."""
-
-    def __init__(self, size: int = 2048) -> None:
-        self._values = np.zeros(size, np.float32)
-        self._count = 0
-
-    def append(self, seconds: float) -> None:
-        self._values[self._count % len(self._values)] = seconds
-        self._count += 1
-
-    def values(self) -> np.ndarray:
-        """The samples held (at most ``size``, in no particular order)."""
-        return self._values[: len(self)]
-
-    def __len__(self) -> int:
-        return min(self._count, len(self._values))
-
-
-@dataclass
-class _OpStats:
-    count: int = 0
-    errors: int = 0
-    latencies: _Recent = field(default_factory=_Recent)
-    # Where a request's time went: "wait" (in queues and handoffs), "embed", "engine".
-    stages: dict[str, _Recent] = field(default_factory=dict)
 
 
 class BadRequestLog:
@@ -230,21 +155,17 @@ class _ModelWatch:
 
 
 class Daemon:
-    """A running reachy-memory service. ``serve()`` blocks until stopped."""
+    """A running reachy-memory service. ``serve()`` blocks until stopped.
 
-    _handlers: ClassVar[dict[str, Callable[[Daemon, _Job], Any]]]
-    _upkeep_paused_until = 0.0  # engine thread: idle upkeep stays off until then (monotonic) after a fault
+    Owned by the I/O thread: the sockets, ``bad_requests``, ``replies_dropped``, the model
+    watch.  ``lanes`` owns the worker threads, their queues and the jobs in flight;
+    ``upkeep`` (the engine thread's) the last sweep and redate that ``health`` shows;
+    the background thread sets ``backup_running`` while it writes one.
+    """
 
     def __init__(self, config: Config, *, store: MemoryStore | None = None, endpoint: str | None = None,
                  insecure_tcp: bool = False, clock_sync: Callable[[], bool | None] = clock_synchronized) -> None:
         self._stopping = threading.Event()
-        self._inflight = 0  # I/O thread writes; the engine thread only reads it (idle upkeep yields)
-        self._last_request = time.monotonic()  # I/O thread writes (monotonic, a request's arrival); engine reads
-        self._enqueued = 0  # I/O thread only: requests queued so far (a trim is due only after some)
-        # Backups in flight are in _inflight too, but the engine's idle upkeep need not yield to
-        # them (they run beside it): queued (I/O thread only) and answered (background thread only).
-        self._background_queued = 0
-        self._background_answered = 0
         self._install_signals()  # first: a SIGTERM while the model loads must still stop cleanly
         log.info("starting (pid %d): SIGTERM/SIGINT now stop cleanly", os.getpid())
         self.config = config
@@ -263,28 +184,13 @@ class Daemon:
         self._model_watch = _ModelWatch(config, store is None and self.store.embedder is None
                                         and config.embedding.enabled)
         self._ctx = zmq.Context()
-        self._embed_q: queue.Queue[_Job | None] = queue.Queue(config.server.queue_size)
-        self._engine_q: queue.Queue[_Job | Callable[[], None] | None] = queue.Queue(config.server.queue_size)
-        self._background_q: queue.Queue[_Job | None] = queue.Queue(1)  # one running, one waiting
-        # (job, reply, what makes it durable): bounded, so a write flood on a slow disk holds the
-        # engine back (backpressure) instead of growing without end
-        self._sync_q: queue.Queue[tuple[_Job | None, bytes, Callable[[], None]] | None] = queue.Queue(
-            4 * config.server.queue_size)
-        self._upkeep_syncing = threading.Event()  # the engine's own writes wait in _sync_q (see _sync_later)
-        self._stats: dict[str, _OpStats] = {}  # op -> stats; threads add ops by setdefault
+        self._stats = Stats()
+        self.lanes = Lanes(self, self.store, config, self._stats, self._ctx, clock_sync=clock_sync)
+        self.upkeep = self.lanes.upkeep
         self.bad_requests = BadRequestLog()
-        self.replies_dropped = 0  # I/O thread only
+        self.replies_dropped = 0
         self._started = time.monotonic()  # uptime: not moved by a step of the wall clock
-        self._clock = ClockWatch()  # engine thread (the sweep): a forward step defers a sweep
-        # engine thread: NTP's first sync redates the stale period (after what the store held at start)
-        self._sync = SyncWatch(synced=clock_sync, after=self.store.latest_time())
-        self.last_redate: dict[str, Any] | None = None  # engine thread swaps it whole; health reads it
-        self._engine_beat = time.monotonic()
-        self._upkeep_left = False  # engine thread: the last idle slice ended with index work left
-        self.last_cleanup: dict[str, Any] | None = None
-        self.backup_running: _BackupProgress | None = None  # background thread sets and updates it
-        self._trim_due = threading.Event()  # the I/O loop sets it every server.heap_trim_seconds
-        self._trims: list[float] = []  # engine thread appends; durations (ms) of the last heap trims
+        self.backup_running: BackupProgress | None = None
         self._auth: Any = None
 
     # -- sockets -----------------------------------------------------------------------
@@ -332,13 +238,10 @@ class Daemon:
         router = self._bind()
         replies = self._ctx.socket(zmq.PULL)
         replies.bind(REPLIES)
-        workers = [threading.Thread(target=self._embed_loop, name="embed", daemon=True),
-                   threading.Thread(target=self._engine_loop, name="engine", daemon=True),
-                   threading.Thread(target=self._sync_loop, name="sync", daemon=True),
-                   threading.Thread(target=self._background_loop, name="background", daemon=True)]
+        workers = self.lanes.threads()
         for w in workers:
             w.start()
-        self._engine_q.put(self._cleanup)  # at start-up, then every cleanup_interval
+        self.lanes.engine_q.put(self.upkeep.cleanup)  # at start-up, then every cleanup_interval
         log.info("serving %s on %s (%d memories, embedder %s)", self.store.path.resolve(), self.endpoint,
                  len(self.store), describe(self.store.embedder)["state"])
         notify(f"READY=1\nSTATUS=serving {self.endpoint}")
@@ -367,16 +270,16 @@ class Daemon:
             now = time.monotonic()
             if now >= next_cleanup:
                 next_cleanup = now + self.config.memory.cleanup_interval
-                self._enqueue_internal(self._cleanup)
+                self.lanes.schedule(self.upkeep.cleanup)
             if now >= next_trim:
                 next_trim = now + trim_every
-                if self._enqueued != trimmed_at:  # an idle daemon has nothing new to give back
-                    trimmed_at = self._enqueued
-                    self._trim_due.set()  # done by the engine at its next idle moment
+                if self.lanes.enqueued != trimmed_at:  # an idle daemon has nothing new to give back
+                    trimmed_at = self.lanes.enqueued
+                    self.upkeep.trim_due.set()  # done by the engine at its next idle moment
             if self._model_watch.active and now >= next_model_check:
                 next_model_check = now + MODEL_POLL_SECONDS
                 self._look_for_model()
-            if beat and self.config.server.watchdog and now >= next_beat and now - self._engine_beat < 2 * beat:
+            if beat and self.config.server.watchdog and now >= next_beat and now - self.lanes.engine_beat < 2 * beat:
                 notify("WATCHDOG=1")
                 next_beat = now + beat
             self.bad_requests.summarise()
@@ -384,7 +287,7 @@ class Daemon:
                 if drain_until is None:  # a backup being written is abandoned now, its reply sent while
                     self.store.begin_closing()  # the loop still runs (one left to _shutdown could be lost)
                 drain_until = drain_until or now + self.config.server.drain_seconds
-                if self._inflight <= 0 or now > drain_until:
+                if self.lanes.inflight <= 0 or now > drain_until:
                     return
 
     def _look_for_model(self) -> None:
@@ -412,7 +315,7 @@ class Daemon:
 
         while not self._stopping.is_set():  # the engine adopts it between requests
             try:
-                self._engine_q.put(adopt, timeout=1.0)
+                self.lanes.engine_q.put(adopt, timeout=1.0)
                 return
             except queue.Full:
                 continue
@@ -423,7 +326,7 @@ class Daemon:
                 frames = replies.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            self._inflight -= 1
+            self.lanes.answered()
             self._reply(router, frames)
 
     def _reply(self, router: zmq.Socket, frames: list[bytes]) -> None:
@@ -460,26 +363,26 @@ class Daemon:
             self.bad_requests.note(exc.code, exc)
             self._reply(router, [*envelope, proto.error_from(_request_id(exc, body), exc)])
             return
-        if job.op in INLINE:
-            self._reply(router, [*envelope, self._run(job, self._handlers)])
-        else:
-            self._enqueue(router, job)
+        self._route(router, job)
 
-    def _parse(self, envelope: list[bytes], body: bytes) -> _Job:
+    def _parse(self, envelope: list[bytes], body: bytes) -> Job:
+        """The request in ``body`` as a Job of its op's row, arguments checked; raises the
+        ReachyMemoryError to answer (with the request's id when it was read)."""
         message = proto.decode(body, untrusted=True)
         request_id = message.get("id")
         if not proto.is_request_id(request_id):
             raise ProtocolError("request 'id' must be a string or an integer")
-        op, args = message.get("op"), message.get("args", {})
+        name, args = message.get("op"), message.get("args", {})
         if message.get("v") != proto.VERSION:
             raise _with_id(ProtocolError(f"unsupported protocol version {message.get('v')!r}; this daemon speaks 1"),
                            request_id)
-        if not isinstance(op, str) or op not in OPERATIONS:
-            raise _with_id(ProtocolError(f"unknown op {op!r}"), request_id)
+        op = OPERATIONS.get(name) if isinstance(name, str) else None
+        if op is None:
+            raise _with_id(ProtocolError(f"unknown op {name!r}"), request_id)
         if not isinstance(args, dict):
             raise _with_id(ProtocolError("'args' must be a map"), request_id)
         try:
-            args = check_args(OPERATIONS[op], args)
+            args = check_args(op, args)
         except ValidationError as exc:
             raise _with_id(exc, request_id) from None
         timeout_ms = message.get("timeout_ms")
@@ -487,331 +390,36 @@ class Daemon:
             raise _with_id(ProtocolError("'timeout_ms' must be a number"), request_id)
         now = time.monotonic()
         deadline = now + timeout_ms / 1000.0 if timeout_ms is not None else None
-        return _Job(envelope, request_id, op, args, deadline, now)
+        return Job(envelope, request_id, op, args, deadline, now)
 
-    def _enqueue(self, router: zmq.Socket, job: _Job) -> None:
-        target: queue.Queue[Any] = (self._embed_q if job.op in EMBEDDED else
-                                    self._background_q if job.op in BACKGROUND else self._engine_q)
-        background = target is self._background_q
-        self._inflight += 1  # before the put: the engine must never see the job queued but not in flight
-        self._last_request = job.received
-        self._enqueued += 1
-        self._background_queued += background
-        try:
-            target.put_nowait(job)
-        except queue.Full:
-            self._inflight -= 1
-            self._background_queued -= background
-            self._record(job.op, time.monotonic() - job.received, failed=True)
-            busy = BusyError("a backup is being written and another waits; try again when they are done"
-                             if background else "daemon queues are full")
+    def _route(self, router: zmq.Socket, job: Job) -> None:
+        """Answer an inline op now; queue any other on its row's lane (``busy`` when full)."""
+        if job.op.lane == "inline":
+            self._reply(router, [*job.envelope, self.lanes.run(job)])
+            return
+        busy = self.lanes.submit(job)
+        if busy is not None:
             self._reply(router, [*job.envelope, proto.error_from(job.request_id, busy)])
 
-    def _enqueue_internal(self, task: Callable[[], None]) -> None:
-        try:
-            self._engine_q.put_nowait(task)
-        except queue.Full:
-            log.warning("engine queue full; scheduled maintenance postponed")
-
-    # -- workers -----------------------------------------------------------------------
-
-    def _embed_loop(self) -> None:
-        push = self._push_socket()
-        while (job := self._embed_q.get()) is not None:
-            try:
-                self._check_deadline(job)
-                started = time.monotonic()
-                job.prepared = self._prepare(job)
-                job.stages["embed"] = time.monotonic() - started
-                self._engine_q.put(job, timeout=1.0)
-            except queue.Full:
-                push.send_multipart([*job.envelope, proto.error_from(job.request_id, BusyError("engine queue full"))])
-            except Exception as exc:
-                push.send_multipart([*job.envelope, self._failure(job, exc)])
-        push.close()
-
-    def _engine_loop(self) -> None:
-        push = self._push_socket()
-        while True:
-            self._engine_beat = time.monotonic()
-            try:  # with upkeep left, idle time starts 5 ms after the last request, not 50
-                item = self._engine_q.get(timeout=0.005 if self._upkeep_left else 0.05)
-            except queue.Empty:
-                self._check_sync()
-                with self.store.deferred_durability():
-                    self._upkeep_left = self._idle()
-                self._sync_later()
-                continue
-            if item is None:
-                break
-            self._check_sync()  # before each job too: a write after a sync lands after its redate
-            if isinstance(item, _Job):
-                self._answer(push, item)
-            else:
-                with self.store.deferred_durability():
-                    self._internal(item)
-                self._sync_later()
-        push.close()
-
-    def _sync_later(self) -> None:
-        """Engine thread, after its own upkeep (decay clock refreshes, vectors embedded
-        late, the scheduled expiry sweep): their fsync goes to the sync thread too, so
-        that a search arriving meanwhile does not wait for it.  Nobody waits for their
-        durability: with the sync queue full, the next write's fsync (or closing) covers
-        them; a power cut before that loses only what the daemon redoes by itself."""
-        if self._upkeep_syncing.is_set():  # one at a time (an idle tick comes every 5-50 ms)
-            return
-        mark = self.store.durability_mark()
-        if mark is not None:
-            self._upkeep_syncing.set()  # (before the put: the sync thread clears it once done)
-            try:
-                self._sync_q.put_nowait((None, b"", mark))
-            except queue.Full:
-                self._upkeep_syncing.clear()
-
-    def _answer(self, push: zmq.Socket, job: _Job) -> None:
-        """Engine thread: run ``job``; a read's reply goes at once, another's once what
-        the journal holds is durable (on the sync thread, when an fsync is due)."""
-        if job.op in READS:
-            push.send_multipart([*job.envelope, self._run(job, self._handlers)])
-            return
-        with self.store.deferred_durability():
-            reply = self._run(job, self._handlers, record=False)
-        mark = self.store.durability_mark()
-        if mark is None:
-            self._record_done(job)
-            push.send_multipart([*job.envelope, reply])
-        else:
-            self._sync_q.put((job, reply, mark))
-
-    def _sync_loop(self) -> None:
-        """Sync thread: make each write durable, then send its reply (an fsync that
-        fails replaces it by the error; the store then refuses writes). One fsync covers
-        every write queued before it: the later marks return at once."""
-        push = self._push_socket()
-        while (item := self._sync_q.get()) is not None:
-            job, reply, mark = item
-            if job is None:  # the engine's own upkeep: no reply waits for it
-                try:
-                    mark()
-                except Exception as exc:
-                    log.warning("the engine's upkeep writes are not known durable yet: %s", exc)
-                self._upkeep_syncing.clear()
-                continue
-            push.send_multipart([*job.envelope, self._durable_reply(job, reply, mark)])
-        push.close()
-
-    def _durable_reply(self, job: _Job, reply: bytes, mark: Callable[[], None]) -> bytes:
-        """``reply`` once ``mark`` has returned; when it raises, the error instead (a
-        reply that already was an error stays that error, counted once).  Never raises:
-        whatever ``mark`` raises, the sync thread goes on (else every later write would
-        wait for good, and the engine with them once the queue is full)."""
-        started = time.monotonic()
-        try:
-            mark()
-        except Exception as exc:
-            return self._failure(job, exc) if job.done else reply
-        job.stages["sync"] = time.monotonic() - started
-        self._record_done(job)
-        return reply
-
-    def _background_loop(self) -> None:
-        """Background thread: long jobs (backups), one at a time, beside the engine."""
-        push = self._push_socket()
-        while (job := self._background_q.get()) is not None:
-            push.send_multipart([*job.envelope, self._run(job, self._handlers)])
-            self._background_answered += 1  # after the reply: until the I/O thread counts it, still in flight
-        push.close()
-
-    def _internal(self, task: Callable[[], None]) -> None:
-        try:
-            task()
-        except Exception:  # maintenance must never take the daemon down
-            log.exception("maintenance task failed")
-
-    def _idle(self) -> bool:
-        """Index upkeep in small steps (``IDLE_STEP`` vectors, 2-4 ms) for up to
-        ``IDLE_SLICE`` seconds, stopping as soon as a request is in flight: one step
-        of 256 vectors held the engine ~50 ms, and a search arriving then waited for
-        it (p99 43.5 ms, max 76 ms while 3,000 new vectors went into the graphs).
-        A heap trim that is due goes first (:meth:`_trim_heap`).
-        Returns True when work is left (the engine then comes back sooner)."""
-        if time.monotonic() < self._upkeep_paused_until:
-            return False
-        if self._trim_due.is_set() and self._quiet():
-            self._trim_due.clear()
-            self._trim_heap()
-        until = time.monotonic() + IDLE_SLICE
-        try:
-            while self._quiet() and time.monotonic() < until:
-                if not self.store.maintain(budget=IDLE_STEP, save_cache=self._quiet_for_a_while()):
-                    return False  # nothing left, or nothing doable yet (graphs still loading)
-        except ReachyMemoryError as exc:
-            log.warning("index maintenance failed: %s", exc)
-            return False
-        except Exception:  # a fault in upkeep must not end the engine thread: no request would be answered
-            log.exception("index maintenance failed; idle upkeep pauses for %.0f s", UPKEEP_PAUSE_SECONDS)
-            self._upkeep_paused_until = time.monotonic() + UPKEEP_PAUSE_SECONDS
-            return False
-        return True
-
-    def _quiet_for_a_while(self) -> bool:
-        """No request for ``server.graph_cache_quiet_seconds``: a graph cache save (tens of
-        milliseconds at 100k memories, holding the GIL) may run without meeting one."""
-        return time.monotonic() - self._last_request >= self.config.server.graph_cache_quiet_seconds
-
-    def _quiet(self) -> bool:
-        """Nothing queued for the engine and no request in flight but backups (idle work
-        may run: a backup is written beside the engine, and takes seconds to minutes)."""
-        background = self._background_queued - self._background_answered
-        return self._engine_q.empty() and self._inflight - background <= 0
-
-    def _push_socket(self) -> zmq.Socket:
-        push = self._ctx.socket(zmq.PUSH)
-        push.linger = 1000
-        push.connect(REPLIES)
-        return push
-
-    def _run(self, job: _Job, table: dict[str, Callable[[Daemon, _Job], Any]], *, record: bool = True) -> bytes:
-        """``job``'s reply (its error's, when it fails: recorded then); a success is
-        recorded in the stats unless ``record`` is False (see :meth:`_record_done`)."""
-        started = time.monotonic()
-        try:
-            self._check_deadline(job)
-            result = table[job.op](self, job)
-        except Exception as exc:
-            return self._failure(job, exc)
-        if job.op not in INLINE:  # an inline op's whole time is its work on the I/O thread
-            job.stages["engine"] = time.monotonic() - started
-        reply = proto.ok(job.request_id, result)
-        if job.op in CAPPED and len(reply) > self.config.server.max_reply_bytes:
-            limit = self.config.server.max_reply_bytes
-            return self._failure(job, TooLargeError(
-                f"{job.op}: the result is {len(reply)} bytes, over the {limit}-byte reply limit; ask for fewer "
-                "results (limit) or raise server.max_reply_bytes", field="result", size=len(reply), limit=limit))
-        job.done = True
-        if record:
-            self._record_done(job)
-        return reply
-
-    def _record_done(self, job: _Job) -> None:
-        """Record a job :meth:`_run` did not record (a success whose reply waited for its
-        fsync: the wait counts)."""
-        if job.done:
-            self._record(job.op, time.monotonic() - job.received, failed=False, stages=job.stages)
-
-    def _failure(self, job: _Job, exc: Exception) -> bytes:
-        self._record(job.op, time.monotonic() - job.received, failed=True)
-        if isinstance(exc, ReachyMemoryError):
-            return proto.error_from(job.request_id, exc)
-        log.exception("internal error in %s", job.op)
-        return proto.error(job.request_id, "internal", f"{type(exc).__name__}: {exc}")
-
-    @staticmethod
-    def _check_deadline(job: _Job) -> None:
-        if job.deadline is not None and time.monotonic() > job.deadline:
-            raise RequestTimeoutError(f"{job.op}: deadline passed before the work started")
-
-    def _record(self, op: str, seconds: float, *, failed: bool, stages: dict[str, float] | None = None) -> None:
-        # one atomic setdefault: two threads meeting a new op must not both make one
-        stats = self._stats.get(op) or self._stats.setdefault(op, _OpStats())
-        stats.count += 1
-        stats.errors += failed
-        stats.latencies.append(seconds)
-        if stages:  # what the stages do not account for waited in queues and handoffs
-            for name, spent in (stages | {"wait": seconds - sum(stages.values())}).items():
-                stats.stages.setdefault(name, _Recent()).append(spent)
-
-    # -- op implementations ------------------------------------------------------------
-
-    def _prepare(self, job: _Job) -> Any:
-        a, store = job.args, self.store
-        if job.op == "search":
-            mode = store.check_search_args(a["query"], a["limit"], a["min_score"], a.get("mode"))
-            return store.embed_query(a["query"]) if mode != "lexical" else None
-        if job.op == "set_context":
-            return store.prepare_context(a["key"], a["value"])
-        if job.op == "import":
-            return store.prepare_import(a["memories"], a.get("people") or ())
-        if job.op == "record_turn":
-            return store.prepare_turn(a["role"], a["content"], a.get("metadata"), owner=a.get("owner"), id=a.get("id"))
-        return store.prepare(_store_items(job.op, a))
-
-    def _check_sync(self) -> None:
-        """Engine thread: redate the memories written since boot when NTP's first sync
-        has just stepped the wall clock (``_clock.SyncWatch``); two clock reads otherwise.
-        Never raises: a failure is logged and the memories keep their times."""
-        try:
-            redate = self._sync.check()
-            if redate is not None:
-                self._redate(redate)
-        except Exception:  # the engine thread must go on answering
-            log.exception("redating the memories written before the clock's first sync failed")
-
-    def _redate(self, redate: Redate) -> None:
-        """Journal and apply ``redate`` (``MemoryStore.redate``), log it, show it in ``health``."""
-        moved = self.store.redate(redate.since, redate.until, redate.delta)
-        self.last_redate = {"time": time.time(), "memories": moved, "delta_s": round(redate.delta, 3),
-                            "since": redate.since, "until": redate.until}
-        log.warning("NTP's first sync stepped the wall clock by %+.0f s: %d memories written since boot by the "
-                    "stale clock redated by that much", redate.delta, moved)
-
-    def _cleanup(self) -> None:
-        """The scheduled expiry sweep, deferred by one interval when the wall clock just
-        stepped forward (see ``_clock``): a step undone meanwhile deletes nothing then.
-        NTP's first sync, seen first, redates what the stale clock dated (``_check_sync``)."""
-        self._check_sync()
-        step = self._clock.step()
-        if step > STEP_SECONDS:
-            self.last_cleanup = {"time": time.time(), "deleted": 0, "duration_ms": None, "deferred_s": round(step, 3)}
-            log.warning("the wall clock stepped forward by %.0f s since the last expiry sweep: sweep deferred by "
-                        "one cleanup_interval (a clock glitch would otherwise delete memories for good)", step)
-            return
-        started = time.monotonic()
-        deleted = self.store.cleanup_expired()
-        took = (time.monotonic() - started) * 1000
-        self.last_cleanup = {"time": time.time(), "deleted": deleted, "duration_ms": round(took, 3)}
-        log.info("cleanup_expired: deleted %d expired memories in %.1f ms (%d remain)", deleted, took, len(self.store))
-
-    def _trim_heap(self) -> None:
-        """Give the C heap's free pages back (``malloc_trim``, 1-6 ms at 10k memories),
-        on the engine thread when no request is in flight.  A request arriving
-        during it may wait: the trim holds each malloc arena while it walks it, so
-        even the I/O thread's inline answers can block on ``malloc`` that long.
-        Embedding frees its activations every call and the freed space stays
-        scattered through the heap: 30 s after a 2-minute mixed load
-        (``tools/bench_daemon.py``) RSS was 180 MB without trims and 173-177 MB
-        with them.  Under a continuous load it gains nothing lasting (the heap
-        fills again within seconds: peak 186 MB either way), so it waits for idle time."""
-        started = time.monotonic()
-        if release_free_heap():
-            self._trims = [*self._trims[-99:], (time.monotonic() - started) * 1000]
-
     def health(self) -> dict[str, Any]:
-        """Liveness summary: embedder state, counts, last cleanup, a backup being written, uptime."""
+        """Liveness summary: embedder state, counts, last cleanup, a backup being written, uptime,
+        the pause of remembering."""
         read_only, running = self.store.read_only, self.backup_running
         status = "stopping" if self._stopping.is_set() else "read_only" if read_only else "ok"
         return {"status": status, "read_only": read_only,
                 "embedder": describe(self.store.embedder) | {"error": self.store.embedder_error},
-                "memories": len(self.store), "last_cleanup": self.last_cleanup, "last_redate": self.last_redate,
+                "memories": len(self.store), "last_cleanup": self.upkeep.last_cleanup,
+                "last_redate": self.upkeep.last_redate,
                 "backup_running": running and running.to_dict(),
                 "uptime_s": round(time.monotonic() - self._started, 3), "endpoint": self.endpoint,
-                "data_dir": str(self.store.path.resolve())}  # absolute: a client compares it from elsewhere
+                "data_dir": str(self.store.path.resolve()),  # absolute: a client compares it from elsewhere
+                "remembering": self.store.remembering()}  # the pause (a brief lock, no store lock)
 
     def stats(self) -> dict[str, Any]:
         """Per-op counts and latency percentiles, store sizes, queue depths, uptime."""
-        ops: dict[str, dict[str, Any]] = {}
-        for op, s in sorted(self._stats.items()):
-            lat = s.latencies.values() * 1000 if len(s.latencies) else np.zeros(1)
-            ops[op] = {"count": s.count, "errors": s.errors, "p50_ms": round(float(np.percentile(lat, 50)), 3),
-                       "p99_ms": round(float(np.percentile(lat, 99)), 3)}
-            if s.stages:
-                ops[op]["stages_p50_ms"] = {name: round(1000 * float(np.percentile(v.values(), 50)), 3)
-                                            for name, v in sorted(s.stages.items())}
-        return {"ops": ops, "store": self.store.stats(), "uptime_s": round(time.monotonic() - self._started, 3),
-                "queues": {"embed": self._embed_q.qsize(), "engine": self._engine_q.qsize(),
-                           "sync": self._sync_q.qsize(), "background": self._background_q.qsize()},
-                "replies_dropped": self.replies_dropped, "heap_trims": _trim_summary(self._trims)}
+        return {"ops": self._stats.summary(), "store": self.store.stats(),
+                "uptime_s": round(time.monotonic() - self._started, 3), "queues": self.lanes.depths(),
+                "replies_dropped": self.replies_dropped, "heap_trims": self.upkeep.trim_summary()}
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -829,7 +437,8 @@ class Daemon:
         first = not self._stopping.is_set()
         self._stopping.set()
         if first:
-            log.info("stopping: finishing %d in-flight requests", self._inflight)
+            lanes = getattr(self, "lanes", None)  # None: stopped while starting, nothing in flight yet
+            log.info("stopping: finishing %d in-flight requests", lanes.inflight if lanes else 0)
 
     def _shutdown(self, workers: list[threading.Thread], router: zmq.Socket, replies: zmq.Socket) -> None:
         """Stop the embed thread, then the engine and background threads (their sentinels
@@ -838,8 +447,7 @@ class Daemon:
         forward the last replies, close the store and release the endpoint."""
         deadline = time.monotonic() + STOP_WORKERS_SECONDS
         self.store.begin_closing()  # a backup being written is abandoned now, not waited for
-        queues: list[queue.Queue[Any]] = [self._embed_q, self._engine_q, self._sync_q, self._background_q]
-        stages = list(zip(queues, workers, strict=True))
+        stages = list(zip(self.lanes.queues(), workers, strict=True))
         for jobs, worker in stages:
             try:
                 jobs.put(None, timeout=max(0.0, deadline - time.monotonic()))
@@ -868,13 +476,6 @@ class Daemon:
         log.info("stopped")
 
 
-def _trim_summary(trims: list[float]) -> dict[str, float | None]:
-    """Count, median and max (ms; None before the first) of the last heap trims."""
-    if not trims:
-        return {"recent": 0, "p50_ms": None, "max_ms": None}
-    return {"recent": len(trims), "p50_ms": round(float(np.median(trims)), 3), "max_ms": round(max(trims), 3)}
-
-
 def _request_id(exc: ReachyMemoryError, body: bytes) -> Any:
     """The id to answer a refused request with: the one ``_parse`` read, else the one
     at the start of a frame it could not decode (None: the client cannot tell which
@@ -886,71 +487,6 @@ def _request_id(exc: ReachyMemoryError, body: bytes) -> Any:
 def _with_id(exc: ReachyMemoryError, request_id: Any) -> ReachyMemoryError:
     exc.request_id = request_id  # type: ignore[attr-defined]
     return exc
-
-
-def _store_items(op: str, a: dict[str, Any]) -> list[dict[str, Any]]:
-    """The items of the store-like ops (arguments already checked against the table)."""
-    if op == "store_batch":
-        return a["items"]  # type: ignore[no-any-return]
-    kind = {"remember_fact": "fact", "remember_conversation": "conversation"}.get(op) or a["memory_type"]
-    item = {"content": a["content"], "memory_type": kind, "metadata": a.get("metadata"), "id": a.get("id")}
-    if op == "store":
-        item |= {"owner": a.get("owner"), "shared": a["shared"]}
-    return [item]
-
-
-def _memory(m: Any) -> dict[str, Any] | None:
-    return proto.memory_to_wire(m) if m is not None else None
-
-
-def _memories(ms: list[Any]) -> list[dict[str, Any]]:
-    return [proto.memory_to_wire(m) for m in ms]
-
-
-def _person(p: Any) -> dict[str, Any] | None:
-    return proto.person_to_wire(p) if p is not None else None
-
-
-def _search(d: Daemon, job: _Job) -> list[dict[str, Any]]:
-    a = job.args
-    hits = d.store.search_vector(a["query"], job.prepared, a.get("memory_type"), a["limit"], a["min_score"],
-                                 a.get("where"), mode=a.get("mode") or d.config.search.mode, about=a.get("about"),
-                                 owner=a.get("owner"), include_superseded=a["include_superseded"])
-    return proto.results_to_wire(hits)
-
-
-def _commit(d: Daemon, job: _Job) -> Any:
-    memories = d.store.commit(job.prepared)
-    return _memories(memories) if job.op == "store_batch" else _memory(memories[0])
-
-
-def _export(d: Daemon, job: _Job) -> dict[str, Any]:
-    limit = job.args["limit"]
-    if not 1 <= limit <= 5000:
-        raise ValidationError("limit must be an integer from 1 to 5000", field="limit")
-    page, cursor = d.store.export_page(job.args.get("after"), limit)
-    kept: list[Any] = []
-    size = 0
-    for memory in page:  # long memories: a shorter page, so the reply stays under the reply limit
-        size += len(memory.content) * 4 + 512
-        if kept and size > d.config.server.max_reply_bytes // 2:
-            cursor = kept[-1].id
-            break
-        kept.append(memory)
-    return {"memories": _memories(kept), "next": cursor}
-
-
-def _backup(d: Daemon, job: _Job) -> dict[str, Any]:
-    path = job.args["path"]
-    if not path:
-        raise ValidationError("path must be a non-empty string", field="path")
-    if not os.path.isabs(os.path.expanduser(path)):  # else it lands in the daemon's working directory
-        raise ValidationError(f"backup path {path[:200]!r} must be absolute", field="path")
-    d.backup_running = running = _BackupProgress(path)
-    try:
-        return d.store.backup(path, force=job.args["force"], progress=running.wrote)
-    finally:
-        d.backup_running = None
 
 
 def _remove_stale_socket(path: Path) -> None:
@@ -991,90 +527,6 @@ def _bind_error(endpoint: str, exc: zmq.ZMQError) -> ReachyMemoryError:
                            "the limit is about 107): set a shorter server.endpoint, --endpoint or "
                            "REACHY_MEMORY_ENDPOINT", key="server.endpoint")
     return ConfigError(f"cannot bind {endpoint}: {exc}", key="server.endpoint")
-
-
-def _past(now: Any) -> Any:
-    """A client's ``now``, unless in the future: a client may replay an old "now"
-    (tests, imports), never expire the future early.  Raises ValidationError."""
-    if now is not None and to_epoch(now) > time.time() + 1.0:  # type: ignore[operator]
-        raise ValidationError("now must not be in the future", field="now")
-    return now
-
-
-def _retention_op(d: Daemon, job: _Job) -> dict[str, Any]:
-    result = d.store.apply_retention(dry_run=job.args["dry_run"], max_deletions=job.args.get("max_deletions"),
-                                     now=_past(job.args.get("now")))
-    if not job.args["dry_run"]:  # it swept: health shows it as a cleanup
-        d.last_cleanup = {"time": time.time(), "deleted": result["deleted"], "duration_ms": None}
-    return result
-
-
-def _cleanup_op(d: Daemon, job: _Job) -> dict[str, int]:
-    deleted = d.store.cleanup_expired(_past(job.args.get("now")))
-    d.last_cleanup = {"time": time.time(), "deleted": deleted, "duration_ms": None}
-    return {"deleted": deleted}
-
-
-def _context_for(d: Daemon, job: _Job) -> dict[str, Any]:
-    return proto.context_to_wire(d.store.context_for(**job.args))
-
-
-def _update_person(d: Daemon, job: _Job) -> dict[str, Any] | None:
-    fields = dict(job.args)
-    return _person(d.store.update_person(fields.pop("id"), **fields))
-
-
-def _resolve_person(d: Daemon, job: _Job) -> dict[str, Any]:
-    person, created = d.store.resolve_person(**job.args)
-    return {"person": _person(person), "created": created}
-
-
-_Handler = Callable[[Daemon, _Job], Any]
-_HANDLERS: dict[str, _Handler] = {
-    "ping": lambda d, j: {"pong": True, "time": time.time()},
-    "health": lambda d, j: d.health(),
-    "stats": lambda d, j: d.stats(),
-    "get": lambda d, j: _memory(d.store.get(j.args["id"])),
-    "get_context": lambda d, j: d.store.get_context(j.args["key"]),
-    "get_context_window": lambda d, j: d.store.get_context_window(),
-    "search": _search,
-    "store": _commit, "store_batch": _commit, "remember_fact": _commit, "remember_conversation": _commit,
-    "set_context": lambda d, j: _memory(d.store.commit_context(j.args["key"], j.prepared)),
-    "record_turn": lambda d, j: _memory(d.store.commit_turn(j.args["role"], j.prepared)),
-    "forget": lambda d, j: {"deleted": d.store.forget(j.args["id"])},
-    "cleanup_expired": _cleanup_op,
-    "apply_retention": _retention_op,
-    "dedupe": lambda d, j: d.store.dedupe(dry_run=j.args["dry_run"]),
-    "add_to_context_window": lambda d, j: d.store.add_to_context_window(j.args["role"], j.args["content"]),
-    "clear_context_window": lambda d, j: d.store.clear_context_window(),
-    "export": _export,
-    "backup": _backup,
-    "compact": lambda d, j: d.store.compact(),
-    "remember": lambda d, j: _memories(d.store.remember(**j.args)),
-    "recall": lambda d, j: proto.results_to_wire(d.store.recall(**j.args)),
-    "history": lambda d, j: _memories(d.store.history(j.args["id"])),
-    "correct": lambda d, j: _memory(d.store.correct(j.args["id"], j.args["content"])),
-    "confirm": lambda d, j: _memory(d.store.confirm(j.args["id"])),
-    "supersede": lambda d, j: _memory(d.store.supersede(**j.args)),
-    "add_person": lambda d, j: _person(d.store.add_person(**j.args)),
-    "find_person": lambda d, j: _person(d.store.find_person(**j.args)),
-    "resolve_person": _resolve_person,
-    "person_by_external_id": lambda d, j: _person(d.store.person_by_external_id(j.args["external_id"])),
-    "people": lambda d, j: [_person(p) for p in d.store.people(j.args.get("owner"))],
-    "person_redirects": lambda d, j: d.store.person_redirects(),
-    "update_person": _update_person,
-    "merge_people": lambda d, j: _person(d.store.merge_people(**j.args)),
-    "delete_person": lambda d, j: {"deleted": d.store.delete_person(j.args["id"])},
-    "note": lambda d, j: _memory(d.store.note(j.args["name"])),
-    "rename_note": lambda d, j: _memory(d.store.rename_note(**j.args)),
-    "alias_note": lambda d, j: _memory(d.store.alias_note(**j.args)),
-    "rewrite_note": lambda d, j: _memory(d.store.rewrite_note(**j.args)),
-    "remove_note": lambda d, j: {"deleted": d.store.remove_note(j.args["name"])},
-    "archive_conversation": lambda d, j: _memory(d.store.archive_conversation(**j.args)),
-    "context_for": _context_for,
-    "import": lambda d, j: d.store.commit_import(j.prepared),
-}
-Daemon._handlers = _HANDLERS
 
 
 def serve(config: Config, endpoint: str | None = None, *, insecure_tcp: bool = False) -> None:

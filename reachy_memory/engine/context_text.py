@@ -93,7 +93,7 @@ def build_context(*, window: Sequence[Turn] = (), messages: Sequence[ContextItem
                   count_tokens: CountTokens, max_tokens: int = 800, max_memories: int = 10,
                   max_messages: int = 5, min_similarity: float = 0.3, tz: tzinfo = UTC) -> RetrievedContext:
     """Select, order and render the context, never over ``max_tokens``. Raises ValidationError."""
-    _check_limits(max_tokens, max_memories, max_messages, min_similarity)
+    check_limits(max_tokens, max_memories, max_messages, min_similarity)
     in_window = {_flat(t.content) for t in window}
     kept_memories = ranked(memories)[:max_memories]
     kept_messages = [m for m in ranked(messages) if m.score >= min_similarity and _flat(m.content) not in in_window]
@@ -186,7 +186,8 @@ def _flat(text: str) -> str:
     return " ".join(str(text).split())
 
 
-def _check_limits(max_tokens: int, max_memories: int, max_messages: int, min_similarity: float) -> None:
+def check_limits(max_tokens: Any, max_memories: Any, max_messages: Any, min_similarity: Any) -> None:
+    """Raise ValidationError naming the first of a prompt's limits that is not a count (or a number)."""
     for name, value in (("max_tokens", max_tokens), ("max_memories", max_memories), ("max_messages", max_messages)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValidationError(f"{name} must be a non-negative integer, got {value!r}", field=name)

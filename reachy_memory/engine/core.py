@@ -4,7 +4,7 @@ Every change goes through one funnel, :meth:`Core.commit`: the operations are
 appended to the journal (durable per ``memory.fsync``) and only then applied to
 the in-memory state and indexes.  Writes are prepared (validated, embedded) on any
 thread by :meth:`Core.prepare` and made durable on the engine thread by
-:meth:`Core.commit_prepared`.  Searches go to :mod:`.search`.
+:meth:`Core.commit_prepared`.  Searches are checked once (:meth:`Core.check_search`) and ranked by :func:`.search.run`.
 
 Owners (each piece of state has one):
 
@@ -39,11 +39,12 @@ from typing import Any
 import numpy as np
 
 from reachy_memory.config import Config
-from reachy_memory.engine import dedupe, ingest
+from reachy_memory.engine import dedupe, ingest, search
 from reachy_memory.engine.backfill import Backfill
+from reachy_memory.engine.household import Remembering
 from reachy_memory.engine.ports import Prepared
 from reachy_memory.engine.records import Record, encode
-from reachy_memory.engine.search import Search
+from reachy_memory.engine.search import SearchQuery
 from reachy_memory.engine.state import MemoryState
 from reachy_memory.errors import ClosedError, NotFoundError
 from reachy_memory.model import SEARCH_LIMIT, SEARCH_MIN_SCORE, Expiry, MemoryType, SearchResult, to_datetime
@@ -72,7 +73,9 @@ class Core:
         self.touches_flushed = time.monotonic()
         self.closed = True  # until the store has finished opening
         self._deferring: int | None = None  # the thread whose writes skip their fsync (deferred_durability)
-        self._search = Search(self)
+        self._held: list[Any] | None = None  # inside one_frame: the ops applied, journaled at its end
+        self._undo: list[list[Any]] = []  # inside one_frame: what undoes each held op
+        self.remembering = Remembering(2 * config.memory.context_window_size)  # the pause (in memory only)
 
     # -- what the Engine port exposes ------------------------------------------------------
 
@@ -118,13 +121,76 @@ class Core:
 
     def commit(self, ops: list[Any], *, durable: bool = False) -> None:
         """Journal ``ops`` (durably per policy, or whatever the policy with
-        ``durable``), then apply them to the state."""
+        ``durable``), then apply them to the state.  While remembering is paused a frame
+        writing a new memory or person is refused (RememberingPausedError), nothing written."""
         with self._lock:
+            self.remembering.check(ops, self._state.records)
+            if self._held is not None:  # inside one_frame: journaled with the rest at its end
+                self._hold(ops)
+                return
             self.storage.append(ops, durable=durable, defer=self._deferring == threading.get_ident())
             self.storage.apply(ops)
             if self._embedder is not None:
                 self.backfill.note(ops)  # written without a vector (the model failed): embedded later
             self.storage.maybe_compact()
+
+    @contextlib.contextmanager
+    def one_frame(self) -> Iterator[None]:
+        """Under the lock, every commit made inside is one journal frame: all or nothing.
+
+        Each :meth:`commit` inside is applied at once (later steps see it: a person the
+        first fact created, a fact the second one supersedes) and held; at the end the
+        held ops are journaled as one frame.  When anything inside raises, or that write
+        fails (a full disk: StorageFullError), every held op is undone in reverse order and
+        the error is raised: nothing of it stays, in memory or on disk.  Nested: the
+        outer frame holds the inner one's ops.  No compaction starts meanwhile (it would
+        freeze ops not journaled yet).  Only ops that can be undone may be held: ``put``
+        of a new memory, ``update``, ``person_put``."""
+        with self._lock:
+            if self._held is not None:
+                yield
+                return
+            self._held, self._undo = [], []
+            try:
+                yield
+                ops, self._held = self._held, None
+                if ops:
+                    self.storage.append(ops, defer=self._deferring == threading.get_ident())
+            except BaseException:
+                self._rewind()
+                raise
+            finally:
+                self._held, self._undo = None, []
+            if ops and self._embedder is not None:
+                self.backfill.note(ops)
+            self.storage.maybe_compact()
+
+    def _hold(self, ops: list[Any]) -> None:
+        """Inside :meth:`one_frame`: apply ``ops`` one by one, keeping each and what undoes it."""
+        assert self._held is not None
+        for op in ops:
+            self._undo.append(self._inverse(op))
+            self.storage.apply([op])
+            self._held.append(op)
+
+    def _inverse(self, op: Any) -> list[Any]:
+        """The ops that undo ``op`` applied to the state as it is now."""
+        state = self._state
+        if isinstance(op, dict) and op.get("op") == "person_put":
+            old = state.people.get(op["id"]) if state.people.is_live(op["id"]) else None
+            return [old.to_op()] if old is not None else [{"op": "person_delete", "id": op["id"], "at": 0.0}]
+        kind = op[0] if isinstance(op, list) and op else None
+        if kind == "put" and op[1]["id"] not in state.records:
+            return [["del", op[1]["id"]]]
+        if kind == "update":
+            rec = state.records.get(op[1])
+            return [] if rec is None else [["update", op[1], {key: getattr(rec, key) for key in op[2]}]]
+        raise ValueError(f"a {kind or op.get('op')!r} op cannot be undone: not allowed inside one_frame")
+
+    def _rewind(self) -> None:
+        """Undo the held ops, last first (the state as before :meth:`one_frame`)."""
+        for undo in reversed(self._undo):
+            self.storage.apply(undo)
 
     @contextlib.contextmanager
     def deferred_durability(self) -> Iterator[None]:
@@ -187,13 +253,7 @@ class Core:
 
     def decayed(self, rec: Record, now: float) -> bool:
         """Whether ``rec`` has decayed below ``decay.threshold`` at ``now`` (decay on)."""
-        decay = self._config.decay
-        return decay.enabled and rec.decayed(now, decay.rate_per_day, decay.threshold)
-
-    def touch(self, rec: Record, now: float) -> None:
-        """Retrieval refreshes a fact's decay clock (journaled later, in batches)."""
-        if self._config.decay.enabled and rec.type == MemoryType.FACT.value and not rec.protected:
-            self.touched[rec.id] = now
+        return search.decayed(rec, now, self._config)
 
     def flush_touches(self) -> None:
         """Journal the pending decay clock refreshes as one frame (engine thread, or
@@ -212,8 +272,10 @@ class Core:
                 imported: bool = False) -> Prepared:
         """Validate and embed ``items`` without changing anything (thread-safe); ``imported``:
         exported memories, their ids taken as earlier versions wrote them (``validate_item``).
-        Raises ValidationError / TooLargeError."""
+        Raises ValidationError / TooLargeError, RememberingPausedError while paused (before
+        any embedding)."""
         self.require_open()
+        self.remembering.refuse("the memory")
         rows = [ingest.validate_item(item, self._config, imported=imported or self._holds_id(item))
                 for item in ingest.as_list(items, self._config.memory.max_batch)]
         created = time.time() if now is None else now
@@ -301,28 +363,51 @@ class Core:
 
     # -- reads ---------------------------------------------------------------------------
 
+    def check_search(self, query: Any, memory_type: Any = None, limit: Any = SEARCH_LIMIT,
+                     min_score: Any = SEARCH_MIN_SCORE, where: Any = None, *, mode: Any = None, now: Any = None,
+                     about: Any = None, owner: Any = None, include_superseded: Any = False) -> SearchQuery:
+        """A search's arguments checked once, before anything is embedded (:func:`.search.check`)."""
+        return search.check(self._config, query, memory_type, limit, min_score, where, mode=mode, now=now,
+                            about=about, owner=owner, include_superseded=include_superseded)
+
+    def search_checked(self, query: SearchQuery, qvec: np.ndarray | None) -> list[SearchResult]:
+        """Run a checked search (:func:`.search.run`) and refresh the decay clock of the facts it returns."""
+        self.require_open()
+        at = time.time() if query.now is None else query.now
+        with self._lock:
+            results = search.run(query, qvec, self._state, self._config, self._tz, at)
+            if self._config.decay.enabled:
+                self.touched |= {r.memory.id: at for r in results if r.memory.memory_type is MemoryType.FACT
+                                 and not r.memory.protected}  # journaled later, in batches
+        return results
+
     def search(self, query: str, memory_type: MemoryType | str | None = None, limit: int = SEARCH_LIMIT,
                min_score: float = SEARCH_MIN_SCORE, where: dict[str, Any] | None = None, *, mode: str | None = None,
                now: Any = None, about: str | None = None, owner: str | None = None,
                include_superseded: bool = False) -> list[SearchResult]:
-        """See :meth:`MemoryStore.search`."""
-        return self._search.search(query, memory_type, limit, min_score, where, mode=mode, now=now, about=about,
-                                   owner=owner, include_superseded=include_superseded)
+        """Check, embed (unless lexical), search: see :meth:`MemoryStore.search`."""
+        self.require_open()
+        q = self.check_search(query, memory_type, limit, min_score, where, mode=mode, now=now, about=about,
+                              owner=owner, include_superseded=include_superseded)
+        return self.search_checked(q, self.embed_query(q.text) if q.mode != "lexical" else None)
 
     def search_vector(self, query: str, qvec: np.ndarray | None, memory_type: MemoryType | str | None = None,
                       limit: int = SEARCH_LIMIT, min_score: float = SEARCH_MIN_SCORE,
                       where: dict[str, Any] | None = None, *, mode: str = "hybrid", now: Any = None,
                       about: str | None = None, owner: str | None = None,
                       include_superseded: bool = False) -> list[SearchResult]:
-        """See :meth:`MemoryStore.search_vector`."""
-        return self._search.search_vector(query, qvec, memory_type, limit, min_score, where, mode=mode, now=now,
-                                          about=about, owner=owner, include_superseded=include_superseded)
+        """Check and search with the query already embedded (``qvec`` may be None)."""
+        self.require_open()
+        q = self.check_search(query, memory_type, limit, min_score, where, mode=mode, now=now, about=about,
+                              owner=owner, include_superseded=include_superseded)
+        return self.search_checked(q, qvec)
 
     def window_shown(self) -> list[tuple[Any, ...]]:
-        """The window's turns not older than ``memory.context_window_max_age_minutes``."""
+        """The window's turns not older than ``memory.context_window_max_age_minutes``, the
+        turns said while paused (held in memory only) among them."""
         max_age = self._config.memory.context_window_max_age_minutes * 60.0
         oldest = time.time() - max_age if max_age else -math.inf
-        return [turn for turn in self._state.window_view if turn[2] >= oldest]
+        return [turn for turn in self.remembering.window(self._state.window_view) if turn[2] >= oldest]
 
     def window(self) -> list[dict[str, Any]]:
         """The recent messages, oldest first (see :meth:`MemoryStore.get_context_window`)."""

@@ -473,9 +473,12 @@ class Merge:
     copies: tuple[tuple[Record, str], ...]
 
     def to_dict(self) -> dict[str, Any]:
-        """The report entry of this merge."""
-        return {"kept": self.kept.id, "content": self.kept.content, "type": self.kept.type, "owner": self.kept.owner,
-                "copies": [{"id": rec.id, "content": rec.content, "reason": why} for rec, why in self.copies]}
+        """The report entry of this merge (texts cut at :data:`SHOWN_CHARS`, the first
+        :data:`SHOWN_COPIES` copies listed, ``copies_count`` all of them)."""
+        return {"kept": self.kept.id, "content": self.kept.content[:SHOWN_CHARS], "type": self.kept.type,
+                "owner": self.kept.owner, "copies_count": len(self.copies),
+                "copies": [{"id": rec.id, "content": rec.content[:SHOWN_CHARS], "reason": why}
+                           for rec, why in self.copies[:SHOWN_COPIES]]}
 
 
 def plan(records: Iterable[Record], vectors: VectorIndex, entity_keys: Sequence[str], now: float) -> list[Merge]:
@@ -525,6 +528,8 @@ def merge_ops(merge: Merge, superseded_by: Mapping[str, list[Record]], *, max_by
 
 MERGES_PER_FRAME = 256  # merges journaled together: an interrupted run keeps whole merges, a rerun does the rest
 REPORTED = 200  # merges listed in a report (all are counted)
+SHOWN_COPIES = 20  # copies listed for each (all are counted)
+SHOWN_CHARS = 200  # of each text: a report stays small whatever the memories hold
 
 
 def run(engine: Engine, *, dry_run: bool = False) -> dict[str, Any]:

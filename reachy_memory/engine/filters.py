@@ -180,18 +180,12 @@ class FieldIndex:
     def mask(self, memory_type: str | None, where: dict[str, Any] | None) -> np.ndarray | None:
         """Boolean mask over slots, or None when nothing restricts the search.
 
-        Raises ValidationError for a malformed ``where``.
+        ``where`` must have passed :func:`check_where` (the search pipeline checks it
+        before the query is embedded); this only evaluates it.
         """
         if memory_type is None and not where:
             return None
-        if where is not None and not isinstance(where, dict):
-            raise ValidationError(f"where must be a dict, got {type(where).__name__}", field="where")
-        if where:
-            check_filter_shape(where)
-        try:
-            key = (memory_type, msgpack.packb(where, use_bin_type=True) if where else b"")
-        except (TypeError, ValueError) as exc:
-            raise ValidationError(f"where holds a value that is not a scalar or list: {exc}", field="where") from exc
+        key = (memory_type, msgpack.packb(where, use_bin_type=True) if where else b"")
         mask = self._cache.get(key)
         if mask is None:
             if len(self._cache) >= 64:
@@ -216,9 +210,7 @@ class FieldIndex:
             mask[np.fromiter(slots, np.int64, len(slots))] = True
         return mask
 
-    def _eval(self, where: Any) -> np.ndarray:
-        if not isinstance(where, dict) or not where:
-            raise ValidationError(f"a where filter must be a non-empty dict, got {where!r}", field="where")
+    def _eval(self, where: dict[str, Any]) -> np.ndarray:
         mask = np.ones(self._capacity, bool)
         for key, cond in where.items():
             mask &= self._eval_item(key, cond)
@@ -226,34 +218,21 @@ class FieldIndex:
 
     def _eval_item(self, key: str, cond: Any) -> np.ndarray:
         if key in ("$and", "$or"):
-            if not isinstance(cond, list) or not cond:
-                raise ValidationError(f"{key} takes a non-empty list of filters", field="where")
             parts = [self._eval(c) for c in cond]
             return np.logical_and.reduce(parts) if key == "$and" else np.logical_or.reduce(parts)
-        if key.startswith("$"):
-            raise ValidationError(f"unknown filter operator {key!r}", field="where")
         if isinstance(cond, dict):
-            if len(cond) != 1:
-                raise ValidationError(f"filter on {key!r} takes exactly one operator", field="where")
             ((op, arg),) = cond.items()
             return self._eval_op(key, op, arg)
         return self._eval_op(key, "$eq", cond)
 
     def _eval_op(self, key: str, op: str, arg: Any) -> np.ndarray:
-        if op not in _OPS:
-            raise ValidationError(f"unknown filter operator {op!r} on {key!r}", field="where")
         values = self._fields.get(key, {})
         if op in ("$eq", "$ne"):
-            _require_scalar(key, op, arg)
             hit = self._to_mask(values.get(_key(arg), set()))
             return hit if op == "$eq" else self._live() & ~hit
         if op in ("$in", "$nin"):
-            if not isinstance(arg, list) or not all(_is_scalar(a) for a in arg):
-                raise ValidationError(f"{op} on {key!r} takes a list of scalars", field="where")
             hit = self._to_mask(set().union(*(values.get(_key(a), set()) for a in arg)))
             return hit if op == "$in" else self._live() & ~hit
-        if isinstance(arg, bool) or not isinstance(arg, int | float):
-            raise ValidationError(f"{op} on {key!r} takes a number, got {arg!r}", field="where")
         compare = _RANGE[op]
         return self._to_mask(set().union(*(
             slots for (kind, value), slots in values.items() if kind == "n" and compare(value, arg)
@@ -262,6 +241,57 @@ class FieldIndex:
     def _live(self) -> np.ndarray:
         """Every slot that holds a memory."""
         return self._to_mask(set().union(*self._types.values()))
+
+
+def check_where(where: Any) -> dict[str, Any] | None:
+    """``where`` if :meth:`FieldIndex.mask` can evaluate it (None or ``{}``: no filter);
+    else ValidationError, or TooLargeError over the size limits, naming field "where".
+    No index is needed: a search checks its filter before its query is embedded."""
+    if where is None:
+        return None
+    if not isinstance(where, dict):
+        raise ValidationError(f"where must be a dict, got {type(where).__name__}", field="where")
+    if where:
+        check_filter_shape(where)
+        _check_filter(where)
+        try:
+            msgpack.packb(where, use_bin_type=True)  # the mask cache's key
+        except (TypeError, ValueError) as exc:
+            raise ValidationError(f"where holds a value that is not a scalar or list: {exc}", field="where") from exc
+    return where
+
+
+def _check_filter(where: Any) -> None:
+    if not isinstance(where, dict) or not where:
+        raise ValidationError(f"a where filter must be a non-empty dict, got {where!r}", field="where")
+    for key, cond in where.items():
+        if key in ("$and", "$or"):
+            if not isinstance(cond, list) or not cond:
+                raise ValidationError(f"{key} takes a non-empty list of filters", field="where")
+            for part in cond:
+                _check_filter(part)
+        elif key.startswith("$"):
+            raise ValidationError(f"unknown filter operator {key!r}", field="where")
+        elif isinstance(cond, dict):
+            if len(cond) != 1:
+                raise ValidationError(f"filter on {key!r} takes exactly one operator", field="where")
+            ((op, arg),) = cond.items()
+            _check_op(key, op, arg)
+        else:
+            _check_op(key, "$eq", cond)
+
+
+def _check_op(key: str, op: str, arg: Any) -> None:
+    if op not in _OPS:
+        raise ValidationError(f"unknown filter operator {op!r} on {key!r}", field="where")
+    if op in ("$eq", "$ne"):
+        if not _is_scalar(arg):
+            raise ValidationError(f"{op} on {key!r} takes a scalar, got {arg!r}", field="where")
+    elif op in ("$in", "$nin"):
+        if not isinstance(arg, list) or not all(_is_scalar(a) for a in arg):
+            raise ValidationError(f"{op} on {key!r} takes a list of scalars", field="where")
+    elif isinstance(arg, bool) or not isinstance(arg, int | float):
+        raise ValidationError(f"{op} on {key!r} takes a number, got {arg!r}", field="where")
 
 
 def check_filter_shape(where: Any) -> None:
@@ -283,8 +313,3 @@ def check_filter_shape(where: Any) -> None:
             stack.extend((v, depth + 1) for v in node.values())
         elif isinstance(node, list):
             stack.extend((v, depth + 1) for v in node)
-
-
-def _require_scalar(key: str, op: str, arg: Any) -> None:
-    if not _is_scalar(arg):
-        raise ValidationError(f"{op} on {key!r} takes a scalar, got {arg!r}", field="where")

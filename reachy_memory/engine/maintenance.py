@@ -34,10 +34,24 @@ class Maintenance:
         self._core = core
 
     def maintain(self, budget: int = 256, *, save_cache: bool = True) -> int:
-        """See :meth:`MemoryStore.maintain`."""
+        """Idle-time upkeep (the daemon calls it between requests): finishes a step of
+        a mass expiry's index work (:meth:`MemoryState.bury`), inserts a batch of pending
+        vectors into the graph, and journals the decay clock refreshes at most once a
+        minute; with none of that left, embeds memories that have no vector (a few
+        milliseconds' worth, see :mod:`.backfill`), and then, when ``save_cache``,
+        saves one memory type's vector graph to the graph cache if enough of it changed
+        since it was cached (a crash then leaves little to insert again; up to ~80 ms
+        for a graph of 33k vectors: the daemon asks for it only after some quiet).
+        Returns how much it did (vectors inserted, deletions buried, graph nodes marked,
+        memories embedded, graph nodes saved): 0 when nothing is left, or nothing can
+        be done yet.  At most once a second it also checks that the data directory and the
+        journal are still the ones opened: when they were removed or replaced, the store
+        refuses writes from then on (``read_only`` names why; ``health`` says
+        ``read_only``), and makes the journal head's last reach durable."""
         core = self._core
         core.require_open()
         with core.lock:
+            core.storage.check_files(idle=True)
             if core.touched and time.monotonic() - core.touches_flushed > TOUCH_FLUSH_SECONDS:
                 core.flush_touches()
             left = core.state.bury(0)  # how much deletion work waits (none is done by 0)
@@ -91,7 +105,12 @@ class Maintenance:
             log.info("embedded the %d memories that had no vector", backfill.embedded)
 
     def reindex(self, progress: Callable[[int, int], None] | None = None, batch: int = 64) -> int:
-        """See :meth:`MemoryStore.reindex`."""
+        """Re-embed every memory whose vector is not from the current model.
+
+        Each batch is committed on its own, so an interrupted reindex resumes
+        where it stopped. Returns how many memories were re-embedded.
+        Raises ModelError when there is no usable model.
+        """
         core = self._core
         core.require_open()
         if core.embedder is None:

@@ -76,7 +76,7 @@ def open_core(path: Path, config: Config, lock: threading.RLock, embedder: Any, 
         state.load(snapshot)
     if base is not None:  # rebuild: the previous generation's ops, then the current journal
         storage.apply(base.ops)
-        storage.rebuilt_from(base.generation)
+        storage.rebuilt_from(base.generation, base.seq)
     storage.open(rebuilding=base is not None)
     # After the replay: a slot written while the cache loads is never kept, and the
     # journal's writes since the snapshot (nodes idle time may have cached) are not that.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import tzinfo
 from typing import TYPE_CHECKING, Any, Protocol
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from reachy_memory.config import Config
     from reachy_memory.engine.dedupe import Limits
     from reachy_memory.engine.records import Record
+    from reachy_memory.engine.search import SearchQuery
     from reachy_memory.engine.state import MemoryState
     from reachy_memory.model import MemoryType, SearchResult
 
@@ -36,6 +38,7 @@ class Prepared:
     ops: list[list[Any]]
     ids: list[str]
     texts: list[str | None]
+    held: tuple[str, dict[str, Any], str | None] | None = None  # a turn said while paused: text, metadata, owner
 
 
 class Engine(Protocol):
@@ -73,6 +76,11 @@ class Engine(Protocol):
         ``state``: the one mutation funnel."""
         ...
 
+    def one_frame(self) -> AbstractContextManager[None]:
+        """Every commit inside is applied at once and journaled with the others as one
+        frame at the end: all or nothing (see :meth:`.core.Core.one_frame`)."""
+        ...
+
     def embed(self, texts: list[str]) -> np.ndarray | None:
         """(n, dim) vectors, or None when the model failed or there is none (logged)."""
         ...
@@ -102,18 +110,21 @@ class Engine(Protocol):
         """Raise NotFoundError when a retry's memory was forgotten since prepare."""
         ...
 
+    def check_search(self, query: Any, memory_type: Any = None, limit: Any = ..., min_score: Any = ...,
+                     where: Any = None, *, mode: Any = None, now: Any = None, about: Any = None, owner: Any = None,
+                     include_superseded: Any = False) -> SearchQuery:
+        """A search's arguments checked once, before anything is embedded (any thread)."""
+        ...
+
+    def search_checked(self, query: SearchQuery, qvec: np.ndarray | None) -> list[SearchResult]:
+        """Rank a checked search (``qvec``: its query's vector, or None)."""
+        ...
+
     def search(self, query: str, memory_type: MemoryType | str | None = None, limit: int = ...,
                min_score: float = ..., where: dict[str, Any] | None = None, *, mode: str | None = None,
                now: Any = None, about: str | None = None, owner: str | None = None,
                include_superseded: bool = False) -> list[SearchResult]:
         """Check, embed and search (see :meth:`MemoryStore.search`)."""
-        ...
-
-    def search_vector(self, query: str, qvec: np.ndarray | None, memory_type: MemoryType | str | None = None,
-                      limit: int = ..., min_score: float = ..., where: dict[str, Any] | None = None, *,
-                      mode: str = "hybrid", now: Any = None, about: str | None = None, owner: str | None = None,
-                      include_superseded: bool = False) -> list[SearchResult]:
-        """Search with the query already embedded."""
         ...
 
     def window(self) -> list[dict[str, Any]]:

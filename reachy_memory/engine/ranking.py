@@ -1,7 +1,7 @@
 """Hybrid ranking as pure functions over the indexes (no state, no locks, no I/O).
 
-The caller (the store, on the thread that owns the indexes) passes the indexes
-in; nothing here changes them.  Scores: vector similarity is the cosine clipped
+The search pipeline (:func:`.search.run`, on the thread that owns the indexes) passes
+the indexes in; nothing here changes them.  Scores: vector similarity is the cosine clipped
 at 0; lexical relevance is BM25 divided by the query's ceiling; hybrid is their
 weighted noisy-OR ``1 - (1 - cos)^(2w) (1 - lex)^(2(1 - w))`` with
 ``w = search.vector_weight``, plus ``search.entity_boost`` when the query names
@@ -11,7 +11,7 @@ pseudo-relevance-feedback pass (:func:`feedback_scores`): the words of the
 best ``FEEDBACK_DOCS`` lexical hits that the query does not already hold
 form a BM25 query of their own, its best matches join the candidates, and every
 candidate gains ``feedback_weight`` x that relevance (capped at 1).
-The store then adds its priors: time words (``temporal_boost``) and adjacent
+:func:`.search.run` then adds the priors: time words (``temporal_boost``) and adjacent
 turns among the best candidates (``neighbour_boost``, :func:`neighbour_bonus`),
 sorts by score and, with ``search.diversity`` > 0, re-orders the head of the list
 by maximal marginal relevance (:func:`mmr_order`); scores are never changed by it.

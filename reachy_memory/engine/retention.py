@@ -30,7 +30,25 @@ def cleanup_expired(core: Core, now: Any = None) -> int:
 
 def apply_retention(core: Core, *, dry_run: bool = False, max_deletions: int | None = None,
                     now: Any = None) -> dict[str, Any]:
-    """See :meth:`MemoryStore.apply_retention`."""
+    """Give the conversation turns stored and alive at ``now`` the configured
+    lifetime (``memory.conversation_ttl_days`` from their creation, as new turns
+    get), and delete what is expired at ``now``.  A memory's expiry is otherwise
+    fixed when it is written, so a changed TTL reaches stored turns only through
+    this explicit call; a turn already expired stays gone, even with a longer TTL.
+
+    Returns the configured days and the plan (``turns`` alive; how many expire
+    ``earlier`` or ``later`` than before; ``expire_now``: expired with the new
+    lifetime), ``applied``, and ``deleted`` (every expired memory swept).
+    ``dry_run`` counts only.  A ``now`` before the clock counts as the clock (a turn
+    expired in between must not come back).  Raises ValidationError, changing nothing, when the
+    new lifetime would delete more than ``max_deletions`` turns (the consent of
+    ``reachy-memory retention --apply`` without ``--yes``).
+
+    One frame (sweep, ``ttl`` op, sweep), synced whatever ``memory.fsync`` says.
+    The op sets expiries in place; a snapshot or backup being written meanwhile
+    holds the ones of its frozen moment (``MemoryState.retime``).  A replay gives
+    the same expiries whatever config the store is reopened with.
+    """
     core.require_open()
     at = max(epoch(now), time.time())  # a past ``now`` must not revive a turn expired since
     ttl = core.config.memory.conversation_ttl_days * 86400.0
@@ -60,7 +78,13 @@ def latest_time(core: Core) -> float:
 
 
 def redate(core: Core, since: float, until: float, delta: float) -> int:
-    """See :meth:`MemoryStore.redate`."""
+    """Move every memory created in ``[since, until)`` (epoch seconds) by ``delta``
+    seconds, its expiry with it, and every window turn of that period: the memories
+    written while the wall clock was wrong by ``-delta`` (the daemon calls it when NTP's
+    first sync steps a stale clock).  One ``redate`` op, synced whatever
+    ``memory.fsync`` says; a replay gives the same times, whatever the clock or config.
+    Returns how many memories moved.  Raises ValidationError, writing nothing, for
+    values that are not finite, ``since > until``, or times moved out of 1970..2200."""
     core.require_open()
     op = ["redate", *redate_args([since, until, delta])]
     with core.lock:

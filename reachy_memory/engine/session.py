@@ -8,6 +8,7 @@ through its funnel.  ``prepare_*`` run on any thread (the daemon's embed thread)
 from __future__ import annotations
 
 import time
+import uuid
 from typing import Any
 
 from reachy_memory.engine import ingest
@@ -15,7 +16,7 @@ from reachy_memory.engine.core import Core
 from reachy_memory.engine.ports import Prepared
 from reachy_memory.engine.retention import epoch
 from reachy_memory.errors import ValidationError
-from reachy_memory.model import Memory, MemoryType, merged_metadata
+from reachy_memory.model import Memory, MemoryType, merged_metadata, to_datetime
 
 
 class Session:
@@ -25,9 +26,15 @@ class Session:
         self._core = core
 
     def add_to_context_window(self, role: str, content: str) -> None:
-        """Append a turn to the persisted window (the last N turns, 2N messages)."""
+        """Append a turn to the persisted window (the last N turns, 2N messages); while
+        remembering is paused, to the window held in memory only."""
         self._core.require_open()
-        self._core.commit([_window_op(_role(role), ingest.validate_text(content, "content", self._core.config))])
+        op = _window_op(_role(role), ingest.validate_text(content, "content", self._core.config))
+        with self._core.lock:
+            if self._core.remembering.paused:
+                self._core.remembering.add_turn(op[1], op[2])
+                return
+            self._core.commit([op])
 
     def prepare_turn(self, role: str, content: str, metadata: dict[str, Any] | None = None, *,
                      owner: str | None = None, id: str | None = None) -> Prepared:
@@ -36,6 +43,8 @@ class Session:
         ``metadata``; ``owner``: the user whose turn it is), see :meth:`commit_turn`."""
         self._core.require_open()
         _role(role)  # before the embedding
+        if self._core.remembering.paused:  # held in memory only: checked, never embedded
+            return _held(content, metadata, owner, id, self._core)
         return self._core.prepare([{"content": content, "memory_type": MemoryType.CONVERSATION,
                                     "metadata": merged_metadata(metadata, {"role": role}), "owner": owner,
                                     "id": id}])
@@ -46,6 +55,11 @@ class Session:
         same request sent twice) commits nothing and returns that memory."""
         role = _role(role)
         with self._core.lock:
+            if self._core.remembering.paused:
+                return self._hold(role, prepared)
+            if prepared.held is not None:  # the pause ended meanwhile: kept, as any turn
+                content, metadata, owner = prepared.held
+                prepared = self.prepare_turn(role, content, metadata or None, owner=owner, id=prepared.ids[0])
             kept = self._core.state.records.get(prepared.ids[0])
             if kept is not None and kept.metadata.get("role") != role:
                 raise ValidationError(f"id {prepared.ids[0]!r} is already used by another memory", field="id")
@@ -53,10 +67,24 @@ class Session:
             [memory] = self._core.commit_prepared(prepared, also=also)
             return memory
 
+    def _hold(self, role: str, prepared: Prepared) -> Memory:
+        """A turn said while paused: into the window held in memory only, never journaled;
+        returns the turn as it would have been kept (``get`` finds nothing under its id)."""
+        if prepared.held is not None:
+            content, metadata, _ = prepared.held
+        else:  # prepared before the pause began: its text and metadata from the write
+            row = prepared.ops[0][1]
+            content, metadata = row["content"], dict(row.get("metadata") or {})
+        self._core.remembering.add_turn(role, content)
+        return Memory(prepared.ids[0], content, MemoryType.CONVERSATION, to_datetime(time.time()),
+                      merged_metadata(metadata, {"role": role}))
+
     def clear_context_window(self) -> None:
-        """Empty the window (a new session)."""
+        """Empty the window (a new session), the turns held while paused too."""
         self._core.require_open()
-        self._core.commit([["winclr"]])
+        with self._core.lock:
+            self._core.remembering.clear()
+            self._core.commit([["winclr"]])
 
     def prepare_context(self, key: str, value: str) -> Prepared:
         """The validated, embedded write of ``set_context`` (thread-safe)."""
@@ -82,6 +110,17 @@ class Session:
         at = epoch(now)
         live = [r for r in self._core.state.context_view.get(key, ()) if not r.expired(at)]  # no lock: the view
         return max(live, key=lambda r: r.created).content if live else None
+
+
+def _held(content: str, metadata: dict[str, Any] | None, owner: str | None, memory_id: str | None,
+          core: Core) -> Prepared:
+    """The write of a turn said while paused: checked as any turn, never embedded."""
+    text = ingest.validate_text(content, "content", core.config)
+    if metadata is not None and not isinstance(metadata, dict):
+        raise ValidationError("metadata must be a dict", field="metadata")
+    if memory_id is not None:
+        ingest.check_str(memory_id, "id")
+    return Prepared([], [memory_id or uuid.uuid4().hex], [None], held=(text, dict(metadata or {}), owner))
 
 
 def _role(role: Any) -> str:

@@ -484,9 +484,11 @@ class MemoryState:
         """Make freed ``slots`` reusable (after :meth:`thaw` while a frozen view is held)."""
         if self._quarantine is not None:
             self._quarantine.extend(slots)
-        elif not slots:
             return
-        elif len(slots) == 1:
+        if not slots:
+            return
+        self.vectors.clear_rows(slots)  # no view holds them: a forgotten vector leaves the next snapshot too
+        if len(slots) == 1:
             heapq.heappush(self._free, slots[0])
         else:
             self._free.extend(slots)

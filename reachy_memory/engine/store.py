@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -38,11 +39,14 @@ import numpy as np
 from reachy_memory._threads import pin_native_threads
 from reachy_memory.config import Config
 from reachy_memory.engine import dedupe, ingest, opening, retention
+from reachy_memory.engine.backups import Backups
 from reachy_memory.engine.context_text import RetrievedContext
+from reachy_memory.engine.household import Household
 from reachy_memory.engine.maintenance import Maintenance
 from reachy_memory.engine.opening import DEFAULT_EMBEDDER, Embedder
 from reachy_memory.engine.ports import Prepared
 from reachy_memory.engine.records import Record
+from reachy_memory.engine.search import SearchQuery
 from reachy_memory.engine.session import Session
 from reachy_memory.engine.state import MemoryState
 from reachy_memory.errors import ReachyMemoryError
@@ -64,6 +68,8 @@ __all__ = ["DEFAULT_EMBEDDER", "GRAPH_FILE", "JOURNAL_FILE", "SNAPSHOT_FILE", "E
            "read_snapshot"]
 datetime_or_float = Any  # a datetime (aware, or naive meaning UTC), epoch seconds, or None
 _F = TypeVar("_F", bound=Callable[..., Any])
+
+log = logging.getLogger(__name__)
 
 
 def _doc(source: Callable[..., Any]) -> Callable[[_F], _F]:
@@ -121,9 +127,13 @@ class MemoryStore:
         self._notes = Notes(core, self._facts.correct)
         self._importer = Importer(core)
         self._context = Context(core, self._persons)
+        self._household = Household(core, core.remembering)
+        self._backups = Backups(core, self.path)
         core.closed = False
         if recover:
             core.storage.compact(full=True)  # a fresh snapshot of the rebuilt state (see verify --repair)
+        core.storage.opened(self._dir_lock)  # checked from now on; an older journal format migrated
+        core.storage.purge.opened()  # what a forget left on disk goes within seconds (storage/purge.py)
 
     # -- the engine's parts, for tests and tools ------------------------------------------
 
@@ -270,27 +280,9 @@ class MemoryStore:
         """Delete every memory expired at ``now`` (default: now); returns the count."""
         return retention.cleanup_expired(self._core, now)
 
+    @_doc(retention.apply_retention)
     def apply_retention(self, *, dry_run: bool = False, max_deletions: int | None = None,
                         now: datetime_or_float = None) -> dict[str, Any]:
-        """Give the conversation turns stored and alive at ``now`` the configured
-        lifetime (``memory.conversation_ttl_days`` from their creation, as new turns
-        get), and delete what is expired at ``now``.  A memory's expiry is otherwise
-        fixed when it is written, so a changed TTL reaches stored turns only through
-        this explicit call; a turn already expired stays gone, even with a longer TTL.
-
-        Returns the configured days and the plan (``turns`` alive; how many expire
-        ``earlier`` or ``later`` than before; ``expire_now``: expired with the new
-        lifetime), ``applied``, and ``deleted`` (every expired memory swept).
-        ``dry_run`` counts only.  A ``now`` before the clock counts as the clock (a turn
-        expired in between must not come back).  Raises ValidationError, changing nothing, when the
-        new lifetime would delete more than ``max_deletions`` turns (the consent of
-        ``reachy-memory retention --apply`` without ``--yes``).
-
-        One frame (sweep, ``ttl`` op, sweep), synced whatever ``memory.fsync`` says.
-        The op sets expiries in place; a snapshot or backup being written meanwhile
-        holds the ones of its frozen moment (``MemoryState.retime``).  A replay gives
-        the same expiries whatever config the store is reopened with.
-        """
         return retention.apply_retention(self._core, dry_run=dry_run, max_deletions=max_deletions, now=now)
 
     def latest_time(self) -> float:
@@ -298,14 +290,8 @@ class MemoryStore:
         0.0 for an empty store)."""
         return retention.latest_time(self._core)
 
+    @_doc(retention.redate)
     def redate(self, since: float, until: float, delta: float) -> int:
-        """Move every memory created in ``[since, until)`` (epoch seconds) by ``delta``
-        seconds, its expiry with it, and every window turn of that period: the memories
-        written while the wall clock was wrong by ``-delta`` (the daemon calls it when NTP's
-        first sync steps a stale clock).  One ``redate`` op, synced whatever
-        ``memory.fsync`` says; a replay gives the same times, whatever the clock or config.
-        Returns how many memories moved.  Raises ValidationError, writing nothing, for
-        values that are not finite, ``since > until``, or times moved out of 1970..2200."""
         return retention.redate(self._core, since, until, delta)
 
     # -- reading ---------------------------------------------------------------------
@@ -353,10 +339,20 @@ class MemoryStore:
         return self._core.search(query, memory_type, limit, min_score, where, mode=mode, now=now, about=about,
                                  owner=owner, include_superseded=include_superseded)
 
-    def check_search_args(self, query: Any, limit: Any, min_score: Any, mode: str | None) -> str:
-        """Validate search arguments (before embedding the query); returns the mode.
-        Raises ValidationError / TooLargeError."""
-        return ingest.check_search(query, limit, min_score, mode, self._core.config)
+    def check_search(self, query: Any, memory_type: Any = None, limit: Any = SEARCH_LIMIT,
+                     min_score: Any = SEARCH_MIN_SCORE, where: Any = None, *, mode: Any = None,
+                     now: Any = None, about: Any = None, owner: Any = None,
+                     include_superseded: Any = False) -> SearchQuery:
+        """Every argument of :meth:`search`, checked once, before the query is embedded (any
+        thread; the daemon's embed thread); run it with :meth:`search_checked`.
+        Raises ValidationError / TooLargeError naming the first argument at fault."""
+        return self._core.check_search(query, memory_type, limit, min_score, where, mode=mode, now=now,
+                                       about=about, owner=owner, include_superseded=include_superseded)
+
+    def search_checked(self, query: SearchQuery, qvec: np.ndarray | None) -> list[SearchResult]:
+        """The results of a :meth:`check_search` query (``qvec``: its vector from :meth:`embed_query`,
+        or None: lexical), as :meth:`search` returns them."""
+        return self._core.search_checked(query, qvec)
 
     def embed_query(self, query: str) -> np.ndarray | None:
         """The query's vector, or None when no model is usable (thread-safe)."""
@@ -557,18 +553,8 @@ class MemoryStore:
         and conversation turns are never merged."""
         return dedupe.run(self._core, dry_run=dry_run)
 
+    @_doc(Maintenance.maintain)
     def maintain(self, budget: int = 256, *, save_cache: bool = True) -> int:
-        """Idle-time upkeep (the daemon calls it between requests): finishes a step of
-        a mass expiry's index work (:meth:`MemoryState.bury`), inserts a batch of pending
-        vectors into the graph, and journals the decay clock refreshes at most once a
-        minute; with none of that left, embeds memories that have no vector (a few
-        milliseconds' worth, see :mod:`.backfill`), and then, when ``save_cache``,
-        saves one memory type's vector graph to the graph cache if enough of it changed
-        since it was cached (a crash then leaves little to insert again; up to ~80 ms
-        for a graph of 33k vectors: the daemon asks for it only after some quiet).
-        Returns how much it did (vectors inserted, deletions buried, graph nodes marked,
-        memories embedded, graph nodes saved): 0 when nothing is left, or nothing can
-        be done yet."""
         return self._maintenance.maintain(budget, save_cache=save_cache)
 
     def compact(self, *, full: bool = False) -> None:
@@ -583,30 +569,44 @@ class MemoryStore:
         self._core.storage.wait()
         self._core.storage.compact(full)
 
+    @_doc(Backups.backup)
     def backup(self, dest: str | Path, *, force: bool = False,
                progress: Callable[[int], None] | None = None) -> dict[str, Any]:
-        """Write a consistent snapshot of the whole store to the file ``dest`` (fsynced),
-        or to a timestamped file inside ``dest`` when it is a directory; ``progress`` is
-        told the bytes written so far.  Any thread: the store lock is held only to
-        freeze the state and to thaw it.
+        return self._backups.backup(dest, force=force, progress=progress)
 
-        Raises ValidationError (nothing written) for a target inside the data
-        directory, a symlink, a missing directory, or an existing file that is
-        not a backup (unless ``force``).
-        """
-        self._core.require_open()
-        target = files.backup_target(dest, self.path, force=force)
-        size, count = self._core.storage.backup(target, progress)
-        return {"path": str(target), "bytes": size, "memories": count}
+    @_doc(Backups.forgotten_in_backups)
+    def forgotten_in_backups(self, ids: Iterable[str] | None = None) -> list[dict[str, Any]]:
+        return self._backups.forgotten_in_backups(ids)
 
+    @_doc(Backups.purge_backups)
+    def purge_backups(self, paths: Iterable[str | Path] | None = None) -> list[dict[str, Any]]:
+        return self._backups.purge_backups(paths)
+
+    @_doc(Maintenance.reindex)
     def reindex(self, progress: Callable[[int, int], None] | None = None, batch: int = 64) -> int:
-        """Re-embed every memory whose vector is not from the current model.
-
-        Each batch is committed on its own, so an interrupted reindex resumes
-        where it stopped. Returns how many memories were re-embedded.
-        Raises ModelError when there is no usable model.
-        """
         return self._maintenance.reindex(progress, batch)
+
+    # -- the household's controls (engine/household.py, docs/HOUSEHOLD.md) ---------------
+
+    @_doc(Household.forget_person)
+    def forget_person(self, reference: str, dry_run: bool = False) -> dict[str, Any]:
+        return self._household.forget_person(reference, dry_run)
+
+    @_doc(Household.about_person)
+    def about_person(self, reference: str) -> dict[str, Any]:
+        return self._household.about_person(reference)
+
+    @_doc(Household.pause_remembering)
+    def pause_remembering(self, minutes: float) -> dict[str, Any]:
+        return self._household.pause_remembering(minutes)
+
+    @_doc(Household.resume_remembering)
+    def resume_remembering(self) -> dict[str, Any]:
+        return self._household.resume_remembering()
+
+    @_doc(Household.remembering_status)
+    def remembering(self) -> dict[str, Any]:
+        return self._household.remembering_status()
 
     def stats(self) -> dict[str, Any]:
         """Counts, sizes, the embedder's state and the conversation TTL.  Takes no lock (a compaction or a
@@ -614,12 +614,14 @@ class MemoryStore:
 
         ``memories`` and ``by_type`` count what a reader can see (as ``len``);
         ``expired_unswept``, the expired memories the next sweep deletes (hidden from
-        every reader, still held in memory and on disk until then)."""
-        return self._core.stats()
+        every reader, still held in memory and on disk until then); ``remembering``, the pause;
+        ``purge``, forgetting's way to the disk (storage/purge.py)."""
+        return self._core.stats() | {"remembering": self._core.remembering.status(),
+                                     "purge": self._core.storage.purge.status()}
 
     @property
     def read_only(self) -> str | None:
-        """Why the store refuses writes (an fsync failed), or None; cleared by reopening."""
+        """Why the store refuses writes (a failed fsync, files taken away), or None; cleared by reopening."""
         return self._core.storage.failure
 
     @property
@@ -654,6 +656,7 @@ class MemoryStore:
                 if self._core.touched:
                     with contextlib.suppress(ReachyMemoryError):  # a refresh lost on a failing disk is harmless
                         self._core.flush_touches()
+                self._core.remembering.clear()  # the turns held while paused end with the process's store
                 self._core.storage.close()
             finally:
                 self._core.closed = True

@@ -47,6 +47,7 @@ import errno
 import logging
 import mmap
 import os
+import struct
 import threading
 import zlib
 from pathlib import Path
@@ -245,6 +246,15 @@ class VectorIndex:
             self.alive[slot] = False
             self.count -= 1
             self.pending.discard(slot)
+
+    def clear_rows(self, slots: list[int]) -> None:
+        """Zero the rows of freed ``slots`` (no frozen view holds them): a snapshot writes
+        every row up to the highest live slot, and a dead row must not keep the vector of
+        a forgotten memory."""
+        inside = [s for s in slots if s < len(self.matrix)]
+        if inside:
+            self._version += 1
+            self.matrix[inside] = 0
 
     def remove_many(self, slots: np.ndarray) -> None:
         """Drop ``slots`` from results at once (a mass expiry).  Their graph nodes are
@@ -727,6 +737,7 @@ class VectorIndex:
             flat[start : start + len(chunk)] = chunk if fmt == "bf16" else to_bf16(chunk)
             release_pages(part)  # the snapshot's copy: RSS never holds the matrix twice
         self.alive, self.group = alive.copy(), group.copy()
+        self.matrix[np.flatnonzero(~alive)] = 0  # stale rows of dead slots (a forgotten memory's vector)
         self._version += 1
         self.in_graph = np.zeros(len(alive), bool)
         self._in_graph_count = {}
@@ -748,6 +759,19 @@ class VectorIndex:
         return {"vectors": self.count, "slots": len(self.alive), "pending": len(self.pending),
                 "unmarked": len(self._unmarked),
                 "graph_elements": sum(g.element_count for g in self._graphs.values())}
+
+
+def forget_cache(index: VectorIndex, path: Path) -> None:
+    """Remove the graph cache of ``index`` at ``path`` (its graphs may hold forgotten
+    memories' vectors): every graph is saved again at the next idle-time cache step or
+    close, without them (:func:`_scrub_deleted`).  Failures are logged."""
+    for file in [path, _meta_path(path), *path.parent.glob(f"{path.name}.[0-9]*")]:
+        try:
+            file.unlink(missing_ok=True)
+        except OSError as exc:
+            log.warning("could not remove the graph cache file %s: %s", file, exc.strerror)
+    index._cache_meta = None
+    index._changed = {group: max(CACHE_MIN_CHANGES, index._in_graph_count.get(group, 0)) for group in index._graphs}
 
 
 class _Loaded(NamedTuple):
@@ -804,8 +828,9 @@ def _save_one(graph: hnswlib.Index, path: Path, *, durable: bool = True) -> int:
         graph.save_index(str(tmp))
         # hnswlib writes through a std::ofstream it never checks: a full disk leaves a short
         # file and no error (it was checksummed as it was and renamed over the good graph)
-        if os.path.getsize(tmp) != graph.index_file_size():
+        if _written_short(graph, tmp):
             raise OSError(errno.ENOSPC, "the graph was written short (the disk is full?)", str(tmp))
+        _scrub_deleted(tmp, graph.dim)
         os.chmod(tmp, 0o600)  # hnswlib creates it with the umask's mode; the data dir's files are private
         with open(tmp, "rb") as fh:
             crc = _crc(fh)
@@ -815,6 +840,50 @@ def _save_one(graph: hnswlib.Index, path: Path, *, durable: bool = True) -> int:
         return crc
     finally:
         tmp.unlink(missing_ok=True)
+
+
+_HNSW_HEAD = struct.Struct("<QQQQQQiIQQQdQ")  # hnswlib's saveIndex header (96 bytes)
+_HNSW_DELETED = 0x01  # hnswlib's DELETE_MARK, in the third byte of a node's level-0 link header
+
+
+def _scrub_deleted(path: Path, dim: int) -> int:
+    """Zero the vector of every node marked deleted in the hnswlib file ``path`` (in
+    place; returns how many): hnswlib keeps a deleted node's vector, and a cache saved
+    after a forget must not hold the forgotten memory's.  A deleted node stays in the
+    graph as a router, with a zero vector (far from every query).  A file of another
+    layout is left as it is."""
+    with open(path, "r+b") as fh:
+        head = fh.read(_HNSW_HEAD.size)
+        if len(head) < _HNSW_HEAD.size:
+            return 0
+        off_links, _, count, per, _, off_data, *_ = _HNSW_HEAD.unpack(head)
+        if not count or per <= 0 or off_data + 4 * dim > per or off_links + 4 > per:
+            return 0
+        nodes = np.memmap(fh, np.uint8, "r+", _HNSW_HEAD.size, (count, per))
+        deleted = np.flatnonzero(nodes[:, off_links + 2] & _HNSW_DELETED)
+        if len(deleted):
+            nodes[deleted, off_data : off_data + 4 * dim] = 0
+            nodes.flush()
+        del nodes
+        return len(deleted)
+
+
+def _written_short(graph: hnswlib.Index, path: Path) -> bool:
+    """Whether ``path``, where ``graph`` was just saved, is shorter than the graph: exactly, by
+    hnswlib's own ``index_file_size`` (0.8); with Chroma's build of hnswlib (the aarch64 wheel,
+    pyproject.toml), which has none, against the least its file can hold: the header, the
+    level-0 block it announces and one link-list size per element (a cut inside the last
+    link lists slips through there; loading such a file fails and the graph is rebuilt)."""
+    size = os.path.getsize(path)
+    exact = getattr(graph, "index_file_size", None)
+    if exact is not None:
+        return bool(size != exact())
+    with open(path, "rb") as fh:
+        head = fh.read(_HNSW_HEAD.size)
+    if len(head) < _HNSW_HEAD.size:
+        return True
+    count, per_element = _HNSW_HEAD.unpack(head)[2:4]
+    return size < _HNSW_HEAD.size + count * (per_element + 4)
 
 
 def _crc(fh: BinaryIO) -> int:

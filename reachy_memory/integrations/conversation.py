@@ -8,13 +8,11 @@ them against the schema.  :class:`SearchMemories`, :class:`StoreMemory` and
 :class:`ForgetMemory` follow that interface without importing the app; they are
 generated from the one tool table (:mod:`.tools`), so they match the MCP tools.
 
-Plugging them into a profile: the app (checked at its commit 8c3005a) imports
-one module per line of the profile's ``tools.txt`` and registers every concrete
-subclass of its own ``Tool`` base, made with no arguments; so a file in the profile
-folder mixes it in (where that folder is, and what later app versions changed:
-``docs/ROBOT.md``)::
+Plugging them into the app: ``reachy-memory conversation-profile install`` puts a ready
+profile and one tool file per tool where the app looks (:mod:`.conversation_profile`, whose
+tools are these under names the app's own tools do not use; ``docs/ROBOT.md``). A tool file
+defines one subclass mixing a class of this module (or of that one) into the app's ``Tool``::
 
-    # src/reachy_mini_conversation_app/profiles/<profile>/search_memories.py
     from reachy_mini_conversation_app.tools.core_tools import Tool
     from reachy_memory.integrations.conversation import SearchMemories
 
@@ -33,9 +31,11 @@ Behaviour the app relies on:
 * bad arguments and memory errors come back as ``{"error": "..."}`` (the
   dispatcher's own convention, at most :data:`MAX_ERROR_CHARS` characters), never
   as exceptions; the dispatcher passes ``{}`` for arguments that are not a JSON
-  object (a "required" error here); keys it adds (``tool_manager``, in later app
-  versions) and any other key the tool does not take (even ``deps`` or ``self``)
-  are ignored; a result must survive ``json.dumps`` (the app sends it so);
+  object (a "required" error here); a key it adds (``tool_manager``:
+  :data:`DISPATCHER_KEYS`) is ignored, any other key the tool does not take (even
+  ``deps`` or ``self``) is refused with a message naming the ones it takes (the
+  schema says ``additionalProperties: false``); a result must survive ``json.dumps``
+  (the app sends it so);
 * the memory used is, in order: the ``backend`` given to the constructor,
   ``deps.memory`` if the app provides one (a :class:`~.tools.Backend` or an
   :class:`~reachy_memory.AsyncMemoryClient`), else one daemon client per event
@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import asyncio
 import weakref
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from reachy_memory.client import AsyncMemoryClient
@@ -70,9 +71,13 @@ from reachy_memory.errors import ConfigError, ReachyMemoryError
 from reachy_memory.integrations.tools import (
     DEFAULT_CONVERSATION_DAYS,
     FORGET_MEMORY,
+    FORGET_PERSON,
     MAX_ERROR_CHARS,
+    MEMORY_CONTEXT,
+    PAUSE_REMEMBERING,
     RECALL,
     REMEMBER,
+    RESUME_REMEMBERING,
     SEARCH_MEMORIES,
     STORE_MEMORY,
     Backend,
@@ -85,6 +90,9 @@ from reachy_memory.integrations.tools import (
 )
 
 DEFAULT_TIMEOUT = 5.0
+#: Keys the app's dispatcher may add to a call's arguments (its background manager, for its own
+#: system tools in later versions): ignored; any other key no tool takes is refused.
+DISPATCHER_KEYS = frozenset({"tool_manager"})
 # One daemon client per event loop: an asyncio ZeroMQ socket belongs to the loop it runs on.
 _DEFAULT_BACKENDS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, DaemonBackend] = weakref.WeakKeyDictionary()
 
@@ -132,8 +140,13 @@ class MemoryTool:
         self._owner = None if owner is None else check_owner(owner)
         days = _conversation_days(self._backend, config)
         if days != DEFAULT_CONVERSATION_DAYS:  # the class's text says the default retention
-            described = _described(self.definition, days)
+            described = _described(self.definition, days, self.table)
             self.description, self.parameters_schema = described.description, described.parameters_schema()
+
+    @staticmethod
+    def table(conversation_days: float) -> Sequence[ToolDef]:
+        """The tool table the definition comes from, worded for a conversation TTL."""
+        return tools_for(conversation_days)
 
     def spec(self) -> dict[str, Any]:
         """The function spec the app sends to the model."""
@@ -172,7 +185,7 @@ class MemoryTool:
         ``self`` lands in ``kwargs`` (and is ignored) instead of raising TypeError.
         """
         try:
-            result = await self.definition.run(self._backend_for(deps), kwargs)
+            result = await self.definition.run(self._backend_for(deps), kwargs, ignored=DISPATCHER_KEYS)
         except ReachyMemoryError as exc:
             return {"error": error_text(exc)}
         return self._shape(kwargs, result)
@@ -187,9 +200,10 @@ class MemoryTool:
             self._backend = None
 
 
-def _described(definition: ToolDef, days: float) -> ToolDef:
-    """``definition`` as the table for a ``days`` conversation TTL words it."""
-    return next(t for t in tools_for(days) if t.name == definition.name)
+def _described(definition: ToolDef, days: float, table: Callable[[float], Sequence[ToolDef]] = tools_for) -> ToolDef:
+    """``definition`` as ``table`` (:func:`~.tools.tools_for`, or another tool table made the same
+    way) words it for a ``days`` conversation TTL."""
+    return next(t for t in table(days) if t.name == definition.name)
 
 
 def _conversation_days(backend: Backend | None, config: Config | None) -> float:
@@ -252,8 +266,42 @@ class Recall(MemoryTool):
         return SearchMemories._shape(self, kwargs, result)  # type: ignore[arg-type]
 
 
-#: The tools in the specs' order (000's three, then 004's two).
-TOOL_CLASSES: tuple[type[MemoryTool], ...] = (SearchMemories, StoreMemory, ForgetMemory, Remember, Recall)
+# -- the household's tools (docs/HOUSEHOLD.md) ------------------------------------------------
+
+
+class ForgetPerson(MemoryTool):
+    """``forget_person``: returns the counts of what went (or, ``dry_run``, would go)."""
+
+    definition = FORGET_PERSON
+
+
+class PauseRemembering(MemoryTool):
+    """``pause_remembering``: returns the status (``paused``, ``until``, ``seconds_left``)."""
+
+    definition = PAUSE_REMEMBERING
+
+
+class ResumeRemembering(MemoryTool):
+    """``resume_remembering``: returns the status."""
+
+    definition = RESUME_REMEMBERING
+
+
+HOUSEHOLD_TOOL_CLASSES: tuple[type[MemoryTool], ...] = (ForgetPerson, PauseRemembering, ResumeRemembering)
+
+
+
+class MemoryContext(MemoryTool):
+    """``memory_context``: returns ``{"text", "tokens", "people", "memories", "left_out"}`` (``text``:
+    the block to read, empty when nothing is remembered)."""
+
+    definition = MEMORY_CONTEXT
+
+
+#: The tools in the specs' order (000's three, then 004's two), then the context block, then
+#: the household's.
+TOOL_CLASSES: tuple[type[MemoryTool], ...] = (SearchMemories, StoreMemory, ForgetMemory, Remember, Recall,
+                                              MemoryContext, *HOUSEHOLD_TOOL_CLASSES)
 
 #: Lines for a profile's ``tools.txt`` (each names the profile module holding one tool; later
 #: app versions list tools in ``default_tools`` of a ``profile.md`` instead: ``docs/ROBOT.md``).
@@ -271,6 +319,7 @@ def app_tool_classes(tool_base: type) -> list[type]:
     return [type(c.__name__, (c, tool_base), {"__module__": __name__}) for c in TOOL_CLASSES]
 
 
-__all__ = ["MAX_ERROR_CHARS", "TOOLS_TXT", "TOOL_CLASSES", "ForgetMemory", "MemoryTool", "Recall", "Remember",
+__all__ = ["DISPATCHER_KEYS", "HOUSEHOLD_TOOL_CLASSES", "MAX_ERROR_CHARS", "TOOLS_TXT", "TOOL_CLASSES", "ForgetMemory",
+           "ForgetPerson", "MemoryContext", "MemoryTool", "PauseRemembering", "Recall", "Remember", "ResumeRemembering",
            "SearchMemories", "StoreMemory",
            "aclose_default", "app_tool_classes", "error_text"]

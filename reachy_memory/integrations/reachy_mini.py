@@ -6,8 +6,14 @@ busy (embedding, the LLM, the robot's own daemon) it can take tens of
 milliseconds, and a timeout cannot be honoured while the CPU is saturated.  So
 the loop must never call the daemon.  :class:`MemoryBridge` does it for the loop:
 
-* one worker thread owns a blocking :class:`~reachy_memory.MemoryClient` (and
-  is the only thread that touches it);
+* one worker owns a blocking :class:`~reachy_memory.MemoryClient` (and is the
+  only one that touches it).  By default (POSIX) the worker runs in a **helper
+  process** (:mod:`~reachy_memory.integrations.bridge_process`): decoding replies,
+  retrying and waiting happen outside the control process's interpreter, so they
+  never hold the GIL the loop needs; the control process keeps no thread of the
+  bridge's and reads the helper's replies only inside the bridge's own calls,
+  non-blocking, in small pieces.  ``helper=False`` (or a ``client_factory``, for
+  tests) runs the worker on a thread of this process instead;
 * :meth:`MemoryBridge.latest` returns the last fetched :class:`MemorySnapshot`
   (context window, current person, what is remembered about them): a plain
   attribute read, no I/O, no lock;
@@ -16,7 +22,9 @@ the loop must never call the daemon.  :class:`MemoryBridge` does it for the loop
   once; when the queue is full the job is dropped and counted, never waited for;
 * :meth:`~MemoryBridge.search` and :meth:`~MemoryBridge.remember` return a
   :class:`concurrent.futures.Future`: poll ``done()`` from the loop, or
-  ``add_done_callback``.  A future of a dropped job fails with
+  ``add_done_callback`` (with a helper process, callbacks run on the thread whose
+  bridge call or ``done()``/``result()`` received the reply, often the loop: keep
+  them short; on a worker thread, on that thread).  A future of a dropped job fails with
   :class:`~reachy_memory.BusyError`; a job that raises fails its own future
   only.  While the daemon restarts, a read (``search``, ``context_for``) fails
   within ``timeout`` (the writes are sent again: below) and a failed refresh keeps
@@ -36,6 +44,8 @@ the loop must never call the daemon.  :class:`MemoryBridge` does it for the loop
   "not now") is counted in ``stats.errors`` (a turn also in ``stats.turns_lost``;
   ``remember``'s future fails with that error).  A daemon from before the ids (it
   refuses them, storing nothing) gets the write once without its id, never again.
+* :meth:`~MemoryBridge.pause_remembering` / :meth:`~MemoryBridge.resume_remembering`
+  (a guest, a private moment) queue like a search and return a future of the status.
 * :meth:`~MemoryBridge.close` (or leaving the ``with`` block) takes no new job
   and lets the queued ones reach the daemon (writes with their retries) for up to
   its ``timeout`` (5 s by default), then stops the worker.  Jobs still queued then
@@ -57,6 +67,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import queue
 import threading
 import time
@@ -152,13 +163,28 @@ class MemoryBridge:
     ``queue_size`` bounds the pending jobs; ``timeout`` bounds each daemon call
     (on the worker).  ``turn_retry_for`` bounds how long a write (a turn, ``remember``,
     ``set_current_person``) is sent again while the daemon is away (seconds from its
-    queueing; 0: sent once).  ``client_factory`` replaces the client (tests).
+    queueing; 0: sent once).  ``helper``: run the worker in a helper process (None, the
+    default: yes on POSIX unless a ``client_factory`` is given; True; False: a thread of
+    this process).  ``client_factory`` replaces the client (tests; a thread only).
     Use as a context manager, or :meth:`start` / :meth:`close` (idempotent).
     """
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> MemoryBridge:
+        """A :class:`~reachy_memory.integrations.bridge_process.HelperBridge` unless the
+        worker is to run on a thread (``helper=False``, a ``client_factory``, not POSIX)."""
+        helper = kwargs.get("helper")
+        if helper is None:
+            helper = os.name == "posix" and kwargs.get("client_factory") is None
+        if cls is MemoryBridge and helper:
+            from reachy_memory.integrations.bridge_process import HelperBridge
+
+            return super().__new__(HelperBridge)
+        return super().__new__(cls)
+
     def __init__(self, endpoint: str | None = None, *, config: Config | None = None, queue_size: int = 64,
                  refresh_interval: float = 0.5, timeout: float = 2.0, person_facts: int = 5,
-                 turn_retry_for: float = 60.0, client_factory: Callable[[], Any] | None = None) -> None:
+                 turn_retry_for: float = 60.0, client_factory: Callable[[], Any] | None = None,
+                 helper: bool | None = None) -> None:
         """Raises ValidationError for a ``turn_retry_for`` that is not seconds >= 0."""
         self._retry_for = check_seconds(turn_retry_for, "turn_retry_for", finite=True)
         self._factory = client_factory or (lambda: MemoryClient(endpoint, config=config, timeout=timeout))
@@ -298,6 +324,20 @@ class MemoryBridge:
         turns, known people, ``.text`` within ``max_tokens``); the future gives a
         RetrievedContext, one daemon round trip, for an app to put before its LLM call."""
         return self._submit(lambda c: c.context_for(message, max_tokens=max_tokens), "context_for")
+
+    # -- guests and private moments (docs/HOUSEHOLD.md) -------------------------------------------
+
+    def pause_remembering(self, minutes: float) -> Future[dict[str, Any]]:
+        """Queue "stop remembering for ``minutes``" (a guest, a private moment): until then the
+        daemon keeps the turns this bridge records in its context window only, in memory, and
+        writes no memory (a ``remember`` fails with RememberingPausedError); the pause ends by
+        itself. The future gives the status (``paused``, ``until``, ``seconds_left``). Sent
+        again while the daemon restarts, as a turn is (a restart ends a pause in force)."""
+        return self._submit(lambda c: c.pause_remembering(minutes), "pause_remembering", retry=True)
+
+    def resume_remembering(self) -> Future[dict[str, Any]]:
+        """Queue "remember again"; the future gives the status."""
+        return self._submit(lambda c: c.resume_remembering(), "resume_remembering", retry=True)
 
     @property
     def pending(self) -> int:

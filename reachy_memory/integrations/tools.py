@@ -18,8 +18,8 @@ Backends:
   ``retry_for`` seconds (the client's timeout by default) after its first failure; the
   daemon keeps it once however often it arrives. So the model is told "kept" (with the
   ids) or "not stored"; only when an attempt got no reply and the daemon stays away, or
-  the daemon kept it (or a ``remember``'s first facts) before its disk failed (an fsync
-  error, a full disk), is it told the memory may have been kept. A write whose client
+  the daemon kept it before its disk failed (an fsync error), is it told the memory may
+  have been kept (a ``remember`` is one journal frame: a full disk stores none of it). A write whose client
   was closed (ClosedError) is not sent again. A daemon from before the ids (it refuses
   them) gets the write once without.
 * :class:`LocalBackend` opens a :class:`~reachy_memory.MemoryStore` in this
@@ -56,6 +56,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import functools
+import json
 import math
 import threading
 import time
@@ -76,7 +77,6 @@ from reachy_memory.errors import (
     ReachyMemoryError,
     ReadOnlyError,
     RequestTimeoutError,
-    StorageFullError,
     ValidationError,
 )
 from reachy_memory.model import SEARCH_LIMIT, Memory, MemoryType, SearchResult
@@ -85,6 +85,8 @@ from reachy_memory.people.registry import names_someone
 MEMORY_TYPES: tuple[str, ...] = tuple(m.value for m in MemoryType)
 MAX_LIMIT = 50
 MAX_ERROR_CHARS = 1000  # an error text a tool hands a model (it may echo a huge bad value)
+MAX_CONTENT_CHARS = 600  # of one memory in a search or recall result (a voice model reads it)
+MAX_RESULT_CHARS = 6000  # of a search or recall result's JSON: the best hits that fit
 START_HINT = ("start it with `reachy-memory serve` (on the robot: `sudo systemctl start reachy-memory`), "
               "or run `reachy-memory mcp --data-dir DIR` to open a store in this process instead")
 
@@ -130,6 +132,8 @@ class Backend(Protocol):
     async def recall(self, query: str, about: str | None, limit: int) -> list[SearchResult]: ...
 
     async def knows(self, reference: str) -> bool: ...
+
+    async def context(self, message: str, max_tokens: int, max_memories: int) -> Any: ...
 
     async def aclose(self) -> None: ...
 
@@ -203,7 +207,8 @@ def _array_problem(schema: dict[str, Any], value: Any) -> str | None:
 
 @dataclass(frozen=True)
 class ToolDef:
-    """One tool: what an LLM sees (name, description, schema) and what it runs."""
+    """One tool: what an LLM sees (name, description, schema), what it runs, and the text a
+    model reads of its result (:attr:`text`: MCP sends it beside the structured content)."""
 
     name: str
     description: str
@@ -212,19 +217,32 @@ class ToolDef:
     read_only: bool = False
     destructive: bool = False
     returns: Any = field(default=dict[str, Any])
+    text: Callable[[dict[str, Any], Any], str] = field(default=lambda args, result: _json_text(result))
 
     def parameters_schema(self) -> dict[str, Any]:
-        """The parameters as one JSON Schema object (OpenAI / conversation-app style)."""
+        """The parameters as one JSON Schema object (OpenAI / conversation-app style). An optional
+        parameter is typed nullable (``null`` means "omitted": :meth:`check` fills its default);
+        no other key is taken (``additionalProperties: false``, and :meth:`check` refuses one)."""
         props = {p.name: {**p.schema, "description": p.description} for p in self.params}
         for p in self.params:
-            if not p.required and p.default is not None:
-                props[p.name]["default"] = p.default
+            if not p.required:
+                props[p.name].update(_nullable(p.schema))
+                if p.default is not None:
+                    props[p.name]["default"] = p.default
         return {"type": "object", "properties": props, "required": [p.name for p in self.params if p.required],
                 "additionalProperties": False}
 
-    def check(self, args: Mapping[str, Any]) -> dict[str, Any]:
-        """Checked arguments with defaults filled in; unknown keys are ignored
-        (a dispatcher may add its own). Raises ValidationError."""
+    def check(self, args: Mapping[str, Any], ignored: frozenset[str] = frozenset()) -> dict[str, Any]:
+        """Checked arguments with defaults filled in (``null`` for an optional one counts as
+        omitted). A key the tool does not take is refused, naming the ones it takes, unless it
+        is in ``ignored`` (a dispatcher's own, e.g. the conversation app's ``tool_manager``).
+        Raises ValidationError."""
+        unknown = sorted(str(k) for k in args if k not in self._names and k not in ignored)
+        if unknown:
+            shown = ", ".join(repr(k[:40]) for k in unknown[:5]) + (f" and {len(unknown) - 5} more"
+                                                                   if len(unknown) > 5 else "")
+            raise ValidationError(f"{self.name}: unknown argument{'s' if len(unknown) > 1 else ''} {shown}; "
+                                  f"it takes {', '.join(p.name for p in self.params)}", field=unknown[0][:40])
         out: dict[str, Any] = {}
         for p in self.params:
             if p.name not in args or args[p.name] is None:
@@ -235,12 +253,30 @@ class ToolDef:
             out[p.name] = p.check(self.name, args[p.name])
         return out
 
-    async def run(self, backend: Backend, args: Mapping[str, Any]) -> Any:
-        """Check ``args`` and run the tool on ``backend`` as bound when the call starts (a
-        tool making two calls, ``recall``'s ``knows`` then ``recall``, must not serve
-        another user's second half after ``backend.owner`` changes in between); raises
-        ReachyMemoryError subclasses."""
-        return await self.call(_pinned(backend), self.check(args))
+    @functools.cached_property
+    def _names(self) -> frozenset[str]:
+        return frozenset(p.name for p in self.params)
+
+    async def run(self, backend: Backend, args: Mapping[str, Any], ignored: frozenset[str] = frozenset()) -> Any:
+        """Check ``args`` (``ignored``: as :meth:`check`) and run the tool on ``backend`` as bound
+        when the call starts (a tool making two calls, ``recall``'s ``knows`` then ``recall``,
+        must not serve another user's second half after ``backend.owner`` changes in between);
+        raises ReachyMemoryError subclasses."""
+        return await self.call(_pinned(backend), self.check(args, ignored))
+
+
+def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    """The keys that make ``schema`` accept ``null`` too: its type as ``[type, "null"]`` and, for
+    an enum, ``null`` among the values (JSON Schema checks both)."""
+    made: dict[str, Any] = {"type": [schema["type"], "null"]}
+    if "enum" in schema:
+        made["enum"] = [*schema["enum"], None]
+    return made
+
+
+def _json_text(result: Any) -> str:
+    """A result as compact JSON text (a tool without a text of its own)."""
+    return json.dumps(result, ensure_ascii=False, separators=(",", ":"))
 
 
 def _pinned(backend: Backend) -> Backend:
@@ -263,13 +299,67 @@ def _no_note_names(backend: Backend, a: dict[str, Any]) -> None:
 
 def _hit(h: SearchResult) -> dict[str, Any]:
     m = h.memory
-    return {"id": m.id, "content": m.content, "type": m.memory_type.value,
+    return {"id": m.id, "content": capped(m.content), "type": m.memory_type.value,
             "score": round(finite_score(float(h.score)), 4),
             "created_at": m.created_at.isoformat(), "metadata": dict(m.metadata)}
 
 
+def capped(text: str, limit: int = MAX_CONTENT_CHARS) -> str:
+    """``text``, or its first characters and how long it was when longer than ``limit``: a
+    long note read out whole would fill a voice model's context (``get`` has all of it)."""
+    if len(text) <= limit:
+        return text
+    tail = f"... ({len(text)} characters in all)"
+    return text[:limit - len(tail)] + tail
+
+
+def _within_budget(hits: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The best hits whose JSON fits :data:`MAX_RESULT_CHARS` (always the first): a result a
+    model reads is bounded whatever the limit asked and however long each memory is."""
+    kept: list[dict[str, Any]] = []
+    used = 0
+    for hit in hits:
+        used += len(_json_text(hit)) + 1
+        if kept and used > MAX_RESULT_CHARS:
+            break
+        kept.append(hit)
+    return kept
+
+
 async def _search(backend: Backend, a: dict[str, Any]) -> list[dict[str, Any]]:
-    return [_hit(h) for h in await backend.search(a["query"], a["memory_type"], int(a["limit"]))]
+    return _within_budget([_hit(h) for h in await backend.search(a["query"], a["memory_type"], int(a["limit"]))])
+
+
+def hits_text(args: dict[str, Any], hits: list[dict[str, Any]]) -> str:
+    """Search or recall results as a model reads them aloud: one line a memory (its type, the
+    persons it is about, its id), or that nothing relevant is remembered."""
+    if not hits:
+        about = args.get("about")
+        return f"Nothing relevant is remembered{f' about {about}' if about else ''}: say so instead of guessing."
+    lines = [f"{len(hits)} memor{'y' if len(hits) == 1 else 'ies'} found, most relevant first:"]
+    for h in hits:
+        about = f", about {', '.join(h['about'])}" if h.get("about") else ""
+        lines.append(f"- [{h['type']}{about}] {h['content']} (id {h['id']})")
+    return "\n".join(lines)
+
+
+def _stored_text(args: dict[str, Any], m: dict[str, Any]) -> str:
+    return f"Stored as a {m['type']} (id {m['id']}): {capped(m['content'])}"
+
+
+def _forget_text(args: dict[str, Any], r: dict[str, Any]) -> str:
+    if r["success"]:
+        return f"Forgot memory {r['id']}."
+    return (f"No memory has the id {r['id']} (already forgotten, expired, or not an id from a result): "
+            "nothing was deleted.")
+
+
+def _remembered_text(args: dict[str, Any], r: dict[str, Any]) -> str:
+    if not r["stored"]:
+        return "Nothing was stored."
+    lines = [f"Remembered {r['count']} fact{'s' if r['count'] != 1 else ''}:"]
+    lines += [f"- {capped(m['content'])} (id {m['id']})" for m in r["stored"]]
+    return "\n".join(lines)
 
 
 async def _store(backend: Backend, a: dict[str, Any]) -> dict[str, Any]:
@@ -348,7 +438,7 @@ async def _recall(backend: Backend, a: dict[str, Any]) -> list[dict[str, Any]]:
         hits = [h for h in hits if norm(str(h.memory.metadata.get("person", ""))) == norm(about)][:limit]
     else:
         hits = await backend.recall(a["query"], about, limit)
-    return [_hit(h) | ({"about": list(h.subject_names)} if h.subject_names else {}) for h in hits]
+    return _within_budget([_hit(h) | ({"about": list(h.subject_names)} if h.subject_names else {}) for h in hits])
 
 
 _TypeName = Literal["conversation", "fact", "context"]
@@ -374,7 +464,7 @@ def _search_memories(conversation_days: float) -> ToolDef:
             Param("limit", {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT}, int,
                   f"Maximum number of results (1 to {MAX_LIMIT}).", default=SEARCH_LIMIT),
         ),
-        call=_search, read_only=True, returns=list[dict[str, Any]],
+        call=_search, read_only=True, returns=list[dict[str, Any]], text=hits_text,
     )
 
 
@@ -401,7 +491,7 @@ def _store_memory(conversation_days: float) -> ToolDef:
                   "Optional flat key/value pairs (strings, numbers, booleans), e.g. {\"person\": \"Sarah\"}.",
                   nullable=True),
         ),
-        call=_store,
+        call=_store, text=_stored_text,
     )
 
 
@@ -417,7 +507,7 @@ FORGET_MEMORY = ToolDef(
         "not an id from a result: copy it exactly)."),
     params=(Param("memory_id", {"type": "string", "minLength": 1}, str, "The id of the memory to delete.",
                   required=True),),
-    call=_forget, destructive=True,
+    call=_forget, destructive=True, text=_forget_text,
 )
 
 _FACT_ITEM = {"type": "object", "properties": {"content": {"type": "string"},
@@ -447,7 +537,7 @@ REMEMBER = ToolDef(
               "Days until the fact expires (omit: kept forever).", nullable=True),
         Param("shared", {"type": "boolean"}, bool, "True for household facts every user sees.", default=False),
     ),
-    call=_remember,
+    call=_remember, text=_remembered_text,
 )
 
 RECALL = ToolDef(
@@ -464,12 +554,116 @@ RECALL = ToolDef(
         Param("limit", {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT}, int,
               f"Maximum number of results (1 to {MAX_LIMIT}).", default=SEARCH_LIMIT),
     ),
-    call=_recall, read_only=True, returns=list[dict[str, Any]],
+    call=_recall, read_only=True, returns=list[dict[str, Any]], text=hits_text,
 )
 
-#: The tool table: the spec's three tools (000), then spec 004's people-aware pair; its
-#: descriptions say the default retention (:func:`tools_for` says another).
-TOOLS: tuple[ToolDef, ...] = (SEARCH_MEMORIES, STORE_MEMORY, FORGET_MEMORY, REMEMBER, RECALL)
+# -- the household's tools: forgetting a person, pausing (docs/HOUSEHOLD.md) ---------------------
+
+
+def _household_wide(backend: Backend, tool: str) -> None:
+    """Refuse ``tool`` on a backend bound to one user: it reaches every user's memories."""
+    if getattr(backend, "owner", None) is not None:
+        raise ValidationError(f"{tool}: not available to a user-bound tool, as it reaches every user's memories; "
+                              "the household does it on its page (reachy-memory web) or with reachy-memory "
+                              "forget-person", field="person")
+
+
+def _backend_call(backend: Backend, name: str, tool: str) -> Callable[..., Awaitable[Any]]:
+    call = getattr(backend, name, None)
+    if call is None:
+        raise ValidationError(f"{tool}: this backend cannot do it", field=name)
+    return call  # type: ignore[no-any-return]
+
+
+async def _forget_person(backend: Backend, a: dict[str, Any]) -> dict[str, Any]:
+    _household_wide(backend, "forget_person")
+    return await _backend_call(backend, "forget_person", "forget_person")(_unwrapped(a["person"]), a["dry_run"])
+
+
+async def _pause_remembering(backend: Backend, a: dict[str, Any]) -> dict[str, Any]:
+    return await _backend_call(backend, "pause_remembering", "pause_remembering")(int(a["minutes"]))
+
+
+async def _resume_remembering(backend: Backend, a: dict[str, Any]) -> dict[str, Any]:
+    return await _backend_call(backend, "resume_remembering", "resume_remembering")()
+
+
+FORGET_PERSON = ToolDef(
+    name="forget_person",
+    description=(
+        "Forget a person for good, when the user clearly asks the robot to forget everything about someone: "
+        "the person and their other names, every memory about only them, their conversation turns, and their "
+        "name in the memories about others (removed; those memories stay). Call it first with dry_run true and "
+        "tell the user what would be forgotten, then again with dry_run false once they confirm. Returns the "
+        "counts (memories_deleted, turns_deleted, mentions_rewritten...)."),
+    params=(
+        Param("person", {"type": "string", "minLength": 1}, str,
+              "Who: a name ('Dave'), what they are to the user ('my wife') or a person id.", required=True),
+        Param("dry_run", {"type": "boolean"}, bool, "True: only say what would be forgotten.", default=False),
+    ),
+    call=_forget_person, destructive=True,
+)
+
+PAUSE_REMEMBERING = ToolDef(
+    name="pause_remembering",
+    description=(
+        "Stop remembering for a while when the user asks (\"don't remember this\", a guest is visiting, a private "
+        "moment): until then the conversation is followed but nothing is written down, and no memory can be "
+        "stored. It ends by itself. Returns the status (paused, until as epoch seconds)."),
+    params=(Param("minutes", {"type": "integer", "minimum": 1, "maximum": 10080}, int,
+                  "How long, in minutes (1 to 10080, a week).", default=60),),
+    call=_pause_remembering,
+)
+
+RESUME_REMEMBERING = ToolDef(
+    name="resume_remembering",
+    description="Remember again before a pause ends, when the user asks. Returns the status.",
+    params=(), call=_resume_remembering,
+)
+
+HOUSEHOLD_TOOLS: tuple[ToolDef, ...] = (FORGET_PERSON, PAUSE_REMEMBERING, RESUME_REMEMBERING)
+
+DEFAULT_CONTEXT_MESSAGE = "the user, the people the robot knows, and what matters to them today"
+CONTEXT_MEMORIES = 20  # facts and context memories a memory_context block may hold
+
+
+async def _context(backend: Backend, a: dict[str, Any]) -> dict[str, Any]:
+    """``context_for`` as a tool: the prompt-ready block (people, the facts that matter, recent
+    context) for ``message``, within ``max_tokens`` of the embedder's tokens."""
+    context = getattr(backend, "context", None)
+    if context is None:  # a custom backend from before the tool
+        raise ValidationError(f"memory_context: the backend {type(backend).__name__} has no context", field="message")
+    got = await context(a["message"] or DEFAULT_CONTEXT_MESSAGE, int(a["max_tokens"]), CONTEXT_MEMORIES)
+    return {"text": got.text, "tokens": int(got.tokens), "people": [p.name for p in got.people],
+            "memories": len(got.memories), "left_out": int(got.dropped_lines)}
+
+
+def _context_text(args: dict[str, Any], r: dict[str, Any]) -> str:
+    return r["text"] or "Nothing is remembered yet: the robot knows no one and no facts."
+
+
+MEMORY_CONTEXT = ToolDef(
+    name="memory_context",
+    description=(
+        "What the robot remembers that matters now, as one short block to read before answering: the people it "
+        "knows and the most relevant facts and plans, each with who it is about. Call it once at the start of a "
+        "conversation (with the user's first words, if any), and again when the talk turns to a person or a "
+        "plan it may know about. Use what it says naturally; do not recite it."),
+    params=(
+        Param("message", {"type": "string", "minLength": 1}, str | None,
+              "The user's words or the topic to gather memories for (omit at the start of a conversation).",
+              nullable=True),
+        Param("max_tokens", {"type": "integer", "minimum": 100, "maximum": 2000}, int,
+              "Longest block to return, in tokens (100 to 2000).", default=600),
+    ),
+    call=_context, read_only=True, text=_context_text,
+)
+
+#: The tool table: the spec's three tools (000), then spec 004's people-aware pair, then
+#: the one-call context block; its descriptions say the default retention (:func:`tools_for`
+#: says another).
+TOOLS: tuple[ToolDef, ...] = (SEARCH_MEMORIES, STORE_MEMORY, FORGET_MEMORY, REMEMBER, RECALL, MEMORY_CONTEXT,
+                               *HOUSEHOLD_TOOLS)
 TOOLS_BY_NAME: dict[str, ToolDef] = {t.name: t for t in TOOLS}
 
 
@@ -498,7 +692,8 @@ _TTL_RANGE = cast(tuple[float, float], RANGES["memory.conversation_ttl_days"])
 def _tools_for(conversation_days: float) -> tuple[ToolDef, ...]:
     if conversation_days == DEFAULT_CONVERSATION_DAYS:
         return TOOLS
-    return (_search_memories(conversation_days), _store_memory(conversation_days), FORGET_MEMORY, REMEMBER, RECALL)
+    return (_search_memories(conversation_days), _store_memory(conversation_days), FORGET_MEMORY, REMEMBER, RECALL,
+            MEMORY_CONTEXT, *HOUSEHOLD_TOOLS)
 
 
 def local_retention(store: Any) -> float:
@@ -635,14 +830,14 @@ class DaemonBackend(_OwnerBound):
             "(busy, or a large request); a store may still complete: search for it before storing it again",
             **exc.fields)
 
-    async def _write(self, send: Callable[[bool, float | None], Awaitable[Any]], *, frames: int = 1) -> Any:
+    async def _write(self, send: Callable[[bool, float | None], Awaitable[Any]]) -> Any:
         """``send(True, timeout)``: a write carrying its client-made ids, sent again after each
         "not now" failure (:func:`~reachy_memory.daemon.protocol.retryable`, or no daemon listening)
         until :attr:`retry_for` seconds after the first, then answered definitely: the
         daemon keeps it once however often it arrived, so a result is the memory kept.  A daemon
         from before the ids (it refuses them, storing nothing) gets ``send(False, None)``, once,
-        as :meth:`_guard` sends any call.  ``frames``: the journal frames the daemon writes it in
-        (one per fact of a ``remember``): a full disk refusing one leaves those before it.
+        as :meth:`_guard` sends any call.  The daemon writes each call as one journal frame (a
+        ``remember`` of several facts too): a full disk refusing it stores nothing.
 
         Raises the write's own error at once (nothing was stored), and ClosedError at once once
         this backend's client is closed (:meth:`aclose`, from another task: an attempt in flight
@@ -662,7 +857,7 @@ class DaemonBackend(_OwnerBound):
             except ReachyMemoryError as exc:
                 if not retryable(exc):  # its own error, or this backend's client closed: not sent again
                     raise
-                unsure = unsure or _may_have_kept(exc, frames)
+                unsure = unsure or _may_have_kept(exc)
                 deadline = time.monotonic() + self.retry_for if deadline is None else deadline
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -726,10 +921,8 @@ class DaemonBackend(_OwnerBound):
         fact is kept once."""
         owned = _owned(args, self._owner)
         ided = _with_ids(owned)
-        facts = owned.get("facts")
         return await self._write(lambda ids, timeout: self.client.remember(  # type: ignore[no-any-return]
-            **(ided if ids else _without_ids(owned)), timeout=timeout),
-            frames=len(facts) if isinstance(facts, list) else 1)
+            **(ided if ids else _without_ids(owned)), timeout=timeout))  # one journal frame, however many facts
 
     async def recall(self, query: str, about: str | None, limit: int) -> list[SearchResult]:
         return await self._guard(  # type: ignore[no-any-return]
@@ -737,6 +930,20 @@ class DaemonBackend(_OwnerBound):
 
     async def knows(self, reference: str) -> bool:
         return await self._guard(self.client.find_person(reference, owner=self._owner)) is not None
+
+    # the household's calls (docs/HOUSEHOLD.md)
+    async def forget_person(self, reference: str, dry_run: bool) -> dict[str, Any]:
+        return await self._guard(self.client.forget_person(reference, dry_run=dry_run))  # type: ignore[no-any-return]
+
+    async def pause_remembering(self, minutes: float) -> dict[str, Any]:
+        return await self._guard(self.client.pause_remembering(minutes))  # type: ignore[no-any-return]
+
+    async def resume_remembering(self) -> dict[str, Any]:
+        return await self._guard(self.client.resume_remembering())  # type: ignore[no-any-return]
+    async def context(self, message: str, max_tokens: int, max_memories: int) -> Any:
+        """``context_for`` on the daemon, for the bound user (a RetrievedContext)."""
+        return await self._guard(self.client.context_for(message, owner=self._owner, max_tokens=max_tokens,
+                                                         max_memories=max_memories))
 
     async def aclose(self) -> None:
         if self._own:
@@ -800,6 +1007,22 @@ class LocalBackend(_OwnerBound):
         owner = self._owner
         return await self._run(lambda: self.memory_store.find_person(reference, owner)) is not None
 
+    # the household's calls (docs/HOUSEHOLD.md)
+    async def forget_person(self, reference: str, dry_run: bool) -> dict[str, Any]:
+        return await self._run(  # type: ignore[no-any-return]
+            lambda: self.memory_store.forget_person(reference, dry_run=dry_run))
+
+    async def pause_remembering(self, minutes: float) -> dict[str, Any]:
+        return await self._run(self.memory_store.pause_remembering, minutes)  # type: ignore[no-any-return]
+
+    async def resume_remembering(self) -> dict[str, Any]:
+        return await self._run(self.memory_store.resume_remembering)  # type: ignore[no-any-return]
+    async def context(self, message: str, max_tokens: int, max_memories: int) -> Any:
+        """``context_for`` on the store, for the bound user (a RetrievedContext)."""
+        owner = self._owner
+        return await self._run(lambda: self.memory_store.context_for(message, owner=owner, max_tokens=max_tokens,
+                                                                     max_memories=max_memories))
+
     async def aclose(self) -> None:
         """Close the store on its own thread, then stop the thread; idempotent; a view
         (:meth:`for_owner`) leaves both to the backend it came from."""
@@ -808,17 +1031,15 @@ class LocalBackend(_OwnerBound):
             self._pool.shutdown(wait=True)
 
 
-def _may_have_kept(failure: ReachyMemoryError, frames: int) -> str:
-    """Why an attempt of a write (in ``frames`` journal frames) that failed with ``failure``
+def _may_have_kept(failure: ReachyMemoryError) -> str:
+    """Why an attempt of a write (one journal frame) that failed with ``failure``
     ("not now") may have been kept, or "" when it cannot have been: no reply (it may have
     reached a daemon); an fsync failing after the daemon applied it (ReadOnlyError: readers
-    see it; it may even be on disk); a full disk refusing a later frame of several."""
+    see it; it may even be on disk)."""
     if isinstance(failure, RequestTimeoutError):
         return "an earlier attempt got no reply"
     if isinstance(failure, ReadOnlyError):
         return "the daemon may have kept an attempt before its disk failed"
-    if isinstance(failure, StorageFullError) and frames > 1:
-        return "what the daemon wrote before its disk filled stays"
     return ""
 
 
@@ -862,6 +1083,8 @@ def finite_score(score: float) -> float:
     return score if math.isfinite(score) else 0.0
 
 
-__all__ = ["DEFAULT_CONVERSATION_DAYS", "MAX_ERROR_CHARS", "MAX_LIMIT", "MEMORY_TYPES", "RECALL", "REMEMBER", "TOOLS",
-           "TOOLS_BY_NAME", "Backend", "DaemonBackend", "LocalBackend", "Param", "ToolDef", "daemon_retention",
-           "error_text", "local_retention", "may_forget", "retention_text", "tools_for"]
+__all__ = ["DEFAULT_CONVERSATION_DAYS", "FORGET_PERSON", "HOUSEHOLD_TOOLS", "MAX_CONTENT_CHARS", "MAX_ERROR_CHARS",
+           "MAX_LIMIT", "MAX_RESULT_CHARS", "MEMORY_CONTEXT", "MEMORY_TYPES", "PAUSE_REMEMBERING", "RECALL", "REMEMBER",
+           "RESUME_REMEMBERING", "TOOLS", "TOOLS_BY_NAME", "Backend", "DaemonBackend", "LocalBackend", "Param",
+           "ToolDef", "capped", "daemon_retention", "error_text", "hits_text", "local_retention", "may_forget",
+           "retention_text", "tools_for"]

@@ -9,6 +9,7 @@ three searches with one query vector, the context window and the known persons.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any
 
 from reachy_memory.engine import dedupe, ingest
@@ -19,6 +20,7 @@ from reachy_memory.engine.context_text import (
     Turn,
     approximate_tokens,
     build_context,
+    check_limits,
     token_counter,
     tokenizer_path,
 )
@@ -46,12 +48,15 @@ class Context:
         engine = self._engine
         engine.require_open()
         ingest.validate_text(message, "message", engine.config)
+        check_limits(max_tokens, max_memories, max_messages, min_similarity)  # all checked before the embedding
+        facts_query = engine.check_search(message, MemoryType.FACT, min(max(max_memories, 1), 1000), 0.0,
+                                          mode="hybrid", owner=owner)  # one check and one embedding, three searches
         qvec = engine.embed_query(message)
-        memories = max(max_memories, 1)
-        facts = engine.search_vector(message, qvec, MemoryType.FACT, memories, 0.0, owner=owner)
-        context = engine.search_vector(message, qvec, MemoryType.CONTEXT, memories, 0.0, owner=owner)
-        past = engine.search_vector(message, qvec, MemoryType.CONVERSATION, max(max_messages * 2, 1), 0.0,
-                                    owner=owner)
+        facts = engine.search_checked(facts_query, qvec)
+        context = engine.search_checked(replace(facts_query, memory_type=MemoryType.CONTEXT.value), qvec)
+        turns = replace(facts_query, memory_type=MemoryType.CONVERSATION.value,
+                        limit=min(max(max_messages * 2, 1), 1000))
+        past = engine.search_checked(turns, qvec)
         window = [Turn(t["role"], t["content"]) for t in engine.window()]
         found = dedupe.unique_hits(facts + context) if engine.config.memory.dedupe else facts + context
         return build_context(window=window, messages=[_item(h) for h in past],

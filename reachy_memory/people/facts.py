@@ -94,13 +94,19 @@ class Facts:
                                   "metadata": i.get("metadata"), "id": i.get("id"), "owner": owner,
                                   "shared": bool(i.get("shared"))} for i in items])
         with self._lock:
-            # all or nothing: a refusal in fact 3 must not leave facts 1-2 stored
+            # all or nothing: a refusal in fact 3, or a full disk, must not leave facts 1-2 stored
             self._engine.check_retries_still_stored(prepared)
             kept = self._kept_facts(items, prepared.ids, owner)
             self._check_facts([item for item, i in zip(items, prepared.ids, strict=True) if i not in kept], owner)
             ops = {op[1]["id"]: op for op in prepared.ops}
-            return [self._remembered(item, memory_id, ops, owner)
-                    for item, memory_id in zip(items, prepared.ids, strict=True)]
+            recent = dict(self.recent_subjects)
+            try:
+                with self._engine.one_frame():  # one journal frame: a full disk stores none of them
+                    return [self._remembered(item, memory_id, ops, owner)
+                            for item, memory_id in zip(items, prepared.ids, strict=True)]
+            except BaseException:
+                self.recent_subjects = recent
+                raise
 
     def _kept_facts(self, items: list[dict[str, Any]], ids: list[str], owner: str | None) -> set[str]:
         """The ids of ``items`` whose memory is already stored (a retry with client ids).

@@ -11,7 +11,6 @@ import logging
 from typing import TYPE_CHECKING
 
 from reachy_memory.engine.mentions import norm
-from reachy_memory.people.checks import text_arg
 from reachy_memory.people.registry import PersonRegistry, visible_to
 
 if TYPE_CHECKING:
@@ -24,11 +23,11 @@ PERSON_FIELD = "person"
 
 
 def about_ids(people: PersonRegistry, about: str | None, owner: str | None) -> list[str] | None:
-    """The person ids ``about`` names; None (no filter) when it names nobody known.
-    Raises ValidationError for an ``about`` that is not a reference."""
+    """The person ids ``about`` (checked by the search's check) names; None (no filter)
+    when it names nobody known."""
     if about is None:
         return None
-    person = people.find_person(text_arg(about, "about"), owner)
+    person = people.find_person(about, owner)
     if person is None:
         log.info("search about %r: no such person, results are not filtered", about)
         return None

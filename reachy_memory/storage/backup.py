@@ -28,8 +28,10 @@ from reachy_memory.storage import files
 from reachy_memory.storage import journal as jr
 from reachy_memory.storage import restore as swap
 from reachy_memory.storage.files import (
+    HEAD_FILE,
     JOURNAL_FILE,
     PREV_JOURNAL_FILE,
+    PREV_SNAPSHOT_FILE,
     SNAPSHOT_FILE,
     damage_is_corruption,
     read_snapshot,
@@ -48,6 +50,7 @@ class VerifyReport:
     vectors: int = 0
     journal_frames: int = 0
     generation: int = 0
+    seq: int = 0  # a backup's: its restored journal numbers its frames above it
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     affected: list[str] = field(default_factory=list)  # ids readable in damaged bytes
@@ -62,14 +65,55 @@ class VerifyReport:
                 "affected_ids": self.affected}
 
 
+LIVE_TRIES = 5  # checks of a live store whose compactions keep replacing its files, before giving up
+
+
 def verify(path: str | Path, progress: Progress | None = None) -> VerifyReport:
     """Check a data directory or a backup file: checksums, counts, index consistency.
 
     A restore cut short in a data directory is settled first, as the next open
-    would (:func:`_settle_restore`); nothing else is written.
+    would (:func:`_settle_restore`); nothing else is written.  A store open in a
+    daemon is checked as one generation: when a compaction replaced its files while
+    they were read, the check runs again (up to :data:`LIVE_TRIES` times; then it says
+    so in notes, and counts nothing seen in files replaced meanwhile as a problem).
     Never raises for damage: every finding goes into the report.
     """
     path = Path(path).expanduser()
+    if not path.is_dir():
+        return _verify_once(path, progress)
+    for attempt in range(LIVE_TRIES):
+        time.sleep(0.05 * attempt)  # let a compaction that replaced files under the last check finish
+        before = _generation_files(path)
+        try:
+            report = _verify_once(path, progress)
+        except StorageError as exc:  # a file renamed away while it was read
+            if not jr.is_locked(path):
+                raise
+            report = VerifyReport(str(path), problems=[exc.message])
+            continue
+        if _generation_files(path) == before or not jr.is_locked(path):
+            return report
+    report.notes += [f"the store is live and compactions replaced its files during each of {LIVE_TRIES} checks: "
+                     "the counts are those of the last check; run verify again to check one generation whole",
+                     *(f"seen in a file replaced while it was read (not a problem): {p}" for p in report.problems)]
+    report.problems = []
+    return report
+
+
+def _generation_files(path: Path) -> dict[str, tuple[int, ...]]:
+    """Each generation file's identity (inode; for snapshots, which are never written in
+    place, its change time too): a compaction changes some of them."""
+    found: dict[str, tuple[int, ...]] = {}
+    for name in (SNAPSHOT_FILE, PREV_SNAPSHOT_FILE, JOURNAL_FILE, PREV_JOURNAL_FILE, HEAD_FILE):
+        try:
+            info = (path / name).stat()
+        except OSError:
+            continue
+        found[name] = (info.st_ino, info.st_ctime_ns) if name.endswith(".rms") else (info.st_ino,)
+    return found
+
+
+def _verify_once(path: Path, progress: Progress | None) -> VerifyReport:
     report = VerifyReport(str(path))
     try:
         with damage_is_corruption(path):
@@ -86,15 +130,17 @@ def verify(path: str | Path, progress: Progress | None = None) -> VerifyReport:
 
 def _verify_dir(path: Path, report: VerifyReport, progress: Progress | None) -> None:
     _settle_restore(path, report)
+    head = _read_head(path, report)  # first: the journal read after it holds at least what it promises
     snapshot_path = path / SNAPSHOT_FILE
     snapshot = _verify_snapshot(snapshot_path, report, progress) if snapshot_path.exists() else None
     generation = int(snapshot.get("generation", 0)) if snapshot else (-1 if snapshot_path.exists() else 0)
     journal, frames = _journal_of(path, generation, report), None
     if journal.exists():
-        frames = _verify_journal(journal, generation, files.follows_of(snapshot), report)
-    elif files.previous_generation_kept(path):
-        report.problems.append(f"{journal} is missing although the previous generation is on disk: the writes "
-                               "since the last compaction are in it (put it back, or --repair to go on without)")
+        frames = _verify_journal(journal, generation, snapshot, report, head)
+    elif files.previous_generation_kept(path) or head is not None:
+        report.problems.append(f"{journal} is missing although the previous generation or the journal head is on "
+                               "disk: the writes since the last compaction are in it (put it back, or --repair to "
+                               "go on without)")
     if (path / PREV_JOURNAL_FILE).exists():
         _verify_frames(path / PREV_JOURNAL_FILE, report)
     if report.ok and generation >= 0:
@@ -228,6 +274,7 @@ def _verify_snapshot(path: Path, report: VerifyReport, progress: Progress | None
     records = snapshot["records"]
     report.memories = len(records)
     report.generation = int(snapshot.get("generation", 0))
+    report.seq = files.seq_of(snapshot) or 0
     matrix = _vector_matrix(snapshot, report)
     if matrix is not None:
         tolerance = NORM_TOLERANCE[snapshot.get("vector_format", "f32")]
@@ -288,22 +335,43 @@ def _check_vector(rec: Record, matrix: np.ndarray, tolerance: float, report: Ver
         report.vectors += 1
 
 
-def _verify_journal(path: Path, generation: int, follows: tuple[int, int] | None,
-                    report: VerifyReport) -> list[Any] | None:
-    """Check the journal; returns the frames an open replays after the snapshot of
-    ``generation`` (which covers an older journal up to ``follows``), or None when
-    the journal does not follow it."""
-    if not _verify_frames(path, report):
+def _read_head(path: Path, report: VerifyReport) -> jr.HeadState | None:
+    """The journal head (None when there is none, or when it is damaged: a problem)."""
+    try:
+        return jr.Head.read(path / HEAD_FILE)
+    except ReachyMemoryError as exc:
+        report.problems.append(str(exc))
         return None
-    result = jr.read_file(path, jr.JOURNAL)
+
+
+def _reach_of(path: Path, head: jr.HeadState | None) -> int:
+    """What ``head`` promises of the journal ``path`` (0 when it names another one)."""
+    return head.reach if head is not None and jr.file_journal_id(path) == head.journal_id else 0
+
+
+def _verify_journal(path: Path, generation: int, snapshot: dict[str, Any] | None, report: VerifyReport,
+                    head: jr.HeadState | None) -> list[Any] | None:
+    """Check the journal, against the head file too; returns the frames an open replays
+    after ``snapshot`` (of ``generation``), or None when the journal does not follow it."""
+    if not _verify_frames(path, report, _reach_of(path, head)):
+        return None
+    try:
+        result = jr.read_journal(path, head)
+    except CorruptionError as exc:  # shorter than the head promises, or not the journal it names
+        report.problems.append(exc.message)
+        return None
+    if head is None and result.version >= jr.JOURNAL_VERSION:
+        report.notes.append(f"no journal head ({HEAD_FILE}); the next open writes it")
     report.journal_frames = max(0, len(result.frames) - 1)
-    found = files.journal_generation(result)
+    found, seq = files.journal_generation(result), files.seq_of(snapshot)
     if generation < 0 or found is None:
         return None
     if found == generation:
+        if result.version >= jr.JOURNAL_VERSION and seq is not None:
+            return [ops for _, ops in files.frames_not_in_snapshot(result, found, None, seq)]
         return result.frames[1:]
     if found < generation:
-        tail = files.frames_not_in_snapshot(result, found, follows)
+        tail = [ops for _, ops in files.frames_not_in_snapshot(result, found, files.follows_of(snapshot), seq)]
         report.notes.append(f"journal generation {found} predates snapshot {generation} (a compaction stopped "
                             f"before its journal switch): {len(tail)} frames after the snapshot are counted, "
                             f"and the next open carries them into a new journal")
@@ -314,20 +382,22 @@ def _verify_journal(path: Path, generation: int, follows: tuple[int, int] | None
     return None
 
 
-def _verify_frames(path: Path, report: VerifyReport) -> bool:
-    """Check every frame of a journal; damage becomes a problem naming the memories it touches."""
+def _verify_frames(path: Path, report: VerifyReport, reach: int = 0) -> bool:
+    """Check every frame of a journal (``reach``: bytes the head promises); damage becomes a
+    problem naming the memories it touches."""
     try:
-        found = jr.scan(path, jr.read_bytes(path), jr.JOURNAL)
+        found = jr.scan(path, jr.read_bytes(path), jr.JOURNAL, reach)
     except ReachyMemoryError as exc:
         report.problems.append(str(exc))
         return False
     if found.torn_at is not None:
-        report.notes.append(f"{path}: torn last frame at offset {found.torn_at} (a write cut short by a crash; "
-                            "never acknowledged; set aside on the next open)")
+        report.notes.append(f"{path}: torn end at offset {found.torn_at} (a write cut short by a crash, and "
+                            "anything after it; never acknowledged; set aside on the next open)")
     for start, end in found.damaged:
         ids = jr.ids_in(jr.read_bytes(path)[start:end])
         report.affected.extend(ids)
-        report.problems.append(f"{path}: damaged bytes {start}..{end} (valid frames follow); memories named in "
+        report.problems.append(f"{path}: damaged bytes {start}..{end} (valid frames follow, or they were written "
+                               f"durably); memories named in "
                                f"them: {', '.join(ids) or 'none readable'}; 'verify --repair' keeps every valid frame")
     return not found.damaged
 
@@ -424,11 +494,13 @@ def repair(path: str | Path, config: Config | None = None) -> list[jr.RepairRepo
     try:
         swap.settle(path)  # a restore cut short: the store it leaves is the one repaired
         reports = _finish_switch(path)
-        reports += [jr.repair_file(path / name, jr.JOURNAL) for name in (JOURNAL_FILE, PREV_JOURNAL_FILE)
-                    if (path / name).exists()]
+        head = _head_or_none(path)
+        reports += [jr.repair_file(path / name, jr.JOURNAL, _reach_of(path / name, head) if head else 0)
+                    for name in (JOURNAL_FILE, PREV_JOURNAL_FILE) if (path / name).exists()]
         usable = files.snapshot_usable(path)
-        if usable and not (path / JOURNAL_FILE).exists() and files.previous_generation_kept(path):
-            reports.append(_start_empty_journal(path))
+        if usable and not (path / JOURNAL_FILE).exists() and (files.previous_generation_kept(path) or head):
+            reports.append(_start_empty_journal(path, head))
+        reports += _accept_journal(path)
     finally:
         lock.release()
     if not usable:
@@ -451,11 +523,46 @@ def _finish_switch(path: Path) -> list[jr.RepairReport]:
     return reports
 
 
-def _start_empty_journal(path: Path) -> jr.RepairReport:
+def _head_or_none(path: Path) -> jr.HeadState | None:
+    """The journal head, or None when there is none or it is damaged (written anew)."""
+    try:
+        return jr.Head.read(path / HEAD_FILE)
+    except ReachyMemoryError:
+        return None
+
+
+def _accept_journal(path: Path) -> list[jr.RepairReport]:
+    """The journal is not what the head file promises (cut short, another copy or
+    generation put in its place) or the head is damaged: go on with the journal as it is,
+    writing the head anew (the lost writes accepted, logged)."""
+    journal = path / JOURNAL_FILE
+    if not journal.exists() or jr.file_journal_id(journal) is None:
+        return []
+    try:
+        jr.read_journal(journal, jr.Head.read(path / HEAD_FILE))
+        return []
+    except CorruptionError as exc:
+        why = exc.message
+    result = jr.read_file(journal, jr.JOURNAL)
+    jid = result.journal_id
+    assert jid is not None
+    aside = jr.side_path(path / HEAD_FILE, "damaged")
+    if (path / HEAD_FILE).exists():
+        os.replace(path / HEAD_FILE, aside)
+    jr.Head(path / HEAD_FILE).write(files.journal_generation(result) or 0, jid, 0, result.last_seq or 0)
+    log.warning("%s: going on with the journal as it is (%s); the head it did not match was moved to %s",
+                path, why, aside)
+    return [jr.RepairReport(str(path / HEAD_FILE), len(result.frames), 0, str(aside))]
+
+
+def _start_empty_journal(path: Path, head: jr.HeadState | None) -> jr.RepairReport:
     """The current journal is gone: accept the loss of the writes it held and start the
-    snapshot's generation afresh (the store refuses to open until this is asked for)."""
-    generation = int(read_snapshot(path / SNAPSHOT_FILE).get("generation", 0))
-    files.write_next_journal(path, generation)
+    snapshot's generation afresh (the store refuses to open until this is asked for), its
+    frames numbered above any the snapshot or the head knew."""
+    snapshot = read_snapshot(path / SNAPSHOT_FILE) if (path / SNAPSHOT_FILE).exists() else {}
+    generation = int(snapshot.get("generation", 0))
+    base = max(files.seq_of(snapshot) or 0, head.seq if head else 0)
+    files.write_next_journal(path, generation, base_seq=base, after=head.journal_id if head else None)
     files.complete_switch(path, generation)
     log.warning("%s was missing: started an empty journal; the writes since the last compaction are lost",
                 path / JOURNAL_FILE)
@@ -503,7 +610,7 @@ def restore(backup_file: str | Path, data_dir: str | Path, *, force: bool = Fals
             # Bad usage (exit 2), not a store in use (exit 4): nothing holds it, --force is missing.
             raise ValidationError(f"{data_dir} already holds a store; pass --force to move it aside and restore",
                                   field="force")
-        swap.stage(data_dir, _chunks(backup_file), report.generation)
+        swap.stage(data_dir, _chunks(backup_file), report.generation, report.seq)
         swap.swap(data_dir, moves)
     finally:
         lock.release()

@@ -6,7 +6,8 @@ these functions only touch files, never in-memory state.  ``docs/FORMAT.md``
 
 Files::
 
-    LOCK              flock of the process that has the store open
+    LOCK              pid of the process that has the store open (the lock: a flock on the directory)
+    head.rmh          the journal head: which journal is the store's, how much of it is durable
     snapshot.rms      generation g: every memory as of the last compaction
     journal.rmj       generation g: ops since that snapshot
     snapshot.prev.rms generation g-1 (absent before the first compaction)
@@ -57,7 +58,8 @@ PREV_JOURNAL_FILE = "journal.prev.rmj"
 NEXT_JOURNAL_FILE = "journal.next.rmj"  # the next generation's empty journal, during a compaction
 GRAPH_FILE = "vectors.hnsw"
 RESTORE_INTENT_FILE = "restore.intent"  # a restore's decided swap, only while it runs (see _restore)
-STORE_FILES = ("LOCK", SNAPSHOT_FILE, JOURNAL_FILE, PREV_SNAPSHOT_FILE, PREV_JOURNAL_FILE, GRAPH_FILE)
+HEAD_FILE = "head.rmh"  # which journal is the store's, and how much of it is durable (journal.Head)
+STORE_FILES = ("LOCK", SNAPSHOT_FILE, JOURNAL_FILE, PREV_SNAPSHOT_FILE, PREV_JOURNAL_FILE, GRAPH_FILE, HEAD_FILE)
 # A temp file of journal.write_atomic (.<name>.tmp-<pid>-<thread>) or of a graph cache save (.<name>.tmp-<pid>)
 _TEMP_NAME = re.compile(r"\.(.+)\.tmp-\d+(?:-\d+)?")
 
@@ -239,35 +241,47 @@ def write_snapshot_keeping_previous(directory: Path, frames: Any) -> None:
         held.unlink(missing_ok=True)
 
 
-def write_next_journal(directory: Path, generation: int, follows: tuple[int, int] | None = None,
-                       frames: list[list[Any]] | None = None, *, durable: bool = True) -> None:
-    """Write the next generation's journal as ``journal.next.rmj`` (fsynced, its rename
-    too, unless not ``durable``: a compaction's first write of it, which only checks
-    that the disk takes it, is always written again durably before the switch).
+Carried = list[tuple[int, list[Any]]]  # (seq, ops) of frames carried into a next journal
 
-    ``follows`` = (generation, offset): the snapshot of ``generation`` covers
-    the journal it follows up to that byte offset; ``frames`` (lists of ops,
-    one frame each, as they were journaled) are the ones appended after it.
+
+def write_next_journal(directory: Path, generation: int, follows: tuple[int, int] | None = None,
+                       frames: Carried | None = None, *, durable: bool = True, base_seq: int = 0,
+                       after: bytes | None = None) -> None:
+    """Write the next generation's journal as ``journal.next.rmj`` (format 4, a key of its
+    own; fsynced, its rename too, unless not ``durable``: a compaction's first write of it,
+    which only checks that the disk takes it, is always written again durably before the
+    switch).
+
+    ``follows`` = (generation, offset): the snapshot of ``generation`` covers the journal it
+    follows up to that byte offset, and every frame up to ``base_seq`` (the head frame's
+    seq); ``frames`` ((seq, ops), one frame each, as they were journaled) are the ones
+    appended after it; ``after``: the id of the journal this one replaces (the head file's).
     Raises StorageFullError / StorageError; nothing else is touched then.
     """
     head: dict[str, Any] = {"kind": "journal", "generation": generation}
     if follows is not None:
         head["follows"] = list(follows)
-    chunks = [jr.header(jr.JOURNAL), jr.encode_frame(head), *(jr.encode_frame(f) for f in frames or ())]
-    jr.write_atomic(directory / NEXT_JOURNAL_FILE, chunks, durable=durable)
+    if after is not None:
+        head["after"] = after
+    jr.write_atomic(directory / NEXT_JOURNAL_FILE, jr.journal_chunks(head, base_seq, frames or ()), durable=durable)
 
 
-def append_to_next_journal(directory: Path, frames: list[list[Any]]) -> None:
-    """Append ``frames`` to ``journal.next.rmj`` and fsync it.
+def append_to_next_journal(directory: Path, frames: Carried) -> None:
+    """Append ``frames`` ((seq, ops)) to ``journal.next.rmj`` and fsync it.
 
     Raises StorageFullError / StorageError (the file may then hold part of a
     frame: it is only ever used after this returned).
     """
     path = directory / NEXT_JOURNAL_FILE
     try:
-        with open(path, "ab") as handle:
-            for frame in frames:
-                handle.write(jr.encode_frame(frame))
+        with open(path, "r+b") as handle:
+            key = jr.read_file(path, jr.JOURNAL).key
+            assert key is not None
+            offset = handle.seek(0, os.SEEK_END)
+            for seq, ops in frames:
+                frame = jr.encode_keyed(ops, key, seq, offset)
+                handle.write(frame)
+                offset += len(frame)
             handle.flush()
             os.fsync(handle.fileno())
     except OSError as exc:
@@ -282,13 +296,27 @@ def follows_of(head: Any) -> tuple[int, int] | None:
     return None
 
 
-def frames_not_in_snapshot(result: jr.ReadResult, generation: int, follows: tuple[int, int] | None) -> list[Any]:
-    """The frames of an older journal (of ``generation``) that a snapshot covering
-    ``follows`` does not hold: those from the offset it names on (none when it names
-    no offset in this journal: then the snapshot holds all of it)."""
+def seq_of(snapshot: Any) -> int | None:
+    """The seq up to which a snapshot holds every frame's ops (None: a snapshot from
+    before format-4 journals, which says where it stops by byte offset only)."""
+    value = snapshot.get("seq") if isinstance(snapshot, dict) else None
+    return value if type(value) is int and value >= 0 else None
+
+
+def frames_not_in_snapshot(result: jr.ReadResult, generation: int, follows: tuple[int, int] | None,
+                           seq: int | None = None) -> list[tuple[int | None, list[Any]]]:
+    """The frames ((seq, ops); seq None before format 4) of a journal (of ``generation``)
+    that a snapshot does not hold.  Format 4: those numbered above the snapshot's ``seq``,
+    wherever they are (a journal cut short of the snapshot's point and appended to since
+    keeps them).  Earlier formats: those from the byte offset ``follows`` names on (none
+    when it names no offset in this journal: then the snapshot holds all of it)."""
+    seqs: list[int | None] = list(result.seqs[1:]) or [None] * (len(result.frames) - 1)
+    pairs = list(zip(seqs, result.frames[1:], strict=True))
+    if result.version >= 4 and seq is not None:
+        return [(s, frame) for s, frame in pairs if s is not None and s > seq]
     if follows is None or follows[0] != generation:
         return []
-    return [frame for frame, offset in zip(result.frames[1:], result.offsets[1:], strict=True) if offset >= follows[1]]
+    return [(s, frame) for (s, frame), offset in zip(pairs, result.offsets[1:], strict=True) if offset >= follows[1]]
 
 
 def next_journal_in_place_of(directory: Path, generation: int) -> Path | None:
@@ -352,6 +380,7 @@ class RecoveryBase:
     generation: int
     ops: list[list[Any]] = field(default_factory=list)
     moved_aside: list[str] = field(default_factory=list)
+    seq: int | None = None  # format 4: the last frame whose ops are in ``ops``
 
 
 def recovery_base(directory: Path) -> RecoveryBase:
@@ -369,11 +398,18 @@ def recovery_base(directory: Path) -> RecoveryBase:
                               "recovered automatically (nothing was changed)", path=str(directory), offset=0)
     result = jr.read_file(prev, jr.JOURNAL)
     start = _chain_start(prev, journal_generation(result), generation, follows_of(base))
-    end = _covered_offset(directory, journal_generation(result))
+    if result.version >= 4:  # by seq: the frames carried into the current journal are skipped there
+        floor = seq_of(base) if base is not None else None
+        kept = [(s, f) for s, f in zip(result.seqs[1:], result.frames[1:], strict=True) if floor is None or s > floor]
+        ops = [op for _, frame in kept for op in frame]
+        last: int | None = kept[-1][0] if kept else (floor if floor is not None else result.seqs[0])
+    else:
+        end = _covered_offset(directory, journal_generation(result))
+        ops = [op for frame, offset in zip(result.frames[1:], result.offsets[1:], strict=True)
+               if start <= offset < end for op in frame]
+        last = None
     moved = [str(set_aside(directory / SNAPSHOT_FILE, "damaged"))] if (directory / SNAPSHOT_FILE).exists() else []
-    ops = [op for frame, offset in zip(result.frames[1:], result.offsets[1:], strict=True) if start <= offset < end
-           for op in frame]
-    return RecoveryBase(base, generation, ops, moved)
+    return RecoveryBase(base, generation, ops, moved, last)
 
 
 def _chain_start(prev: Path, journal_gen: int | None, generation: int, follows: tuple[int, int] | None) -> int:
@@ -408,12 +444,15 @@ def previous_generation_kept(directory: Path) -> list[str]:
     return [name for name in (PREV_SNAPSHOT_FILE, PREV_JOURNAL_FILE) if (directory / name).exists()]
 
 
-def require_journal(directory: Path) -> None:
+def require_journal(directory: Path, head: jr.HeadState | None = None) -> None:
     """Refuse to start a fresh journal in a store that had one: with ``journal.rmj``
     gone (deleted, or lost with its directory entry), opening would silently drop
-    every write since the last compaction.  Raises CorruptionError (nothing changed)."""
-    kept = previous_generation_kept(directory)
-    if kept and not (directory / JOURNAL_FILE).exists():
+    every write since the last compaction (or, for a store never compacted, every write:
+    the head file shows it had a journal).  Raises CorruptionError (nothing changed)."""
+    if (directory / JOURNAL_FILE).exists():
+        return
+    kept = previous_generation_kept(directory) + ([HEAD_FILE] if head is not None else [])
+    if kept:
         raise CorruptionError(f"{directory}: {JOURNAL_FILE} is missing although {' and '.join(kept)} show "
                               "this store has one; the writes since the last compaction are in it. "
                               "Nothing was changed. Put the file back, or run 'reachy-memory verify --repair' "

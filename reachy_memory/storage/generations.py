@@ -22,7 +22,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,7 @@ from reachy_memory.engine.state import Frozen, MemoryState, checked, snapshot_se
 from reachy_memory.errors import ClosedError, CorruptionError, ReachyMemoryError, ReadOnlyError, StorageError
 from reachy_memory.storage import files
 from reachy_memory.storage import journal as jr
+from reachy_memory.storage import purge as pg
 from reachy_memory.storage.files import GRAPH_FILE, JOURNAL_FILE
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,27 @@ class _Compaction:
     frozen: Frozen
     head: dict[str, Any]
     lexical: dict[str, Any] | Callable[[], dict[str, Any]]  # the snapshot's lexical state, or what builds it
+    seq: int = 0  # the snapshot holds the ops of every frame up to this seq (format-4 journals)
+    after: bytes | None = None  # the id of the journal the next one replaces
     carried_to: int | None = None  # the journal offset up to which ops are already in the next journal
+    number: int = 0  # the how-manyth compaction begun since the store opened (see storage.purge)
+    switched: bool = False  # its journals switched: every generation file on disk is from its freeze on
+    last_seq: int = 0  # the seq of the last frame carried into the next journal
+
+    def numbered(self, frames: list[tuple[int | None, list[Any]]]) -> files.Carried:
+        """``frames`` with a seq each (see :func:`_numbered`), counting on from the last carried."""
+        out, self.last_seq = _numbered(frames, self.last_seq)
+        return out
+
+
+def _numbered(frames: Sequence[tuple[int | None, list[Any]]], last: int) -> tuple[files.Carried, int]:
+    """``frames`` with a seq each: their own, or (frames of a journal of an earlier format)
+    the next ones after ``last``; and the last seq given."""
+    out: files.Carried = []
+    for seq, ops in frames:
+        last = seq if seq is not None else last + 1
+        out.append((last, ops))
+    return out, last
 
 
 class Storage:
@@ -60,16 +81,23 @@ class Storage:
         self.path, self.config, self.state, self.lock = path, config, state, lock
         self.generation: int = snapshot["generation"] if snapshot else 0
         self.follows = files.follows_of(snapshot)  # (journal generation, offset) the snapshot covers
+        self.seq = files.seq_of(snapshot)  # the snapshot holds every frame up to this seq (None: by offset)
+        self.head = jr.Head(path / files.HEAD_FILE)
+        self.dir_lock: jr.DirLock | None = None  # the store's lock, checked with the journal (check_files)
+        self._checked = 0.0
         self.journal_generation = self.generation
         self.compacting: threading.Thread | None = None
         self.closed = False  # set under the lock by close(): no write reaches the files after it
         self.closing = False  # set by close() first: no background compaction or backup starts after it
         self._backups = _Tally()  # backups being written (any threads); close() waits for them
         self.journal: jr.Journal
+        self.purge = pg.Purger(self)  # forgetting that reaches every file (storage/purge.py)
 
-    def rebuilt_from(self, generation: int) -> None:
-        """The state was rebuilt from the previous generation (``verify --repair``)."""
-        self.generation, self.follows = generation + 1, None
+    def rebuilt_from(self, generation: int, seq: int | None) -> None:
+        """The state was rebuilt from the previous generation (``verify --repair``), up to
+        frame ``seq`` (format 4: the current journal's frames up to it are not applied again)."""
+        self.generation, self.follows, self.seq = generation + 1, None, seq
+        self._rebuilt_to = seq
 
     def open(self, *, rebuilding: bool = False) -> None:
         """Open the journal and replay it into the state.  Raises CorruptionError
@@ -77,21 +105,72 @@ class Storage:
         missing where a previous generation shows there was one (unless ``rebuilding``
         from that generation)."""
         files.complete_switch(self.path, self.generation)
+        head = self.head.load()
         if not rebuilding:
-            files.require_journal(self.path)
-        mem = self.config.memory
-        self.journal = jr.Journal(self.path / JOURNAL_FILE, mem.fsync, mem.fsync_batch_window_ms)
+            files.require_journal(self.path, head)
+        self.journal = self._new_journal()
         try:
-            self._replay(self.journal.open({"kind": "journal", "generation": self.generation}))
+            self._replay(self.journal.open({"kind": "journal", "generation": self.generation},
+                                           base_seq=self.seq or 0))
+            self._settle_head()
         except BaseException:
             self.journal.close()
             raise
+
+    def _new_journal(self) -> jr.Journal:
+        mem = self.config.memory
+        return jr.Journal(self.path / JOURNAL_FILE, mem.fsync, mem.fsync_batch_window_ms, head=self.head)
+
+    def _settle_head(self) -> None:
+        """Make the head file name the journal in use (a store from before it, a restored one,
+        or a switch whose head update a crash cut off), durably.  Raises StorageError."""
+        journal, state = self.journal, self.head.state
+        if journal.id is not None and (state is None or state.journal_id != journal.id):
+            if state is None:
+                log.warning("%s: no journal head yet (a store from before it, or restored): written now",
+                            self.head.path)
+            self.head.write(self.journal_generation, journal.id, journal.synced, journal.seq)
+
+    def opened(self, dir_lock: jr.DirLock) -> None:
+        """The store is open: ``dir_lock`` is checked with the journal from now on
+        (:meth:`check_files`), and a journal of a format before 4 (keyed frames) is compacted
+        now, so that every later write goes into a format-4 journal.  A failure (a full disk)
+        is logged: the old journal stays in use and the next compaction moves on."""
+        self.dir_lock = dir_lock
+        if self.journal.version >= jr.JOURNAL_VERSION or self.journal.failure is not None:
+            return
+        try:
+            self.compact()
+            log.warning("%s: the journal was of an earlier format; compacted to start one of format %s",
+                        self.path, jr.JOURNAL_VERSION)
+        except ReachyMemoryError as exc:
+            log.warning("could not move the journal to format %s yet (%s); the next compaction does",
+                        jr.JOURNAL_VERSION, exc)
+
+    def check_files(self, *, every: float = 1.0, idle: bool = False) -> str | None:
+        """At most once per ``every`` seconds: whether the data directory and the journal are
+        still the ones opened.  When they are not (a directory removed or replaced, a journal
+        deleted or swapped), the store refuses every later write (read-only, the reason in
+        ``failure``, logged) and the reason is returned.  ``idle`` (maintain): also make the
+        journal head's last reach durable (else the kernel writes it back in its time)."""
+        now = time.monotonic()
+        if now - self._checked < every or self.closed:
+            return self.journal.failure
+        self._checked = now
+        reason = (self.dir_lock.lost() if self.dir_lock is not None else None) or self.journal.lost()
+        if reason is not None:
+            self.journal.fail(f"{reason}; writes now would be lost: restart the daemon once the data directory "
+                              "is back")
+        if idle:
+            self.head.sync()
+        return self.journal.failure
 
     def append(self, ops: list[list[Any]], *, durable: bool = False, defer: bool = False) -> None:
         """Journal one batch of ops (durable per policy when this returns, or synced
         whatever the policy with ``durable``; ``defer``: see :meth:`Journal.append`);
         the caller holds the lock.  Raises ClosedError after :meth:`close`."""
         self._require_open()
+        self.check_files()
         self.journal.append(ops, durable=durable, defer=defer)
 
     def durability_mark(self) -> Callable[[], None] | None:
@@ -102,12 +181,17 @@ class Storage:
         return None if journal.synced_through(end) else lambda: journal.sync_through(end)
 
     def apply(self, ops: list[list[Any]]) -> None:
-        """Apply journaled ops to the state; a malformed op is CorruptionError naming the journal."""
+        """Apply journaled ops to the state; a malformed op is CorruptionError naming the journal.
+        What they remove (forgotten, expired) is purged from the disk (:mod:`.purge`)."""
+        taken = pg.capture(self.state, ops)
         try:
             self.state.apply_all(ops)
         except CorruptionError as exc:
             where = self.journal.path if hasattr(self, "journal") else self.path
             raise CorruptionError(f"{where}: {exc.message}", path=str(where), offset=-1) from exc
+        removal = taken.finish(self.state) if taken is not None else None
+        if removal is not None:
+            self.purge.note(removal)
 
     def maybe_compact(self) -> None:
         """Start a background compaction when the journal outgrew its threshold."""
@@ -123,22 +207,37 @@ class Storage:
     def close(self) -> None:
         """Wait for a background compaction, compact what the journal holds, save the
         graph cache, close the journal.  A failure is logged (the journal keeps everything).
+        A purge pending is finished first (:meth:`Purger.finish`).
         Safe while another thread writes: it waits for that write, and later ones raise
         ClosedError; idempotent."""
         self.closing = True  # else writers could start compactions faster than close waits for them
+        self.purge.stop()
         with self.quiesced():
             if self.closed:
                 return
             try:
-                if self.journal.size > jr.HEADER_SIZE + 64:
+                self._finish_purge()
+                if self.journal.holds_ops or self.journal.version < jr.JOURNAL_VERSION:
                     self.compact(full=True)
-                elif self.state.vectors.pending:  # an in-service compaction skipped the graph cache
+                elif self.state.vectors.pending or not (self.path / GRAPH_FILE).exists():
+                    # an in-service compaction skipped the graph cache, or a purge removed it
                     self.state.vectors.save_graph(self.path / GRAPH_FILE, self.graph_tag(), force=True)
             except ReachyMemoryError as exc:
                 log.warning("could not compact on close (the journal keeps every change): %s", exc)
             finally:
                 self.journal.close()
+                self.head.close()
                 self.closed = True
+
+    def _finish_purge(self) -> None:
+        """Close: a purge pending is finished (a failure is logged: the register keeps it
+        pending, and the next open resumes it)."""
+        if self.journal.failure is not None:
+            return
+        try:
+            self.purge.finish()
+        except ReachyMemoryError as exc:
+            log.warning("could not finish the purge on close (the next open does): %s", exc)
 
     @contextlib.contextmanager
     def quiesced(self) -> Iterator[None]:
@@ -171,14 +270,16 @@ class Storage:
             self._require_open()
             if self.closing:
                 raise ClosedError("the store is closing: no backup started (nothing written)")
-            frozen = self.state.freeze(with_lexical=False)
+            frozen, made = self.state.freeze(with_lexical=False), time.time()
             head = self._snapshot_head(self.generation)
             lexical = self._lexical_of(frozen, self._abandon_if_closing)
             self._backups.enter()
         try:
             with _short_gil_slices():
                 sections = snapshot_sections(frozen, head, lexical, self._abandon_if_closing)
-                return jr.write_snapshot(target, sections, progress=self._ticking(progress)), len(frozen.records)
+                size = jr.write_snapshot(target, sections, progress=self._ticking(progress))
+            self.purge.backup_written(target, frozen, made)  # so that a forget can name it
+            return size, len(frozen.records)
         finally:
             with self.lock:
                 self.state.thaw()
@@ -226,8 +327,24 @@ class Storage:
                 "Run 'reachy-memory verify --repair' to rebuild from the previous generation kept on disk",
                 path=str(self.journal.path), offset=0)
         self.journal_generation = self.generation
+        if result.version >= jr.JOURNAL_VERSION and self.seq is not None:
+            self._check_chain(result)
+            for _, ops in files.frames_not_in_snapshot(result, generation, None, self.seq):
+                self.apply(ops)
+            self.journal.floor(self.seq)
+            return
         for ops in result.frames[1:]:
             self.apply(ops)
+
+    def _check_chain(self, result: jr.ReadResult) -> None:
+        """A rebuild from the previous generation must reach the frame the current journal
+        starts after; raises CorruptionError (nothing changed) when frames between are gone."""
+        rebuilt_to = getattr(self, "_rebuilt_to", None)
+        if rebuilt_to is not None and result.seqs and result.seqs[0] > rebuilt_to:
+            raise CorruptionError(
+                f"{self.journal.path} starts after frame {result.seqs[0]}, but the previous generation on disk "
+                f"reaches frame {rebuilt_to} only: the frames between are gone; nothing was changed",
+                path=str(self.journal.path), offset=0)
 
     def _replay_older(self, result: jr.ReadResult, generation: int) -> None:
         """A compaction made the snapshot durable and died before switching journals.
@@ -237,25 +354,35 @@ class Storage:
         carried into the snapshot's journal, and this one is moved, never rewritten.
         """
         follows = self.follows if self.follows and self.follows[0] == generation else None
-        tail = files.frames_not_in_snapshot(result, generation, follows)
-        for ops in tail:
+        tail = files.frames_not_in_snapshot(result, generation, follows, self.seq)
+        for _, ops in tail:
             self.apply(ops)
         self.journal_generation = generation
+        self.journal.floor(self.seq or 0)
         log.warning("journal generation %s is older than snapshot %s: %d ops after the snapshot applied",
                     generation, self.generation, len(tail))
         self._carry_over(follows or (generation, self.journal.size), tail)
 
-    def _carry_over(self, follows: tuple[int, int], tail: list[list[Any]]) -> None:
-        """Start the snapshot's own journal with ``tail`` (the frames after ``follows``)
+    def _carry_over(self, follows: tuple[int, int], tail: Sequence[tuple[int | None, list[Any]]]) -> None:
+        """Start the snapshot's own journal with ``tail`` (the frames it does not hold)
         and retire the current one (moved, never rewritten).
 
         When the disk is too full for that, the store goes on appending to the current
-        journal (its snapshot names where its ops begin): nothing is lost either way.
+        journal: a format-4 one numbers its frames above the snapshot's seq, so the next
+        open applies them wherever they land (an earlier format's, cut short of the offset
+        the snapshot follows, would put them where that open skips them: the store refuses
+        writes instead, until reopened).  Nothing is lost either way.
         """
+        base = self.seq or 0
         try:
-            files.write_next_journal(self.path, self.generation, follows, tail)
+            files.write_next_journal(self.path, self.generation, follows, _numbered(tail, base)[0], base_seq=base,
+                                     after=self.journal.id)
         except StorageError as exc:
             _log_kept(exc)
+            if self.journal.version < jr.JOURNAL_VERSION and self.journal.size < follows[1]:
+                self.journal.fail(f"{self.journal.path} ends before the offset its snapshot follows, and the "
+                                  f"journal that replaces it cannot be written ({exc}); reopen the store once "
+                                  "there is space")
             return
         self._switch_journals()
 
@@ -272,6 +399,7 @@ class Storage:
                 self._finish_compaction(job)
             finally:
                 self.state.thaw()
+                self.purge.compacted(job.number, job.switched)
             self.state.vectors.save_graph(self.path / GRAPH_FILE, self.graph_tag(), force=full)
             files.tighten_files(self.path)
 
@@ -306,6 +434,7 @@ class Storage:
             with self.lock:
                 self.state.thaw()
                 self.compacting = None
+                self.purge.compacted(job.number, job.switched)
 
     def wait(self) -> None:
         thread = self.compacting
@@ -320,11 +449,19 @@ class Storage:
         (:meth:`_carry_unlocked`, :meth:`_finish_compaction`); until then no open reads it."""
         self._require_writable()
         generation, follows = self.generation + 1, (self.journal_generation, self.journal.size)
-        files.write_next_journal(self.path, generation, follows, durable=False)
+        seq, after = self._journal_seq(), self.journal.id
+        files.write_next_journal(self.path, generation, follows, durable=False, base_seq=seq, after=after)
+        number = self.purge.before_compaction()  # the ids a purge pending forgets are recorded first
         frozen = self.state.freeze(with_lexical=not background)
         head = self._snapshot_head(generation) | {"follows": list(follows)}
         lexical = frozen.lexical if frozen.lexical is not None else self._lexical_of(frozen)
-        return _Compaction(generation, follows, frozen, head, lexical)
+        return _Compaction(generation, follows, frozen, head, lexical, seq=seq, after=after, last_seq=seq,
+                           number=number)
+
+    def _journal_seq(self) -> int:
+        """The seq of the last frame journaled (0 in a journal of an earlier format: its
+        frames are numbered when carried into the next one)."""
+        return self.journal.seq if self.journal.version >= jr.JOURNAL_VERSION else 0
 
     def _write_snapshot(self, job: _Compaction) -> None:
         """Write the snapshot of the frozen view durably, keeping the previous one (any thread)."""
@@ -345,10 +482,12 @@ class Storage:
         into the next journal, so that the locked step only copies the last few.
         (``size`` moves only after a whole frame is written, so it is a frame boundary.)"""
         end = self.journal.size
-        frames = jr.frames_from(self.journal.path, job.follows[1], self.journal.version, end)
+        frames = job.numbered(jr.frames_from(self.journal.path, job.follows[1], self.journal.version, end))
         try:
-            files.write_next_journal(self.path, job.generation, job.follows, frames)
+            files.write_next_journal(self.path, job.generation, job.follows, frames, base_seq=job.seq,
+                                     after=job.after)
         except StorageError as exc:
+            job.last_seq = job.seq
             log.warning("could not pre-copy the ops written during compaction (%s); copying under the lock", exc)
             return
         job.carried_to = end
@@ -357,25 +496,28 @@ class Storage:
         """Under the lock, the new snapshot being durable: carry the frames appended
         since the freeze into the next generation's journal and switch to it (not when
         the journal failed meanwhile: it stays the store's, read-only, until a reopen)."""
-        self.generation, self.follows = job.generation, job.follows
+        self.generation, self.follows, self.seq = job.generation, job.follows, job.seq
         if self.journal.failure is not None:  # an fsync failed meanwhile: a fresh journal would take
             _log_kept(ReadOnlyError(self.journal.failure))  # writes again; the store stays read-only
             return
         start = job.carried_to if job.carried_to is not None else job.follows[1]
-        frames = jr.frames_from(self.journal.path, start, self.journal.version)
+        frames = job.numbered(jr.frames_from(self.journal.path, start, self.journal.version))
         try:
             if job.carried_to is None:
-                files.write_next_journal(self.path, job.generation, job.follows, frames)
+                files.write_next_journal(self.path, job.generation, job.follows, frames, base_seq=job.seq,
+                                         after=job.after)
             else:
                 files.append_to_next_journal(self.path, frames)
         except StorageError as exc:
             _log_kept(exc)
             return
-        self._switch_journals(known=True)
+        self._switch_journals(known=job.last_seq)
+        job.switched = True
 
-    def _switch_journals(self, *, known: bool = False) -> None:
+    def _switch_journals(self, *, known: int | None = None) -> None:
         """Retire the current journal and open ``journal.next.rmj`` in its place
-        (``known``: this process just wrote and synced it, so it is not read back).
+        (``known``: this process just wrote and synced it, up to that seq, so it is not
+        read back), and make the head file name it.
         Raises ReadOnlyError, switching nothing, when closing fails to sync the current
         journal (it holds writes whose replies wait for that fsync): it stays the
         store's, read-only until a reopen, as after any failed fsync."""
@@ -385,18 +527,20 @@ class Storage:
         try:
             files.switch_journals(self.path)
             self._open_journal(known=known)
+            self._settle_head()
         except ReachyMemoryError as exc:
             self.journal.failure = f"compaction could not switch journals ({exc}); reopen the store"
             raise
 
-    def _open_journal(self, *, known: bool = False) -> None:
-        """Open ``journal.rmj`` (created for the current generation when absent)."""
-        mem = self.config.memory
-        self.journal = jr.Journal(self.path / JOURNAL_FILE, mem.fsync, mem.fsync_batch_window_ms)
-        if known:
-            self.journal.adopt()
+    def _open_journal(self, *, known: int | None = None) -> None:
+        """Open ``journal.rmj`` (created for the current generation when absent; ``known``:
+        see :meth:`_switch_journals`)."""
+        self.journal = self._new_journal()
+        if known is not None:
+            self.journal.adopt(known)
         else:
-            self.journal.open({"kind": "journal", "generation": self.generation})
+            self.journal.open({"kind": "journal", "generation": self.generation}, base_seq=self.seq or 0)
+            self.journal.floor(self.seq or 0)
         self.journal_generation = self.generation
 
     def _require_open(self) -> None:
@@ -408,9 +552,12 @@ class Storage:
             raise self.journal.read_only()
 
     def _snapshot_head(self, generation: int) -> dict[str, Any]:
+        """A snapshot's head; ``seq``: it holds every journaled frame up to the last one (a
+        compaction's job says the same; a backup's restored journal starts above it)."""
         state = self.state
         return {"kind": "snapshot", "generation": generation, "model": state.current_key or state.model_key,
-                "dim": state.vectors.dim, "created": time.time(), "records": RECORD_VERSION}
+                "dim": state.vectors.dim, "created": time.time(), "records": RECORD_VERSION,
+                "seq": self._journal_seq()}
 
 
 def _log_kept(exc: ReachyMemoryError) -> None:

@@ -31,6 +31,7 @@ from reachy_memory.errors import CorruptionError, FormatVersionError, StorageErr
 from reachy_memory.storage import journal as jr
 from reachy_memory.storage.files import (
     GRAPH_FILE,
+    HEAD_FILE,
     JOURNAL_FILE,
     NEXT_JOURNAL_FILE,
     PREV_JOURNAL_FILE,
@@ -45,7 +46,7 @@ log = logging.getLogger(__name__)
 STAGED = {SNAPSHOT_FILE: f"{SNAPSHOT_FILE}.restoring", JOURNAL_FILE: f"{JOURNAL_FILE}.restoring"}
 # Every file of a store's generations: a restore moves them all aside, so the restored
 # snapshot is never rebuilt (verify --repair) from another store's previous generation.
-REPLACED = (SNAPSHOT_FILE, JOURNAL_FILE, PREV_SNAPSHOT_FILE, PREV_JOURNAL_FILE, NEXT_JOURNAL_FILE)
+REPLACED = (SNAPSHOT_FILE, JOURNAL_FILE, PREV_SNAPSHOT_FILE, PREV_JOURNAL_FILE, NEXT_JOURNAL_FILE, HEAD_FILE)
 ASIDE = "before-restore"
 Moves = list[tuple[str, str]]  # (a store file's name, the name it is set aside under)
 
@@ -71,14 +72,15 @@ def pending(directory: Path) -> bool:
     return any((directory / name).exists() for name in (RESTORE_INTENT_FILE, *STAGED.values()))
 
 
-def stage(directory: Path, snapshot: Iterable[bytes | memoryview], generation: int) -> None:
-    """Write the backup's ``snapshot`` and an empty journal of its ``generation`` under
-    their staged names, durably.  Raises StorageError (StorageFullError); whatever the
-    failure, the staged files are removed and nothing else was touched."""
+def stage(directory: Path, snapshot: Iterable[bytes | memoryview], generation: int, seq: int = 0) -> None:
+    """Write the backup's ``snapshot`` and an empty journal of its ``generation`` (its frames
+    numbered above the backup's ``seq``) under their staged names, durably.  Raises
+    StorageError (StorageFullError); whatever the failure, the staged files are removed
+    and nothing else was touched."""
     try:
         jr.write_atomic(directory / STAGED[SNAPSHOT_FILE], snapshot)
-        jr.write_atomic(directory / STAGED[JOURNAL_FILE], [jr.header(jr.JOURNAL), jr.encode_frame(
-            {"kind": "journal", "generation": generation})])
+        jr.write_atomic(directory / STAGED[JOURNAL_FILE], jr.journal_chunks(
+            {"kind": "journal", "generation": generation}, seq))
     except BaseException:
         _discard(directory)
         raise

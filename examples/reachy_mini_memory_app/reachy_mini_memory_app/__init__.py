@@ -1,1 +1,0 @@
-"""Demo Reachy Mini app using reachy-memory (see main.py)."""
