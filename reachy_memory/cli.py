@@ -42,7 +42,7 @@ from reachy_memory.storage import backup as bk
 EXIT = {ValidationError: 2, ConfigError: 2, NotFoundError: 3, RequestTimeoutError: 4, ServiceError: 4,
         StoreLockedError: 4, ClosedError: 4}  # ClosedError: the daemon stopping abandoned the request
 DEFAULT_TIMEOUT = 10.0  # seconds a command waits for the daemon's reply, unless --timeout says
-SLOW_TIMEOUTS = {"backup": 120.0, "import": 60.0}  # ...for one request of these, unless --timeout says
+SLOW_TIMEOUTS = {"backup": 120.0, "import": 60.0, "dedupe": 120.0}  # ...for one request of these, unless --timeout says
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -296,6 +296,28 @@ def _retention_text(p: dict[str, Any], *, applying: bool) -> str:
     text = (f"memory.conversation_ttl_days {p['conversation_days']:g}: of the {turns}, "
             f"{p['earlier']} {verb} earlier, {p['later']} later, {p['expire_now']} at once")
     return f"{text}; {p['deleted']} expired memories deleted" if applying else f"{text}; add --apply to apply"
+
+
+def cmd_dedupe(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        result = c.dedupe(dry_run=args.dry_run, timeout=_slow_timeout(args, "dedupe"))
+    _out(args, result, _dedupe_text)
+    return 0
+
+
+def _dedupe_text(r: dict[str, Any]) -> str:
+    verb = "would merge" if r["dry_run"] else "merged"
+    lines = [f"{verb} {r['merged']} cop{'y' if r['merged'] == 1 else 'ies'} into {r['kept']} "
+             f"memor{'y' if r['kept'] == 1 else 'ies'}" + ("; run without --dry-run to merge" if r["dry_run"]
+                                                           and r["merged"] else "")]
+    for m in r["merges"]:
+        lines.append(f"{m['kept']}  {m['content']}")
+        lines += [f"  - {c['id']}  {c['content']}  ({c['reason']})" for c in m["copies"]]
+        if m["copies_count"] > len(m["copies"]):
+            lines.append(f"  ... and {m['copies_count'] - len(m['copies'])} more")
+    if len(r["merges"]) < r["kept"]:
+        lines.append(f"(the first {len(r['merges'])} of {r['kept']} shown)")
+    return "\n".join(lines)
 
 
 def cmd_context(args: argparse.Namespace) -> int:
@@ -908,6 +930,9 @@ def _parser() -> argparse.ArgumentParser:
             "turns already stored: their expiry is otherwise fixed when written")
     p.add_argument("--apply", action="store_true", help="give stored turns the daemon's configured TTL")
     p.add_argument("--yes", action="store_true", help="with --apply: also when that deletes turns at once")
+    p = add("dedupe", cmd_dedupe, "merge the copies of facts and context memories already stored (each set keeps "
+            "its oldest memory, refreshed)")
+    p.add_argument("--dry-run", action="store_true", help="only show what would be merged")
     p = add("context", cmd_context, "the conversation window and named context")
     csub = p.add_subparsers(dest="action", required=True)
     csub.add_parser("show", parents=[late])

@@ -156,6 +156,12 @@ class _Api:
         args = _given(dry_run=dry_run, max_deletions=max_deletions)
         return self._call("apply_retention", args, timeout=timeout)
 
+    def dedupe(self, *, dry_run: bool = False, timeout: float | None = None) -> Any:
+        """Merge the copies of fact and context memories the daemon's store holds, or with
+        ``dry_run`` only report them; returns ``kept``, ``merged`` and the first 200
+        ``merges`` (``MemoryStore.dedupe``)."""
+        return self._call("dedupe", _given(dry_run=dry_run), timeout=timeout)
+
     def record_turn(self, role: str, content: str, metadata: dict[str, Any] | None = None, *,
                     owner: str | None = None, id: str | None = None, timeout: float | None = None) -> Any:
         """Append a turn to the window and keep it as a CONVERSATION memory (metadata

@@ -95,6 +95,10 @@ class MemoryConfig:
     max_metadata_bytes: int = 8192
     max_metadata_keys: int = 64
     max_batch: int = 1000
+    # A fact or context memory that restates one kept (same owner, type and persons; the same
+    # words up to case, punctuation, fillers and word order) refreshes it instead of being
+    # stored again (docs/USAGE.md, "Restated facts"); off: every write is kept.
+    dedupe: bool = True
 
 
 @dataclass(frozen=True)

@@ -221,3 +221,15 @@ def test_numbers_pass_unstemmed_and_uncached_and_the_stem_cache_stays_bounded() 
     words = [f"running{chr(97 + i % 26)}{chr(97 + i // 26 % 26)}x" for i in range(500)]
     assert [tokenizer.terms(w)[0] for w in words] == [stemmer.stemWord(w) for w in words]
     assert len(tokenizer._cache) <= 100
+
+
+def test_holders_of_a_term_and_about_how_many_there_are() -> None:
+    """What the restatement check without a vector reads: the memories holding a word."""
+    idx = LexicalIndex()
+    idx.add(0, "Sarah likes jazz")
+    idx.add(1, "Tom likes tea")
+    idx.add(2, "Sarah plays chess")
+    assert sorted(idx.holders("sarah").tolist()) == [0, 2] and idx.held_by("sarah") >= 2
+    idx.remove(2, "Sarah plays chess")
+    assert idx.holders("sarah").tolist() == [0] and idx.holders("nobody").tolist() == []
+    assert idx.held_by("nobody") == 0 and idx.held_by("tea") == 1

@@ -729,19 +729,29 @@ def test_remember_told_the_same_fact_again_keeps_one(people_store: MemoryStore) 
     assert tom.id != first.id and len(people_store) == 3
 
 
-@pytest.mark.parametrize("later", [
-    ("The wifi password is blue42sky", 0),  # case matters: a corrected code is not a repeat
-    ("The wifi password is Blue42Sky", 2 * 3600),  # told again hours later: another telling (an event recurs)
+@pytest.mark.parametrize(("told", "later"), [
+    (("The wifi password is Blue42Sky", "The wifi password is blue42sky"), 0),  # case matters: another code
+    (("Sarah visited today", "Sarah visited today"), 2 * 3600),  # dated by its telling: the event recurs
 ])
-def test_what_is_not_a_repeat_is_stored(people_store: MemoryStore, later: tuple[str, float]) -> None:
+def test_what_is_not_a_repeat_is_stored(people_store: MemoryStore, told: tuple[str, str], later: float) -> None:
+    import time as clock
+
+    first = people_store.remember(told[0])[0]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(clock, "time", lambda: first.created_at.timestamp() + later)
+        second = people_store.remember(told[1])[0]
+    assert second.id != first.id and second.content == told[1]
+
+
+def test_a_fact_told_again_hours_later_refreshes_the_one_kept(people_store: MemoryStore) -> None:
+    """It was stored again past an hour (a retry window); a restatement is the same fact."""
     import time as clock
 
     first = people_store.remember("The wifi password is Blue42Sky")[0]
-    text, after = later
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(clock, "time", lambda: first.created_at.timestamp() + after)
-        second = people_store.remember(text)[0]
-    assert second.id != first.id and second.content == text
+        mp.setattr(clock, "time", lambda: first.created_at.timestamp() + 2 * 3600)
+        second = people_store.remember("the wifi password is Blue42Sky.")[0]
+    assert second.id == first.id and len(people_store) == 1 and second.metadata["confirmations"] == 1
 
 
 def test_a_confirmed_fact_told_again_is_not_stored_twice(people_store: MemoryStore) -> None:
@@ -750,13 +760,21 @@ def test_a_confirmed_fact_told_again_is_not_stored_twice(people_store: MemorySto
     assert people_store.remember("Tom is allergic to cats", subjects=["Tom"])[0].id == first.id
 
 
-def test_a_decayed_fact_told_again_is_stored_visible(config: Config, embedder: OnnxEmbedder,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """Returning the decayed (hidden) one left the fact invisible to search and recall."""
+def test_a_decayed_fact_told_again_is_refreshed_visible(config: Config, embedder: OnnxEmbedder,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Returning the decayed (hidden) one left the fact invisible to search and recall; told
+    again, it is the kept fact refreshed (its decay clock too)."""
     import time as clock
 
     cfg = config.replace("decay", enabled=True, rate_per_day=0.1, threshold=0.5)
     with MemoryStore(config=cfg, embedder=embedder) as s:
+        old = s.remember("Tom likes green tea", subjects=["Tom"])[0]
+        monkeypatch.setattr(clock, "time", lambda: old.created_at.timestamp() + 30 * 86400)
+        assert s.recall("green tea", about="Tom") == []  # decayed
+        new = s.remember("Tom likes green tea", subjects=["Tom"])[0]
+        assert new.id == old.id and [h.memory.id for h in s.recall("green tea", about="Tom")] == [new.id]
+    off = cfg.replace("memory", dedupe=False, path=cfg.memory.path + "-off")
+    with MemoryStore(config=off, embedder=embedder) as s:  # without dedupe: a fresh copy, as before
         old = s.remember("Tom likes green tea", subjects=["Tom"])[0]
         monkeypatch.setattr(clock, "time", lambda: old.created_at.timestamp() + 30 * 86400)
         new = s.remember("Tom likes green tea", subjects=["Tom"])[0]

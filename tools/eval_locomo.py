@@ -10,6 +10,7 @@ dia_ids, per category and overall, for lexical-only, vector-only and hybrid.
     python tools/eval_locomo.py --grid                # sweep fusion weights (tuning)
     python tools/eval_locomo.py --cross [--param P]   # tune P on one file, report on the other
     python tools/eval_locomo.py --latency [--param P] [--value V]  # search time, P at 0 vs V
+    python tools/eval_locomo.py --dedupe [--as-facts] [FILE.json ...]  # hybrid recall, memory.dedupe off vs on
 
 Each turn is stored with its session date as ``created_at`` and questions are
 searched with ``now`` = the day after the last session (the time they are asked).
@@ -235,6 +236,35 @@ def _time_searches(path: Path, stores: dict[float, Any], conv: dict[str, Any], p
               f"p50 {1e3 * out[len(out) // 2]:.3f} ms  p95 {1e3 * out[int(len(out) * 0.95)]:.3f} ms")
 
 
+def dedupe_effect(files: list[Path], config: Config, embedder: Any, as_facts: bool = False) -> None:
+    """Hybrid recall with ``memory.dedupe`` off and on, a store built with each, in one run:
+    what the restatement check on writes and the collapse of copies on reads cost.  The
+    turns are conversation memories, which are never merged; ``as_facts`` stores them as
+    facts instead (the worst case: repeated lines such as "Thanks!" merged, their copies'
+    dia_ids gone from the results)."""
+    results: dict[bool, dict[str, dict[int, list[float]]]] = {False: {}, True: {}}
+    with tempfile.TemporaryDirectory(prefix="rm-locomo-") as tmp:
+        for path in files:
+            conv = json.loads(path.read_text())
+            for on in (False, True):
+                cfg = config.replace("memory", dedupe=on)
+                items = [t | {"memory_type": "fact"} for t in turns_of(conv)] if as_facts else turns_of(conv)
+                # the same vectors for both stores: int8 activations are quantized per batch of 8, and
+                # texts the embedder's cache answers would leave the second store other batches
+                getattr(embedder, "_cache", {}).clear()
+                with open_store(Path(tmp), f"{path.stem}-{on}", embedder, cfg) as store:
+                    store.store_batch(items)
+                    part = recall(store, conv["qa"], "hybrid", asked_at(conv))
+                    kept = len(store)
+                merge(results[on], part)
+                o = summarise(part)["overall"]
+                print(f"{path.name} dedupe {'on ' if on else 'off'}: {kept} of {len(items)} memories kept, "
+                      f"R@1 {o['R@1']:.3f} R@5 {o['R@5']:.3f} R@10 {o['R@10']:.3f}", flush=True)
+    off, on = (summarise(results[v])["overall"] for v in (False, True))
+    print("all files, on / off: " + "  ".join(f"{k} {on[k]:.3f}/{off[k]:.3f} ({on[k] / off[k]:.3f}x)"
+                                              for k in ("R@1", "R@5", "R@10")))
+
+
 def print_table(summary: dict[str, dict[str, dict[str, float]]]) -> None:
     cats = list(next(iter(summary.values())).keys())
     print(f"{'mode':<8} {'category':<9} {'n':>4}  {'R@1':>6} {'R@5':>6} {'R@10':>6}")
@@ -252,6 +282,8 @@ def main() -> None:
     parser.add_argument("--grid", action="store_true", help="sweep fusion weights")
     parser.add_argument("--latency", action="store_true", help="search time, --param at 0 vs its configured value")
     parser.add_argument("--cross", action="store_true", help="tune --param on one file, report on the other")
+    parser.add_argument("--dedupe", action="store_true", help="hybrid recall with memory.dedupe off vs on")
+    parser.add_argument("--as-facts", action="store_true", help="--dedupe: store the turns as facts (worst case)")
     parser.add_argument("--param", choices=sorted(GRIDS), default="neighbour_boost",
                         help="the search setting --cross and --latency vary (default: neighbour_boost)")
     parser.add_argument("--value", type=float, help="--latency: the value compared with 0 (default: configured)")
@@ -273,6 +305,9 @@ def main() -> None:
         return
     if args.cross:
         cross(files, config, embedder, args.param)
+        return
+    if args.dedupe:
+        dedupe_effect(files, config, embedder, args.as_facts)
         return
     if args.grid:
         grid(files, config, embedder)

@@ -197,6 +197,11 @@ def apply_retention(d: Daemon, job: Job) -> dict[str, Any]:
     return result
 
 
+@handles("dedupe")
+def dedupe(d: Daemon, job: Job) -> dict[str, Any]:
+    return d.store.dedupe(dry_run=job.args["dry_run"])
+
+
 @handles("export")
 def export(d: Daemon, job: Job) -> dict[str, Any]:
     limit = job.args["limit"]

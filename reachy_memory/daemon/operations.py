@@ -205,6 +205,12 @@ _ROWS = [
         '{"conversation_days": float, "turns": int, "earlier": int, "later": int, "expire_now": int, '
         '"applied": bool, "deleted": int}',
         "Give stored conversation turns the configured TTL, then delete what expired (dry_run: count only)."),
+    _op("dedupe", "engine", [_opt("dry_run", BOOL, False)],
+        '{"dry_run": bool, "kept": int, "merged": int, "merges": [{"kept", "content", "type", "owner", '
+        '"copies_count", "copies": [{"id", "content", "reason"}]}]}',
+        "Merge the copies of fact and context memories a store holds (each set keeps its oldest memory, "
+        "refreshed); dry_run: report only. The first 200 merges and 20 copies of each listed (texts cut at "
+        "200 characters), all counted."),
     _read("export", "engine", [_opt("after", STR), _opt("limit", INT, 500)],
         '{"memories": [memory], "next": str | null}', "One page of memories in id order.", client="export_page",
           capped=True),

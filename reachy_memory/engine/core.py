@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from reachy_memory.config import Config
-from reachy_memory.engine import ingest, search
+from reachy_memory.engine import dedupe, ingest, search
 from reachy_memory.engine.backfill import Backfill
 from reachy_memory.engine.household import Remembering
 from reachy_memory.engine.ports import Prepared
@@ -311,15 +311,29 @@ class Core:
 
     def commit_prepared(self, prepared: Prepared, also: list[list[Any]] | None = None) -> list[Any]:
         """Make a prepared write durable and visible, with the ops ``also`` in the same
-        journal frame (all or none); returns the memories."""
+        journal frame (all or none); returns the memories.  With ``memory.dedupe``, a fact
+        or context memory restating one kept refreshes it instead (:func:`.dedupe.fold`):
+        the kept memory is returned in its place."""
         self.require_open()
         with self._lock:
             self.check_retries_still_stored(prepared)
             fresh = [(op, text) for op, text in zip(prepared.ops, prepared.texts, strict=True)
                      if not self._is_duplicate(op[1])]
-            if fresh or also:
-                self.commit(self._with_current_context(fresh) + (also or []))
-            return [self._state.records[i].memory() for i in prepared.ids]
+            ids, refreshes = list(prepared.ids), list[list[Any]]()
+            if self._config.memory.dedupe and fresh:
+                puts, refreshes = dedupe.fold([op for op, _ in fresh], ids, self._state, self.dedupe_limits(),
+                                              time.time())
+                kept = {id(op) for op in puts}
+                fresh = [(op, text) for op, text in fresh if id(op) in kept]
+            if fresh or also or refreshes:
+                self.commit(self._with_current_context(fresh) + refreshes + (also or []))
+            return [self._state.records[i].memory() for i in ids]
+
+    def dedupe_limits(self) -> dedupe.Limits:
+        """What the restatement check reads of the configuration."""
+        memory = self._config.memory
+        return dedupe.Limits(tuple(self._config.search.entity_fields), memory.max_metadata_bytes,
+                             memory.max_metadata_keys, self._config.search.bm25_b)
 
     def check_retries_still_stored(self, prepared: Prepared) -> None:
         """Raise NotFoundError, writing nothing, when a memory that prepare left out as

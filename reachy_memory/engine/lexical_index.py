@@ -196,6 +196,20 @@ class LexicalIndex:
                 if posting.empty():
                     del self._postings[term]
 
+    def held_by(self, term: str) -> int:
+        """About how many slots hold ``term`` (a stemmed term): at least as many as do (its
+        changes not yet merged are counted, not read)."""
+        posting = self._postings.get(term)
+        return 0 if posting is None else len(posting.slots) + len(posting.changes)
+
+    def holders(self, term: str) -> np.ndarray:
+        """The live slots holding ``term`` (a stemmed term)."""
+        posting = self._postings.get(term)
+        if posting is None:
+            return _NO_SLOTS
+        slots = posting.readable()[0]
+        return slots[self._doc_len[slots] > 0]
+
     def scores(self, query: str, mask: np.ndarray | None = None, b: float = B) -> tuple[np.ndarray, np.ndarray]:
         """(sorted slots, relevance in [0, 1]) for live slots matching a query term and ``mask``.
 

@@ -20,6 +20,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from reachy_memory.config import Config
+    from reachy_memory.engine.dedupe import Limits
     from reachy_memory.engine.records import Record
     from reachy_memory.engine.search import SearchQuery
     from reachy_memory.engine.state import MemoryState
@@ -94,6 +95,10 @@ class Engine(Protocol):
 
     def decayed(self, rec: Record, now: float) -> bool:
         """Whether ``rec`` has decayed below ``decay.threshold`` at ``now``."""
+        ...
+
+    def dedupe_limits(self) -> Limits:
+        """What the restatement check (:mod:`.dedupe`) reads of the configuration."""
         ...
 
     def prepare(self, items: Iterable[Mapping[str, Any]], now: float | None = None, *,

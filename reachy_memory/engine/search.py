@@ -11,7 +11,8 @@ function that ranks, under the store lock, changing nothing:
 2. candidates and fused scores, the entity and feedback bonuses (:func:`.ranking.rank`);
 3. the time-words bonus (``search.temporal_boost``, :mod:`.temporal`) and the
    neighbour-turn bonus (``search.neighbour_boost``, :func:`.ranking.neighbour_bonus`);
-4. best first, down to ``min_score``, leaving out the expired and the decayed;
+4. best first, down to ``min_score``, leaving out the expired and the decayed, and with
+   ``memory.dedupe`` the copies of a fact or context memory shown already (:mod:`.dedupe`);
 5. with ``search.diversity``, the head re-ordered by MMR (:func:`.ranking.mmr_order`);
 6. results with the names of the persons each is about (:mod:`reachy_memory.people.subjects`).
 
@@ -27,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from reachy_memory.config import Config
-from reachy_memory.engine import ingest, ranking
+from reachy_memory.engine import dedupe, ingest, ranking
 from reachy_memory.engine.filters import check_where
 from reachy_memory.engine.records import Record
 from reachy_memory.engine.state import GROUP, MemoryState
@@ -120,18 +121,32 @@ def _scored(q: SearchQuery, qvec: np.ndarray | None, mask: np.ndarray | None, st
 def _shown(q: SearchQuery, slots: np.ndarray, scores: np.ndarray, state: MemoryState, config: Config,
            at: float, want: int) -> list[tuple[int, Record]]:
     """(position in ``slots``, record) of the best ``want`` hits at or above ``min_score``,
-    best first: neither expired at ``at`` nor, unless ``include_superseded``, decayed."""
-    hits: list[tuple[int, Record]] = []
+    best first: neither expired at ``at`` nor, unless ``include_superseded``, decayed; with
+    ``memory.dedupe`` one hit for each normalized text of a fact or context memory
+    (:func:`.dedupe.collapse_key`): the best scored, or a live one rather than a superseded copy."""
+    collapse = config.memory.dedupe
+    hits: list[tuple[int, Record] | None] = []
+    shown: dict[str, int] = {}  # normalized text -> its hit's position in hits
+    count = 0
     for i in np.argsort(-scores, kind="stable"):
         if scores[i] < q.min_score:
             break
         rec = state.by_slot[int(slots[i])]
         if rec.expired(at) or (not q.include_superseded and decayed(rec, at, config)):
             continue
+        key = dedupe.collapse_key(rec.content, rec.type) if collapse else None
+        if key is not None and key in shown:
+            first = hits[shown[key]]
+            if first is None or not first[1].hidden or rec.hidden:
+                continue
+            hits[shown[key]], count = None, count - 1  # a superseded copy gives way to the live memory
+        if key is not None:
+            shown[key] = len(hits)
         hits.append((int(i), rec))
-        if len(hits) == want:
+        count += 1
+        if count == want:
             break
-    return hits
+    return [hit for hit in hits if hit is not None]
 
 
 def decayed(rec: Record, now: float, config: Config) -> bool:

@@ -38,7 +38,7 @@ import numpy as np
 
 from reachy_memory._threads import pin_native_threads
 from reachy_memory.config import Config
-from reachy_memory.engine import ingest, opening, retention
+from reachy_memory.engine import dedupe, ingest, opening, retention
 from reachy_memory.engine.backups import Backups
 from reachy_memory.engine.context_text import RetrievedContext
 from reachy_memory.engine.household import Household
@@ -539,6 +539,19 @@ class MemoryStore:
         return self._context.context_for(message, owner, max_tokens, max_memories, max_messages, min_similarity)
 
     # -- maintenance -------------------------------------------------------------------
+
+    def dedupe(self, *, dry_run: bool = False) -> dict[str, Any]:
+        """Merge the copies a store already holds: among the live fact and context memories,
+        each set that restates one memory (the rule of writes, ``memory.dedupe``: same owner,
+        type, persons and sharing; the same text but for case, punctuation and fillers, or
+        the same words in order with near-identical embeddings) keeps its oldest memory,
+        refreshed with the others' metadata and counts (``metadata.confirmations``), and
+        loses the others; memories they superseded point at the kept one.  Through the
+        journal, whole merges a frame.  ``dry_run`` changes nothing.  Returns ``kept``,
+        ``merged`` (copies), ``dry_run`` and ``merges`` (the first 200, with the copies'
+        ids, texts and the rule's reasons).  Named notes, archives, ``set_context`` values
+        and conversation turns are never merged."""
+        return dedupe.run(self._core, dry_run=dry_run)
 
     @_doc(Maintenance.maintain)
     def maintain(self, budget: int = 256, *, save_cache: bool = True) -> int:

@@ -349,6 +349,26 @@ class VectorIndex:
         # Nodes of a mass expiry not yet marked deleted are filtered out like a mask.
         return self._graph_search(query, k, None if mask is None and not self._unmarked else allowed, groups)
 
+    def nearest(self, query: np.ndarray, k: int, group: int, *,
+                ef: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Top ``k`` (slots, cosine similarities) of one group, best first, changing nothing
+        (no catch-up insertion as :meth:`search` makes): the group's graph, searched with
+        ``ef`` (default ``search.hnsw_ef_search``), and its pending vectors exactly; the
+        group's rows exactly while there is no graph (below ``exact_below``, or its cached
+        graph still loading).  For a check on the write path, whose cost must not grow
+        with the vectors waiting for idle time."""
+        if self.count == 0 or k <= 0:
+            return _NONE
+        if self.count <= self.exact_below or not self._adopt_loaded(wait=False) or group not in self._graphs:
+            return self.exact(query, np.flatnonzero(self.alive & (self.group == group)), k)
+        parts = [self._graph_only(query, k, group, self.alive if self._unmarked else None, ef)]
+        if self.pending:
+            waiting = np.fromiter(self.pending, np.int64, len(self.pending))
+            parts.append(self.exact(query, waiting[self.group[waiting] == group], k))
+        labels, sims = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+        order = np.argsort(-sims, kind="stable")[:k]
+        return labels[order], sims[order]
+
     def _scan(self, query: np.ndarray, allowed: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Exact search by one matrix-vector product over every slot (fast below ~8k)."""
         live = np.flatnonzero(allowed)
@@ -388,8 +408,8 @@ class VectorIndex:
         order = np.argsort(-sims, kind="stable")[:k]
         return labels[order], sims[order]
 
-    def _graph_only(self, query: np.ndarray, k: int, group: int,
-                    allowed: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    def _graph_only(self, query: np.ndarray, k: int, group: int, allowed: np.ndarray | None,
+                    ef: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Top ``k`` of one group's graph, over-fetching when a filter drops results."""
         n_members = self._in_graph_count.get(group, 0)
         n_allowed = n_members
@@ -402,7 +422,7 @@ class VectorIndex:
         fetch = min(n_members, k if allowed is None else int(k * n_members / n_allowed * 1.5) + 10)
         graph = self._graphs[group]
         try:
-            graph.set_ef(max(self._ef, fetch))
+            graph.set_ef(max(ef or self._ef, fetch))
             labels, dist = graph.knn_query(query.reshape(1, -1), k=fetch)
         except RuntimeError:
             return self.exact(query, self._members(group, allowed), k)

@@ -12,7 +12,7 @@ import logging
 from dataclasses import replace
 from typing import Any
 
-from reachy_memory.engine import ingest
+from reachy_memory.engine import dedupe, ingest
 from reachy_memory.engine.context_text import (
     ContextItem,
     CountTokens,
@@ -58,8 +58,9 @@ class Context:
                         limit=min(max(max_messages * 2, 1), 1000))
         past = engine.search_checked(turns, qvec)
         window = [Turn(t["role"], t["content"]) for t in engine.window()]
+        found = dedupe.unique_hits(facts + context) if engine.config.memory.dedupe else facts + context
         return build_context(window=window, messages=[_item(h) for h in past],
-                             memories=[_item(h) for h in facts + context], people=self._persons.people(owner),
+                             memories=[_item(h) for h in found], people=self._persons.people(owner),
                              count_tokens=self.token_counter(), max_tokens=max_tokens, max_memories=max_memories,
                              max_messages=max_messages, min_similarity=min_similarity,
                              tz=engine.tz)  # dated as the user's day, not UTC's

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from reachy_memory.engine import ingest
+from reachy_memory.engine import dedupe, ingest
 from reachy_memory.engine.mentions import extract_mentions, norm, parse_reference
 from reachy_memory.engine.ports import Engine
 from reachy_memory.engine.records import Record
@@ -149,15 +149,36 @@ class Facts:
         row |= name_fields(self._state, item.get("name"), item.get("aliases") or ())
         vector, new = op[2], Record(**row)
         similar = self._similar_facts(new, vector)
-        same = next((rec for rec, _ in similar[:CANDIDATES]
-                     if _same_fact(rec, new) and not self._engine.decayed(rec, new.created)), None)
+        same = self._told_again(new, similar, vector is None)
         if same is None:
             self._engine.commit([*person_ops, ["put", row, vector], *self._superseded_by(new, similar)])
+        elif self._engine.config.memory.dedupe:  # a restatement: the kept fact refreshed, not a second copy
+            limits = self._engine.dedupe_limits()
+            self._engine.commit([*person_ops, ["update", same.id, dedupe.refreshed(
+                same, new.metadata, new.created, max_bytes=limits.max_bytes, max_keys=limits.max_keys)]])
+            same = self._state.records[same.id]
         elif person_ops:  # told again (a model's retry): the fact it already is, not a second copy
             self._engine.commit(person_ops)
         if subject_ids:
             self.recent_subjects[owner] = [*subject_ids, *self.recent_subjects.get(owner, [])][:8]
         return (same or self._state.records[row["id"]]).memory()
+
+    def _told_again(self, new: Record, similar: list[tuple[Record, float]], wordless: bool) -> Record | None:
+        """The kept fact ``new`` restates, among the facts about its persons most like it
+        (:func:`.dedupe.same`, with ``memory.dedupe``; a decayed one is refreshed too; without
+        a vector, ``wordless``, the same text once normalized among the facts of the most
+        words in common), or without ``memory.dedupe`` only its exact repeat within
+        :data:`REPEAT_SECONDS` (:func:`_same_fact`)."""
+        if self._engine.config.memory.dedupe:
+            limits = self._engine.dedupe_limits()
+            if wordless:
+                found = dedupe.worded_restatement(new, self._state.lexical, self._state.by_slot, limits.entity_keys,
+                                                  new.created, limits.bm25_b)
+                return found[0] if found is not None else None
+            return next((rec for rec, sim in similar[:CANDIDATES]
+                         if dedupe.same(rec, new, sim, limits.entity_keys).same), None)
+        return next((rec for rec, _ in similar[:CANDIDATES]
+                     if _same_fact(rec, new) and not self._engine.decayed(rec, new.created)), None)
 
     def _subjects_of(self, item: dict[str, Any], owner: str | None) -> list[Resolution]:
         refs = item.get("subjects")
