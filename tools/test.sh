@@ -20,4 +20,5 @@ if [ "${1:-}" = "--quick" ]; then
   shift
   set -- "${QUICK[@]}" "$@"
 fi
-exec "$VENV/bin/python" -m pytest -q -n "${REACHY_MEMORY_TEST_WORKERS:-2}" "$@"
+# --dist loadfile: a module's tests run in order on one worker, as they do without xdist
+exec "$VENV/bin/python" -m pytest -q -n "${REACHY_MEMORY_TEST_WORKERS:-2}" --dist loadfile "$@"
