@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from reachy_memory.engine.search import SearchQuery
     from reachy_memory.engine.state import MemoryState
     from reachy_memory.model import MemoryType, SearchResult
+    from reachy_memory.people.registry import PersonRegistry
 
 
 @dataclass
@@ -130,3 +131,24 @@ class Engine(Protocol):
     def window(self) -> list[dict[str, Any]]:
         """The context window's recent messages (role, content, timestamp), oldest first."""
         ...
+
+
+class Component:
+    """What every component of the store holds: the engine it was handed, and short names
+    for the parts of it they all read (the state, its lock, its person registry).  It owns
+    no state of its own; a component adds only what it owns (written in its docstring)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    @property
+    def _state(self) -> MemoryState:
+        return self._engine.state
+
+    @property
+    def _lock(self) -> threading.RLock:
+        return self._engine.lock
+
+    @property
+    def _people(self) -> PersonRegistry:
+        return self._engine.state.people

@@ -18,7 +18,6 @@ engine state's.
 from __future__ import annotations
 
 import math
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -27,15 +26,14 @@ import numpy as np
 
 from reachy_memory.engine import dedupe, ingest
 from reachy_memory.engine.mentions import extract_mentions, norm, parse_reference
-from reachy_memory.engine.ports import Engine
+from reachy_memory.engine.ports import Component, Engine
 from reachy_memory.engine.records import Record
-from reachy_memory.engine.state import MemoryState
 from reachy_memory.engine.supersession import decide
 from reachy_memory.errors import NotFoundError, ValidationError
 from reachy_memory.model import SEARCH_LIMIT, Memory, MemoryType, SearchResult
 from reachy_memory.people.checks import flat, text_arg, unique
 from reachy_memory.people.notes import name_fields
-from reachy_memory.people.registry import PersonRegistry, Resolution
+from reachy_memory.people.registry import Resolution
 
 MAX_SUBJECTS = 16
 CANDIDATES = 10  # older facts checked for supersession per new fact
@@ -43,24 +41,12 @@ REPEAT_SECONDS = 3600.0  # a fact told again within this is the same telling (se
 FACT_KEYS = frozenset({"content", "subjects", "name", "aliases", "shared", "expires_in_days", "metadata", "id"})
 
 
-class Facts:
+class Facts(Component):
     """The fact operations of :class:`~reachy_memory.engine.store.MemoryStore` (see the module doc)."""
 
     def __init__(self, engine: Engine) -> None:
-        self._engine = engine
+        super().__init__(engine)
         self.recent_subjects: dict[str | None, list[str]] = {}  # engine thread: persons of the last facts
-
-    @property
-    def _state(self) -> MemoryState:
-        return self._engine.state
-
-    @property
-    def _lock(self) -> threading.RLock:
-        return self._engine.lock
-
-    @property
-    def _people(self) -> PersonRegistry:
-        return self._engine.state.people
 
     def remember(self, content: str | None = None, facts: Sequence[Mapping[str, Any]] | None = None,
                  subjects: Sequence[str] | None = None, expires_in_days: float | None = None,

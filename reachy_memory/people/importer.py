@@ -11,7 +11,6 @@ written.  Owns no state.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -19,15 +18,13 @@ from typing import Any
 
 from reachy_memory.config import Config
 from reachy_memory.engine import ingest
-from reachy_memory.engine.ports import Engine
-from reachy_memory.engine.state import MemoryState
+from reachy_memory.engine.ports import Component
 from reachy_memory.errors import ValidationError
 from reachy_memory.model import MemoryType, check_unicode
 from reachy_memory.people.checks import MAX_ALIASES, MAX_NAME_CHARS, unique
 from reachy_memory.people.facts import supersession_loop
 from reachy_memory.people.notes import note_holder, note_labels
 from reachy_memory.people.registry import (
-    PersonRegistry,
     check_metadata,
     may_be_about,
     person_from_op,
@@ -47,23 +44,8 @@ class ImportPlan:
     merged: dict[str, str]  # merged-away person id -> the imported person it was merged into
 
 
-class Importer:
+class Importer(Component):
     """The import operations of :class:`~reachy_memory.engine.store.MemoryStore`."""
-
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
-
-    @property
-    def _state(self) -> MemoryState:
-        return self._engine.state
-
-    @property
-    def _lock(self) -> threading.RLock:
-        return self._engine.lock
-
-    @property
-    def _people(self) -> PersonRegistry:
-        return self._engine.state.people
 
     def import_memories(self, memories: Sequence[Mapping[str, Any]], people: Sequence[Mapping[str, Any]] = (),
                         batch: int = 200) -> dict[str, int]:

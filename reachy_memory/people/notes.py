@@ -8,12 +8,11 @@ rules the facts and the importer share: :func:`note_holder`, :func:`name_fields`
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from reachy_memory.engine.ports import Engine
+from reachy_memory.engine.ports import Component, Engine
 from reachy_memory.engine.records import Record
 from reachy_memory.engine.state import MemoryState
 from reachy_memory.errors import NotFoundError, ValidationError
@@ -23,23 +22,15 @@ from reachy_memory.people.checks import MAX_ALIASES, flat, label_arg, text_arg
 ARCHIVE_MARKER = 120  # characters of the summary kept in the window's marker
 
 
-class Notes:
+class Notes(Component):
     """The note and archive operations of :class:`~reachy_memory.engine.store.MemoryStore`.
 
     ``correct`` is the facts' correction (:meth:`.facts.Facts.correct`): a rewritten
     note supersedes its old version as a corrected fact does."""
 
     def __init__(self, engine: Engine, correct: Callable[[str, str], Memory]) -> None:
-        self._engine = engine
+        super().__init__(engine)
         self._correct = correct
-
-    @property
-    def _state(self) -> MemoryState:
-        return self._engine.state
-
-    @property
-    def _lock(self) -> threading.RLock:
-        return self._engine.lock
 
     def note(self, name: str) -> Memory | None:
         """The live note with this name or alias (case-insensitive), or None."""

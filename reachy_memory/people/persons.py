@@ -8,34 +8,17 @@ the person in the same frame.  Owns no state of its own.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from reachy_memory.engine.ports import Engine
-from reachy_memory.engine.state import MemoryState
+from reachy_memory.engine.ports import Component
 from reachy_memory.errors import NotFoundError, ValidationError
 from reachy_memory.people.checks import text_arg, unique
-from reachy_memory.people.registry import Person, PersonRegistry, Resolution, check_owner_change
+from reachy_memory.people.registry import Person, Resolution, check_owner_change
 
 
-class Persons:
+class Persons(Component):
     """The person operations of :class:`~reachy_memory.engine.store.MemoryStore`."""
-
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
-
-    @property
-    def _state(self) -> MemoryState:
-        return self._engine.state
-
-    @property
-    def _lock(self) -> threading.RLock:
-        return self._engine.lock
-
-    @property
-    def _people(self) -> PersonRegistry:
-        return self._engine.state.people
 
     def add_person(self, name: str, relation: str | None = None, aliases: Sequence[str] = (),
                    owner: str | None = None, external_id: str | None = None,
