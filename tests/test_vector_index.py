@@ -91,13 +91,14 @@ def test_nearest_finds_a_groups_own_vectors_and_changes_nothing(flushed: int) ->
     vi.flush(flushed)
     pending = set(vi.pending)
     for slot in (1, 4, 301, 598):  # group 1 (slot % 3), from the graph or the pending set
-        got, sims = vi.nearest(vectors[slot], 5, 1, ef=16)
+        got, sims = vector_index.nearest(vi, vectors[slot], 5, 1, ef=16)
         assert got[0] == slot and sims[0] > 0.99 and all(s % 3 == 1 for s in got.tolist())
     assert vi.pending == pending
     small = VectorIndex(16, exact_below=1000)  # no graph at this size: the group's rows exactly
     small.add(0, vectors[0], group=0)
     small.add(1, vectors[0], group=2)
-    assert small.nearest(vectors[0], 5, 2)[0].tolist() == [1] and len(small.nearest(vectors[0], 5, 1)[0]) == 0
+    assert vector_index.nearest(small, vectors[0], 5, 2)[0].tolist() == [1]
+    assert len(vector_index.nearest(small, vectors[0], 5, 1)[0]) == 0
 
 
 def test_removed_and_replaced_slots() -> None:

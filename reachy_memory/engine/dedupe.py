@@ -55,7 +55,7 @@ from reachy_memory.engine.filters import validate_metadata
 from reachy_memory.engine.lexical_index import LexicalIndex
 from reachy_memory.engine.records import Record
 from reachy_memory.engine.state import GROUP, MemoryState
-from reachy_memory.engine.vector_index import VectorIndex
+from reachy_memory.engine.vector_index import VectorIndex, nearest
 from reachy_memory.errors import ValidationError
 from reachy_memory.model import MemoryType, SearchResult, to_datetime, to_epoch
 
@@ -290,14 +290,14 @@ def same(kept: Record, new: Record, similarity: float | None, entity_keys: Seque
 def restatement(new: Record, vector: np.ndarray | None, vectors: VectorIndex, by_slot: Mapping[int, Record],
                 entity_keys: Sequence[str], now: float) -> tuple[Record, str] | None:
     """The kept memory ``new`` restates and why, among the :data:`NEIGHBOURS` nearest
-    memories of its type (:meth:`VectorIndex.nearest`: its hnswlib graph and the vectors
+    memories of its type (:func:`.vector_index.nearest`: its hnswlib graph and the vectors
     waiting for it, or the type's rows in a small store); None when there is none or
     ``new`` has no vector (lexical-only: a write is never merged)."""
     if vector is None or not mergeable(new) or vectors.count == 0:
         return None
     k = NEIGHBOURS
     while True:
-        slots, sims = vectors.nearest(vector, k, GROUP[new.type], ef=max(NEIGHBOUR_EF, k))
+        slots, sims = nearest(vectors, vector, k, GROUP[new.type], ef=max(NEIGHBOUR_EF, k))
         for slot, sim in zip(slots.tolist(), sims.tolist(), strict=True):
             kept = by_slot.get(slot)
             if sim >= FLOOR and kept is not None and not kept.expired(now):

@@ -379,26 +379,6 @@ class VectorIndex:
         # Nodes of a mass expiry not yet marked deleted are filtered out like a mask.
         return self._graph_search(query, k, None if mask is None and not self._unmarked else allowed, groups)
 
-    def nearest(self, query: np.ndarray, k: int, group: int, *,
-                ef: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Top ``k`` (slots, cosine similarities) of one group, best first, changing nothing
-        (no catch-up insertion as :meth:`search` makes): the group's graph, searched with
-        ``ef`` (default ``search.hnsw_ef_search``), and its pending vectors exactly; the
-        group's rows exactly while there is no graph (below ``exact_below``, or its cached
-        graph still loading).  For a check on the write path, whose cost must not grow
-        with the vectors waiting for idle time."""
-        if self.count == 0 or k <= 0:
-            return _NONE
-        if self.count <= self.exact_below or not self._adopt_loaded(wait=False) or group not in self._graphs:
-            return self.exact(query, np.flatnonzero(self.alive & (self.group == group)), k)
-        parts = [self._graph_only(query, k, group, self.alive if self._unmarked else None, ef)]
-        if self.pending:
-            waiting = np.fromiter(self.pending, np.int64, len(self.pending))
-            parts.append(self.exact(query, waiting[self.group[waiting] == group], k))
-        labels, sims = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
-        order = np.argsort(-sims, kind="stable")[:k]
-        return labels[order], sims[order]
-
     def _scan(self, query: np.ndarray, allowed: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Exact search by one matrix-vector product over every slot (fast below ~8k)."""
         live = np.flatnonzero(allowed)
@@ -777,6 +757,27 @@ def forget_cache(index: VectorIndex, path: Path) -> None:
             log.warning("could not remove the graph cache file %s: %s", file, exc.strerror)
     index._cache_meta = None
     index._changed = {group: max(CACHE_MIN_CHANGES, index._in_graph_count.get(group, 0)) for group in index._graphs}
+
+
+def nearest(index: VectorIndex, query: np.ndarray, k: int, group: int, *,
+            ef: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Top ``k`` (slots, cosine similarities) of one group of ``index``, best first, changing
+    nothing (no catch-up insertion as :meth:`VectorIndex.search` makes): the group's graph,
+    searched with ``ef`` (default ``search.hnsw_ef_search``), and its pending vectors exactly;
+    the group's rows exactly while there is no graph (below ``exact_below``, or its cached
+    graph still loading).  For a check on the write path, whose cost must not grow with the
+    vectors waiting for idle time."""
+    if index.count == 0 or k <= 0:
+        return _NONE
+    if index.count <= index.exact_below or not index._adopt_loaded(wait=False) or group not in index._graphs:
+        return index.exact(query, np.flatnonzero(index.alive & (index.group == group)), k)
+    parts = [index._graph_only(query, k, group, index.alive if index._unmarked else None, ef)]
+    if index.pending:
+        waiting = np.fromiter(index.pending, np.int64, len(index.pending))
+        parts.append(index.exact(query, waiting[index.group[waiting] == group], k))
+    labels, sims = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+    order = np.argsort(-sims, kind="stable")[:k]
+    return labels[order], sims[order]
 
 
 class _Loaded(NamedTuple):
