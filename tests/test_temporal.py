@@ -100,11 +100,11 @@ def test_out_of_calendar_now_gives_no_prior(now: float) -> None:
 
 
 def test_in_window_memory_ranks_above_equal_out_of_window(store: MemoryStore) -> None:
-    text = "We baked a lemon cake together in the kitchen."
+    text = "We baked a lemon cake together in the kitchen."  # turns: events, never merged as restatements
     store.store_batch([
-        {"content": text, "memory_type": "fact", "id": "old", "created_at": d(2024, 4, 20, 18)},
-        {"content": text, "memory_type": "fact", "id": "fresh", "created_at": d(2024, 5, 14, 18)},
-        {"content": text, "memory_type": "fact", "id": "older", "created_at": d(2024, 3, 2, 18)},
+        {"content": text, "memory_type": "conversation", "id": "old", "created_at": d(2024, 4, 20, 18)},
+        {"content": text, "memory_type": "conversation", "id": "fresh", "created_at": d(2024, 5, 14, 18)},
+        {"content": text, "memory_type": "conversation", "id": "older", "created_at": d(2024, 3, 2, 18)},
     ])
     for query, expected in [("What did we bake yesterday?", "fresh"), ("What did we bake in April?", "old")]:
         hits = store.search(query, limit=3, min_score=0, now=NOW)
