@@ -161,6 +161,12 @@ def test_a_stop_during_a_held_fsync_answers_the_write_and_closes_clean(served: D
         disk.hold()
         write = in_background(lambda w: w.store("said just before the stop", id="last"), served, pool)
         assert disk.entered.wait(WAIT)
+        # the held fsync may be the store's own upkeep (the journal head's): stop only once the
+        # daemon holds the write, else the stop ends intake before the write arrives
+        deadline = time.monotonic() + WAIT
+        while served.store.get("last") is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
         served.stop()
         time.sleep(0.2)
         disk.release()
