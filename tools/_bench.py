@@ -93,3 +93,34 @@ def sentences(n: int, seed: int = 0) -> list[str]:
 def row(name: str, stats: dict[str, float], target: str = "") -> str:
     return (f"{name:<46} p50 {stats['p50']:8.3f}  p90 {stats['p90']:8.3f}  p99 {stats['p99']:8.3f}  "
             f"max {stats['max']:8.3f} ms  {target}")
+
+
+def model_cosines(cosines: Callable[[Callable[[list[str]], np.ndarray]], np.ndarray],
+                  precisions: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """``cosines(embed)`` with the real model at each of ``precisions`` (the built model cache)."""
+    from reachy_memory import load_config, load_embedder
+
+    cache = Path.home() / ".cache" / "reachy-memory" / "built"
+    out = {}
+    for precision in precisions:
+        config = load_config(embedding={"precision": precision, "cache_dir": str(cache)})
+        out[precision] = cosines(load_embedder(config).embed)
+    return out
+
+
+def pairs_main(argv: list[str] | None, doc: str | None, data: Path, run: Callable[[Path], dict[str, Any]],
+               print_report: Callable[[dict[str, Any]], None]) -> int:
+    """The command line of a labelled-pairs evaluation: ``--data``, and ``--json`` for the report
+    ``run(data)`` makes (else ``print_report`` prints it)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, default=data)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    report = run(args.data)
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        print_report(report)
+    return 0

@@ -21,7 +21,6 @@ comparison.  ``set: fresh`` pairs were written after the rule was frozen.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -34,8 +33,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from reachy_memory import load_config, load_embedder  # noqa: E402
 from reachy_memory.engine.dedupe import THRESHOLD, decide  # noqa: E402
+from tools._bench import model_cosines, pairs_main  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "dedupe_pairs.jsonl"
 PRECISION = 0.99  # the target: at most one wrong merge in a hundred
@@ -200,27 +199,16 @@ def print_report(report: dict[str, Any]) -> None:
 
 def load_sims(pairs: Sequence[Pair]) -> dict[str, np.ndarray]:
     """Cosines with the real model at both precisions."""
-    cache = Path.home() / ".cache" / "reachy-memory" / "built"
-    out = {}
-    for precision in ("int8", "fp32"):
-        config = load_config(embedding={"precision": precision, "cache_dir": str(cache)})
-        out[precision] = cosines(pairs, load_embedder(config).embed)
-    return out
+    return model_cosines(lambda embed: cosines(pairs, embed), ("int8", "fp32"))
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; prints the report (or JSON with --json)."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, default=DATA)
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args(argv)
-    pairs = load_pairs(args.data)
-    report = evaluate(pairs, load_sims(pairs))
-    if args.json:
-        print(json.dumps(report, indent=1))
-    else:
-        print_report(report)
-    return 0
+    def run(data: Path) -> dict[str, Any]:
+        pairs = load_pairs(data)
+        return evaluate(pairs, load_sims(pairs))
+
+    return pairs_main(argv, __doc__, DATA, run, print_report)
 
 
 if __name__ == "__main__":
