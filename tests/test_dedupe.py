@@ -59,6 +59,19 @@ def test_no_contrast_is_the_same_whatever_its_cosine(pair: Pair) -> None:
     ("Every evening Mia walks the dog", "Mia walks the dog every evening", True),
     ("The user has two daughters", "The user has 2 daughters", True),
     ("The dentist appointment is tomorrow", "the dentist appointment is tomorrow", True),
+    ("The Wi-Fi router is in the study", "The wifi router is in the study", True),  # a hyphen inside a word
+    ("The hamster gets water every day", "The hamster gets water daily", True),  # "every day" is "daily"
+    ("The bins go out every week", "The bins go out every day", False),
+    ("The garage door code is 7391", "The code for the garage door is 7391", True),  # a compound turned
+    ("Jack is Lucy's boss", "Jack is the boss of Lucy", True),  # a possessive turned around "of"
+    ("Ben prefers cats to dogs", "Ben prefers dogs to cats", False),  # "to" on both sides: roles swapped
+    ("The key to the shed is in the house", "The key to the house is in the shed", False),
+    ("The light is controlled by the plug", "The plug controls the light", True),  # the passive
+    ("Tom is helped by Anna", "Tom helps Anna", False),  # the passive's agent is the other person
+    ("The fan is switched on by the timer", "The timer switches on the fan", True),  # a phrasal verb
+    ("The alarm is tested by Dad every month", "Dad tests the alarm monthly", True),  # the agent ends at "every"
+    ("Reachy, remember that Ella likes jazz", "Ella likes jazz", True),  # the robot addressed
+    ("Robot vacuums are noisy", "Vacuums are noisy", False),  # "robot" without a comma is a word
 ])
 def test_rule_examples(a: str, b: str, same: bool) -> None:
     assert decide(b, a, 0.99).same is same
@@ -72,15 +85,15 @@ def test_relative_dating_is_seen() -> None:
 
 def test_held_out_precision_and_recall_with_the_real_model(embedder: object) -> None:
     """The cross rule of tools/eval_dedupe.py: the threshold chosen on one half, scored on
-    the other, both ways; no wrong merge, and recall near the floor measured (0.86 int8 on
+    the other, both ways; no wrong merge, and recall near the floor measured (0.90 int8 on
     this host: int8 vectors differ a little between CPUs, see test_retrieval_quality)."""
     sims = cosines(PAIRS, embedder.embed)  # type: ignore[attr-defined]
     (a, sa), (b, sb) = halves(PAIRS, sims)
     for (tune, ts), (held, hs) in (((a, sa), (b, sb)), ((b, sb), (a, sa))):
         got = score(held, hs, rule(choose(tune, ts)))
-        assert got.precision >= 0.99 and got.recall >= 0.83, got
+        assert got.precision >= 0.99 and got.recall >= 0.88, got
     shipped = score(PAIRS, sims, rule(dedupe.THRESHOLD))
-    assert shipped.wrong == 0 and shipped.recall >= 0.88, shipped
+    assert shipped.wrong == 0 and shipped.recall >= 0.9, shipped
 
 
 # -- the store: writes -------------------------------------------------------------------------------

@@ -8,12 +8,17 @@ Two memories are the same when:
    whitespace and punctuation aside, contractions expanded ("doesn't" / "does not"),
    numbers in words or digits ("two" / "2"), dates either way round ("on 14 October" /
    "October 14"), British or American spelling, "works as a" / "is a", "has a nut
-   allergy" / "is allergic to nut", and a leading filler dropped ("I know that ...",
-   "Remember that ...", "FYI: ...");
-2. or **they say it with the same content words in the same order** (up to a phrase
-   moved from one end to the other: "Every evening Mia walks the dog") and words that
+   allergy" / "is allergic to nut", "Wi-Fi" / "wifi", "every day" / "daily", and a
+   leading filler dropped ("I know that ...", "Remember that ...", "FYI: ...",
+   "Reachy, ...");
+2. or **they say it with the same content words in the same order** and words that
    carry no fact ("really", "usually", "kept", "the", "is") added or dropped, and the
-   cosine of their embeddings is at least :data:`THRESHOLD`.
+   cosine of their embeddings is at least :data:`THRESHOLD`.  "The same order" allows
+   three moves that keep who does what to whom: a phrase moved from one end to the other
+   ("Every evening Mia walks the dog", :func:`_rotation`), a compound turned around
+   "of", "for" or "to" ("the garage door code" / "the code for the garage door",
+   :func:`_turned`), and the passive ("the light is controlled by the plug" / "the plug
+   controls the light", :func:`_active`).
 
 Everything a contrast changes is a content word: a negation ("not", "never", "no
 longer"), a number or a time ("7 pm" / "8 pm", "Monday" / "Tuesday", "before" /
@@ -63,7 +68,7 @@ if TYPE_CHECKING:
     from reachy_memory.engine.ports import Engine
 
 #: Rule 2's cosine floor (fp32 or int8 vectors of the configured model); see the module doc.
-THRESHOLD = 0.92
+THRESHOLD = 0.88
 #: A fact dated relative to its telling is only restated within this many seconds.
 RELATIVE_SECONDS = 3600.0
 
@@ -81,7 +86,8 @@ _FILLER = re.compile(
     r"^\s*(?:(?:i\s+know|i\s+remember|remember|please\s+remember|note|please\s+note|do\s+not\s+forget|"
     r"keep\s+in\s+mind|bear\s+in\s+mind|i\s+want\s+you\s+to\s+know|i\s+told\s+you|you\s+should\s+know)"
     r"\s+that\b|just\s+so\s+you\s+know\b|fyi\b|for\s+your\s+information\b|by\s+the\s+way\b|btw\b|"
-    r"for\s+the\s+record\b|as\s+you\s+know\b|remember\s*:|note\s*:|reminder\s*:)[\s,:;.!-]*")
+    r"for\s+the\s+record\b|as\s+you\s+know\b|remember\s*:|note\s*:|reminder\s*:|"
+    r"(?:hey\s+|ok\s+)?(?:reachy|robot)\s*[,:!])[\s,:;.!-]*")  # the robot addressed: "Reachy, ..."
 _NUMBERS = {w: str(i) for i, w in enumerate(
     "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
     "seventeen eighteen nineteen twenty".split())} | {
@@ -107,6 +113,15 @@ _DAYS = "monday|tuesday|wednesday|thursday|friday|saturday|sunday"
 _DAY_MONTH = re.compile(rf"\b(\d{{1,2}})(?:st|nd|rd|th)?\s+(?:of\s+)?({_MONTHS})\b")  # "14 October": "October 14"
 _MONTH_OR_DAY = re.compile(rf"\b(?:{_MONTHS}|{_DAYS})")
 _ON_DATE = re.compile(rf"\bon\s+(?=(?:the\s+)?(?:\d{{1,2}}(?:st|nd|rd|th)?\b|(?:{_MONTHS}|{_DAYS})s?\b))")
+_HYPHEN = re.compile(r"(?<=[^\W\d_])-(?=[^\W\d_])")  # "Wi-Fi", "tool-box": one word
+_EVERY_ONE = {"day": "daily", "week": "weekly", "month": "monthly", "year": "yearly", "night": "nightly"}
+_EVERY = re.compile(r"\b(?:every|each)\s+(day|week|month|year|night)\b")  # "every day": "daily"
+_BE = frozenset({"is", "are", "am", "be", "being"})  # before a participle: the passive (:func:`_active`)
+_PARTICLES = frozenset({"on", "off", "up", "down", "out", "in", "over", "away"})  # of a phrasal verb
+# Content words (stemmed) that begin a phrase: where the agent of a passive ends ("by Dad | every month").
+_PHRASE = frozenset(_STEM.stemWord(w) for w in """in on at after before during from with near under behind until
+since around every each daily weekly monthly yearly nightly""".split())
+_JOINS = frozenset({"of", "for", "to"})  # what turns a compound around (:func:`_turned`)
 _NEGATION = frozenset({"not", "no", "never", "nobody", "nothing", "none", "neither", "nor", "without"})
 _RELATIVE = frozenset({"today", "tomorrow", "yesterday", "tonight", "ago", "recently", "lately", "soon"})
 _RELATIVE_PHRASE = re.compile(r"\b(?:this|next|last)\s+(?:morning|afternoon|evening|night|week|weekend|month|year|"
@@ -128,6 +143,7 @@ class Text:
     normalized: str
     content: tuple[str, ...]
     relative: bool  # dated relative to its telling ("tomorrow")
+    gaps: tuple[tuple[str, ...], ...] = ()  # the light words before each content word (:func:`_turned`)
 
 
 CACHED_CHARS = 1000  # texts up to this long are cached (a write reads its neighbours' texts again and again)
@@ -146,9 +162,43 @@ def _read_cached(text: str) -> Text:
 def _read(text: str) -> Text:
     words = _words(text)
     norm = " ".join(words)
-    content = tuple(_SYNONYMS.get(stem, stem) for stem in (_stem(w) for w in words if w not in _LIGHT))
+    content, gaps = _active(*_content(words))
     relative = any(w in _RELATIVE for w in words) or _RELATIVE_PHRASE.search(norm) is not None
-    return Text(norm, content, relative)
+    return Text(norm, content, relative, gaps)
+
+
+def _content(words: list[str]) -> tuple[tuple[str, ...], tuple[tuple[str, ...], ...]]:
+    """The content words of ``words`` (stemmed, one synonym each) and, for each, the light
+    words between it and the content word before it."""
+    content: list[str] = []
+    gaps: list[tuple[str, ...]] = []
+    gap: list[str] = []
+    for word in words:
+        if word in _LIGHT:
+            gap.append(word)
+            continue
+        stem = _stem(word)
+        content.append(_SYNONYMS.get(stem, stem))
+        gaps.append(tuple(gap))
+        gap = []
+    return tuple(content), tuple(gaps)
+
+
+def _active(content: tuple[str, ...],
+            gaps: tuple[tuple[str, ...], ...]) -> tuple[tuple[str, ...], tuple[tuple[str, ...], ...]]:
+    """A passive sentence turned active: "the light is controlled by the plug" reads as
+    "the plug controls the light" (P *is* V *by* Q R -> Q V P R, Q the words after "by" up
+    to the next light word).  The gaps of a sentence turned are not kept: it takes no
+    part in :func:`_turned`.  Anything else is returned as it is."""
+    if "by" not in content:
+        return content, gaps
+    by = content.index("by")
+    verb = by - 2 if by >= 3 and content[by - 1] in _PARTICLES else by - 1  # "switched on by"
+    if verb < 1 or by + 1 >= len(content) or not _BE.intersection(gaps[verb]):
+        return content, gaps
+    end = next((i for i in range(by + 2, len(content)) if gaps[i] or content[i] in _PHRASE), len(content))
+    turned = content[by + 1:end] + content[verb:by] + content[:verb] + content[end:]
+    return turned, (("by",),) * len(turned)
 
 
 def normalized(text: str) -> str:
@@ -177,7 +227,7 @@ def decide(new_text: str, old_text: str, similarity: float | None, threshold: fl
         return Decision(False, "numbers differ")
     if sorted(new.content) != sorted(old.content):
         return Decision(False, "words differ")
-    if not _rotation(new.content, old.content):
+    if not (_rotation(new.content, old.content) or _turned(new, old) or _turned(old, new)):
         return Decision(False, "word order differs")
     if similarity is None:
         return Decision(False, "no embedding to compare")
@@ -189,7 +239,7 @@ def decide(new_text: str, old_text: str, similarity: float | None, threshold: fl
 def _words(text: str) -> list[str]:
     """The words of ``text``: NFKC, case folded but for codes, contractions expanded,
     a leading filler dropped, number words as digits, one spelling."""
-    text = unicodedata.normalize("NFKC", text).translate(_QUOTES)
+    text = _HYPHEN.sub("", unicodedata.normalize("NFKC", text).translate(_QUOTES))
     if _CODE.search(text) is None:
         folded = text.casefold()
     else:
@@ -202,6 +252,8 @@ def _words(text: str) -> list[str]:
         folded = _WORKS_AS.sub(" is ", folded)
     if "allergy" in folded:
         folded = _ALLERGY.sub(r" is allergic to \1", folded)
+    if "every " in folded or "each " in folded:
+        folded = _EVERY.sub(lambda m: _EVERY_ONE[m.group(1)], folded)
     if _MONTH_OR_DAY.search(folded):
         folded = _DAY_MONTH.sub(r"\2 \1", _ON_DATE.sub("", folded))
     return [_NUMBERS.get(w) or _SPELLING.get(w) or w for w in _WORD.findall(folded)]
@@ -228,6 +280,26 @@ def _rotation(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
     if len(b) < 3:
         return a == b
     return any(a == b[i:] + b[:i] for i in range(len(b)))
+
+
+def _turned(a: Text, b: Text) -> bool:
+    """``b`` is ``a`` with one compound turned around "of", "for" or "to": "the garage door
+    code" / "the code for the garage door", "lactose intolerant" / "intolerant to lactose",
+    "Lucy's boss" / "the boss of Lucy".  In ``a`` the two parts are side by side (nothing or
+    a possessive between them); in ``b`` the preposition stands between them.  Parts that
+    swap across anything else stay another statement ("cats to dogs" / "dogs to cats",
+    "Sarah is Emma's mother" / "Emma is Sarah's mother")."""
+    x, y = a.content, b.content
+    if len(x) != len(y) or not a.gaps or not b.gaps or x == y:
+        return False
+    start = next(i for i in range(len(x)) if x[i] != y[i])
+    end = len(x) - next(i for i in range(len(x)) if x[-1 - i] != y[-1 - i])
+    for cut in range(start + 1, end):
+        moved = start + end - cut  # where ``a``'s first part begins in ``b``
+        if y[start:end] == x[cut:end] + x[start:cut] and set(a.gaps[cut]) <= {"s"} \
+                and _JOINS.intersection(b.gaps[moved]):
+            return True
+    return False
 
 
 def relative(text: str) -> bool:
