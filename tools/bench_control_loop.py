@@ -20,7 +20,8 @@ OK when the bridge's p99 is within 1 ms of the same load without memory calls an
 was missed. Also measured: the bridge calls' own time inside a tick (p99), how long a
 search takes to reach the loop (its future done, seen at the next tick), and the CPU the
 loop's process uses (every thread of it, not its children: the bridge's helper is one)
-per second of loop, which does not depend on what else runs on the machine.
+per second of loop, which does not depend on what else runs on the machine, and its
+garbage collections (how many were full, the longest of any generation).
 
 ``--bridge thread`` runs the bridge's worker on a thread of the control process (the old
 way) instead of its helper process. ``--daemon-cpu-max 'QUOTA PERIOD'`` (microseconds, as
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import math
 import multiprocessing
 import os
@@ -68,9 +70,37 @@ TICK = 0.02
 GAP_TARGET_MS = 1.0
 
 
+class GcPauses:
+    """The loop process's garbage collections while installed in ``gc.callbacks``: each
+    one's generation and duration (seconds). A full collection walks every object of the
+    process (ReachyMini's included), a pause the tick after it inherits."""
+
+    def __init__(self) -> None:
+        self.pauses: list[tuple[int, float]] = []
+        self._began = 0.0
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+        else:
+            self.pauses.append((info["generation"], time.perf_counter() - self._began))
+
+
 def loop(mini: Any, bridge: MemoryBridge | None, seconds: float) -> dict[str, list[float]]:
-    """Run the 50 Hz loop; each tick's start delay, the bridge calls' time in each tick and
-    each search's time to reach the loop (seconds)."""
+    """Run the 50 Hz loop; each tick's start delay, the bridge calls' time in each tick,
+    each search's time to reach the loop (seconds) and the loop process's collections."""
+    pauses = GcPauses()
+    gc.callbacks.append(pauses)
+    try:
+        run = _loop(mini, bridge, seconds)
+    finally:
+        gc.callbacks.remove(pauses)
+    run["gc_full"] = [d for gen, d in pauses.pauses if gen == 2]
+    run["gc_all"] = [d for _, d in pauses.pauses]
+    return run
+
+
+def _loop(mini: Any, bridge: MemoryBridge | None, seconds: float) -> dict[str, list[float]]:
     delays: list[float] = []
     calls: list[float] = []
     searches: list[float] = []
@@ -241,7 +271,8 @@ def cpu_limited(pid: int, quota: str | None) -> Iterator[str]:
 def stats(run: dict[str, list[float]]) -> dict[str, float]:
     d = percentiles(run["delays"])
     out = {"p50": d["p50"], "p99": d["p99"], "max": d["max"], "ticks": len(run["delays"]),
-           "missed": int(sum(x >= TICK for x in run["delays"])), "cpu_ms": 1000 * run["cpu"][0]}
+           "missed": int(sum(x >= TICK for x in run["delays"])), "cpu_ms": 1000 * run["cpu"][0],
+           "gc_full": len(run["gc_full"]), "gc_ms": 1000 * max(run["gc_all"], default=0.0)}
     if run["calls"]:
         out["calls_p99"] = percentiles(run["calls"])["p99"]
     if run["searches"]:
@@ -259,6 +290,8 @@ def report(r: int, load_name: str, plain: dict[str, float], bridge: dict[str, fl
     if "search_p50" in bridge:
         extra += f"  search reaches loop p50 {bridge['search_p50']:.0f} / p99 {bridge['search_p99']:.0f} ms"
     extra += f"  loop process CPU {plain['cpu_ms']:.0f} -> {bridge['cpu_ms']:.0f} ms/s"
+    extra += (f"  full gc {plain['gc_full']} / {bridge['gc_full']}, longest gc {plain['gc_ms']:.1f} / "
+              f"{bridge['gc_ms']:.1f} ms")
     print(f"run {r + 1} {load_name:<5} plain p99 {plain['p99']:5.2f} ms missed {plain['missed']:>2} | "
           f"bridge p99 {bridge['p99']:5.2f} ms missed {bridge['missed']:>2} | gap {gap:+.2f} ms "
           f"{'OK' if ok else 'OVER'}{extra}", flush=True)
