@@ -18,6 +18,14 @@ retries and the refreshes; the control process talks to it over two pipes:
   value is decoded when ``result()`` asks for it, a snapshot when ``latest()`` first
   returns it.  Nothing runs in the control process between those calls.
 
+Frames are msgpack (the format: "the pipe's format" below), never pickle: replies arrive as
+a thread-mode bridge's (Memory, SearchResult lists, the context, dicts), through the daemon
+protocol's codecs; a failed call's error as the same class of the error tree, with its
+message and fields (:func:`~reachy_memory.daemon.protocol.error_to_wire`; a foreign one as
+a ServiceError naming its type); an argument msgpack cannot carry is a ValidationError on
+the caller's thread. A frame, reply or snapshot from the helper that does not decode ends
+the bridge as a dead helper does (below); no msgpack error reaches the caller.
+
 Differences from thread mode, all documented on :class:`MemoryBridge`: a future's done
 callbacks run on the thread whose bridge call received the reply (often the control loop:
 keep them short); the helper's log records are logged again in this process, under the
