@@ -37,7 +37,13 @@ from reachy_memory import (
     ValidationError,
 )
 from reachy_memory.daemon import protocol as proto
-from reachy_memory.errors import RememberingPausedError, RemoteError, StorageFullError, TooLargeError
+from reachy_memory.errors import (
+    NotFoundError,
+    RememberingPausedError,
+    RemoteError,
+    StorageFullError,
+    TooLargeError,
+)
 from reachy_memory.integrations.reachy_mini import NOBODY, PERSON_KEY, MemoryBridge
 from reachy_memory.model import SearchResult, to_datetime
 from tests.daemon_util import DaemonProcess, ReplyLost, restartable_daemon, stop_as_systemd
@@ -1052,3 +1058,23 @@ def test_a_garbled_frame_ends_the_bridge_as_a_failed_helper_and_raises_nothing_f
         assert _timed(lambda: bridge.close(timeout=1.0)) < 2.0
     assert bridge._proc.poll() is not None  # type: ignore[attr-defined]  # ended and reaped
     assert not pwned.exists()
+
+
+def test_a_helper_error_msgpack_cannot_carry_still_answers_its_call_with_its_class() -> None:
+    # A message with a lone surrogate cannot be msgpack text: the call must still be answered
+    # (else its future would wait forever), with the class kept and the message escaped.
+    from reachy_memory.integrations.bridge_helper import _Helper
+    from reachy_memory.integrations.bridge_process import _Frames
+
+    read, write = os.pipe()
+    try:
+        helper = _Helper(-1, write)
+        helper._post_error(3, NotFoundError("no memory \ud800", memory_id="\ud800"))
+        helper._write()
+        [message] = _Frames().feed(os.read(read, 65536))
+    finally:
+        os.close(read)
+        os.close(write)
+    assert message[:3] == ["done", 3, False]
+    got = proto.error_from_wire(message[3])
+    assert type(got) is NotFoundError and got.message == "no memory \\ud800" and got.fields == {}

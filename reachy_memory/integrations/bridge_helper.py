@@ -24,7 +24,7 @@ from typing import Any
 
 from reachy_memory.config import from_dict
 from reachy_memory.daemon.protocol import error_to_wire
-from reachy_memory.errors import ProtocolError, ReachyMemoryError, TooLargeError
+from reachy_memory.errors import ReachyMemoryError, TooLargeError
 from reachy_memory.integrations.bridge_process import (
     _CALLS,
     _MAX_FRAME,
@@ -105,7 +105,7 @@ class _Helper:
                 for message in frames.feed(data):
                     if self._apply(message):
                         return
-        except ProtocolError:  # a garbled pipe: nothing more can be read from it; end as at the app's end
+        except Exception:  # a garbled pipe (ProtocolError, a message of the wrong shape): end as at the app's end
             log.exception("memory bridge helper: the control process's pipe is garbled")
             self._bridge.close(CLOSE_ON_EXIT)
         finally:
@@ -149,8 +149,14 @@ class _Helper:
         self.post(["done", seq, True, payload])
 
     def _post_error(self, seq: int, exc: BaseException) -> None:
-        """Answer call ``seq`` with ``exc`` (its error map: the same class arrives)."""
-        self.post(["done", seq, False, error_to_wire(exc)])
+        """Answer call ``seq`` with ``exc`` (its error map: the same class arrives; a message
+        msgpack cannot carry, a lone surrogate, goes escaped and without the fields)."""
+        body = error_to_wire(exc)
+        try:
+            self.post(["done", seq, False, body])
+        except (TypeError, ValueError, OverflowError):
+            body |= {"message": body["message"].encode("utf-8", "backslashreplace").decode(), "fields": {}}
+            self.post(["done", seq, False, body])
 
     def _report_until_finished(self) -> None:
         """Send snapshots and counters when they change, replies and logs as they come; then
