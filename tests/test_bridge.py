@@ -11,7 +11,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import pickle
 import signal
+import struct
 import subprocess
 import sys
 import threading
@@ -21,6 +23,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import pytest
 
 from reachy_memory import (
@@ -34,6 +37,13 @@ from reachy_memory import (
     ValidationError,
 )
 from reachy_memory.daemon import protocol as proto
+from reachy_memory.errors import (
+    NotFoundError,
+    RememberingPausedError,
+    RemoteError,
+    StorageFullError,
+    TooLargeError,
+)
 from reachy_memory.integrations.reachy_mini import NOBODY, PERSON_KEY, MemoryBridge
 from reachy_memory.model import SearchResult, to_datetime
 from tests.daemon_util import DaemonProcess, ReplyLost, restartable_daemon, stop_as_systemd
@@ -898,3 +908,173 @@ def test_the_helper_bridge_forwards_every_call_of_the_bridge() -> None:
     public = {name for name in vars(MemoryBridge) if not name.startswith("_")}
     assert public <= set(vars(HelperBridge))
     assert public - {"start", "close", "stop", "latest", "pending"} <= _CALLS
+
+
+# -- the helper's pipe: msgpack, errors by class, garbled frames ---------------------------------
+
+
+@pytest.mark.parametrize(("sent", "arrives", "fields"), [
+    # one of ours with structured fields: the same class, the same fields
+    (TooLargeError("content too long", field="content", size=9, limit=5), TooLargeError,
+     {"field": "content", "size": 9, "limit": 5}),
+    # a subclass two levels down, with a float field (a pause's end)
+    (RememberingPausedError("paused", paused_until=1234.5), RememberingPausedError, {"paused_until": 1234.5}),
+    # a storage error: a Path field arrives as its text (fields on the wire are scalars)
+    (StorageFullError("disk full", path=Path("/data/x")), StorageFullError, {"path": "/data/x"}),
+    # the base class itself, no fields
+    (ReachyMemoryError("odd"), ReachyMemoryError, {}),
+    # the bridge's own ClosedError: no remote_code, so not "not now" (proto.retryable stays False)
+    (ClosedError("client closed"), ClosedError, {}),
+    # a foreign exception: a ServiceError (RemoteError) whose message names the type
+    (ValueError("bad value"), RemoteError, {}),
+])
+def test_an_error_crosses_the_pipe_as_the_same_class_with_its_fields(
+        sent: BaseException, arrives: type[ReachyMemoryError], fields: dict[str, Any]) -> None:
+    body = msgpack.unpackb(msgpack.packb(proto.error_to_wire(sent)))  # as the pipe carries it
+    got = proto.error_from_wire(body)
+    assert type(got) is arrives and got.fields == fields
+    assert {name: getattr(got, name) for name in fields} == fields
+    assert got.message == (str(sent) if isinstance(sent, ReachyMemoryError) else "ValueError: bad value")
+    assert not hasattr(got, "remote_code") and proto.retryable(got) == proto.retryable(sent)
+
+
+def test_a_daemon_error_keeps_its_remote_code_across_the_pipe_so_it_stays_retryable() -> None:
+    # A ClosedError the daemon sent (it is stopping) is "not now"; one of this process is not.
+    reply = proto.decode(proto.error_from("r1", ClosedError("store closing")))
+    with pytest.raises(ClosedError) as raised:
+        proto.raise_for(reply)
+    assert proto.retryable(raised.value)
+    again = proto.error_from_wire(msgpack.unpackb(msgpack.packb(proto.error_to_wire(raised.value))))
+    assert type(again) is ClosedError and again.remote_code == "unavailable"  # type: ignore[attr-defined]
+    assert proto.retryable(again)
+
+
+def test_replies_and_errors_from_a_real_helper_arrive_as_the_thread_modes_types(daemon: DaemonProcess) -> None:
+    with MemoryBridge(daemon.endpoint, config=daemon.config, refresh_interval=0.05) as bridge:
+        _helper_pid(bridge)
+        memory = bridge.remember("Pia paints birds", MemoryType.FACT, {"person": "Pia", "tags": ["art"]}).result(30)
+        assert isinstance(memory, Memory) and memory.metadata == {"person": "Pia", "tags": ["art"]}
+        status = bridge.pause_remembering(1).result(timeout=30)
+        assert isinstance(status, dict) and status["paused"] is True
+        with pytest.raises(RememberingPausedError) as paused:  # the daemon's error, through the helper
+            bridge.remember("Pia's secret").result(timeout=30)
+        assert isinstance(paused.value.paused_until, float)  # type: ignore[attr-defined]
+        assert bridge.resume_remembering().result(timeout=30)["paused"] is False
+        with pytest.raises(ValidationError) as unsendable:  # refused here, as the client refuses it
+            bridge.search("x", where={"when": object()}).result(timeout=0)
+        assert unsendable.value.field == "args"  # type: ignore[attr-defined]
+        with pytest.raises(ValidationError):
+            bridge.record_turn("user", object())  # type: ignore[arg-type]
+        assert bridge.record_turn("user", "Pia is here")
+        wait_for(lambda: any(m["content"] == "Pia is here" for m in bridge.latest().window))
+        assert isinstance(bridge.latest().window, tuple) and isinstance(bridge.latest().window[-1], dict)
+    stats = bridge.stats
+    assert (stats.enqueued, stats.done, stats.errors, bridge.pending) == (5, 4, 1, 0)
+    assert stats.last_error is not None and "not stored" in stats.last_error
+
+
+_FAKE_HELPER = """
+import os, struct, sys
+calls, out, junk, then = int(sys.argv[1]), int(sys.argv[2]), bytes.fromhex(sys.argv[3]), sys.argv[4]
+got = b""
+def frames(data):
+    n = 0
+    while len(data) >= 4 and len(data) >= 4 + struct.unpack(">I", data[:4])[0]:
+        data, n = data[4 + struct.unpack(">I", data[:4])[0]:], n + 1
+    return n
+while frames(got) < 2:  # the init, then the test's search
+    got += os.read(calls, 65536)
+os.write(out, junk)
+if then == "exit":
+    sys.exit(0)
+while os.read(calls, 65536):  # until the bridge ends it
+    pass
+"""
+
+
+def _frame_of(body: bytes) -> bytes:
+    return struct.pack(">I", len(body)) + body
+
+
+class _Boom:
+    """Unpickled, it would make a directory: what a hostile pickle stream can do."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.mkdir, (str(self.path),))
+
+
+@pytest.mark.parametrize(("junk", "then", "says"), [
+    # bytes msgpack never uses (0xc1): an undecodable frame
+    (_frame_of(b"\xc1\xc1\xc1"), "stay", "undecodable"),
+    # a length no frame has: a garbled stream, refused before it is buffered
+    (b"\xff\xff\xff\xff" + b"x" * 100, "stay", "undecodable"),
+    # valid msgpack that is not a named message
+    (_frame_of(msgpack.packb({"a": 1})), "stay", "undecodable"),
+    # a reply of the wrong shape (the payload of a success is bytes)
+    (_frame_of(msgpack.packb(["done", 1, True, "text"])), "stay", "undecodable"),
+    # a log record whose level is not a number (logging would raise TypeError in the loop)
+    (_frame_of(msgpack.packb(["log", "reachy_memory", "high", "x"])), "stay", "undecodable"),
+    # a well-framed reply whose value does not decode: found at result(), lazily
+    (_frame_of(msgpack.packb(["done", 1, True, b"\xc1"])), "stay", "undecodable"),
+    # a well-framed snapshot that does not decode: found when latest() first returns it
+    (_frame_of(msgpack.packb(["snap", msgpack.packb(["not", "a", "snapshot"])])), "stay", "undecodable"),
+    # a frame cut short, then the helper ends: a helper that died
+    (_frame_of(msgpack.packb(["stats", {}]))[:6], "exit", "helper process ended"),
+    # a pickle stream that would run os.mkdir: not decoded, let alone run
+    ("pickle", "stay", "undecodable"),
+])
+def test_a_garbled_frame_ends_the_bridge_as_a_failed_helper_and_raises_nothing_foreign(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, junk: bytes | str, then: str, says: str) -> None:
+    from reachy_memory.integrations import bridge_process
+
+    pwned = tmp_path / "pwned"
+    data = _frame_of(pickle.dumps(_Boom(pwned))) if junk == "pickle" else junk
+    assert isinstance(data, bytes)
+    real = subprocess.Popen
+
+    def fake(args: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+        return real([sys.executable, "-c", _FAKE_HELPER, args[-2], args[-1], data.hex(), then], **kwargs)
+
+    monkeypatch.setattr(bridge_process.subprocess, "Popen", fake)
+    bridge = MemoryBridge("ipc:///nowhere", refresh_interval=3600).start()
+    try:
+        found = bridge.search("anything")
+        deadline = time.monotonic() + 10
+        while not found.done():  # the loop's calls: none of them may raise
+            assert time.monotonic() < deadline, "the bridge did not end"
+            bridge.latest()
+            assert bridge.pending >= 0 and bridge.stats.enqueued == 1
+            time.sleep(0.01)
+        with pytest.raises(ClosedError):
+            found.result(timeout=0)
+        assert says in (bridge.latest().error or "")
+        assert bridge.stats.discarded_at_failure == 1 and bridge.record_turn("user", "too late") is False
+        with pytest.raises(BusyError):
+            bridge.search("later").result(timeout=0)
+    finally:
+        assert _timed(lambda: bridge.close(timeout=1.0)) < 2.0
+    assert bridge._proc.poll() is not None  # type: ignore[attr-defined]  # ended and reaped
+    assert not pwned.exists()
+
+
+def test_a_helper_error_msgpack_cannot_carry_still_answers_its_call_with_its_class() -> None:
+    # A message with a lone surrogate cannot be msgpack text: the call must still be answered
+    # (else its future would wait forever), with the class kept and the message escaped.
+    from reachy_memory.integrations.bridge_helper import _Helper
+    from reachy_memory.integrations.bridge_process import _Frames
+
+    read, write = os.pipe()
+    try:
+        helper = _Helper(-1, write)
+        helper._post_error(3, NotFoundError("no memory \ud800", memory_id="\ud800"))
+        helper._write()
+        [message] = _Frames().feed(os.read(read, 65536))
+    finally:
+        os.close(read)
+        os.close(write)
+    assert message[:3] == ["done", 3, False]
+    got = proto.error_from_wire(message[3])
+    assert type(got) is NotFoundError and got.message == "no memory \\ud800" and got.fields == {}

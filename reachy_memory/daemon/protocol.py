@@ -18,7 +18,9 @@ Reply::
                                                   "type": <error class name, e.g. "StorageFullError">}}
 
 Clients re-raise the class named by ``type`` (with its fields) and fall back
-to the class of ``code`` for a name they do not know.
+to the class of ``code`` for a name they do not know (:func:`error_to_wire` and
+:func:`error_from_wire`, also the Reachy Mini bridge's helper pipe; an error that
+passed through a client already may carry its ``remote_code``).
 
 Error codes: ``bad_request`` (malformed message, unknown op, bad arguments),
 ``too_large`` (message or value over a limit), ``not_found``, ``busy`` (queues
@@ -173,24 +175,41 @@ def error(request_id: Any, code: str, message: str, fields: dict[str, Any] | Non
 
 def error_from(request_id: Any, exc: ReachyMemoryError) -> bytes:
     """Encode our exception as an error reply."""
-    return error(request_id, exc.code, exc.message, exc.fields, type(exc).__name__)
+    return encode({"v": VERSION, "id": request_id, "ok": False, "error": error_to_wire(exc)})
 
 
 def _plain(fields: dict[str, Any]) -> dict[str, Any]:
     return {k: v if isinstance(v, str | int | float | bool | type(None)) else str(v) for k, v in fields.items()}
 
 
-def raise_for(reply: dict[str, Any]) -> Any:
-    """The result of a reply, or the matching ReachyMemoryError raised.
+def error_to_wire(exc: BaseException) -> dict[str, Any]:
+    """The error map of ``exc`` (a reply's ``error``; also what the Reachy Mini bridge's
+    helper process sends for a failed call): one of ours by class name (``type``), ``code``,
+    message and fields (a field that is not a scalar as its text); any other exception as
+    ``internal`` with "TypeName: message". A daemon's error re-raised by a client (its
+    ``remote_code``, :func:`raise_for`) keeps it as ``remote_code``. Never raises."""
+    if isinstance(exc, ReachyMemoryError):
+        body: dict[str, Any] = {"code": exc.code if exc.code in CODES else "internal", "message": str(exc.message),
+                                "fields": _plain(exc.fields), "type": type(exc).__name__}
+    else:
+        body = {"code": "internal", "message": f"{type(exc).__name__}: {exc}", "fields": {}}
+    remote = getattr(exc, "remote_code", None)
+    if isinstance(remote, str):
+        body["remote_code"] = remote
+    return body
 
-    A malformed error body (not a map, a code that is not a string, a field named
-    like an attribute of the exception, such as ``message`` or ``args``) still
-    raises a ReachyMemoryError: the odd parts are left out, never a TypeError.
+
+def error_from_wire(body: Any, *, remote: bool = False) -> ReachyMemoryError:
+    """The exception of an error map (:func:`error_to_wire`): the class named by ``type``
+    (any depth of the tree), else the class of ``code``, with the message and fields.
+    ``remote`` (a daemon's reply): its ``remote_code`` is the map's code; otherwise it has
+    one only when the map carries ``remote_code``.
+
+    A malformed map (not a map, a code that is not a string, a field named like an
+    attribute of the exception, such as ``message`` or ``args``) still gives a
+    ReachyMemoryError: the odd parts are left out, never a TypeError.
     """
-    if reply.get("ok"):
-        return reply.get("result")
-    raw_err = reply.get("error")
-    err: dict[Any, Any] = raw_err if isinstance(raw_err, dict) else {}
+    err: dict[Any, Any] = body if isinstance(body, dict) else {}
     raw_code = err.get("code", "internal")
     code = raw_code if isinstance(raw_code, str) else "internal"
     cls = error_class(err.get("type")) or ERROR_BY_CODE.get(code, RemoteError)
@@ -198,8 +217,18 @@ def raise_for(reply: dict[str, Any]) -> Any:
     fields: dict[Any, Any] = raw if isinstance(raw, dict) else {}
     kept = {k: v for k, v in fields.items() if isinstance(k, str) and k != "message" and not hasattr(cls, k)}
     exc = cls(str(err.get("message", "unknown error")), **kept)
-    exc.remote_code = code  # type: ignore[attr-defined]
-    raise exc
+    mark = code if remote else err.get("remote_code")
+    if isinstance(mark, str):
+        exc.remote_code = mark  # type: ignore[attr-defined]
+    return exc
+
+
+def raise_for(reply: dict[str, Any]) -> Any:
+    """The result of a reply, or the matching ReachyMemoryError raised
+    (:func:`error_from_wire`, marked with the daemon's ``remote_code``)."""
+    if reply.get("ok"):
+        return reply.get("result")
+    raise error_from_wire(reply.get("error"), remote=True)
 
 
 _PEOPLE_FIELDS = {"subjects": (), "owner": None, "shared": False, "name": None, "aliases": (),

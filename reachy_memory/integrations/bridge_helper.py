@@ -2,7 +2,7 @@
 (``python -m reachy_memory.integrations.bridge_helper FROM_FD TO_FD``): a thread-mode
 :class:`~reachy_memory.integrations.reachy_mini.MemoryBridge` fed with the control
 process's calls from one pipe, its replies, snapshots, counters and log records written
-back on the other (the framing: :mod:`.bridge_process`). It gives way to the control
+back on the other (the framing, msgpack: :mod:`.bridge_process`). It gives way to the control
 loop (SCHED_BATCH, a higher nice), ignores SIGINT, and ends after the control process's
 close(), or by itself when that process is gone (its pipe closes), having given the queued
 writes ``CLOSE_ON_EXIT`` seconds.
@@ -15,7 +15,6 @@ import dataclasses
 import functools
 import logging
 import os
-import pickle
 import signal
 import sys
 import threading
@@ -23,8 +22,20 @@ import time
 from concurrent.futures import Future
 from typing import Any
 
-from reachy_memory.errors import ReachyMemoryError
-from reachy_memory.integrations.bridge_process import _CALLS, _READ_CHUNK, CLOSE_ON_EXIT, HELPER_NICE, _frame, _Frames
+from reachy_memory.config import from_dict
+from reachy_memory.daemon.protocol import error_to_wire
+from reachy_memory.errors import ReachyMemoryError, TooLargeError
+from reachy_memory.integrations.bridge_process import (
+    _CALLS,
+    _MAX_FRAME,
+    _READ_CHUNK,
+    CLOSE_ON_EXIT,
+    HELPER_NICE,
+    _encode_reply,
+    _encode_snapshot,
+    _frame,
+    _Frames,
+)
 from reachy_memory.integrations.reachy_mini import MemoryBridge, MemorySnapshot, log
 
 
@@ -38,7 +49,7 @@ class _Forward(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         with contextlib.suppress(Exception):
-            self._helper.post(("log", record.name, record.levelno, self.format(record)))
+            self._helper.post(["log", record.name, record.levelno, self.format(record)])
 
 
 class _Helper:
@@ -68,6 +79,8 @@ class _Helper:
             first = frames.feed(data)
         kind, settings = first[0]
         assert kind == "init", kind
+        if settings["config"] is not None:
+            settings["config"] = from_dict(settings["config"])
         self._bridge = MemoryBridge(helper=False, **settings).start()
         reader = threading.Thread(target=self._read_calls, args=(frames, first[1:]), name="bridge-calls",
                                   daemon=True)
@@ -92,11 +105,14 @@ class _Helper:
                 for message in frames.feed(data):
                     if self._apply(message):
                         return
+        except Exception:  # a garbled pipe (ProtocolError, a message of the wrong shape): end as at the app's end
+            log.exception("memory bridge helper: the control process's pipe is garbled")
+            self._bridge.close(CLOSE_ON_EXIT)
         finally:
             self._finished.set()
             self._wake.set()
 
-    def _apply(self, message: tuple[Any, ...]) -> bool:
+    def _apply(self, message: list[Any]) -> bool:
         """Run one message; True once close() ran (nothing follows it)."""
         assert self._bridge is not None
         if message[0] == "close":
@@ -110,22 +126,37 @@ class _Helper:
         except Exception as exc:  # checked on the caller's side already: say it, do not die
             log.exception("memory bridge helper: %s failed", name)
             if answered:
-                self._answer(seq, False, exc)
+                self._post_error(seq, exc)
             return False
         if answered and isinstance(result, Future):
-            result.add_done_callback(functools.partial(self._settle, seq))
+            result.add_done_callback(functools.partial(self._settle, seq, name))
         return False
 
-    def _settle(self, seq: int, future: Future[Any]) -> None:
+    def _settle(self, seq: int, name: str, future: Future[Any]) -> None:
         exc = future.exception()
-        self._answer(seq, exc is None, future.result() if exc is None else exc)
-
-    def _answer(self, seq: int, ok: bool, value: Any) -> None:
+        if exc is not None:
+            self._post_error(seq, exc)
+            return
         try:
-            payload = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception as exc:  # a value that does not pickle: the caller gets why
-            ok, payload = False, pickle.dumps(ReachyMemoryError(f"memory bridge reply could not be sent: {exc}"))
-        self.post(("done", seq, ok, payload))
+            payload = _encode_reply(name, future.result())
+        except Exception as exc:  # a value msgpack cannot carry: the caller gets why
+            self._post_error(seq, ReachyMemoryError(f"memory bridge reply could not be sent: {exc}"))
+            return
+        if len(payload) > _MAX_FRAME - 64:
+            self._post_error(seq, TooLargeError(f"memory bridge reply of {len(payload)} bytes could not be sent",
+                                                field="reply", size=len(payload), limit=_MAX_FRAME - 64))
+            return
+        self.post(["done", seq, True, payload])
+
+    def _post_error(self, seq: int, exc: BaseException) -> None:
+        """Answer call ``seq`` with ``exc`` (its error map: the same class arrives; a message
+        msgpack cannot carry, a lone surrogate, goes escaped and without the fields)."""
+        body = error_to_wire(exc)
+        try:
+            self.post(["done", seq, False, body])
+        except (TypeError, ValueError, OverflowError):
+            body |= {"message": body["message"].encode("utf-8", "backslashreplace").decode(), "fields": {}}
+            self.post(["done", seq, False, body])
 
     def _report_until_finished(self) -> None:
         """Send snapshots and counters when they change, replies and logs as they come; then
@@ -138,18 +169,28 @@ class _Helper:
             finished = self._finished.is_set()
             if bridge.latest() is not snapshot:
                 snapshot = bridge.latest()
-                self.post(("snap", pickle.dumps(snapshot, protocol=pickle.HIGHEST_PROTOCOL)))
+                self.post(["snap", self._snapshot_bytes(snapshot)])
             now = dataclasses.asdict(bridge.stats)
             if now != counters:
                 counters = now
-                self.post(("stats" if not finished else "closed", now))
+                self.post(["stats" if not finished else "closed", now])
             elif finished:
-                self.post(("closed", now))
+                self.post(["closed", now])
             self._write()
             if finished:
                 return
             self._wake.wait(0.01)
             self._wake.clear()
+
+    @staticmethod
+    def _snapshot_bytes(snapshot: MemorySnapshot) -> bytes:
+        """The snapshot's bytes; one msgpack cannot carry (a window entry the daemon never
+        sends) goes as its fetch time with the error: the loop sees why."""
+        try:
+            return _encode_snapshot(snapshot)
+        except Exception as exc:
+            return _encode_snapshot(MemorySnapshot(fetched_at=snapshot.fetched_at,
+                                                   error=f"memory bridge snapshot could not be sent: {exc}"))
 
     def _write(self) -> None:
         with self._lock:

@@ -18,6 +18,14 @@ retries and the refreshes; the control process talks to it over two pipes:
   value is decoded when ``result()`` asks for it, a snapshot when ``latest()`` first
   returns it.  Nothing runs in the control process between those calls.
 
+Frames are msgpack (the format: "the pipe's format" below), never pickle: replies arrive as
+a thread-mode bridge's (Memory, SearchResult lists, the context, dicts), through the daemon
+protocol's codecs; a failed call's error as the same class of the error tree, with its
+message and fields (:func:`~reachy_memory.daemon.protocol.error_to_wire`; a foreign one as
+a ServiceError naming its type); an argument msgpack cannot carry is a ValidationError on
+the caller's thread. A frame, reply or snapshot from the helper that does not decode ends
+the bridge as a dead helper does (below); no msgpack error reaches the caller.
+
 Differences from thread mode, all documented on :class:`MemoryBridge`: a future's done
 callbacks run on the thread whose bridge call received the reply (often the control loop:
 keep them short); the helper's log records are logged again in this process, under the
@@ -33,10 +41,10 @@ gives the queued writes ``CLOSE_ON_EXIT`` seconds to reach the daemon.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import logging
 import os
-import pickle
 import select
 import struct
 import subprocess
@@ -47,8 +55,12 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+import msgpack
+
+from reachy_memory.config import Config, to_dict
+from reachy_memory.daemon import protocol as proto
 from reachy_memory.engine.ingest import check_seconds
-from reachy_memory.errors import BusyError, ClosedError, ServiceError, ValidationError
+from reachy_memory.errors import BusyError, ClosedError, ProtocolError, ServiceError, ValidationError
 from reachy_memory.integrations.reachy_mini import (
     BridgeStats,
     MemoryBridge,
@@ -74,32 +86,102 @@ CLOSE_ON_EXIT = 5.0
 _CALLS = frozenset({"record_turn", "set_current_person", "remember", "search", "context_for", "pause_remembering",
                     "resume_remembering"})
 _FINISHED = ("done", "errors", "discarded_at_close", "discarded_at_failure")  # every job ends in one (or dropped)
+_STATS = frozenset(f.name for f in dataclasses.fields(BridgeStats))
 
 
-def _frame(message: Any) -> bytes:
-    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+# -- the pipe's format ------------------------------------------------------------------------
+# Every message is one frame: a 4-byte big-endian length, then one msgpack array whose first
+# item names it (msgpack, not pickle: unpickling runs code named by the bytes; a garbled or
+# hostile frame must end the bridge, not run anything). The control process sends
+# ["init", settings], ["call", seq, name, args, kwargs, answered], ["close", deadline]; the
+# helper ["done", seq, true, reply bytes] or ["done", seq, false, error map], ["snap", bytes],
+# ["stats", counters], ["log", logger, level, text], ["closed", counters]. A reply's value and a
+# snapshot travel as msgpack bytes within the frame: decoded only when asked for (module
+# docstring); errors as :func:`~reachy_memory.daemon.protocol.error_to_wire` maps.
+
+_MAX_FRAME = 1 << 26  # bytes: a longer length is a garbled stream (a reply that big is refused when sent)
+
+
+def _pack(value: Any) -> bytes:
+    """msgpack bytes of ``value`` (bin type for bytes); TypeError, ValueError or
+    OverflowError for what msgpack cannot carry."""
+    return msgpack.packb(value, use_bin_type=True)
+
+
+def _unpack(data: bytes | bytearray) -> Any:
+    return msgpack.unpackb(data, raw=False, strict_map_key=False)
+
+
+def _frame(message: list[Any]) -> bytes:
+    data = _pack(message)
     return _HEADER.pack(len(data)) + data
 
 
 class _Frames:
-    """Splits a byte stream into frames (4-byte length, pickled message)."""
+    """Splits a byte stream into frames (4-byte length, one msgpack array)."""
 
     def __init__(self) -> None:
         self._buffer = bytearray()
 
-    def feed(self, data: bytes) -> list[Any]:
+    def feed(self, data: bytes) -> list[list[Any]]:
+        """The messages completed by ``data``; ProtocolError for a frame that is not one
+        (a length past ``_MAX_FRAME``, undecodable bytes, not a named array): the stream
+        cannot be trusted past it."""
         self._buffer += data
-        out: list[Any] = []
+        out: list[list[Any]] = []
         start = 0
         while len(self._buffer) - start >= _HEADER.size:
             (size,) = _HEADER.unpack_from(self._buffer, start)
+            if size > _MAX_FRAME:
+                raise ProtocolError(f"memory bridge pipe: a frame of {size} bytes (garbled stream)")
             end = start + _HEADER.size + size
             if len(self._buffer) < end:
                 break
-            out.append(pickle.loads(self._buffer[start + _HEADER.size:end]))
+            try:
+                message = _unpack(self._buffer[start + _HEADER.size:end])
+            except Exception as exc:  # msgpack raises many types for bad input
+                raise ProtocolError(f"memory bridge pipe: undecodable frame ({exc.__class__.__name__})") from exc
+            if not isinstance(message, list) or not message or not isinstance(message[0], str):
+                raise ProtocolError("memory bridge pipe: a frame that is not a named message")
+            out.append(message)
             start = end
         del self._buffer[:start]
         return out
+
+
+def _plain_type(memory_type: MemoryType | str | None) -> str | None:
+    return memory_type.value if isinstance(memory_type, MemoryType) else memory_type
+
+
+#: What each answered call's reply is on the pipe: (to msgpack-able, from it), the daemon
+#: protocol's own codecs: a reply arrives as the same types as from a thread-mode bridge.
+_REPLIES: dict[str, tuple[Callable[[Any], Any], Callable[[Any], Any]]] = {
+    "remember": (proto.memory_to_wire, proto.memory_from_wire),
+    "search": (proto.results_to_wire, proto.results_from_wire),
+    "context_for": (proto.context_to_wire, proto.context_from_wire),
+    "pause_remembering": (dict, dict),
+    "resume_remembering": (dict, dict),
+}
+
+
+def _encode_reply(name: str, value: Any) -> bytes:
+    """The reply bytes of call ``name``'s ``value`` (raises what the encoders raise)."""
+    return _pack(_REPLIES[name][0](value))
+
+
+def _encode_snapshot(snapshot: MemorySnapshot) -> bytes:
+    return _pack([list(snapshot.window), snapshot.person, list(snapshot.person_facts), snapshot.fetched_at,
+                  snapshot.error])
+
+
+def _decode_snapshot(data: bytes) -> MemorySnapshot:
+    """The MemorySnapshot of :func:`_encode_snapshot`'s bytes; ProtocolError if they are not one."""
+    window, person, facts, fetched_at, error = _unpack(data)
+    if not (isinstance(window, list) and all(isinstance(w, dict) for w in window) and isinstance(facts, list)
+            and all(isinstance(f, str) for f in facts) and isinstance(person, str | None)
+            and isinstance(fetched_at, float | int) and isinstance(error, str | None)):
+        raise ProtocolError("memory bridge pipe: a snapshot of the wrong shape")
+    return MemorySnapshot(tuple(window), person, tuple(facts), float(fetched_at), error)
 
 
 def _grow_pipe(fd: int) -> None:
@@ -110,7 +192,7 @@ def _grow_pipe(fd: int) -> None:
 
 
 class _Encoded:
-    """A reply's value, still pickled: decoded by the first ``result()`` that asks for it."""
+    """A reply's value, still msgpack bytes: decoded by the first ``result()`` that asks for it."""
 
     __slots__ = ("data",)
 
@@ -121,11 +203,14 @@ class _Encoded:
 class _HelperFuture(Future):  # type: ignore[type-arg]
     """A future answered by the helper: ``done()``, ``result()`` and ``exception()`` read
     the replies that arrived first (non-blocking for ``done()``; ``result(timeout)`` waits
-    for the pipe, not on a lock); the value is decoded on the first ``result()``."""
+    for the pipe, not on a lock); the value is decoded on the first ``result()``. A reply
+    that does not decode ends the bridge as a failed helper does; that ``result()`` raises
+    ClosedError (``exception()`` before it: None, the value not being decoded yet)."""
 
-    def __init__(self, bridge: HelperBridge) -> None:
+    def __init__(self, bridge: HelperBridge, name: str) -> None:
         super().__init__()
         self._bridge = bridge
+        self._name = name
 
     def done(self) -> bool:
         if not super().done():
@@ -143,13 +228,26 @@ class _HelperFuture(Future):  # type: ignore[type-arg]
     def result(self, timeout: float | None = None) -> Any:
         self._wait(timeout)
         value = super().result(timeout=0)  # not done by now: TimeoutError
-        if isinstance(value, _Encoded):
-            with self._condition:  # type: ignore[attr-defined]
-                current: Any = self._result  # type: ignore[attr-defined]
-                if isinstance(current, _Encoded):  # the first result(): decode it, once
-                    current = self._result = pickle.loads(current.data)
-                value = current
-        return value
+        return self._decoded() if isinstance(value, _Encoded) else value
+
+    def _decoded(self) -> Any:
+        """Decode the reply, once (the first result()); a reply that does not decode fails
+        this future with ClosedError and ends the bridge (never a msgpack error here)."""
+        failed: Exception | None = None
+        with self._condition:  # type: ignore[attr-defined]
+            current: Any = self._result  # type: ignore[attr-defined]
+            if isinstance(current, _Encoded):
+                try:
+                    current = self._result = _REPLIES[self._name][1](_unpack(current.data))
+                except Exception as exc:  # msgpack or the shape: the helper is not to be trusted
+                    failed, current = exc, None
+                    self._result = None
+                    self._exception = ClosedError(f"memory bridge helper sent an undecodable {self._name} reply")
+        if failed is not None:
+            self._bridge._fail(f"an undecodable {self._name} reply ({failed.__class__.__name__}: {failed})")
+        if self._exception is not None:  # type: ignore[attr-defined]
+            raise self._exception  # type: ignore[attr-defined]
+        return current
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         self._wait(timeout)
@@ -164,14 +262,18 @@ class HelperBridge(MemoryBridge):
                  refresh_interval: float = 0.5, timeout: float = 2.0, person_facts: int = 5,
                  turn_retry_for: float = 60.0, client_factory: Callable[[], Any] | None = None,
                  helper: bool | None = None) -> None:
-        """Raises ValidationError as MemoryBridge does; no process is started before start()."""
+        """Raises ValidationError as MemoryBridge does, and for a ``config`` that is not a
+        Config (it crosses to the helper as its plain dict); no process is started before start()."""
         if client_factory is not None:
             raise ValidationError("a client_factory makes its clients in this process: use helper=False")
+        if config is not None and not isinstance(config, Config):
+            raise ValidationError(f"config must be a Config, not {type(config).__name__}", field="config")
         super().__init__(endpoint, config=config, queue_size=queue_size, refresh_interval=refresh_interval,
                          timeout=timeout, person_facts=person_facts, turn_retry_for=turn_retry_for,
                          helper=False)
         # The helper's own queue takes a few more than ours: it never drops what we let through.
-        self._settings = {"endpoint": endpoint, "config": config, "queue_size": queue_size + 8,
+        self._settings = {"endpoint": endpoint, "config": None if config is None else to_dict(config),
+                          "queue_size": queue_size + 8,
                           "refresh_interval": refresh_interval, "timeout": timeout, "person_facts": person_facts,
                           "turn_retry_for": turn_retry_for}
         self._queue_size = queue_size
@@ -225,7 +327,7 @@ class HelperBridge(MemoryBridge):
             os.set_blocking(to_w, False)
             os.set_blocking(from_r, False)
             self._to_helper, self._from_helper = to_w, from_r
-            self._outbox[:0] = _frame(("init", self._settings))
+            self._outbox[:0] = _frame(["init", self._settings])
             self._flush()
         return self
 
@@ -244,7 +346,7 @@ class HelperBridge(MemoryBridge):
                 if self._proc is not None and not self._ended.is_set():
                     # the deadline, not the seconds: a helper still starting must not extend it
                     # (time.monotonic() is one clock for every process of the machine)
-                    self._outbox += _frame(("close", self._close_by))
+                    self._outbox += _frame(["close", self._close_by])
                     self._flush()
             never_started = self._proc is None
         if never_started:
@@ -265,12 +367,18 @@ class HelperBridge(MemoryBridge):
 
     def latest(self) -> MemorySnapshot:
         """The last snapshot the helper sent; reads what arrived (non-blocking, skipped
-        when another thread is reading), decodes a new snapshot once. Never waits."""
+        when another thread is reading), decodes a new snapshot once (one that does not
+        decode ends the bridge as a failed helper does: its ``error`` says so). Never
+        waits, never raises."""
         self._poll(blocking=False)
         data = self._snap_data
         if data is not None and data is not self._snap_from:
-            self._snapshot = pickle.loads(data)
-            self._snap_from = data
+            try:
+                snapshot = _decode_snapshot(data)
+            except Exception as exc:  # msgpack or the shape: the helper is not to be trusted
+                self._fail(f"an undecodable snapshot ({exc.__class__.__name__}: {exc})")
+                return self._snapshot
+            self._snapshot, self._snap_from = snapshot, data
         return self._snapshot
 
     def record_turn(self, role: str, text: str, person: str | None = None, *, owner: str | None = None) -> bool:
@@ -287,12 +395,12 @@ class HelperBridge(MemoryBridge):
         """As :meth:`MemoryBridge.remember` (the helper makes the memory's id)."""
         _owned(owner)
         MemoryType.parse(memory_type)
-        return self._submit_remote("remember", (content, memory_type, metadata), {"owner": owner})
+        return self._submit_remote("remember", (content, _plain_type(memory_type), metadata), {"owner": owner})
 
     def search(self, query: str, memory_type: MemoryType | str | None = None, limit: int = SEARCH_LIMIT,
                where: dict[str, Any] | None = None) -> Future[list[SearchResult]]:
         """As :meth:`MemoryBridge.search`."""
-        return self._submit_remote("search", (query, memory_type, limit, where), {})
+        return self._submit_remote("search", (query, _plain_type(memory_type), limit, where), {})
 
     def context_for(self, message: str, *, max_tokens: int = 800) -> Future[Any]:
         """As :meth:`MemoryBridge.context_for`."""
@@ -326,15 +434,19 @@ class HelperBridge(MemoryBridge):
     # -- sending -------------------------------------------------------------------------------
 
     def _submit_remote(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Future[Any]:
-        future = _HelperFuture(self)
-        if not self._call(name, args, kwargs, future):
-            future.set_exception(BusyError(f"memory bridge queue full or closed; {name} dropped"))
+        future = _HelperFuture(self, name)
+        try:
+            if not self._call(name, args, kwargs, future):
+                future.set_exception(BusyError(f"memory bridge queue full or closed; {name} dropped"))
+        except ValidationError as exc:  # an argument msgpack cannot carry, as the client refuses it
+            future.set_exception(exc)
         return future
 
     def _call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any],
               future: _HelperFuture | None = None) -> bool:
         """Write one call to the helper (never waits); False when dropped: closed, helper gone,
-        ``queue_size`` calls unfinished, or the pipe full."""
+        ``queue_size`` calls unfinished, or the pipe full. ValidationError (field "args"),
+        nothing queued, for an argument the pipe (msgpack) cannot carry."""
         with self._link:
             self._read()
             if self._closed or self._ended.is_set() or self._sent - self._finished >= self._queue_size \
@@ -342,10 +454,15 @@ class HelperBridge(MemoryBridge):
                 self._dropped_here += 1
                 self._stats.dropped = self._dropped_here + self._helper_dropped
                 return False
+            try:
+                frame = _frame(["call", self._seq + 1, name, args, kwargs, future is not None])
+            except (TypeError, ValueError, OverflowError) as exc:
+                raise ValidationError(f"the arguments of {name!r} cannot be sent to the memory bridge's helper: "
+                                      f"{exc}", field="args") from exc
             self._seq += 1
             if future is not None:
                 self._futures[self._seq] = future
-            self._outbox += _frame(("call", self._seq, name, args, kwargs, future is not None))
+            self._outbox += frame
             self._sent += 1
             self._turns_sent += name == "record_turn"
             self._stats.enqueued += 1
@@ -411,27 +528,47 @@ class HelperBridge(MemoryBridge):
                 self._helper_gone()
                 return
             budget -= len(data)
-            for message in self._frames.feed(data):
-                self._apply(message)
+            try:
+                for message in self._frames.feed(data):
+                    self._apply(message)
+            except Exception as exc:  # a garbled frame or message: no foreign error reaches the caller
+                self._fail_locked(f"an undecodable message ({exc.__class__.__name__}: {exc})")
+                return
 
-    def _apply(self, message: tuple[Any, ...]) -> None:
+    def _apply(self, message: list[Any]) -> None:
+        """Apply one message (lock held); ProtocolError (or the error of a wrong shape)
+        for one that is not as the helper sends them."""
         kind = message[0]
         if kind == "done":
             _, seq, ok, payload = message
+            if not (isinstance(seq, int) and (isinstance(payload, bytes) if ok is True
+                                              else ok is False and isinstance(payload, dict))):
+                raise ProtocolError("a reply of the wrong shape")
             future = self._futures.pop(seq, None)
             if future is not None:
                 self._ready.append((future, ok, payload))
         elif kind == "snap":
-            self._snap_data = message[1]
-        elif kind == "stats":
-            self._merge(message[1])
+            _, data = message
+            if not isinstance(data, bytes):
+                raise ProtocolError("a snapshot that is not bytes")
+            self._snap_data = data
+        elif kind in ("stats", "closed"):
+            _, counters = message
+            self._merge(counters)
+            if kind == "closed":
+                self._ended.set()
         elif kind == "log":
-            self._logs.append(message[1:])
-        elif kind == "closed":
-            self._merge(message[1])
-            self._ended.set()
+            _, name, level, text = message
+            if not (isinstance(name, str) and isinstance(level, int) and isinstance(text, str)):
+                raise ProtocolError("a log record of the wrong shape")
+            self._logs.append((name, level, text))
+        else:
+            raise ProtocolError(f"an unknown message {kind!r}")
 
     def _merge(self, counters: dict[str, Any]) -> None:
+        if not (isinstance(counters, dict) and set(counters) == _STATS
+                and all(isinstance(counters[n], int) for n in (*_FINISHED, "dropped"))):
+            raise ProtocolError("counters of the wrong shape")
         self._heard = True
         for name, value in counters.items():
             if name not in ("enqueued", "dropped"):
@@ -455,18 +592,36 @@ class HelperBridge(MemoryBridge):
             for future, ok, payload in ready:
                 if future.done():
                     continue
-                if ok:
+                if ok is True:
                     future.set_result(_Encoded(payload))
-                else:
-                    future.set_exception(pickle.loads(payload))
+                else:  # our own ClosedError, or the helper's error map
+                    future.set_exception(payload if isinstance(payload, BaseException)
+                                         else proto.error_from_wire(payload))
         finally:
             self._in_callbacks.active = False
 
     # -- the end -------------------------------------------------------------------------------
 
-    def _helper_gone(self) -> None:
+    def _fail(self, why: str) -> None:
+        """The helper sent ``why`` (something undecodable): end the bridge as a failed helper."""
+        with self._link:
+            self._fail_locked(why)
+        self._hand_over()
+
+    def _fail_locked(self, why: str) -> None:
+        """:meth:`_fail` with the lock held: log, end the helper (it is not to be trusted: what
+        it had not finished is discarded), and fail what waits for it."""
+        if self._ended.is_set():
+            return
+        log.error("memory bridge helper process sent %s: the bridge ends", why)
+        if self._proc is not None and self._proc.poll() is None:
+            with contextlib.suppress(OSError):
+                self._proc.kill()  # reaped by close()
+        self._helper_gone("memory bridge helper process sent an undecodable message; see the log")
+
+    def _helper_gone(self, error: str = "memory bridge helper process ended; see the log") -> None:
         """The helper's pipe closed (lock held): without its last report it died (a failed
-        worker: what it had not finished is discarded at failure)."""
+        worker: what it had not finished is discarded at failure; ``latest().error`` is ``error``)."""
         if self._ended.is_set():
             return
         self._ended.set()
@@ -478,7 +633,7 @@ class HelperBridge(MemoryBridge):
         else:
             self._stats.discarded_at_failure += lost
             why = "worker failed (see the log)"
-            self._snapshot = MemorySnapshot(error="memory bridge helper process ended; see the log")
+            self._snapshot = MemorySnapshot(error=error)
             self._snap_data = None
         if not self._heard:  # it never started its worker: nothing was sent, as thread mode says it
             log.warning("memory bridge %s: %d queued job(s) (%d turn(s)) never sent, discarded",
@@ -488,7 +643,7 @@ class HelperBridge(MemoryBridge):
             log.warning("memory bridge helper process ended before reporting: %d job(s) not finished, discarded",
                         lost)
         for future in self._futures.values():
-            self._ready.append((future, False, pickle.dumps(ClosedError(f"memory bridge {why} before the job ran"))))
+            self._ready.append((future, False, ClosedError(f"memory bridge {why} before the job ran")))
         self._futures.clear()
         self._finished = self._sent
 
@@ -524,8 +679,8 @@ class HelperBridge(MemoryBridge):
         """close() before start(): nothing could send the calls made meanwhile."""
         with self._link:
             self._stats.discarded_at_close += self._sent
-            closed = pickle.dumps(ClosedError("memory bridge closed before the job ran"))
-            self._ready += [(future, False, closed) for future in self._futures.values()]
+            self._ready += [(future, False, ClosedError("memory bridge closed before the job ran"))
+                            for future in self._futures.values()]
             self._futures.clear()
             self._outbox.clear()
             self._finished = self._sent
