@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from reachy_memory import Config, Memory, MemoryStore
-from reachy_memory.engine import dedupe
+from reachy_memory.engine import dedupe, vector_index
 from reachy_memory.engine.dedupe import decide, normalized
 from tests.daemon_util import DaemonProcess, run_cli
 from tests.store_util import abandon
@@ -192,6 +192,29 @@ def test_a_restatement_is_found_behind_many_other_users_copies(store: MemoryStor
     for n in range(1, 20):
         store.store("Trash day is Monday", owner=f"user{n}")
     assert store.store("trash day is monday!", owner="user0").id == mine.id and len(store) == 20
+
+
+@pytest.mark.parametrize("waiting_rows", [2048, 3])  # its float32 copies, or past them the rows gathered
+def test_a_restatement_of_a_write_still_waiting_for_the_graph_is_found(config: Config, embedder: object,
+                                                                       monkeypatch: pytest.MonkeyPatch,
+                                                                       waiting_rows: int) -> None:
+    """A store past ``exact_below`` (its type graphs in use): a fact restating one written
+    in the same burst (its vector waiting for the graph, searched exactly) or one in the
+    graph is merged into it."""
+    monkeypatch.setattr(vector_index, "WAITING_ROWS", waiting_rows)
+    names = ["Anna", "Ben", "Carla", "Dmitri", "Eve", "Farid", "Greta", "Hugo", "Ines", "Jon"]
+    foods = ["pizza", "sushi", "curry", "tacos", "soup", "pasta"]
+    with MemoryStore(config=config.replace("search", exact_below=40, exact_threshold=4), embedder=embedder) as store:
+        graphed = store.store_batch([{"content": f"{n} likes {f}"} for n in names for f in foods])
+        while store.maintain(save_cache=False):
+            pass
+        assert store._state.vectors.stats()["pending"] == 0
+        burst = [store.store(f"{n}'s locker code is {i}{i + 3}{i + 7}") for i, n in enumerate(names)]
+        assert store._state.vectors.stats()["pending"] == len(burst)
+        assert store.store("Carla's locker code is 259.").id == burst[2].id  # waiting for the graph
+        assert store.store("hugo LIKES curry").id == graphed[7 * 6 + 2].id  # in the graph
+        assert store.store("Hugo likes rice").id not in {m.id for m in graphed}
+        assert len(store) == 60 + 10 + 1
 
 
 def test_without_the_model_equal_normalized_texts_are_still_merged(lexical_store: MemoryStore) -> None:

@@ -101,6 +101,42 @@ def test_nearest_finds_a_groups_own_vectors_and_changes_nothing(flushed: int) ->
     assert len(vector_index.nearest(small, vectors[0], 5, 1)[0]) == 0
 
 
+@pytest.mark.parametrize("waiting_rows", [2048, 7])  # the float32 copies hold them all, or overflow
+def test_nearest_sees_pending_vectors_through_every_change(monkeypatch: pytest.MonkeyPatch, waiting_rows: int) -> None:
+    """The pending vectors nearest compares a query with exactly (the write-time check):
+    added, replaced, removed, inserted in part, and past what its float32 copies hold, the
+    same top k (slots and cosines) as a brute-force pass over the group's pending rows."""
+    monkeypatch.setattr(vector_index, "WAITING_ROWS", waiting_rows)
+    rng = np.random.default_rng(3)
+    vi, vectors = filled(120, exact_threshold=5)
+    vectors = np.vstack([vectors, unit(rng, 30)])
+    vi.flush(60)  # 60 in the graphs, 60 waiting
+    for slot in (62, 75):  # replaced while waiting
+        vectors[slot] = unit(rng, 1)[0]
+        vi.add(slot, vectors[slot], group=slot % 3)
+    vi.remove(64)
+    vi.remove_many(np.array([65, 66, 3]))
+    vi.add(5, vectors[5], group=0)  # a graph node replaced: waiting again, in another group
+    groups = np.arange(150) % 3
+    groups[5] = 0
+    for burst in range(3):
+        vi.flush(7)
+        for slot in range(120 + 10 * burst, 130 + 10 * burst):  # a burst of writes
+            vi.add(slot, vectors[slot], group=int(groups[slot]))
+        for q in list(vectors[[1, 5, 62, 75, 121, 129 + 10 * burst]]) + list(unit(rng, 8)):
+            for group in (0, 1, 2):
+                waiting = np.array(sorted(s for s in vi.pending if groups[s] == group), np.int64)
+                sims = rounded(vectors[waiting]) @ q
+                best = np.argsort(-sims)[:4]
+                got, got_sims = vi._waiting.nearest(vi, q, 4, group)
+                assert got.tolist() == waiting[best].tolist()
+                assert np.allclose(got_sims, sims[best], atol=1e-6)
+                top, _ = vector_index.nearest(vi, q, 4, group, ef=16)
+                assert all(groups[s] == group for s in top.tolist())
+                assert len(waiting) == 0 or sims[best[0]] < 0.99 or top[0] == waiting[best[0]]
+    assert vi._waiting.complete == (waiting_rows > len(vi.pending))
+
+
 def test_removed_and_replaced_slots() -> None:
     vi, vectors = filled()
     vi.flush()

@@ -85,6 +85,8 @@ CACHE_SHARE = 20
 CACHE_MIN_CHANGES = 256
 CACHE_RETRY_SECONDS = 600.0  # after a failed save (a full disk, a read-only data dir)
 CRC_STEP = 1 << 20  # bytes of a saved graph read back a step to checksum it
+# Pending vectors kept as float32 copies for the write-time check (:class:`_Waiting`): 3 MB at 384 dimensions.
+WAITING_ROWS = 2048
 
 
 def fingerprints(bits: np.ndarray) -> np.ndarray:
@@ -203,6 +205,7 @@ class VectorIndex:
         self._snapshot_version: int | None = None  # _version right after load_vectors (see load_graph)
         self._memo: tuple[int, np.ndarray, np.ndarray] | None = None  # (version, query, sims) of the last scan
         self._dots = RowDots(dim)  # (engine thread only)
+        self._waiting = _Waiting(dim)  # float32 copies of the pending vectors (engine thread only)
 
     def _new_graph(self, capacity: int) -> hnswlib.Index:
         graph = hnswlib.Index(space="ip", dim=self.dim)
@@ -267,6 +270,7 @@ class VectorIndex:
         self.alive[slot] = True
         self.group[slot] = group
         self.pending.add(slot)
+        self._waiting.put(slot, group, widen(self.matrix[slot]))
 
     def remove(self, slot: int) -> None:
         """Drop ``slot`` from results (a graph node stays, marked deleted)."""
@@ -276,6 +280,7 @@ class VectorIndex:
             self.alive[slot] = False
             self.count -= 1
             self.pending.discard(slot)
+            self._waiting.drop([slot])
 
     def clear_rows(self, slots: list[int]) -> None:
         """Zero the rows of freed ``slots`` (no frozen view holds them): a snapshot writes
@@ -299,6 +304,7 @@ class VectorIndex:
         self.count -= len(slots)
         listed = slots.tolist()
         self.pending.difference_update(listed)
+        self._waiting.drop(listed)
         if self._loader is not None:
             self._touched.update(listed)
         self._unmarked.update(slots[self.in_graph[slots]].tolist())
@@ -338,7 +344,9 @@ class VectorIndex:
             self._in_graph_count[group] = self._in_graph_count.get(group, 0) + len(slots)
             self._changed[group] = self._changed.get(group, 0) + len(slots)
         self.in_graph[batch] = True
-        self.pending.difference_update(batch.tolist())
+        done = batch.tolist()
+        self.pending.difference_update(done)
+        self._waiting.drop(done)
         return len(batch)
 
     def maintain(self, budget: int = 256) -> int:
@@ -699,6 +707,7 @@ class VectorIndex:
         self._changed[group] = len(stale)  # the cached file still holds them live
         self.in_graph[kept] = True
         self.pending.difference_update(kept.tolist())
+        self._waiting.reset()  # rebuilt from the rows still pending when next needed
 
     def load_vectors(self, data: memoryview | bytes, alive: np.ndarray, group: np.ndarray, fmt: str) -> None:
         """Restore the vector matrix (from a snapshot's block in format ``fmt``, a key of
@@ -729,6 +738,7 @@ class VectorIndex:
         self._unmarked = set()
         self._changed, self._cache_meta = {}, None
         self.pending = set(np.flatnonzero(alive).tolist())
+        self._waiting.reset()
         self._snapshot_version = self._version
         self.count = int(np.count_nonzero(alive))
 
@@ -773,11 +783,102 @@ def nearest(index: VectorIndex, query: np.ndarray, k: int, group: int, *,
         return index.exact(query, np.flatnonzero(index.alive & (index.group == group)), k)
     parts = [index._graph_only(query, k, group, index.alive if index._unmarked else None, ef)]
     if index.pending:
-        waiting = np.fromiter(index.pending, np.int64, len(index.pending))
-        parts.append(index.exact(query, waiting[index.group[waiting] == group], k))
+        parts.append(index._waiting.nearest(index, query, k, group))
     labels, sims = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
     order = np.argsort(-sims, kind="stable")[:k]
     return labels[order], sims[order]
+
+
+class _Waiting:
+    """Float32 copies of the pending vectors, contiguous by group, for :func:`nearest`: a
+    write's check compares its vector with those of its group waiting for the graph in one
+    matrix-vector product, where gathering and widening their bf16 rows cost ~5x the memory
+    traffic (a burst of writes piles them up until idle time inserts them).  The copies are
+    the matrix rows widened: the same cosines as :meth:`VectorIndex.exact`.
+
+    Kept up to date by the index's changes (:meth:`put` on ``add``, :meth:`drop` when a
+    vector leaves the pending set).  *Incomplete* (empty) after a load or a reset, and past
+    :data:`WAITING_ROWS` vectors: :meth:`nearest` then rebuilds it from the rows once the
+    pending set fits again (one gather, which that check made anyway), else gathers them.
+    Engine thread only."""
+
+    def __init__(self, dim: int) -> None:
+        self._dim = dim
+        self._rows: dict[int, np.ndarray] = {}  # group -> float32 rows (capacity >= its slots)
+        self._slots: dict[int, list[int]] = {}  # group -> the slot of each row, in row order
+        self._where: dict[int, tuple[int, int]] = {}  # slot -> (group, row)
+        self.complete = True  # holds every pending vector
+
+    def put(self, slot: int, group: int, row: np.ndarray) -> None:
+        """Hold ``row`` (float32) as the pending vector of ``slot`` (replacing its old one)."""
+        self.drop([slot])
+        if not self.complete:
+            return
+        if len(self._where) >= WAITING_ROWS:
+            self.reset()
+            return
+        slots = self._slots.setdefault(group, [])
+        rows = self._rows.get(group)
+        if rows is None or len(slots) == len(rows):
+            grown = np.empty((max(64, 2 * len(slots)), self._dim), np.float32)
+            grown[: len(slots)] = rows[: len(slots)] if rows is not None else 0
+            rows = self._rows[group] = grown
+        rows[len(slots)] = row
+        self._where[slot] = (group, len(slots))
+        slots.append(slot)
+
+    def drop(self, slots: list[int]) -> None:
+        """Forget the vectors of ``slots`` (inserted into their graph, or gone); the last
+        row of a group takes the place of each."""
+        if not self._where:
+            return
+        for slot in slots:
+            found = self._where.pop(slot, None)
+            if found is None:
+                continue
+            group, row = found
+            held, rows = self._slots[group], self._rows[group]
+            last = held.pop()
+            if last != slot:
+                rows[row], held[row] = rows[len(held)], last
+                self._where[last] = (group, row)
+            if not held:  # give the memory back once a group's rows are all inserted
+                del self._slots[group], self._rows[group]
+
+    def reset(self) -> None:
+        """Hold nothing, incomplete (a load, or past :data:`WAITING_ROWS`)."""
+        self._rows, self._slots, self._where = {}, {}, {}
+        self.complete = False
+
+    def nearest(self, index: VectorIndex, query: np.ndarray, k: int, group: int) -> tuple[np.ndarray, np.ndarray]:
+        """Top ``k`` (slots, cosines) of ``group``'s pending vectors in ``index``, best first."""
+        if not self.complete and len(index.pending) <= WAITING_ROWS:
+            self._rebuild(index)
+        if not self.complete:
+            waiting = np.fromiter(index.pending, np.int64, len(index.pending))
+            return index.exact(query, waiting[index.group[waiting] == group], k)
+        held = self._slots.get(group)
+        if not held:
+            return _NONE
+        slots, sims = np.array(held, np.int64), self._rows[group][: len(held)] @ query
+        if len(slots) > k:
+            top = np.argpartition(-sims, k - 1)[:k]
+            slots, sims = slots[top], sims[top]
+        order = np.argsort(-sims, kind="stable")
+        return slots[order], sims[order]
+
+    def _rebuild(self, index: VectorIndex) -> None:
+        """Hold every pending vector of ``index`` again, read from its rows."""
+        slots = np.sort(np.fromiter(index.pending, np.int64, len(index.pending)))
+        groups = index.group[slots]
+        self._rows, self._where = {}, {}
+        self._slots = {}
+        for group in np.unique(groups).tolist():
+            mine = slots[groups == group]
+            self._rows[group] = index.rows(mine)
+            self._slots[group] = mine.tolist()
+            self._where.update((slot, (group, row)) for row, slot in enumerate(self._slots[group]))
+        self.complete = True
 
 
 class _Loaded(NamedTuple):
