@@ -5,6 +5,7 @@ with its nearest kept memories) at 10k and 100k memories.
     python tools/bench_dedupe.py --quick      # 10k only
     python tools/bench_dedupe.py --sizes 50000 --repeat 400
     python tools/bench_dedupe.py --model-vectors   # the model's vectors of the texts, not random ones
+    python tools/bench_dedupe.py --fill-cache /tmp/rm-fills   # fill each size once, copy it for later runs
 
 A store is filled with N memories (a third each type, random unit vectors: the engine
 measured alone, as in tools/bench_engine.py; hnswlib's worst case, or with
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import shutil
 import sys
 import tempfile
 import time
@@ -112,6 +114,19 @@ def _timed_stores(store: MemoryStore, texts: Iterator[str], repeat: int, *, idle
     return {k: float(np.median([r[k] for r in per_run])) for k in per_run[0]}
 
 
+def filled(path: Path, n: int, cache: Path | None, model_vectors: bool) -> None:
+    """A store of ``n`` memories at ``path``: filled, or copied from ``cache`` (filled there first)."""
+    if cache is None:
+        fill(path, n)
+        return
+    kept = cache / f"s{n}{'-model' if model_vectors else ''}"
+    if not (kept / "done").exists():
+        shutil.rmtree(kept, ignore_errors=True)
+        fill(kept, n)
+        (kept / "done").touch()
+    shutil.copytree(kept, path, ignore=shutil.ignore_patterns("done", "LOCK"))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="10k only")
@@ -119,6 +134,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=300, help="calls per run")
     parser.add_argument("--check-only", action="store_true", help="the check alone, no store() timing")
     parser.add_argument("--model-vectors", action="store_true", help="the model's vectors of the texts")
+    parser.add_argument("--fill-cache", type=Path, help="keep each filled store here and copy it (100k: ~8 min saved)")
     args = parser.parse_args()
     if args.model_vectors:
         engine_bench.EMBEDDER = engine_bench.ModelVectors
@@ -126,7 +142,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="rm-dedupe-") as tmp:
         for n in sizes:
             path = Path(tmp) / f"s{n}"
-            fill(path, n)
+            filled(path, n, args.fill_cache, args.model_vectors)
             with opened(path) as store:
                 bench_check(store, n, args.repeat)
             if not args.check_only:

@@ -792,9 +792,10 @@ def nearest(index: VectorIndex, query: np.ndarray, k: int, group: int, *,
 class _Waiting:
     """Float32 copies of the pending vectors, contiguous by group, for :func:`nearest`: a
     write's check compares its vector with those of its group waiting for the graph in one
-    matrix-vector product, where gathering and widening their bf16 rows cost ~5x the memory
-    traffic (a burst of writes piles them up until idle time inserts them).  The copies are
-    the matrix rows widened: the same cosines as :meth:`VectorIndex.exact`.
+    matrix-vector product, where gathering and widening their bf16 rows from the matrix
+    cost 0.2 ms at 100k memories and 300 waiting (a burst of writes piles them up until
+    idle time inserts them).  The copies are the matrix rows widened: the same cosines as
+    :meth:`VectorIndex.exact`.
 
     Kept up to date by the index's changes (:meth:`put` on ``add``, :meth:`drop` when a
     vector leaves the pending set).  *Incomplete* (empty) after a load or a reset, and past
@@ -804,8 +805,9 @@ class _Waiting:
 
     def __init__(self, dim: int) -> None:
         self._dim = dim
-        self._rows: dict[int, np.ndarray] = {}  # group -> float32 rows (capacity >= its slots)
-        self._slots: dict[int, list[int]] = {}  # group -> the slot of each row, in row order
+        self._rows: dict[int, np.ndarray] = {}  # group -> float32 rows (capacity >= its count)
+        self._slots: dict[int, np.ndarray] = {}  # group -> the slot of each row (same capacity)
+        self._count: dict[int, int] = {}  # group -> rows in use
         self._where: dict[int, tuple[int, int]] = {}  # slot -> (group, row)
         self.complete = True  # holds every pending vector
 
@@ -817,15 +819,18 @@ class _Waiting:
         if len(self._where) >= WAITING_ROWS:
             self.reset()
             return
-        slots = self._slots.setdefault(group, [])
+        n = self._count.get(group, 0)
         rows = self._rows.get(group)
-        if rows is None or len(slots) == len(rows):
-            grown = np.empty((max(64, 2 * len(slots)), self._dim), np.float32)
-            grown[: len(slots)] = rows[: len(slots)] if rows is not None else 0
-            rows = self._rows[group] = grown
-        rows[len(slots)] = row
-        self._where[slot] = (group, len(slots))
-        slots.append(slot)
+        if rows is None or n == len(rows):
+            size = max(64, 2 * n)
+            self._rows[group] = np.concatenate([rows[:n], np.empty((size - n, self._dim), np.float32)]) \
+                if rows is not None else np.empty((size, self._dim), np.float32)
+            slots = self._slots.get(group)
+            self._slots[group] = np.concatenate([slots[:n], np.empty(size - n, np.int64)]) \
+                if slots is not None else np.empty(size, np.int64)
+        self._rows[group][n], self._slots[group][n] = row, slot
+        self._where[slot] = (group, n)
+        self._count[group] = n + 1
 
     def drop(self, slots: list[int]) -> None:
         """Forget the vectors of ``slots`` (inserted into their graph, or gone); the last
@@ -837,17 +842,17 @@ class _Waiting:
             if found is None:
                 continue
             group, row = found
-            held, rows = self._slots[group], self._rows[group]
-            last = held.pop()
-            if last != slot:
-                rows[row], held[row] = rows[len(held)], last
-                self._where[last] = (group, row)
-            if not held:  # give the memory back once a group's rows are all inserted
-                del self._slots[group], self._rows[group]
+            last = self._count[group] = self._count[group] - 1
+            if not last:  # give the memory back once a group's rows are all inserted
+                del self._rows[group], self._slots[group], self._count[group]
+            elif row != last:
+                rows, held = self._rows[group], self._slots[group]
+                rows[row], held[row] = rows[last], held[last]
+                self._where[int(held[row])] = (group, row)
 
     def reset(self) -> None:
         """Hold nothing, incomplete (a load, or past :data:`WAITING_ROWS`)."""
-        self._rows, self._slots, self._where = {}, {}, {}
+        self._rows, self._slots, self._count, self._where = {}, {}, {}, {}
         self.complete = False
 
     def nearest(self, index: VectorIndex, query: np.ndarray, k: int, group: int) -> tuple[np.ndarray, np.ndarray]:
@@ -857,11 +862,11 @@ class _Waiting:
         if not self.complete:
             waiting = np.fromiter(index.pending, np.int64, len(index.pending))
             return index.exact(query, waiting[index.group[waiting] == group], k)
-        held = self._slots.get(group)
-        if not held:
+        n = self._count.get(group, 0)
+        if not n:
             return _NONE
-        slots, sims = np.array(held, np.int64), self._rows[group][: len(held)] @ query
-        if len(slots) > k:
+        slots, sims = self._slots[group][:n], self._rows[group][:n] @ query
+        if n > k:
             top = np.argpartition(-sims, k - 1)[:k]
             slots, sims = slots[top], sims[top]
         order = np.argsort(-sims, kind="stable")
@@ -871,13 +876,11 @@ class _Waiting:
         """Hold every pending vector of ``index`` again, read from its rows."""
         slots = np.sort(np.fromiter(index.pending, np.int64, len(index.pending)))
         groups = index.group[slots]
-        self._rows, self._where = {}, {}
-        self._slots = {}
+        self.reset()
         for group in np.unique(groups).tolist():
             mine = slots[groups == group]
-            self._rows[group] = index.rows(mine)
-            self._slots[group] = mine.tolist()
-            self._where.update((slot, (group, row)) for row, slot in enumerate(self._slots[group]))
+            self._rows[group], self._slots[group], self._count[group] = index.rows(mine), mine, len(mine)
+            self._where.update((slot, (group, row)) for row, slot in enumerate(mine.tolist()))
         self.complete = True
 
 
