@@ -837,6 +837,9 @@ class _Waiting:
         row of a group takes the place of each."""
         if not self._where:
             return
+        if len(slots) > len(self._where):  # a mass expiry: look up the few held, not every slot
+            gone = set(slots)
+            slots = [slot for slot in self._where if slot in gone]
         for slot in slots:
             found = self._where.pop(slot, None)
             if found is None:
