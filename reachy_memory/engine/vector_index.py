@@ -22,7 +22,8 @@ hnswlib traps designed around here (and never surfaced to callers):
 * it is not safe with concurrent writes: the store calls it from one thread;
 * ``save_index`` truncates in place: we save to a temp file and rename;
 * insertion costs ~0.2 ms a vector: new vectors wait in a *pending* set that is
-  searched exactly and inserted in batches (:meth:`maintain` at idle time);
+  searched exactly and inserted in batches (:meth:`maintain` at idle time; a
+  write's check, :func:`nearest`, reads float32 copies of them, :class:`_Waiting`);
   below ``exact_below`` vectors no graph is used at all, because one
   matrix-vector product is faster there.
 
