@@ -13,6 +13,7 @@ import pytest
 from reachy_memory import Config, Memory, MemoryStore
 from reachy_memory.engine import dedupe, vector_index
 from reachy_memory.engine.dedupe import decide, normalized
+from reachy_memory.engine.records import Record
 from tests.daemon_util import DaemonProcess, run_cli
 from tests.store_util import abandon
 from tools.eval_dedupe import Pair, choose, cosines, halves, load_pairs, rule, score
@@ -215,6 +216,40 @@ def test_a_restatement_of_a_write_still_waiting_for_the_graph_is_found(config: C
         assert store.store("hugo LIKES curry").id == graphed[7 * 6 + 2].id  # in the graph
         assert store.store("Hugo likes rice").id not in {m.id for m in graphed}
         assert len(store) == 60 + 10 + 1
+
+
+def test_the_word_filter_skips_the_search_only_for_words_no_memory_has(config: Config, embedder: object,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once built (idle time after an open), the filter of kept content words lets a write
+    of new words skip the vector search; every restatement is still found: of a memory
+    kept before the open, put while the build was under way, written since, or before
+    the filter is built."""
+    searched: list[str] = []
+    search = dedupe.restatement
+    monkeypatch.setattr(dedupe, "restatement", lambda new, *a: searched.append(new.content) or search(new, *a))
+    monkeypatch.setattr(dedupe, "TOLD_AT_OPEN", 4)  # more: built at idle time
+    with MemoryStore(config=config, embedder=embedder) as store:
+        before = store.store_batch([{"content": f"Guest {n} likes {f}"} for n in "ABCDEFGH" for f in ("tea", "jam")])
+    with MemoryStore(config=config, embedder=embedder) as store:
+        told = store._core.told
+        assert told is not None and not told.complete and told.may_hold(Record("x", "Nobody", "fact", 0.0, None, {}))
+        assert store.store("GUEST C LIKES JAM").id == before[5].id  # before the build: searched
+        assert store.maintain(save_cache=False, budget=1) == 8  # 8 of the 16 read
+        during = store.store("The attic key is under the blue pot")
+        while store.maintain(save_cache=False):
+            pass
+        assert told.complete
+        after = store.store("Mia walks the dog every evening")
+        searched.clear()
+        assert [store.store(m.content.upper() + "!").id for m in before] == [m.id for m in before]
+        assert store.store("the attic key is under the blue pot.").id == during.id
+        assert store.store("Every evening Mia walks the dog").id == after.id  # rule 2: the same words moved
+        assert len(searched) == 16 + 2
+        searched.clear()
+        fresh = [store.store("Guest C likes honey"), store.store("The cellar key is under the blue pot")]
+        assert searched == [] and len(store) == 16 + 2 + 2 and fresh[0].id != fresh[1].id
+        assert store.store("Guest C likes tea", owner="bob").id not in {m.id for m in before}  # searched, another owner
+        assert searched == ["Guest C likes tea"]
 
 
 def test_without_the_model_equal_normalized_texts_are_still_merged(lexical_store: MemoryStore) -> None:

@@ -58,6 +58,8 @@ def opened(path: Path, **memory: Any) -> MemoryStore:
     adopt = getattr(store._state.vectors, "_adopt_loaded", None)
     if adopt is not None:
         adopt(wait=True)
+    while store.maintain(save_cache=False):  # idle time's work after an open (the check's word filter)
+        pass
     return store
 
 

@@ -76,6 +76,11 @@ class Core:
         self._held: list[Any] | None = None  # inside one_frame: the ops applied, journaled at its end
         self._undo: list[list[Any]] = []  # inside one_frame: what undoes each held op
         self.remembering = Remembering(2 * config.memory.context_window_size)  # the pause (in memory only)
+        # The kept memories' content words (built at idle time), so that a write of new words skips the search.
+        self.told = dedupe.Told() if config.memory.dedupe else None
+        if self.told is not None and len(state.records) <= dedupe.TOLD_AT_OPEN:
+            self.told.build(state.records.values(), dedupe.TOLD_AT_OPEN)
+        state.on_put = self.told.add if self.told is not None else None
 
     # -- what the Engine port exposes ------------------------------------------------------
 
@@ -322,7 +327,7 @@ class Core:
             ids, refreshes = list(prepared.ids), list[list[Any]]()
             if self._config.memory.dedupe and fresh:
                 puts, refreshes = dedupe.fold([op for op, _ in fresh], ids, self._state, self.dedupe_limits(),
-                                              time.time())
+                                              time.time(), self.told)
                 kept = {id(op) for op in puts}
                 fresh = [(op, text) for op, text in fresh if id(op) in kept]
             if fresh or also or refreshes:

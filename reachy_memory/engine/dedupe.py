@@ -495,6 +495,62 @@ def worded_restatement(new: Record, lexical: LexicalIndex, by_slot: Mapping[int,
     return None
 
 
+#: Bits of :class:`Told` (1 MB).  Two bits a key: at 66k fact and context memories (a 100k store) a
+#: write of new words is taken for a possible copy once in ~4,000.
+TOLD_BITS = 1 << 23
+#: A store holding up to this many memories builds :class:`Told` as it opens (~5 ms); a bigger one at idle time.
+TOLD_AT_OPEN = 256
+
+
+class Told:
+    """The content words (and type) of every kept fact and context memory, as a Bloom
+    filter: a write whose own are not there restates none of them, since both ways of
+    being the same need the same content words (:func:`_words_key`), so its check skips
+    the vector search (an hnswlib query and the cache lines it evicts: most of the
+    check's cost on a big store).  Complete once :meth:`build` (idle time) has added the
+    memories kept when it began, each memory put meanwhile or since being added as it is
+    put (:meth:`add`, from the state; a memory's text and type never change).  Until then
+    :meth:`may_hold` says yes (the check searches, as without it).  Deleted memories stay
+    in it: a later write of their words is searched for nothing.  Engine thread."""
+
+    def __init__(self) -> None:
+        self._bits = np.zeros(TOLD_BITS // 8, np.uint8)
+        self._todo: list[Record] | None = None  # the memories kept when the build began
+        self._done = 0  # of those, how many are added
+        self.complete = False
+
+    def add(self, rec: Record) -> None:
+        """Hold ``rec``'s key (a fact or context memory's; others are never merged)."""
+        if rec.type in KINDS:
+            for bit in _told_bits(rec):
+                self._bits[bit >> 3] |= 1 << (bit & 7)
+
+    def may_hold(self, rec: Record) -> bool:
+        """False only when no memory kept has ``rec``'s type and content words."""
+        return not self.complete or all(self._bits[bit >> 3] >> (bit & 7) & 1 for bit in _told_bits(rec))
+
+    def build(self, records: Iterable[Record], budget: int) -> int:
+        """Add up to ``budget`` of the memories kept when the build began (``records``,
+        read at the first call); returns how many (0: complete)."""
+        if self.complete:
+            return 0
+        if self._todo is None:
+            self._todo = [rec for rec in records if rec.type in KINDS]
+        step = self._todo[self._done : self._done + budget]
+        for rec in step:
+            self.add(rec)
+        self._done += len(step)
+        if self._done >= len(self._todo):
+            self._todo, self.complete = None, True
+        return max(len(step), 1)
+
+
+def _told_bits(rec: Record) -> tuple[int, int]:
+    """Two bits of :class:`Told` for ``rec``'s type and content words (any order)."""
+    key = hash((rec.type, tuple(sorted(read(rec.content).content))))
+    return key & (TOLD_BITS - 1), (key >> 32) & (TOLD_BITS - 1)
+
+
 @dataclass(frozen=True)
 class Limits:
     """What a write's check reads of the configuration."""
@@ -506,13 +562,14 @@ class Limits:
 
 
 def fold(puts: list[list[Any]], ids: list[str], state: MemoryState, limits: Limits,
-         now: float) -> tuple[list[list[Any]], list[list[Any]]]:
+         now: float, words: Told | None = None) -> tuple[list[list[Any]], list[list[Any]]]:
     """A write's ``put`` ops without the restatements: (the puts kept, the ``update`` ops
     refreshing the memories they restate).  A put restates a kept memory
     (:func:`restatement`, or :func:`worded_restatement` without a vector) or one put before
     it in the same write; ``ids`` (the write's answer, an id per item) then names the
     memory kept instead.  Conversation turns and other memories :func:`mergeable` refuses
-    pass unchanged.  Engine thread, under the lock."""
+    pass unchanged.  With ``words`` (:class:`Told`), a put whose content words no kept
+    memory has is not searched for.  Engine thread, under the lock."""
     kept_puts: list[list[Any]] = []
     # this write's puts that may be restated, by their content words (only those can be the same)
     seen: dict[tuple[Any, ...], list[tuple[Record, np.ndarray | None, list[Any]]]] = {}
@@ -529,7 +586,8 @@ def fold(puts: list[list[Any]], ids: list[str], state: MemoryState, limits: Limi
                         if same(rec, new, _dot(vec, vector), limits.entity_keys).same), None)
         found = None
         if earlier is None and vector is not None:
-            found = restatement(new, vector, state.vectors, state.by_slot, limits.entity_keys, now)
+            if words is None or words.may_hold(new):
+                found = restatement(new, vector, state.vectors, state.by_slot, limits.entity_keys, now)
         elif earlier is None:
             found = worded_restatement(new, state.lexical, state.by_slot, limits.entity_keys, now, limits.bm25_b)
         if earlier is not None:

@@ -38,12 +38,13 @@ class Maintenance:
         a mass expiry's index work (:meth:`MemoryState.bury`), inserts a batch of pending
         vectors into the graph, and journals the decay clock refreshes at most once a
         minute; with none of that left, embeds memories that have no vector (a few
-        milliseconds' worth, see :mod:`.backfill`), and then, when ``save_cache``,
+        milliseconds' worth, see :mod:`.backfill`), then reads the words of 8 x ``budget``
+        kept memories for the write check's filter (once after opening), and then, when ``save_cache``,
         saves one memory type's vector graph to the graph cache if enough of it changed
         since it was cached (a crash then leaves little to insert again; up to ~80 ms
         for a graph of 33k vectors: the daemon asks for it only after some quiet).
         Returns how much it did (vectors inserted, deletions buried, graph nodes marked,
-        memories embedded, graph nodes saved): 0 when nothing is left, or nothing can
+        memories embedded, memories read, graph nodes saved): 0 when nothing is left, or nothing can
         be done yet.  At most once a second it also checks that the data directory and the
         journal are still the ones opened: when they were removed or replaced, the store
         refuses writes from then on (``read_only`` names why; ``health`` says
@@ -57,7 +58,14 @@ class Maintenance:
             left = core.state.bury(0)  # how much deletion work waits (none is done by 0)
             buried = left - core.state.bury(budget)
             done = buried + core.state.vectors.maintain(budget)
-            return done or self.backfill_step() or (self._cache_step() if save_cache else 0)
+            return done or self.backfill_step() or self._told_step(8 * budget) or (
+                self._cache_step() if save_cache else 0)
+
+    def _told_step(self, budget: int) -> int:
+        """Read up to ``budget`` kept memories' words into the write check's filter
+        (:class:`.dedupe.Told`: once after opening, ~20 us a memory)."""
+        core = self._core
+        return core.told.build(core.state.records.values(), budget) if core.told is not None else 0
 
     def _cache_step(self) -> int:
         """Save one graph to the cache when it is due (:meth:`VectorIndex.cache_step`)."""

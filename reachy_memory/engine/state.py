@@ -104,6 +104,7 @@ class MemoryState:
         self._expiry_version = 0  # changes after every change to _expires (see expired_counts)
         self._expired_seen: tuple[int, float, float, dict[str, int]] | None = None  # expired_counts' last answer
         self._ghosts: list[Record] = []  # deleted by delete_many, slots not yet reusable (see bury)
+        self.on_put: Callable[[Record], None] | None = None  # told of each memory put (dedupe.Told.add)
 
     # -- the one way in ------------------------------------------------------------------
 
@@ -230,6 +231,8 @@ class MemoryState:
         indexed = vector is not None and rec.vkey == self.current_key
         rec = rec.replace(slot=slot, vkey=rec.vkey if vector is not None else None)
         self._place(rec)
+        if self.on_put is not None:
+            self.on_put(rec)
         self.lexical.add(slot, *rec.words)
         if indexed and vector is not None:
             self.vectors.add(slot, np.frombuffer(vector, np.float32), GROUP[rec.type])
