@@ -12,8 +12,9 @@ measured alone, as in tools/bench_engine.py; hnswlib's worst case, or with
 ``--model-vectors`` the model's vectors of the texts, embedded before timing), closed
 (its graphs built and cached) and opened again, as a daemon finds it.  Then, per size:
 
-* ``check``: :func:`reachy_memory.engine.dedupe.restatement` alone for a new fact (no
-  copy found: the common case) and for a restated one (found at once);
+* ``check``: :func:`reachy_memory.engine.dedupe.restatement` alone (the vector search a
+  write makes when the word filter, :class:`~reachy_memory.engine.dedupe.Told`, lets it)
+  for a new fact (no copy found: the common case) and for a restated one (found at once);
 * ``store``: ``store(fact)`` with ``memory.dedupe`` on and off, alternated in one
   process (fsync never: the disk's noise is not the check's), and their difference; with
   the daemon's idle-time upkeep between writes (untimed), and in a burst without it.
