@@ -346,6 +346,40 @@ def test_dedupe_dry_run_then_merge_keeps_the_oldest_and_history(copies: MemorySt
     assert copies.dedupe(dry_run=True)["merged"] == 0  # nothing left
 
 
+def test_dedupe_in_steps_is_one_pass_and_lets_a_store_and_a_search_in(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """``dedupe`` compares a step of memories at a time under the store lock (and journals
+    a frame of merges at a time): the same merges as one pass, and a store and a search
+    made meanwhile from another thread are done long before it ends."""
+    import threading
+    import time
+
+    path = str(tmp_path / "data")
+    texts = [f"Guest number {i} sits at table {i % 7}" for i in range(300)]
+    with MemoryStore(config=Config().replace("memory", path=path, dedupe=False), embedder=None) as store:
+        store.store_batch([{"content": t} for t in texts])
+        store.store_batch([{"content": t.upper() + "!"} for t in texts[::3]] + [{"content": t} for t in texts[::5]])
+    monkeypatch.setattr(dedupe, "PLAN_STEP", 16)
+    monkeypatch.setattr(dedupe, "MERGES_PER_FRAME", 5)
+    with MemoryStore(config=Config().replace("memory", path=path), embedder=None) as store:
+        state = store._core.state
+        one_pass = dedupe.plan(state.records.values(), state.vectors, ["speaker", "person"], time.time())
+        planned = store.dedupe(dry_run=True)
+        assert planned["merges"] == [m.to_dict() for m in one_pass][: dedupe.REPORTED]
+        assert planned["merged"] == 100 + 60 and planned["kept"] == 100 + 60 - 20 and len(store) == 460
+        rule = dedupe.same
+        monkeypatch.setattr(dedupe, "same", lambda *a: time.sleep(0.002) or rule(*a))  # a slow rule: a long run
+        done: dict[str, object] = {}
+        worker = threading.Thread(target=lambda: done.update(store.dedupe()), daemon=True)
+        worker.start()
+        time.sleep(0.05)
+        new = store.store("The spare key is in the red box", "fact")
+        assert store.search("spare key", limit=1, min_score=0)[0].memory.id == new.id
+        assert worker.is_alive() and not done  # both went in while the run went on
+        worker.join(timeout=60)
+        assert done["merged"] == 160 and len(store) == 300 + 1
+
+
 def test_a_merge_points_what_a_copy_superseded_at_the_kept_memory(store: MemoryStore, config: Config,
                                                                    embedder: object) -> None:
     with MemoryStore(config=config.replace("memory", dedupe=False, path=config.memory.path + "-h"),

@@ -52,7 +52,7 @@ from __future__ import annotations
 import re
 import time
 import unicodedata
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
@@ -701,22 +701,63 @@ def plan(records: Iterable[Record], vectors: VectorIndex, entity_keys: Sequence[
     mergeable ones; read under the store lock): the oldest of a set is kept, each later
     one is a copy when :func:`same` says so against a memory kept before it.  Only
     memories with the same content words are compared (a dict of them: linear in the
-    records, but for sets of near-identical memories)."""
-    live = sorted((r for r in records if mergeable(r) and not r.hidden and not r.expired(now)),
-                  key=lambda r: (r.created, r.id))
-    kept_by: dict[tuple[Any, ...], list[Record]] = {}
-    copies: dict[str, list[tuple[Record, str]]] = {}
-    for rec in live:
-        bucket = kept_by.setdefault(_words_key(rec), [])
-        for kept in bucket:
-            decision = same(kept, rec, _cosine(vectors, kept, rec), entity_keys)
-            if decision.same:
-                copies.setdefault(kept.id, []).append((rec, decision.reason))
-                break
-        else:
-            bucket.append(rec)
+    records, but for sets of near-identical memories).  One pass (:func:`run` makes it
+    in steps)."""
+    live = _live(records, now)
     by_id = {rec.id: rec for rec in live}
-    return [Merge(by_id[kept], tuple(found)) for kept, found in copies.items()]
+    planner = _Planner(entity_keys)
+    planner.feed(live, vectors, by_id.get)
+    return planner.merges(0, len(planner.found), by_id.get)
+
+
+def _live(records: Iterable[Record], now: float) -> list[Record]:
+    """The memories :func:`plan` reads, oldest first."""
+    return sorted((r for r in records if _plannable(r, now)), key=lambda r: (r.created, r.id))
+
+
+def _plannable(rec: Record, now: float) -> bool:
+    return mergeable(rec) and not rec.hidden and not rec.expired(now)
+
+
+class _Planner:
+    """:func:`plan`'s pass, fed the memories oldest first, in as many steps as wanted:
+    each memory (as ``current`` returns it then, None when gone) compared with the ones
+    kept before it with its content words."""
+
+    def __init__(self, entity_keys: Sequence[str]) -> None:
+        self._entity_keys = entity_keys
+        self._kept_by: dict[tuple[Any, ...], list[str]] = {}  # content words -> ids kept, oldest first
+        self._copies: dict[str, list[tuple[str, str]]] = {}  # kept id -> (copy id, reason)
+        self.found: list[str] = []  # the kept ids with copies, in the order the first was found
+
+    def feed(self, records: Sequence[Record], vectors: VectorIndex,
+             current: Callable[[str], Record | None]) -> None:
+        for rec in records:
+            bucket = self._kept_by.setdefault(_words_key(rec), [])
+            for kept_id in bucket:
+                kept = current(kept_id)
+                if kept is None:  # forgotten since it was kept (a step ago)
+                    continue
+                decision = same(kept, rec, _cosine(vectors, kept, rec), self._entity_keys)
+                if decision.same:
+                    if kept_id not in self._copies:
+                        self.found.append(kept_id)
+                    self._copies.setdefault(kept_id, []).append((rec.id, decision.reason))
+                    break
+            else:
+                bucket.append(rec.id)
+
+    def merges(self, start: int, stop: int, current: Callable[[str], Record | None]) -> list[Merge]:
+        """The merges of ``found[start:stop]`` with their memories as ``current`` returns
+        them (a memory gone since leaves its merge, or the copies, out)."""
+        out = []
+        for kept_id in self.found[start:stop]:
+            kept = current(kept_id)
+            copies = tuple((rec, why) for copy_id, why in self._copies[kept_id]
+                           if (rec := current(copy_id)) is not None)
+            if kept is not None and copies:
+                out.append(Merge(kept, copies))
+        return out
 
 
 def merge_ops(merge: Merge, superseded_by: Mapping[str, list[Record]], *, max_bytes: int,
@@ -742,6 +783,7 @@ def merge_ops(merge: Merge, superseded_by: Mapping[str, list[Record]], *, max_by
 
 
 MERGES_PER_FRAME = 256  # merges journaled together: an interrupted run keeps whole merges, a rerun does the rest
+PLAN_STEP = 2000  # memories compared a step of a run (~0.1 s under the store lock); other requests go in between
 REPORTED = 200  # merges listed in a report (all are counted)
 SHOWN_COPIES = 20  # copies listed for each (all are counted)
 SHOWN_CHARS = 200  # of each text: a report stays small whatever the memories hold
@@ -753,19 +795,34 @@ def run(engine: Engine, *, dry_run: bool = False) -> dict[str, Any]:
     copies), ``merged`` (copies deleted, or to be), ``dry_run`` and ``merges`` (the first
     :data:`REPORTED`: each kept memory with its copies and the rule's reason).  Every
     change goes through the journal, :data:`MERGES_PER_FRAME` merges a frame.  Holds the
-    store lock throughout (the rule reads every fact once: ~50 us each)."""
+    store lock a step at a time (:data:`PLAN_STEP` memories compared, ~50 us each, or a
+    frame of merges), so a search or a write goes in between; on a store nothing else
+    changes meanwhile the result is :func:`plan`'s.  A memory forgotten or no longer
+    mergeable meanwhile is left out; one written meanwhile is not read (its write checked it)."""
     engine.require_open()
     limits = engine.dedupe_limits()
+    now = time.time()
     with engine.lock:
-        state = engine.state
-        merges = plan(state.records.values(), state.vectors, limits.entity_keys, time.time())
-        if merges and not dry_run:
-            superseded_by: dict[str, list[Record]] = {}
-            for rec in state.records.values():
-                if rec.superseded_by is not None:
-                    superseded_by.setdefault(rec.superseded_by, []).append(rec)
-            for start in range(0, len(merges), MERGES_PER_FRAME):
-                engine.commit([op for merge in merges[start : start + MERGES_PER_FRAME]
+        live = [rec.id for rec in _live(engine.state.records.values(), now)]
+    planner = _Planner(limits.entity_keys)
+    for start in range(0, len(live), PLAN_STEP):
+        with engine.lock:
+            state = engine.state
+            step = [rec for memory_id in live[start : start + PLAN_STEP]
+                    if (rec := state.records.get(memory_id)) is not None and _plannable(rec, now)]
+            planner.feed(step, state.vectors, state.records.get)
+    merges: list[Merge] = []
+    for start in range(0, len(planner.found), MERGES_PER_FRAME):
+        with engine.lock:
+            records = engine.state.records
+            frame = planner.merges(start, start + MERGES_PER_FRAME, records.get)
+            merges += frame
+            if frame and not dry_run:
+                superseded_by: dict[str, list[Record]] = {}
+                for rec in records.values():
+                    if rec.superseded_by is not None:
+                        superseded_by.setdefault(rec.superseded_by, []).append(rec)
+                engine.commit([op for merge in frame
                                for op in merge_ops(merge, superseded_by, max_bytes=limits.max_bytes,
                                                    max_keys=limits.max_keys)])
     return {"dry_run": dry_run, "kept": len(merges), "merged": sum(len(m.copies) for m in merges),
