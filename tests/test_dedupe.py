@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from reachy_memory import Config, Memory, MemoryStore
+from reachy_memory.daemon.operations import OPERATIONS
 from reachy_memory.engine import dedupe, vector_index
 from reachy_memory.engine.dedupe import decide, normalized
 from reachy_memory.engine.records import Record
@@ -226,7 +228,12 @@ def test_the_word_filter_skips_the_search_only_for_words_no_memory_has(config: C
     the filter is built."""
     searched: list[str] = []
     search = dedupe.restatement
-    monkeypatch.setattr(dedupe, "restatement", lambda new, *a: searched.append(new.content) or search(new, *a))
+
+    def counted(new: Record, *args: Any) -> Any:
+        searched.append(new.content)
+        return search(new, *args)
+
+    monkeypatch.setattr(dedupe, "restatement", counted)
     monkeypatch.setattr(dedupe, "TOLD_AT_OPEN", 4)  # more: built at idle time
     with MemoryStore(config=config, embedder=embedder) as store:
         before = store.store_batch([{"content": f"Guest {n} likes {f}"} for n in "ABCDEFGH" for f in ("tea", "jam")])
@@ -368,7 +375,12 @@ def test_dedupe_in_steps_is_one_pass_and_lets_a_store_and_a_search_in(tmp_path: 
         assert planned["merges"] == [m.to_dict() for m in one_pass][: dedupe.REPORTED]
         assert planned["merged"] == 100 + 60 and planned["kept"] == 100 + 60 - 20 and len(store) == 460
         rule = dedupe.same
-        monkeypatch.setattr(dedupe, "same", lambda *a: time.sleep(0.002) or rule(*a))  # a slow rule: a long run
+
+        def slow(*args: Any) -> dedupe.Decision:  # a slow rule: a long run
+            time.sleep(0.002)
+            return rule(*args)
+
+        monkeypatch.setattr(dedupe, "same", slow)
         done: dict[str, object] = {}
         worker = threading.Thread(target=lambda: done.update(store.dedupe()), daemon=True)
         worker.start()
@@ -378,6 +390,7 @@ def test_dedupe_in_steps_is_one_pass_and_lets_a_store_and_a_search_in(tmp_path: 
         assert worker.is_alive() and not done  # both went in while the run went on
         worker.join(timeout=60)
         assert done["merged"] == 160 and len(store) == 300 + 1
+    assert OPERATIONS["dedupe"].lane == "background"  # in the daemon: beside the engine thread
 
 
 def test_a_merge_points_what_a_copy_superseded_at_the_kept_memory(store: MemoryStore, config: Config,

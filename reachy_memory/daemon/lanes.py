@@ -107,7 +107,7 @@ class Lanes:
             self.inflight -= 1
             self._background_queued -= background
             self.stats.record(job.op.name, time.monotonic() - job.received, failed=True)
-            return BusyError("a backup is being written and another waits; try again when they are done"
+            return BusyError("a long job (a backup, a dedupe) runs and another waits; try again when they are done"
                              if background else "daemon queues are full")
         return None
 

@@ -41,8 +41,9 @@ Lanes (the thread an op runs on): ``inline`` ops are answered on the I/O thread
 from lock-free views (they never wait behind a search or a compaction);
 ``embed`` ops embed on the embedding thread, then run on the engine thread;
 ``engine`` ops run on the engine thread in arrival order; ``background`` ops (a
-backup) run on a thread of their own, one at a time, taking the store lock only
-briefly: the engine goes on meanwhile.
+backup, merging copies) run on a thread of their own, one at a time, taking the store
+lock only briefly (a dedupe: a step of its comparisons or a frame of its merges at a
+time, through the commit funnel): the engine goes on meanwhile.
 """
 
 from __future__ import annotations
@@ -205,7 +206,7 @@ _ROWS = [
         '{"conversation_days": float, "turns": int, "earlier": int, "later": int, "expire_now": int, '
         '"applied": bool, "deleted": int}',
         "Give stored conversation turns the configured TTL, then delete what expired (dry_run: count only)."),
-    _op("dedupe", "engine", [_opt("dry_run", BOOL, False)],
+    _op("dedupe", "background", [_opt("dry_run", BOOL, False)],
         '{"dry_run": bool, "kept": int, "merged": int, "merges": [{"kept", "content", "type", "owner", '
         '"copies_count", "copies": [{"id", "content", "reason"}]}]}',
         "Merge the copies of fact and context memories a store holds (each set keeps its oldest memory, "

@@ -7,13 +7,15 @@ Threads, so that the robot's control loop never waits behind slow work::
                         get_context_window), queue the others on their row's lane,
                         forward replies, run the scheduler and the watchdog
     embed thread        embeds queries and new memories (onnxruntime releases the GIL)
-    engine thread       the only thread that mutates the store or searches its indexes;
+    engine thread       the thread that mutates the store (but dedupe) and searches its indexes;
                         idle time inserts pending vectors into the graph (``upkeep``)
     sync thread         makes each write durable (fsync), then sends its reply: the engine
                         goes on meanwhile (a search never waits behind a write's fsync),
                         and one fsync serves every write made before it (group commit)
     background thread   writes backups from a frozen view of the store, one at a time
-                        (the store lock only to freeze and thaw: the engine goes on)
+                        (the store lock only to freeze and thaw: the engine goes on), and
+                        merges copies (dedupe: the lock a step at a time; its frames go
+                        through the commit funnel like the engine's writes)
 
 This module is the daemon's life (start, the I/O thread, stop); ``lanes`` holds the
 worker threads and their queues, ``handlers`` one function per op, ``operations``
