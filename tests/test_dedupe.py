@@ -421,6 +421,37 @@ def test_a_restart_replays_refreshes_and_merges(config: Config, embedder: object
         assert len(again) == 2 and again.get(first.id).metadata[dedupe.COUNT_KEY] == 1  # type: ignore[union-attr]
 
 
+def test_a_search_and_a_store_sent_during_a_long_dedupe_are_answered_before_it(tmp_path: Path) -> None:
+    """The daemon runs a dedupe beside its engine thread, the store lock a step at a
+    time: a search and a store sent while it runs are answered before it ends."""
+    import threading
+    import time
+
+    daemon = DaemonProcess(tmp_path, embedding={"enabled": False})
+    with MemoryStore(config=daemon.config.replace("memory", dedupe=False), embedder=None) as s:
+        for start in range(0, 30_000, 1000):
+            s.store_batch([{"content": f"Guest {i} sits at table {i % 97} in room {i % 13}"}
+                           for i in range(start, start + 1000)])
+    with daemon:
+        ended: dict[str, float] = {}
+
+        def dedupe_run() -> None:
+            with daemon.client() as c:
+                c.dedupe(dry_run=True, timeout=120)
+                ended["dedupe"] = time.monotonic()
+
+        worker = threading.Thread(target=dedupe_run, daemon=True)
+        started = time.monotonic()
+        worker.start()
+        with daemon.client() as c:
+            time.sleep(0.2)  # the dedupe under way (it reads 30,000 memories: seconds)
+            assert c.search("Guest 7 table", limit=1, timeout=30)
+            assert c.store("The spare key is in the red box", timeout=30).id
+            answered = time.monotonic()
+        worker.join(timeout=120)
+        assert "dedupe" in ended and answered < ended["dedupe"], (answered - started, ended)
+
+
 def test_dedupe_command_dry_run_then_real_through_the_daemon(tmp_path: Path) -> None:
     """A words-only daemon (quick to start): copies equal once normalized are merged."""
     daemon = DaemonProcess(tmp_path, embedding={"enabled": False})

@@ -784,6 +784,9 @@ def merge_ops(merge: Merge, superseded_by: Mapping[str, list[Record]], *, max_by
 
 MERGES_PER_FRAME = 256  # merges journaled together: an interrupted run keeps whole merges, a rerun does the rest
 PLAN_STEP = 2000  # memories compared a step of a run (~0.1 s under the store lock); other requests go in between
+# A pause between two steps: the store lock is not fair, and a thread waiting for it would
+# not get it before this one takes it again (a search waited for the whole run).
+STEP_PAUSE = 0.001
 REPORTED = 200  # merges listed in a report (all are counted)
 SHOWN_COPIES = 20  # copies listed for each (all are counted)
 SHOWN_CHARS = 200  # of each text: a report stays small whatever the memories hold
@@ -811,6 +814,7 @@ def run(engine: Engine, *, dry_run: bool = False) -> dict[str, Any]:
             step = [rec for memory_id in live[start : start + PLAN_STEP]
                     if (rec := state.records.get(memory_id)) is not None and _plannable(rec, now)]
             planner.feed(step, state.vectors, state.records.get)
+        time.sleep(STEP_PAUSE)
     merges: list[Merge] = []
     for start in range(0, len(planner.found), MERGES_PER_FRAME):
         with engine.lock:
@@ -825,6 +829,7 @@ def run(engine: Engine, *, dry_run: bool = False) -> dict[str, Any]:
                 engine.commit([op for merge in frame
                                for op in merge_ops(merge, superseded_by, max_bytes=limits.max_bytes,
                                                    max_keys=limits.max_keys)])
+        time.sleep(STEP_PAUSE)
     return {"dry_run": dry_run, "kept": len(merges), "merged": sum(len(m.copies) for m in merges),
             "merges": [m.to_dict() for m in merges[:REPORTED]]}
 
