@@ -13,9 +13,9 @@ import pytest
 
 from reachy_memory import Config, Memory, MemoryStore
 from reachy_memory.daemon.operations import OPERATIONS
-from reachy_memory.engine import dedupe, vector_index
-from reachy_memory.engine.dedupe import decide, normalized
+from reachy_memory.engine import dedupe, restating, vector_index
 from reachy_memory.engine.records import Record
+from reachy_memory.engine.restating import decide, normalized
 from tests.daemon_util import DaemonProcess, run_cli
 from tests.store_util import abandon
 from tools.eval_dedupe import Pair, choose, cosines, halves, load_pairs, rule, score
@@ -111,7 +111,7 @@ def test_a_nan_cosine_merges_nothing() -> None:
 
 def test_long_texts_are_only_rotated_not_turned() -> None:
     """The compound turn is quadratic in words: past MOVES_WORDS content words it is not tried."""
-    filler = " ".join(f"word{i}x" for i in range(dedupe.MOVES_WORDS))
+    filler = " ".join(f"word{i}x" for i in range(restating.MOVES_WORDS))
     short_a, short_b = "the garage door code is 7391", "the code for the garage door is 7391"
     assert decide(short_b, short_a, 0.99).same
     assert not decide(f"{short_b} {filler}", f"{short_a} {filler}", 0.99).same
@@ -119,9 +119,9 @@ def test_long_texts_are_only_rotated_not_turned() -> None:
 
 
 def test_relative_dating_is_seen() -> None:
-    assert dedupe.relative("The dentist appointment is tomorrow")
-    assert dedupe.relative("Sarah visited last week")
-    assert not dedupe.relative("Trash day is Monday")
+    assert restating.relative("The dentist appointment is tomorrow")
+    assert restating.relative("Sarah visited last week")
+    assert not restating.relative("Trash day is Monday")
 
 
 def test_held_out_precision_and_recall_with_the_real_model(embedder: object) -> None:
@@ -133,7 +133,7 @@ def test_held_out_precision_and_recall_with_the_real_model(embedder: object) -> 
     for (tune, ts), (held, hs) in (((a, sa), (b, sb)), ((b, sb), (a, sa))):
         got = score(held, hs, rule(choose(tune, ts)))
         assert got.precision >= 0.99 and got.recall >= 0.86, got
-    shipped = score(PAIRS, sims, rule(dedupe.THRESHOLD))
+    shipped = score(PAIRS, sims, rule(restating.THRESHOLD))
     assert shipped.wrong == 0 and shipped.recall >= 0.88, shipped
 
 
@@ -288,8 +288,8 @@ def test_every_contrast_pair_keeps_both_and_the_store_merges_what_the_rule_says(
         second = _store_side(store, pair, i, "b")
         if not pair.merge:
             assert first.id != second.id, pair
-        elif abs(sim - dedupe.THRESHOLD) > 0.005:  # bfloat16 storage moves a cosine by ~1e-4
-            assert (first.id == second.id) == rule(dedupe.THRESHOLD)(pair, float(sim)), pair
+        elif abs(sim - restating.THRESHOLD) > 0.005:  # bfloat16 storage moves a cosine by ~1e-4
+            assert (first.id == second.id) == rule(restating.THRESHOLD)(pair, float(sim)), pair
 
 
 def _store_side(store: MemoryStore, pair: Pair, i: int, side: str) -> Memory:
@@ -316,7 +316,7 @@ def copies(config: Config, embedder: object) -> Iterator[MemoryStore]:
 
 def test_search_recall_and_context_for_show_no_copies(copies: MemoryStore) -> None:
     hits = copies.search("What food does Sarah like?", limit=5, min_score=0)
-    shown = [dedupe.normalized(h.memory.content) for h in hits]
+    shown = [restating.normalized(h.memory.content) for h in hits]
     assert len(shown) == len(set(shown)) == 4 and len(copies) == 8  # nothing deleted by reading
     recalled = [h.memory.content for h in copies.recall("Sarah Italian food", limit=5)]
     assert recalled.count("Sarah likes Italian food") == 1 and len(recalled) == len(set(map(str.lower, recalled)))

@@ -10,7 +10,7 @@ person or owner for each side (``person_a``/``person_b``, ``owner_a``/``owner_b`
 two persons or owners are never the same memory (the store's rule, before the text's).
 Cosines come from the real all-MiniLM-L6-v2, int8 (the default) and fp32.
 
-The threshold of :func:`reachy_memory.engine.dedupe.decide` is chosen by the cross rule
+The threshold of :func:`reachy_memory.engine.restating.decide` is chosen by the cross rule
 of the other tuned settings (``tools/eval_supersession.py``, ``tools/eval_locomo.py
 --cross``): choose on one half of the pairs (even lines), report on the other (odd
 lines), then the other way round.  The choice, precision first (a wrong merge loses a
@@ -33,7 +33,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from reachy_memory.engine.dedupe import THRESHOLD, decide  # noqa: E402
+from reachy_memory.engine.restating import THRESHOLD, decide  # noqa: E402
 from tools._bench import model_cosines, pairs_main  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "dedupe_pairs.jsonl"
