@@ -417,14 +417,20 @@ def test_overlapping_background_jobs_give_back_the_switch_interval() -> None:
     short interval for good when they ended in the order they began)."""
     from reachy_memory.storage.generations import _short_gil_slices
 
-    original = sys.getswitchinterval()
-    first, second = _short_gil_slices(), _short_gil_slices()
-    first.__enter__()
-    second.__enter__()
-    first.__exit__(None, None, None)
-    assert sys.getswitchinterval() < original  # one job still runs
-    second.__exit__(None, None, None)
-    assert sys.getswitchinterval() == original
+    found = sys.getswitchinterval()
+    # From Python's default: a store another test of this worker closed while a race test's
+    # frequent switching was on may have left the interval shorter than the jobs' own.
+    sys.setswitchinterval(original := 0.005)
+    try:
+        first, second = _short_gil_slices(), _short_gil_slices()
+        first.__enter__()
+        second.__enter__()
+        first.__exit__(None, None, None)
+        assert sys.getswitchinterval() < original  # one job still runs
+        second.__exit__(None, None, None)
+        assert sys.getswitchinterval() == original
+    finally:
+        sys.setswitchinterval(found)
 
 
 @pytest.mark.timeout(20)
