@@ -39,6 +39,7 @@ from reachy_memory import (
 from reachy_memory.daemon import protocol as proto
 from reachy_memory.errors import (
     NotFoundError,
+    ProtocolError,
     RememberingPausedError,
     RemoteError,
     StorageFullError,
@@ -1078,3 +1079,25 @@ def test_a_helper_error_msgpack_cannot_carry_still_answers_its_call_with_its_cla
     assert message[:3] == ["done", 3, False]
     got = proto.error_from_wire(message[3])
     assert type(got) is NotFoundError and got.message == "no memory \\ud800" and got.fields == {}
+
+
+def test_a_tuple_key_or_an_argument_over_the_pipes_frame_fails_its_call_not_the_helper(
+        daemon: DaemonProcess) -> None:
+    # msgpack packs {(1, 2): v} (an array key) but a plain unpack raises TypeError (a list is
+    # unhashable), and a frame over _MAX_FRAME is a "garbled stream": either one used to end
+    # the helper (the bridge dead for every later call) for one bad argument.
+    from reachy_memory.integrations.bridge_process import _MAX_FRAME
+
+    with MemoryBridge(daemon.endpoint, config=daemon.config, refresh_interval=0.05) as bridge:
+        _helper_pid(bridge)
+        with pytest.raises(ProtocolError):  # the daemon refuses it, as it does a thread-mode bridge's
+            bridge.remember("Ida keys", MemoryType.FACT, {(1, (2, 3)): "v"}).result(timeout=30)
+        with pytest.raises(TooLargeError) as too_large:
+            bridge.record_turn("user", "x" * (_MAX_FRAME + 1))
+        assert too_large.value.field == "args"  # type: ignore[attr-defined]
+        with pytest.raises(TooLargeError):
+            bridge.remember("y" * (_MAX_FRAME + 1)).result(timeout=0)
+        memory = bridge.remember("Ida plays the cello").result(timeout=30)  # the helper lives on
+        assert memory.content == "Ida plays the cello" and bridge.latest().error is None
+        assert bridge.record_turn("user", "Ida is here")
+        wait_for(lambda: any(m["content"] == "Ida is here" for m in bridge.latest().window))

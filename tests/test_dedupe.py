@@ -474,3 +474,33 @@ def test_dedupe_command_dry_run_then_real_through_the_daemon(tmp_path: Path) -> 
         assert json.loads(again.stdout)["merged"] == 0
         with daemon.client() as c:
             assert c.stats()["store"]["memories"] == 2
+
+
+@pytest.mark.parametrize("changed", ["copy", "kept"])
+def test_a_merge_leaves_out_a_memory_superseded_between_the_plan_and_its_frame(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, changed: str) -> None:
+    """``dedupe`` plans in steps and merges later, the store lock released in between: a
+    memory superseded meanwhile (a correction the engine thread made) is no longer one a
+    plan would merge, so its merge is left out (the copy and its history kept)."""
+    path = str(tmp_path / "data")
+    with MemoryStore(config=Config().replace("memory", path=path, dedupe=False), embedder=None) as store:
+        kept = store.store("The bins go out on Monday", "fact")
+        copy = store.store("the bins go out on Monday.", "fact")
+    with MemoryStore(config=Config().replace("memory", path=path), embedder=None) as store:
+        assert store.dedupe(dry_run=True)["merged"] == 1
+        real = dedupe._Planner.merges
+        newer: list[Memory] = []
+
+        def meanwhile(planner: Any, *args: Any) -> list[dedupe.Merge]:
+            if not newer:  # between the last step of the plan and the first frame of merges
+                newer.append(store.store("The bins go out on Tuesday", "fact"))
+                store.supersede(copy.id if changed == "copy" else kept.id, newer[0].id)
+            return real(planner, *args)
+
+        monkeypatch.setattr(dedupe._Planner, "merges", meanwhile)
+        done = store.dedupe()
+        assert done["merged"] == 0 and len(store) == 3
+        old = copy if changed == "copy" else kept
+        assert [m.id for m in store.history(newer[0].id)] == [old.id, newer[0].id]
+        live = kept if changed == "copy" else copy
+        assert store.get(live.id).superseded_by is None  # type: ignore[union-attr]

@@ -347,7 +347,7 @@ def plan(records: Iterable[Record], vectors: VectorIndex, entity_keys: Sequence[
     in steps)."""
     live = _live(records, now)
     by_id = {rec.id: rec for rec in live}
-    planner = _Planner(entity_keys)
+    planner = _Planner(entity_keys, now)
     planner.feed(live, vectors, by_id.get)
     return planner.merges(0, len(planner.found), by_id.get)
 
@@ -366,8 +366,9 @@ class _Planner:
     each memory (as ``current`` returns it then, None when gone) compared with the ones
     kept before it with its content words."""
 
-    def __init__(self, entity_keys: Sequence[str]) -> None:
+    def __init__(self, entity_keys: Sequence[str], now: float) -> None:
         self._entity_keys = entity_keys
+        self._now = now
         self._kept_by: dict[tuple[Any, ...], list[str]] = {}  # content words -> ids kept, oldest first
         self._copies: dict[str, list[tuple[str, str]]] = {}  # kept id -> (copy id, reason)
         self.found: list[str] = []  # the kept ids with copies, in the order the first was found
@@ -391,13 +392,18 @@ class _Planner:
 
     def merges(self, start: int, stop: int, current: Callable[[str], Record | None]) -> list[Merge]:
         """The merges of ``found[start:stop]`` with their memories as ``current`` returns
-        them (a memory gone since leaves its merge, or the copies, out)."""
+        them: a memory gone since, or changed so that a plan would no longer merge it
+        (superseded, another owner, sharing or persons: :func:`compatible`), leaves its
+        merge, or the copy, out (their texts never change: the rule's answer stands)."""
         out = []
         for kept_id in self.found[start:stop]:
             kept = current(kept_id)
+            if kept is None or not _plannable(kept, self._now):
+                continue
             copies = tuple((rec, why) for copy_id, why in self._copies[kept_id]
-                           if (rec := current(copy_id)) is not None)
-            if kept is not None and copies:
+                           if (rec := current(copy_id)) is not None and _plannable(rec, self._now)
+                           and compatible(kept, rec, self._entity_keys))
+            if copies:
                 out.append(Merge(kept, copies))
         return out
 
@@ -449,7 +455,7 @@ def run(engine: Engine, *, dry_run: bool = False) -> dict[str, Any]:
     now = time.time()
     with engine.lock:
         live = [rec.id for rec in _live(engine.state.records.values(), now)]
-    planner = _Planner(limits.entity_keys)
+    planner = _Planner(limits.entity_keys, now)
     for start in range(0, len(live), PLAN_STEP):
         with engine.lock:
             state = engine.state

@@ -70,7 +70,7 @@ class _Helper:
         self._wake.set()
 
     def run(self) -> int:
-        frames = _Frames()
+        frames = _Frames(calls=True)
         first: list[Any] = []
         while not first:
             data = os.read(self._in, _READ_CHUNK)

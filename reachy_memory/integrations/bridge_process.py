@@ -23,7 +23,9 @@ a thread-mode bridge's (Memory, SearchResult lists, the context, dicts), through
 protocol's codecs; a failed call's error as the same class of the error tree, with its
 message and fields (:func:`~reachy_memory.daemon.protocol.error_to_wire`; a foreign one as
 a ServiceError naming its type); an argument msgpack cannot carry is a ValidationError on
-the caller's thread. A frame, reply or snapshot from the helper that does not decode ends
+the caller's thread (TooLargeError for arguments over the pipe's frame), and a tuple map key
+arrives as one (the call fails as in thread mode, the helper lives on). A frame, reply or
+snapshot from the helper that does not decode ends
 the bridge as a dead helper does (below); no msgpack error reaches the caller.
 
 Differences from thread mode, all documented on :class:`MemoryBridge`: a future's done
@@ -60,7 +62,7 @@ import msgpack
 from reachy_memory.config import Config, to_dict
 from reachy_memory.daemon import protocol as proto
 from reachy_memory.engine.ingest import check_seconds
-from reachy_memory.errors import BusyError, ClosedError, ProtocolError, ServiceError, ValidationError
+from reachy_memory.errors import BusyError, ClosedError, ProtocolError, ServiceError, TooLargeError, ValidationError
 from reachy_memory.integrations.reachy_mini import (
     BridgeStats,
     MemoryBridge,
@@ -108,8 +110,21 @@ def _pack(value: Any) -> bytes:
     return msgpack.packb(value, use_bin_type=True)
 
 
-def _unpack(data: bytes | bytearray) -> Any:
+def _unpack(data: bytes | bytearray, *, keys: bool = False) -> Any:
+    """The value of msgpack ``data``; ``keys``: a map key that is an array (a tuple key
+    sent as msgpack carries it) arrives as a tuple, else unhashable, the frame would not
+    decode (a call's arguments: the call then goes on as in thread mode)."""
+    if keys:
+        return msgpack.unpackb(data, raw=False, strict_map_key=False, object_pairs_hook=_map)
     return msgpack.unpackb(data, raw=False, strict_map_key=False)
+
+
+def _map(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
+    return {_hashable(key): value for key, value in pairs}
+
+
+def _hashable(key: Any) -> Any:
+    return tuple(map(_hashable, key)) if isinstance(key, list) else key
 
 
 def _frame(message: list[Any]) -> bytes:
@@ -118,10 +133,12 @@ def _frame(message: list[Any]) -> bytes:
 
 
 class _Frames:
-    """Splits a byte stream into frames (4-byte length, one msgpack array)."""
+    """Splits a byte stream into frames (4-byte length, one msgpack array); ``calls``: the
+    helper's reading of the control process's calls (tuple map keys kept, :func:`_unpack`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, calls: bool = False) -> None:
         self._buffer = bytearray()
+        self._calls = calls
 
     def feed(self, data: bytes) -> list[list[Any]]:
         """The messages completed by ``data``; ProtocolError for a frame that is not one
@@ -138,7 +155,7 @@ class _Frames:
             if len(self._buffer) < end:
                 break
             try:
-                message = _unpack(self._buffer[start + _HEADER.size:end])
+                message = _unpack(self._buffer[start + _HEADER.size:end], keys=self._calls)
             except Exception as exc:  # msgpack raises many types for bad input
                 raise ProtocolError(f"memory bridge pipe: undecodable frame ({exc.__class__.__name__})") from exc
             if not isinstance(message, list) or not message or not isinstance(message[0], str):
@@ -459,6 +476,10 @@ class HelperBridge(MemoryBridge):
             except (TypeError, ValueError, OverflowError) as exc:
                 raise ValidationError(f"the arguments of {name!r} cannot be sent to the memory bridge's helper: "
                                       f"{exc}", field="args") from exc
+            if len(frame) - _HEADER.size > _MAX_FRAME:  # the helper would take the stream for garbled and end
+                raise TooLargeError(f"the arguments of {name!r} are {len(frame)} bytes, over the memory bridge "
+                                    f"pipe's {_MAX_FRAME}-byte frame", field="args", size=len(frame),
+                                    limit=_MAX_FRAME)
             self._seq += 1
             if future is not None:
                 self._futures[self._seq] = future
