@@ -87,13 +87,19 @@ def gc_paused() -> contextlib.AbstractContextManager[None]:
 SHORT_SWITCH_SECONDS = 0.0005
 
 
-def _switch_short() -> float:
+def _switch_short() -> tuple[float, float]:
     before = sys.getswitchinterval()
-    sys.setswitchinterval(min(before, SHORT_SWITCH_SECONDS))
-    return before
+    sys.setswitchinterval(ours := min(before, SHORT_SWITCH_SECONDS))
+    return before, ours
 
 
-_SHORT_SWITCH = _WhileAny(_switch_short, sys.setswitchinterval)
+def _switch_back(saved: tuple[float, float]) -> None:
+    before, ours = saved
+    if sys.getswitchinterval() == ours:  # not if another part of the process set its own meanwhile
+        sys.setswitchinterval(before)
+
+
+_SHORT_SWITCH = _WhileAny(_switch_short, _switch_back)
 
 
 def short_switch_interval() -> contextlib.AbstractContextManager[None]:

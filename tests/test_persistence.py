@@ -433,6 +433,23 @@ def test_overlapping_background_jobs_give_back_the_switch_interval() -> None:
         sys.setswitchinterval(found)
 
 
+def test_a_switch_interval_set_by_another_part_of_the_process_during_a_job_is_kept() -> None:
+    """A job gives back the interval it found only if the interval is still its own: one a
+    caller set meanwhile (a test's frequent switching, an app's tuning) stays theirs."""
+    from reachy_memory.storage.generations import _short_gil_slices
+
+    found = sys.getswitchinterval()
+    sys.setswitchinterval(0.005)
+    try:
+        job = _short_gil_slices()
+        job.__enter__()
+        sys.setswitchinterval(0.002)  # the caller's, while the job runs
+        job.__exit__(None, None, None)
+        assert sys.getswitchinterval() == 0.002
+    finally:
+        sys.setswitchinterval(found)
+
+
 @pytest.mark.timeout(20)
 def test_a_fifo_as_backup_target_is_refused_not_waited_on(tmp_path: Path, config: Config) -> None:
     fifo = tmp_path / "pipe.rms"
