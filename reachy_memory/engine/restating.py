@@ -121,6 +121,8 @@ _PARTICLES = frozenset({"on", "off", "up", "down", "out", "in", "over", "away"})
 _PHRASE = frozenset(_STEM.stemWord(w) for w in """in on at after before during from with near under behind until
 since around every each daily weekly monthly yearly nightly""".split())
 _JOINS = frozenset({"for", "to"})  # what turns a compound around (:func:`_turned`)
+# Verbs followed by "to" and a verb or by its -ing form alike (not "stop", "remember", "forget", "try").
+_EITHER_FORM = frozenset(_STEM.stemWord(w) for w in "like love hate prefer start begin continue".split())
 _OF = frozenset({"of"})
 _MARKS = _JOINS | _OF | {"s"}  # light words that say whose or for whom: kept with the word after them
 # A person's relations: "Lily's teacher" is "the teacher of Lily" (:func:`_turned`).
@@ -195,10 +197,16 @@ def _content(words: list[str]) -> tuple[tuple[str, ...], tuple[tuple[str, ...], 
             continue
         stem = _stem(word)
         content.append(_SYNONYMS.get(stem, stem))
-        # "likes watching" is "likes to watch": a word in -ing right after another carries the "to"
-        gaps.append(tuple(gap) if gap or not content[1:] or len(word) < 6 or not word.endswith("ing") else ("to",))
+        gaps.append(("to",) if not gap and _infinitive_like(content, word) else tuple(gap))
         gap = []
     return tuple(content), tuple(gaps)
+
+
+def _infinitive_like(content: list[str], word: str) -> bool:
+    """Whether ``word``, the last of ``content``, is an -ing form that says what "to" and
+    the verb would, right after a verb that means the same either way ("likes watching" is
+    "likes to watch"; "stopped smoking" is not "stopped to smoke")."""
+    return len(content) > 1 and content[-2] in _EITHER_FORM and len(word) > 5 and word.endswith("ing")
 
 
 def _active(content: tuple[str, ...],
