@@ -22,7 +22,10 @@ Two memories are the same when:
    :func:`_rotation`), a compound turned around "for" or "to" or a person's relation
    around "of" ("the garage door code" / "the code for the garage door", "Lily's
    teacher" / "the teacher of Lily", :func:`_turned`), and the passive ("the light is
-   controlled by the plug" / "the plug controls the light", :func:`_active`).
+   controlled by the plug" / "the plug controls the light", :func:`_active`).  Besides the
+   words, their marks must match (:func:`_marked`): the "of", "for", "to" or "'s" before
+   each, a past "-ed" ("lived" is not "lives") and, after "the", "a" or a possessive, a
+   noun's plural or "-ing" ("Dad's papers" is not "Dad's paper").
 
 Everything a contrast changes is a content word: a negation ("not", "never", "no
 longer"), a number or a time ("7 pm" / "8 pm", "Monday" / "Tuesday", "before" /
@@ -36,8 +39,9 @@ food" only through the short list :data:`_SYNONYMS`; other rewordings stay two
 memories (search shows both; nothing is lost).
 
 Codes keep their case: a word mixing letters and digits ("Blue42Sky", "sunFlower7")
-is a password or a code, and "BLUE42SKY" is another one; the value of a password, a PIN
-or a code is compared as written ("tiger!" is not "tiger?", "blue-sky" not "bluesky").
+is a password or a code, and "BLUE42SKY" is another one; a sentence giving a password,
+a PIN, a code or a user name is compared as written (:func:`_verbatim`: "tiger!" is not
+"tiger?", "blue-sky" not "bluesky").
 A symbol is a word ("👍" is not "❤️"), and so are "-18", "1/2" and "1-2".
 
 The store adds what text cannot say (:mod:`.dedupe`): the same owner, type, sharing and
@@ -88,19 +92,24 @@ _SPELLING = {"favourite": "favorite", "colour": "color", "colours": "colors", "n
              "practise": "practice", "practises": "practices", "organise": "organize", "mum": "mom",
              "pyjamas": "pajamas", "aeroplane": "airplane", "tyre": "tire", "tyres": "tires"}
 # Words that mean the same in a household fact, as one (the content-word rule only).
-_SYNONYMS = {"enjoy": "like", "fond": "like", "name": "call", "scare": "afraid", "frighten": "afraid",
+_SYNONYMS = {"enjoy": "like", "fond": "like", "scare": "afraid", "frighten": "afraid",
              "talk": "speak", "normal": "usual"}
 # Words no fact turns on: left out of the content words (rule 2 only; rule 1 keeps every word).
 _LIGHT = frozenset("""
 a an the is are am be being s of for to that this it do does
-really usually normally generally typically actually just also too still currently now nowadays kept
+really usually normally generally typically actually just also still currently now nowadays kept
 please definitely indeed basically
 """.split())
 # A password, PIN or code given with letters or symbols ("the wifi password is tiger!"): its value verbatim.
-_SECRET_WORD = re.compile(r"(?i)pass|pin\b|code\b")
-_SECRET = re.compile(r"(?i)(\b(?:password|passcode|passphrase|pin|code)\s+(?:is\s+|:\s*))"
-                     r"(?!\d+\.?(?:\s|$))(\S+)")  # digits alone are compared as numbers already
-_NAME_IS = re.compile(r"\b(\w+)'s\s+name\s+is\s+")  # "the dog's name is Rex": "the dog is called Rex"
+# A sentence that gives a password, a PIN, a code or a user name with letters or symbols in it ("the wifi
+# password is tiger!", "the code to the gate is AB-CD"): compared as written (:func:`_verbatim`).
+_SECRET = re.compile(r"(?i)\b(?:password|passcode|passphrase|username|user\s+name|login|pin|code|(?:wifi|wi-fi|network)"
+                     r"\s+(?:key|name)|(?:wifi|wi-fi|network)\s+(?=is\s+(?:called|named)))\b.*?(?:\bis|\bwas|:)\s*"
+                     r"(?:now\s+|still\s+|called\s+|named\s+)?(?!\d+[.,]?\s*$)\S+\s*$")
+_NAME_IS = re.compile(r"\b(\w+)'s\s+name\s+is\s+")  # "the dog's name is Rex": "the dog is named Rex"
+_CALLED = re.compile(r"\b(is|are|was|were)\s+(?:called|named)\b")  # named, not phoned: "is called Rex"
+_USED_TO = re.compile(r"\b(?:is|are|am|was|were|be|been|being|get|gets|got|getting)\s+used\s+to\b")
+_IS_A = re.compile(r"\b(\w+)'s\s+(?=(?:a|an|the)\s)")  # "Anna's a teacher": "Anna is a teacher"
 _WORKS_AS = re.compile(r"\s+works?\s+as\s+")  # "Kate works as a teacher": "Kate is a teacher"
 _ALLERGY = re.compile(r"\s+(?:has|have)\s+an?\s+(\w+)\s+allergy\b")  # "a nut allergy": "allergic to nut"
 _MONTHS = "january|february|march|april|may|june|july|august|september|october|november|december"
@@ -109,10 +118,10 @@ _DAY_MONTH = re.compile(rf"\b(\d{{1,2}})(?:st|nd|rd|th)?\s+(?:of\s+)?({_MONTHS})
 _MONTH_OR_DAY = re.compile(rf"\b(?:{_MONTHS}|{_DAYS})")
 _ON_DATE = re.compile(rf"\bon\s+(?=(?:the\s+)?(?:\d{{1,2}}(?:st|nd|rd|th)?\b|(?:{_MONTHS}|{_DAYS})s?\b))")
 # Two words of letters joined by a hyphen are one ("Wi-Fi", "tool-box"), but after a prefix that changes the
-# word ("re-cover" is not "recover", "co-op" not "coop"); a password's value is compared verbatim (_SECRET).
+# word ("re-cover" is not "recover", "co-op" not "coop"); a secret's sentence is compared verbatim (_SECRET).
 _HYPHEN = re.compile(r"(?<![\w\-@.])(?!(?:re|co|un|de|pre|non|multi|anti|pro)-)([^\W\d_]+)-([^\W\d_]+)"
                      r"(?![\w\-@]|\.\w)")  # not in an address ("anna-lee@gmail.com")
-_AM_PM = re.compile(r"\b([ap])\.m\b\.?", re.IGNORECASE)  # "6 a.m." is "6 am"
+_AM_PM = re.compile(r"\b(\d{1,2}(?:[:.]\d\d)?)\s*([ap])\.?m\b\.?", re.IGNORECASE)  # "6 a.m.", "6 am": "6am"
 _EVERY_ONE = {"day": "daily", "week": "weekly", "month": "monthly", "year": "yearly", "night": "nightly"}
 _EVERY = re.compile(r"\b(?:every|each)\s+(day|week|month|year|night)\b")  # "every day": "daily"
 _BE = frozenset({"is", "are", "am", "be", "being"})  # before a participle: the passive (:func:`_active`)
@@ -124,7 +133,9 @@ _JOINS = frozenset({"for", "to"})  # what turns a compound around (:func:`_turne
 # Verbs followed by "to" and a verb or by its -ing form alike (not "stop", "remember", "forget", "try").
 _EITHER_FORM = frozenset(_STEM.stemWord(w) for w in "like love hate prefer start begin continue".split())
 _OF = frozenset({"of"})
-_MARKS = _JOINS | _OF | {"s"}  # light words that say whose or for whom: kept with the word after them
+_MARKS = _JOINS | _OF | {"s", "ed", "pl", "ing"}  # light words (and inflections) kept as the next word's marks
+_DETERMINERS = frozenset({"the", "a", "an", "s"})
+_INFLECTIONS = frozenset({"ed", "pl", "ing"})  # marks of a word's own form, not words between
 # A person's relations: "Lily's teacher" is "the teacher of Lily" (:func:`_turned`).
 _RELATIONS = frozenset((_STEM.stemWord(w),) for w in """mother father mom dad parent sister brother son daughter
 wife husband partner friend boss teacher doctor dentist nurse coach aunt uncle cousin niece nephew grandmother
@@ -132,7 +143,7 @@ grandfather grandma grandpa neighbor godmother godfather babysitter colleague"""
 # Participles after which "by" says where, not who: "Tom is seated by Anna" (beside her).
 _PLACED = frozenset(_STEM.stemWord(w) for w in """seated sat parked placed located kept left put hung hanging standing
 stood situated lying sitting stored""".split())
-_AGENT_GAP = frozenset({"the", "of", "s"})  # what a passive's agent may hold between its words
+_AGENT_GAP = frozenset({"the", "of", "s", "ed", "pl", "ing"})  # what a passive's agent may hold between its words
 #: Texts with more content words than this are only the same in the same order or rotated.
 MOVES_WORDS = 64
 _NEGATION = frozenset({"not", "no", "never", "nobody", "nothing", "none", "neither", "nor", "without"})
@@ -174,6 +185,9 @@ def _read_cached(text: str) -> Text:
 
 
 def _read(text: str) -> Text:
+    if _SECRET.search(text) is not None:
+        exact = _verbatim(text)
+        return Text(exact, (exact,), False, ((),), ("",), False)
     words = _words(text)
     norm = " ".join(words)
     content, gaps = _content(words)
@@ -197,9 +211,33 @@ def _content(words: list[str]) -> tuple[tuple[str, ...], tuple[tuple[str, ...], 
             continue
         stem = _stem(word)
         content.append(_SYNONYMS.get(stem, stem))
-        gaps.append(("to",) if not gap and _infinitive_like(content, word) else tuple(gap))
+        if not gap and _infinitive_like(content, word):
+            gap = ["to"]
+        gap.extend(_inflection(word, stem, gap))
+        gaps.append(tuple(gap))
         gap = []
+    if "s" in gap:  # a possessive closing the sentence: "the kitten is Mia's" is not "... is Mia"
+        content.append("'s")
+        gaps.append(())
     return tuple(content), tuple(gaps)
+
+
+def _inflection(word: str, stem: str, gap: list[str]) -> list[str]:
+    """What the stem of ``word`` lost that a fact turns on, as marks: the past ("lived" is
+    not "lives"; "is scared" is still "is afraid"), and after "the", "a" or a possessive,
+    after "the", "a" or a possessive, a noun's number and its -ing ("Dad's papers" is not
+    "Dad's paper", "Lucy's paintings" not "Lucy's paints")."""
+    marks: list[str] = []
+    if stem == word or len(word) < 4:
+        return marks
+    if word.endswith("ed") and not _BE.intersection(gap):
+        marks.append("ed")
+    if _DETERMINERS.intersection(gap):  # a noun: a verb's "-s" ("he lives") is no number
+        if word.endswith("s") and not word.endswith(("ss", "us", "is")):
+            marks.append("pl")
+        if word.removesuffix("s").endswith("ing"):
+            marks.append("ing")
+    return marks
 
 
 def _infinitive_like(content: list[str], word: str) -> bool:
@@ -226,9 +264,8 @@ def _active(content: tuple[str, ...],
         return None
     end = next((i for i in range(by + 2, len(content)) if set(gaps[i]) - _AGENT_GAP or content[i] in _PHRASE),
                len(content))
-    agent_gaps = ((), *gaps[by + 2:end])
     return (content[by + 1:end] + content[verb:by] + content[:verb] + content[end:],
-            agent_gaps + ((),) * (by - verb) + gaps[:verb] + gaps[end:])
+            gaps[by + 1:end] + ((),) * (by - verb) + gaps[:verb] + gaps[end:])
 
 
 def _when(word: str) -> bool:
@@ -241,12 +278,12 @@ def normalized(text: str) -> str:
     words, spelling variants and a leading filler ("I know that") made uniform: two texts
     with equal ``normalized`` say the same thing in the same words.  (No stemming: what a
     search's collapse of copies reads, cheaper than :func:`read`.)"""
-    return _normalized_cached(text) if len(text) <= CACHED_CHARS else " ".join(_words(text))
+    return _normalized_cached(text) if len(text) <= CACHED_CHARS else _normalized_cached.__wrapped__(text)
 
 
 @lru_cache(maxsize=2048)
 def _normalized_cached(text: str) -> str:
-    return " ".join(_words(text))
+    return _verbatim(text) if _SECRET.search(text) is not None else " ".join(_words(text))
 
 
 def decide(new_text: str, old_text: str, similarity: float | None, threshold: float = THRESHOLD) -> Decision:
@@ -275,12 +312,10 @@ def _words(text: str) -> list[str]:
     """The words of ``text``: NFKC, case folded but for codes, contractions expanded,
     a leading filler dropped, number words as digits, one spelling."""
     text = unicodedata.normalize("NFKC", text).translate(_QUOTES)
-    if _SECRET_WORD.search(text) is not None:
-        text = _SECRET.sub(_secret, text)
     if "-" in text:
         text = _HYPHEN.sub(r"\1\2", text)
-    if ".m" in text or ".M" in text:
-        text = _AM_PM.sub(r"\1m", text)
+    if "m" in text or "M" in text:
+        text = _AM_PM.sub(lambda m: f"{m.group(1)}{m.group(2).lower()}m", text)
     if not text.isascii():  # a symbol is a word: "👍" is not "❤️"
         text = "".join(f" sym{ord(c):x} " if unicodedata.category(c)[0] == "S" else c for c in text)
     if _CODE.search(text) is None:
@@ -294,7 +329,13 @@ def _words(text: str) -> list[str]:
     if " as " in folded:
         folded = _WORKS_AS.sub(" is ", folded)
     if " name is " in folded:
-        folded = _NAME_IS.sub(r"\1 is called ", folded)
+        folded = _NAME_IS.sub(r"\1 is named ", folded)
+    if " called" in folded or " named" in folded:
+        folded = _CALLED.sub(r"\1 named", folded)
+    if " used to" in folded:
+        folded = _USED_TO.sub("is accustomed to", folded)
+    if "'s a" in folded or "'s the" in folded:
+        folded = _IS_A.sub(r"\1 is ", folded)
     if "allergy" in folded:
         folded = _ALLERGY.sub(r" is allergic to \1", folded)
     if "every " in folded or "each " in folded:
@@ -304,11 +345,12 @@ def _words(text: str) -> list[str]:
     return [_NUMBERS.get(w) or _SPELLING.get(w) or w for w in _WORD.findall(folded)]
 
 
-def _secret(match: re.Match[str]) -> str:
-    """A password's value as one word that keeps its case and punctuation ("tiger!" is not
-    "tiger?"), a sentence's last full stop aside."""
-    value = match.group(2).removesuffix(".")
-    return f"{match.group(1)}code{value.encode().hex()}"
+def _verbatim(text: str) -> str:
+    """A secret's sentence as written: whitespace collapsed, its first letter and a last
+    full stop aside ("The wifi password is Blue42Sky." is "the wifi password is Blue42Sky";
+    "tiger!" is not "tiger?", "blue-sky" not "bluesky", "Tiger" not "tiger")."""
+    text = " ".join(unicodedata.normalize("NFKC", text).split()).removesuffix(".")
+    return text[:1].casefold() + text[1:]
 
 
 @lru_cache(maxsize=8192)
@@ -352,7 +394,8 @@ def _turned(a: Text, b: Text) -> bool:
     is not "the painting of Grandma", "Anna's letter" not "the letter to Anna").
     Refused: a part holding a number ("the number 5 bus" / "the bus to number 5"), "to"
     just before the parts (an infinitive: "wants to visit Grandma" / "wants Grandma to
-    visit"), a possessive just after them (a chain), and texts of more than
+    visit"), parts right after another word, as a verb's objects are ("pays Anna rent" /
+    "pays rent for Anna"), a possessive just after them (a chain), and texts of more than
     :data:`MOVES_WORDS` content words (the check is quadratic)."""
     x, y = a.content, b.content
     if len(x) != len(y) or x == y or len(x) > MOVES_WORDS or not (a.turnable and b.turnable):
@@ -361,11 +404,13 @@ def _turned(a: Text, b: Text) -> bool:
     end = len(x) - next(i for i in range(len(x)) if x[-1 - i] != y[-1 - i])
     if a.marks[:start] != b.marks[:start] or a.marks[end:] != b.marks[end:] or "to" in a.marks[start] \
             or "to" in b.marks[start] or (end < len(x) and "s" in a.marks[end] + b.marks[end]) \
-            or any(_when(word) for word in x[start:end]):
+            or any(_when(word) for word in x[start:end]) \
+            or (start > 0 and not (set(a.gaps[start]) - _INFLECTIONS and set(b.gaps[start]) - _INFLECTIONS)):
         return False
     for cut in range(start + 1, end):
         moved = start + end - cut  # where ``a``'s first part begins in ``b``
-        joins = _JOINS if not a.gaps[cut] else _OF if a.gaps[cut] == ("s",) and x[cut:end] in _RELATIONS else None
+        between = set(a.gaps[cut]) - _INFLECTIONS
+        joins = _JOINS if not between else _OF if between == {"s"} and x[cut:end] in _RELATIONS else None
         if joins and y[start:end] == x[cut:end] + x[start:cut] and joins.intersection(b.gaps[moved]) \
                 and _compounds(a, start, cut, end) and _compounds(b, start, moved, end):
             return True
@@ -375,7 +420,7 @@ def _turned(a: Text, b: Text) -> bool:
 def _compounds(text: Text, start: int, cut: int, end: int) -> bool:
     """Whether the words ``[start:cut]`` and ``[cut:end]`` of ``text`` are each one phrase:
     nothing but a possessive between their words ("Grandma's hearing aid")."""
-    return all(text.gaps[i] in ((), ("s",)) for i in range(start + 1, end) if i != cut)
+    return all(set(text.gaps[i]) <= _INFLECTIONS | {"s"} for i in range(start + 1, end) if i != cut)
 
 
 def relative(text: str) -> bool:
