@@ -20,10 +20,12 @@ measured), then, several runs each:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -93,9 +95,11 @@ def writer(store: MemoryStore, stop: threading.Event, lat: list[float]) -> None:
         time.sleep(0.002)
 
 
-def under_load(store: MemoryStore, job: Any) -> dict[str, float]:
-    """Run ``job()`` while the probe and the writer run; the lock waits and the writer's
-    latencies meanwhile, and the job's wall time."""
+@contextlib.contextmanager
+def loaded(store: MemoryStore, warmup: float = 0.2) -> Iterator[tuple[list[float], list[float]]]:
+    """The probe and the writer run against ``store`` for the block (started ``warmup``
+    seconds before it); yields their lists: the lock waits and the writer's latencies,
+    complete once the block has ended."""
     waits: list[float] = []
     lat: list[float] = []
     stop = threading.Event()
@@ -103,13 +107,22 @@ def under_load(store: MemoryStore, job: Any) -> dict[str, float]:
                threading.Thread(target=writer, args=(store, stop, lat))]
     for t in threads:
         t.start()
-    time.sleep(0.2)
-    start = time.perf_counter()
-    job()
-    total = time.perf_counter() - start
-    stop.set()
-    for t in threads:
-        t.join()
+    time.sleep(warmup)
+    try:
+        yield waits, lat
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+
+
+def under_load(store: MemoryStore, job: Any) -> dict[str, float]:
+    """Run ``job()`` while the probe and the writer run; the lock waits and the writer's
+    latencies meanwhile, and the job's wall time."""
+    with loaded(store) as (waits, lat):
+        start = time.perf_counter()
+        job()
+        total = time.perf_counter() - start
     w, s = percentiles(waits), percentiles(lat)
     return {"total_s": total, "lock_wait_max_ms": w["max"], "lock_wait_p99_ms": w["p99"],
             "store_p50_ms": s["p50"], "store_p99_ms": s["p99"], "store_max_ms": s["max"], "stores": s["n"]}

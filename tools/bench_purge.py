@@ -22,14 +22,13 @@ import os
 import random
 import statistics
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from reachy_memory import MemoryStore
 from tools._bench import percentiles
-from tools.bench_compaction import RandomEmbedder, build, probe, writer
+from tools.bench_compaction import RandomEmbedder, build, loaded
 
 
 def on_disk(directory: Path, needles: list[bytes]) -> list[str]:
@@ -48,17 +47,8 @@ def on_disk(directory: Path, needles: list[bytes]) -> list[str]:
 
 def baseline(store: MemoryStore, seconds: float = 2.0) -> dict[str, float]:
     """The probe's longest wait and the writer's latencies with no purge (the writer's own fsyncs)."""
-    waits: list[float] = []
-    lat: list[float] = []
-    stop = threading.Event()
-    threads = [threading.Thread(target=probe, args=(store, stop, waits)),
-               threading.Thread(target=writer, args=(store, stop, lat))]
-    for t in threads:
-        t.start()
-    time.sleep(seconds)
-    stop.set()
-    for t in threads:
-        t.join()
+    with loaded(store, warmup=seconds) as (waits, lat):
+        pass
     w, s = percentiles(waits), percentiles(lat)
     return {"lock_wait_max_ms": w["max"], "store_p99_ms": s["p99"], "store_max_ms": s["max"]}
 
@@ -67,24 +57,14 @@ def one_run(store: MemoryStore, rng: random.Random) -> dict[str, Any]:
     built = [m.id for m in store.export_page(limit=100_000)[0] if not m.content.startswith("written during")]
     ids = rng.sample(built, 10)  # not the writer's: "... compaction 5" is in "... compaction 51"
     texts = [store.get(i).content.encode() for i in ids]
-    waits: list[float] = []
-    lat: list[float] = []
-    stop = threading.Event()
-    threads = [threading.Thread(target=probe, args=(store, stop, waits)),
-               threading.Thread(target=writer, args=(store, stop, lat))]
-    for t in threads:
-        t.start()
-    time.sleep(0.2)
-    purges = store.stats()["purge"]["purges"]
-    for memory_id in ids:
-        store.forget(memory_id)
-    acknowledged = time.perf_counter()
-    while store.stats()["purge"]["purges"] == purges and time.perf_counter() - acknowledged < 120:
-        time.sleep(0.01)
-    clean = time.perf_counter() - acknowledged
-    stop.set()
-    for t in threads:
-        t.join()
+    with loaded(store) as (waits, lat):
+        purges = store.stats()["purge"]["purges"]
+        for memory_id in ids:
+            store.forget(memory_id)
+        acknowledged = time.perf_counter()
+        while store.stats()["purge"]["purges"] == purges and time.perf_counter() - acknowledged < 120:
+            time.sleep(0.01)
+        clean = time.perf_counter() - acknowledged
     left = on_disk(store.path, texts)
     last = store.stats()["purge"]["last"]
     w, s = percentiles(waits), percentiles(lat)
