@@ -603,6 +603,17 @@ def temp_pattern(name_pattern: str) -> re.Pattern[str]:
     return re.compile(rf"\.{name_pattern}\.tmp-(\d+)-\d+")
 
 
+def read_if_present(path: Path) -> bytes | None:
+    """The bytes of ``path``; None when it does not exist.  Raises StorageError when it
+    cannot be read."""
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise StorageError(f"cannot read {path}: {exc.strerror}", path=str(path)) from exc
+
+
 def write_atomic(path: Path, chunks: Iterable[bytes | memoryview], *, durable: bool = True,
                  progress: Callable[[int], None] | None = None) -> int:
     """Write ``chunks`` to ``path`` (mode 0600) through a temp file, fsync and rename;
@@ -746,12 +757,9 @@ class Head:
     def read(path: Path) -> HeadState | None:
         """The state ``path`` holds; None when there is no head (a store from before the
         head file, or one restored); CorruptionError when both slots are damaged."""
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
+        data = read_if_present(path)
+        if data is None:
             return None
-        except OSError as exc:
-            raise StorageError(f"cannot read {path}: {exc.strerror}", path=str(path)) from exc
         states = [s for s in (_head_slot(data, 0), _head_slot(data, HEAD_SLOT)) if s is not None]
         if not states and data.strip(b"\0"):
             raise CorruptionError(f"{path}: both copies of the journal head are damaged; nothing was changed. "

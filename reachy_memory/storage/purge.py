@@ -186,12 +186,9 @@ def _write_register(path: Path, obj: dict[str, Any]) -> None:
 
 def _read_register(path: Path) -> dict[str, Any] | None:
     """The register's content; None when there is none.  Raises CorruptionError."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
+    data = jr.read_if_present(path)
+    if data is None:
         return None
-    except OSError as exc:
-        raise StorageError(f"cannot read {path}: {exc.strerror}", path=str(path)) from exc
     size = len(_MAGIC) + _HEAD.size
     if len(data) < size or data[: len(_MAGIC)] != _MAGIC:
         raise CorruptionError(f"{path}: not a reachy-memory purge register", path=str(path), offset=0)
